@@ -1,0 +1,135 @@
+//! Attention-shaped ops: FlashAttention, the causal mask and rotary embeddings.
+
+use rayon::prelude::*;
+
+use crate::ir::{Attention, MaskKind, Shape, Tensor, TensorType};
+
+pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Tensor {
+    let vals: Vec<bool> = (0..sq)
+        .flat_map(|q| (0..sk).map(move |k| (k as i64) <= q as i64 + offset))
+        .collect();
+    Tensor::from_bool(vec![sq, sk], &vals).expect("sq×sk values")
+}
+
+/// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
+/// Computed in f64; a query row with no visible key gives zeros.
+pub fn flash_attention(
+    att: &Attention,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    out: &TensorType,
+) -> Tensor {
+    let [b, hq, sq, d] = dims4(q.shape());
+    let [_, hkv, sk, _] = dims4(k.shape());
+    let dv = v.shape().dims()[3];
+    let group = hq / hkv;
+    let (qv, kv, vv) = (floats(q), floats(k), floats(v));
+
+    // Mask strides as if broadcast to [B, Hq, Sq, Sk].
+    let scores_shape = Shape::new(vec![b, hq, sq, sk]);
+    let mask_view = mask.map(|m| {
+        let padded = Shape(
+            std::iter::repeat_n(1, 4 - m.shape().rank())
+                .chain(m.shape().dims().iter().copied())
+                .collect(),
+        );
+        (m.to_f64_vec(), padded.broadcast_strides(&scores_shape))
+    });
+
+    let mut o = vec![0.0f32; b * hq * sq * dv];
+    o.par_chunks_mut(sq * dv)
+        .enumerate()
+        .for_each(|(bh, out_bh)| {
+            let (bi, h) = (bh / hq, bh % hq);
+            let kvh = h / group;
+            let q_base = (bi * hq + h) * sq * d;
+            let k_base = (bi * hkv + kvh) * sk * d;
+            let v_base = (bi * hkv + kvh) * sk * dv;
+            let mut scores = vec![0.0f64; sk];
+            for i in 0..sq {
+                let qi = &qv[q_base + i * d..][..d];
+                let mut max = f64::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let kj = &kv[k_base + j * d..][..d];
+                    let mut x = att.scale
+                        * qi.iter()
+                            .zip(kj)
+                            .map(|(&a, &c)| f64::from(a) * f64::from(c))
+                            .sum::<f64>();
+                    if let Some((mv, ms)) = &mask_view {
+                        let mval = mv[bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+                        match att.mask {
+                            MaskKind::Additive => x += mval,
+                            MaskKind::Boolean if mval == 0.0 => x = f64::NEG_INFINITY,
+                            MaskKind::Boolean | MaskKind::None => {}
+                        }
+                    }
+                    if att.causal && j as i64 > i as i64 + att.causal_offset {
+                        x = f64::NEG_INFINITY;
+                    }
+                    *s = x;
+                    max = max.max(x);
+                }
+                let oi = &mut out_bh[i * dv..][..dv];
+                if max == f64::NEG_INFINITY {
+                    oi.iter_mut().for_each(|x| *x = 0.0);
+                    continue;
+                }
+                let mut sum = 0.0;
+                scores.iter_mut().for_each(|s| {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                });
+                let mut acc = vec![0.0f64; dv];
+                for (j, &p) in scores.iter().enumerate() {
+                    if p == 0.0 {
+                        continue;
+                    }
+                    let vj = &vv[v_base + j * dv..][..dv];
+                    acc.iter_mut()
+                        .zip(vj)
+                        .for_each(|(a, &x)| *a += p * f64::from(x));
+                }
+                oi.iter_mut()
+                    .zip(&acc)
+                    .for_each(|(x, a)| *x = (a / sum) as f32);
+            }
+        });
+    Tensor::from_f32(out.dtype, out.shape.clone(), o).expect("output shape")
+}
+
+/// Rotate-half rotary embedding over `[.., S, D]`: pairs `(i, i + D/2)` rotate by
+/// `(offset + s)·theta^(−2i/D)`.
+pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Tensor {
+    let dims = x.shape().dims();
+    let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let half = d / 2;
+    let src = floats(x);
+    let mut out = vec![0.0f32; src.len()];
+    for (r, (row, dst)) in src
+        .chunks(d.max(1))
+        .zip(out.chunks_mut(d.max(1)))
+        .enumerate()
+    {
+        let pos = (r % s.max(1)) as f64 + offset as f64;
+        for i in 0..half {
+            let inv_freq = theta.powf(-2.0 * i as f64 / d as f64);
+            let (sin, cos) = (pos * inv_freq).sin_cos();
+            let (a, b) = (f64::from(row[i]), f64::from(row[i + half]));
+            dst[i] = (a * cos - b * sin) as f32;
+            dst[i + half] = (b * cos + a * sin) as f32;
+        }
+    }
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+}
+
+fn dims4(s: &Shape) -> [usize; 4] {
+    let d = s.dims();
+    [d[0], d[1], d[2], d[3]]
+}
+
+fn floats(t: &Tensor) -> &[f32] {
+    t.as_f32().expect("shape inference requires float operands")
+}

@@ -1,0 +1,109 @@
+//! Reductions and normalisations. Sums accumulate in f64 so the interpreter stays a tighter
+//! reference than any f32 kernel it checks.
+
+use crate::ir::{ReduceOp, Tensor, TensorType};
+
+use super::layout::keepdim_shape;
+use super::strided::offsets;
+
+fn floats(t: &Tensor) -> &[f32] {
+    t.as_f32().expect("shape inference requires float operands")
+}
+
+pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], out: &TensorType) -> Tensor {
+    let kept = keepdim_shape(x.shape(), axes);
+    let n_out = kept.numel();
+    let out_strides = kept.broadcast_strides(x.shape());
+    let dst = offsets(x.shape().dims(), &out_strides, 0);
+    let count: usize = axes.iter().map(|&a| x.shape().dims()[a]).product();
+    let init = match op {
+        ReduceOp::Sum | ReduceOp::Mean => 0.0,
+        ReduceOp::Max => f64::NEG_INFINITY,
+    };
+    let mut acc = vec![init; n_out];
+    for (&v, &o) in floats(x).iter().zip(&dst) {
+        let v = f64::from(v);
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => acc[o] += v,
+            ReduceOp::Max => {
+                acc[o] = if v.is_nan() || acc[o].is_nan() {
+                    f64::NAN
+                } else {
+                    acc[o].max(v)
+                }
+            }
+        }
+    }
+    if op == ReduceOp::Mean {
+        let c = count.max(1) as f64;
+        acc.iter_mut().for_each(|a| *a /= c);
+    }
+    Tensor::from_f32(
+        out.dtype,
+        out.shape.clone(),
+        acc.iter().map(|&a| a as f32).collect(),
+    )
+    .expect("reduced shape")
+}
+
+/// Safe softmax along `axis`: a row whose inputs are all −∞ gives zeros.
+pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
+    let dims = x.shape().dims();
+    let len = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product();
+    let outer: usize = dims[..axis].iter().product();
+    let src = floats(x);
+    let mut out = vec![0.0f32; src.len()];
+    let mut row = vec![0.0f64; len];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| o * len * inner + j * inner + i;
+            let max = (0..len)
+                .map(|j| f64::from(src[at(j)]))
+                .fold(f64::NEG_INFINITY, f64::max);
+            if max == f64::NEG_INFINITY {
+                continue; // fully masked row: zeros
+            }
+            let mut sum = 0.0;
+            for (j, r) in row.iter_mut().enumerate() {
+                *r = (f64::from(src[at(j)]) - max).exp();
+                sum += *r;
+            }
+            for (j, r) in row.iter().enumerate() {
+                out[at(j)] = (r / sum) as f32;
+            }
+        }
+    }
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+}
+
+/// LayerNorm (with bias) or RMSNorm (bias `None`) over the last axis.
+pub fn norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64, rms: bool) -> Tensor {
+    let d = *x
+        .shape()
+        .dims()
+        .last()
+        .expect("normalisation needs an axis");
+    let (w, b) = (floats(weight), bias.map(floats));
+    let src = floats(x);
+    let mut out = vec![0.0f32; src.len()];
+    for (row, dst) in src.chunks(d.max(1)).zip(out.chunks_mut(d.max(1))) {
+        let n = d as f64;
+        let mean = if rms {
+            0.0
+        } else {
+            row.iter().map(|&v| f64::from(v)).sum::<f64>() / n
+        };
+        let var = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        let inv = (var + eps).sqrt().recip();
+        for j in 0..d {
+            let shifted = (f64::from(row[j]) - mean) * inv * f64::from(w[j]);
+            dst[j] = (shifted + b.map_or(0.0, |b| f64::from(b[j]))) as f32;
+        }
+    }
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+}

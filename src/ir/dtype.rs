@@ -1,0 +1,91 @@
+//! Element types and the rounding rules of the reduced-precision ones.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The element types a tensor in the graph can have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+    I64,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::I64)
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+
+    /// Rounds an f32 to the nearest value this type can hold. Integer types truncate toward zero
+    /// and saturate, as a cast does; bool maps non-zero to 1.
+    pub fn round_f32(self, v: f32) -> f32 {
+        match self {
+            DType::F32 => v,
+            DType::F16 => f16::from_f32(v).to_f32(),
+            DType::BF16 => bf16::from_f32(v).to_f32(),
+            DType::I32 => (v as i32) as f32,
+            DType::I64 => (v as i64) as f32,
+            DType::Bool => f32::from(u8::from(v != 0.0)),
+        }
+    }
+
+    /// The most negative finite value: what "dtype-min" masks fill with.
+    pub fn min_value(self) -> f64 {
+        match self {
+            DType::F32 => f32::MIN as f64,
+            DType::F16 => f16::MIN.to_f64(),
+            DType::BF16 => bf16::MIN.to_f64(),
+            DType::I32 => i32::MIN as f64,
+            DType::I64 => i64::MIN as f64,
+            DType::Bool => 0.0,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,403 @@
+//! The shape and dtype rule of every op: given the operand types, the result type or why there
+//! is none.
+
+use super::op::{Attention, BinaryOp, MaskKind, Op};
+use super::{normalize_axis, DType, Shape, TensorType};
+
+/// Why an op cannot be applied to its operands. The graph wraps it with the node's name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InferError {
+    Shape(String),
+    DType(String),
+    Attribute(String),
+    Overflow(String),
+}
+
+fn shape_err<T>(msg: impl Into<String>) -> Result<T, InferError> {
+    Err(InferError::Shape(msg.into()))
+}
+fn dtype_err<T>(msg: impl Into<String>) -> Result<T, InferError> {
+    Err(InferError::DType(msg.into()))
+}
+fn attr_err<T>(msg: impl Into<String>) -> Result<T, InferError> {
+    Err(InferError::Attribute(msg.into()))
+}
+
+/// The result type of `op` applied to operands of types `ins`. The caller has checked arity.
+pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let ty = infer_unchecked(op, ins)?;
+    if ty.shape.checked_numel(ty.dtype).is_none() {
+        return Err(InferError::Overflow(format!(
+            "{} elements of {} do not fit in memory addressing",
+            ty.shape
+                .0
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("×"),
+            ty.dtype
+        )));
+    }
+    Ok(ty)
+}
+
+fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    match op {
+        Op::Input { dtype, shape, .. } | Op::Weight { dtype, shape, .. } => {
+            Ok(TensorType::new(*dtype, shape.clone()))
+        }
+        Op::Constant {
+            dtype,
+            shape,
+            values,
+        } => {
+            let n = shape
+                .checked_numel(*dtype)
+                .ok_or_else(|| InferError::Overflow(format!("constant of shape {shape}")))?;
+            if values.len() != 1 && values.len() != n {
+                return attr_err(format!(
+                    "constant of shape {shape} needs 1 or {n} values, got {}",
+                    values.len()
+                ));
+            }
+            Ok(TensorType::new(*dtype, shape.clone()))
+        }
+        Op::CausalMask { sq, sk, .. } => Ok(TensorType::new(DType::Bool, vec![*sq, *sk])),
+        Op::Reshape { shape } => reshape(ins[0], shape),
+        Op::Permute { perm } => {
+            let x = ins[0];
+            if !is_permutation(perm, x.shape.rank()) {
+                return attr_err(format!(
+                    "perm {perm:?} is not a permutation of the {} axes of {}",
+                    x.shape.rank(),
+                    x.shape
+                ));
+            }
+            let dims = perm.iter().map(|&p| x.shape.0[p]).collect::<Vec<_>>();
+            Ok(TensorType::new(x.dtype, dims))
+        }
+        Op::Expand { shape } => {
+            let target = Shape(shape.clone());
+            if !ins[0].shape.broadcasts_to(&target) {
+                return shape_err(format!("{} does not broadcast to {target}", ins[0].shape));
+            }
+            Ok(TensorType::new(ins[0].dtype, target))
+        }
+        Op::Concat { axis } => {
+            let first = ins[0];
+            let ax = axis_of(*axis, &first.shape)?;
+            let mut dims = first.shape.0.clone();
+            dims[ax] = 0;
+            for t in ins {
+                if t.dtype != first.dtype {
+                    return dtype_err(format!("operands mix {} and {}", first.dtype, t.dtype));
+                }
+                let same_rest = t.shape.rank() == first.shape.rank()
+                    && (0..first.shape.rank()).all(|i| i == ax || t.shape.0[i] == first.shape.0[i]);
+                if !same_rest {
+                    return shape_err(format!(
+                        "{} and {} differ outside axis {axis}",
+                        first.shape, t.shape
+                    ));
+                }
+                dims[ax] = dims[ax]
+                    .checked_add(t.shape.0[ax])
+                    .ok_or_else(|| InferError::Overflow("concatenated axis".into()))?;
+            }
+            Ok(TensorType::new(first.dtype, dims))
+        }
+        Op::Slice { axis, start, end } => {
+            let x = ins[0];
+            let ax = axis_of(*axis, &x.shape)?;
+            let (s, e) = slice_bounds(*start, *end, x.shape.0[ax])?;
+            let mut dims = x.shape.0.clone();
+            dims[ax] = e - s;
+            Ok(TensorType::new(x.dtype, dims))
+        }
+        Op::Gather => {
+            let (table, idx) = (ins[0], ins[1]);
+            if !idx.dtype.is_int() {
+                return dtype_err(format!("indices must be i32 or i64, got {}", idx.dtype));
+            }
+            if table.shape.rank() == 0 {
+                return shape_err("the table of a gather must have at least one axis");
+            }
+            let mut dims = idx.shape.0.clone();
+            dims.extend_from_slice(&table.shape.0[1..]);
+            Ok(TensorType::new(table.dtype, dims))
+        }
+        Op::Binary(b) => {
+            let (x, y) = (ins[0], ins[1]);
+            if x.dtype != y.dtype {
+                return dtype_err(format!("operands mix {} and {}", x.dtype, y.dtype));
+            }
+            if b.float_only() && !x.dtype.is_float() {
+                return dtype_err(format!(
+                    "{} needs float operands, got {}",
+                    b.name(),
+                    x.dtype
+                ));
+            }
+            if x.dtype == DType::Bool && *b != BinaryOp::Equal {
+                return dtype_err(format!("{} is not defined on bool", b.name()));
+            }
+            let shape = broadcast(&x.shape, &y.shape)?;
+            let dtype = if b.is_comparison() {
+                DType::Bool
+            } else {
+                x.dtype
+            };
+            Ok(TensorType::new(dtype, shape))
+        }
+        Op::Where => {
+            let (c, x, y) = (ins[0], ins[1], ins[2]);
+            if c.dtype != DType::Bool {
+                return dtype_err(format!("condition must be bool, got {}", c.dtype));
+            }
+            if x.dtype != y.dtype {
+                return dtype_err(format!("branches mix {} and {}", x.dtype, y.dtype));
+            }
+            let shape = broadcast(&broadcast(&c.shape, &x.shape)?, &y.shape)?;
+            Ok(TensorType::new(x.dtype, shape))
+        }
+        Op::Unary(u) => {
+            let x = ins[0];
+            if !(x.dtype.is_float() || (u.accepts_int() && x.dtype.is_int())) {
+                return dtype_err(format!("{} is not defined on {}", u.name(), x.dtype));
+            }
+            Ok(x.clone())
+        }
+        Op::Cast { to } => Ok(TensorType::new(*to, ins[0].shape.clone())),
+        Op::Reduce { axes, keepdim, .. } => {
+            let x = ins[0];
+            require_float(x)?;
+            let axes = reduce_axes(axes, &x.shape)?;
+            let dims = x
+                .shape
+                .0
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &d)| match (axes.contains(&i), *keepdim) {
+                    (false, _) => Some(d),
+                    (true, true) => Some(1),
+                    (true, false) => None,
+                })
+                .collect::<Vec<_>>();
+            Ok(TensorType::new(x.dtype, dims))
+        }
+        Op::Softmax { axis } => {
+            require_float(ins[0])?;
+            axis_of(*axis, &ins[0].shape)?;
+            Ok(ins[0].clone())
+        }
+        Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
+            let x = ins[0];
+            require_float(x)?;
+            if !(eps.is_finite() && *eps >= 0.0) {
+                return attr_err(format!("eps must be finite and ≥ 0, got {eps}"));
+            }
+            let Some(&d) = x.shape.0.last() else {
+                return shape_err("normalisation needs at least one axis");
+            };
+            for p in &ins[1..] {
+                require_float(p)?;
+                if p.shape.0 != [d] {
+                    return shape_err(format!(
+                        "parameter of shape {} must be [{d}] (the last axis of {})",
+                        p.shape, x.shape
+                    ));
+                }
+            }
+            Ok(x.clone())
+        }
+        Op::Rope { theta, .. } => {
+            let x = ins[0];
+            require_float(x)?;
+            if !(theta.is_finite() && *theta > 0.0) {
+                return attr_err(format!("theta must be positive, got {theta}"));
+            }
+            if x.shape.rank() < 2 || x.shape.0[x.shape.rank() - 1] % 2 != 0 {
+                return shape_err(format!(
+                    "rope needs [.., S, D] with D even, got {}",
+                    x.shape
+                ));
+            }
+            Ok(x.clone())
+        }
+        Op::MatMul => matmul(ins[0], ins[1]),
+        Op::FlashAttention(att) => flash_attention(att, ins),
+    }
+}
+
+fn require_float(t: &TensorType) -> Result<(), InferError> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        dtype_err(format!("expected a float tensor, got {}", t.dtype))
+    }
+}
+
+fn axis_of(axis: i64, shape: &Shape) -> Result<usize, InferError> {
+    normalize_axis(axis, shape.rank())
+        .ok_or_else(|| InferError::Attribute(format!("axis {axis} is out of range for {shape}")))
+}
+
+fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, InferError> {
+    Shape::broadcast(a, b).ok_or_else(|| InferError::Shape(format!("{a} and {b} do not broadcast")))
+}
+
+pub(crate) fn is_permutation(perm: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    perm.len() == rank
+        && perm
+            .iter()
+            .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true))
+}
+
+/// Normalised, sorted, distinct reduction axes.
+pub(crate) fn reduce_axes(axes: &[i64], shape: &Shape) -> Result<Vec<usize>, InferError> {
+    if axes.is_empty() {
+        return attr_err("a reduction needs at least one axis");
+    }
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let ax = axis_of(a, shape)?;
+        if out.contains(&ax) {
+            return attr_err(format!("axis {a} is listed twice"));
+        }
+        out.push(ax);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Resolves slice bounds (negative counts from the end) to `0 ≤ start ≤ end ≤ dim`.
+pub(crate) fn slice_bounds(start: i64, end: i64, dim: usize) -> Result<(usize, usize), InferError> {
+    let d = dim as i64;
+    let s = if start < 0 { start + d } else { start };
+    let e = if end < 0 { end + d } else { end };
+    if !(0 <= s && s <= e && e <= d) {
+        return attr_err(format!(
+            "slice {start}..{end} is out of bounds for an axis of size {dim}"
+        ));
+    }
+    Ok((s as usize, e as usize))
+}
+
+fn reshape(x: &TensorType, spec: &[i64]) -> Result<TensorType, InferError> {
+    let total = x.shape.numel();
+    let mut known: usize = 1;
+    let mut infer_at = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 if infer_at.is_none() => infer_at = Some(i),
+            -1 => return attr_err("reshape may infer at most one axis (-1)"),
+            d if d < 0 => return attr_err(format!("reshape dimension {d} is negative")),
+            d => {
+                known = known
+                    .checked_mul(d as usize)
+                    .ok_or_else(|| InferError::Overflow(format!("reshape to {spec:?}")))?
+            }
+        }
+    }
+    let mut dims: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
+    if let Some(i) = infer_at {
+        if known == 0 || total % known != 0 {
+            return shape_err(format!("cannot reshape {} to {spec:?}", x.shape));
+        }
+        dims[i] = total / known;
+    } else if known != total {
+        return shape_err(format!(
+            "cannot reshape {} ({total} elements) to {spec:?} ({known} elements)",
+            x.shape
+        ));
+    }
+    Ok(TensorType::new(x.dtype, dims))
+}
+
+fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, InferError> {
+    if a.dtype != b.dtype {
+        return dtype_err(format!("operands mix {} and {}", a.dtype, b.dtype));
+    }
+    require_float(a)?;
+    let (ra, rb) = (a.shape.rank(), b.shape.rank());
+    if ra < 2 || rb < 2 {
+        return shape_err(format!(
+            "matmul needs operands of rank ≥ 2, got {} and {}",
+            a.shape, b.shape
+        ));
+    }
+    let (m, k) = (a.shape.0[ra - 2], a.shape.0[ra - 1]);
+    let (k2, n) = (b.shape.0[rb - 2], b.shape.0[rb - 1]);
+    if k != k2 {
+        return shape_err(format!(
+            "contraction sizes differ: {} × {} ({k} vs {k2})",
+            a.shape, b.shape
+        ));
+    }
+    let batch = broadcast(
+        &Shape(a.shape.0[..ra - 2].to_vec()),
+        &Shape(b.shape.0[..rb - 2].to_vec()),
+    )?;
+    let mut dims = batch.0;
+    dims.extend([m, n]);
+    Ok(TensorType::new(a.dtype, dims))
+}
+
+fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let (q, k, v) = (ins[0], ins[1], ins[2]);
+    for t in [q, k, v] {
+        require_float(t)?;
+        if t.shape.rank() != 4 {
+            return shape_err(format!("q, k and v must be [B, H, S, D], got {}", t.shape));
+        }
+    }
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return dtype_err(format!("q, k, v mix {}, {}, {}", q.dtype, k.dtype, v.dtype));
+    }
+    if !att.scale.is_finite() {
+        return attr_err(format!("scale must be finite, got {}", att.scale));
+    }
+    let [b, hq, sq, d] = dims4(q);
+    let [bk, hkv, sk, dk] = dims4(k);
+    let [bv, hv, skv, dv] = dims4(v);
+    if b != bk || b != bv {
+        return shape_err(format!("batch sizes differ: {b}, {bk}, {bv}"));
+    }
+    if hkv == 0 || hkv != hv || hq % hkv != 0 {
+        return shape_err(format!(
+            "query heads ({hq}) must be a multiple of key/value heads ({hkv}, {hv})"
+        ));
+    }
+    if sk != skv || d != dk {
+        return shape_err(format!(
+            "k {} and v {} must share Sk, and q {} and k share D",
+            k.shape, v.shape, q.shape
+        ));
+    }
+    match (att.mask, ins.get(3)) {
+        (MaskKind::None, _) => {}
+        (kind, Some(m)) => {
+            let ok_dtype = match kind {
+                MaskKind::Boolean => m.dtype == DType::Bool,
+                _ => m.dtype.is_float(),
+            };
+            if !ok_dtype {
+                return dtype_err(format!("a {kind:?} mask cannot be {}", m.dtype));
+            }
+            let scores = Shape::new(vec![b, hq, sq, sk]);
+            if m.shape.rank() > 4 || !m.shape.broadcasts_to(&scores) {
+                return shape_err(format!(
+                    "mask {} does not broadcast to the scores {scores}",
+                    m.shape
+                ));
+            }
+        }
+        (_, None) => return attr_err("mask kind given but no mask operand"),
+    }
+    Ok(TensorType::new(q.dtype, vec![b, hq, sq, dv]))
+}
+
+fn dims4(t: &TensorType) -> [usize; 4] {
+    [t.shape.0[0], t.shape.0[1], t.shape.0[2], t.shape.0[3]]
+}

@@ -1,0 +1,26 @@
+//! The intermediate representation: an op DAG over static tensor types.
+
+mod dot;
+mod dtype;
+mod error;
+pub mod format;
+mod graph;
+mod infer;
+pub mod op;
+mod printer;
+mod random;
+mod shape;
+mod tensor;
+
+pub use dot::to_dot;
+pub use dtype::DType;
+pub use error::GraphError;
+pub use graph::{Graph, Node, NodeId};
+pub use infer::{infer, InferError};
+pub use op::{Arity, Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
+pub use printer::{node_line, to_text};
+pub use random::{random_input, random_weight, seeded_rng};
+pub use shape::{normalize_axis, Shape, TensorType};
+pub use tensor::{Data, Tensor, TensorError};
+
+pub(crate) use infer::{reduce_axes, slice_bounds};

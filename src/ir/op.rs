@@ -1,0 +1,723 @@
+//! The operations of the graph. Each op is defined here once: its name in files and dumps, its
+//! attributes (written and parsed by the same table), and its arity. Its shape rule is in
+//! `infer.rs`, its interpreter semantics in `crate::interp`, and its kernel in `crate::codegen`;
+//! all of those match over `Op` exhaustively, so a new op that misses a face does not compile.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::{DType, Shape};
+
+/// Binary elementwise ops, with numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Equal,
+    Less,
+    Greater,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 10] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Equal,
+        BinaryOp::Less,
+        BinaryOp::Greater,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Equal => "equal",
+            BinaryOp::Less => "less",
+            BinaryOp::Greater => "greater",
+        }
+    }
+
+    /// Comparisons produce bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater)
+    }
+
+    /// Ops only defined on floating-point operands.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow)
+    }
+}
+
+/// Unary elementwise ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    Tanh,
+    Erf,
+    Sigmoid,
+    Silu,
+    /// `0.5·x·(1 + erf(x/√2))`
+    Gelu,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+    GeluTanh,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 13] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Recip,
+        UnaryOp::Tanh,
+        UnaryOp::Erf,
+        UnaryOp::Sigmoid,
+        UnaryOp::Silu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+        }
+    }
+
+    /// Ops that are also defined on integers.
+    pub fn accepts_int(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Abs)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Mean,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Mean];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Max => "reduce_max",
+            ReduceOp::Mean => "reduce_mean",
+        }
+    }
+}
+
+/// How random data is drawn for a graph input when the caller gives none (`rocmforge run`).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Sample {
+    /// Standard normal.
+    #[default]
+    Normal,
+    /// A 0/1 mask over the last axis: each row keeps a random prefix (at least one element).
+    PaddingMask,
+    /// Uniform integers in `[low, high)`.
+    Range { low: i64, high: i64 },
+}
+
+/// How a weight is initialised when its data is not supplied.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Init {
+    /// Normal with standard deviation 1/√(first dim) (fan-in of an `[in, out]` matrix).
+    #[default]
+    Normal,
+    Ones,
+    Zeros,
+}
+
+/// The mask operand of a FlashAttention node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// No mask operand.
+    #[default]
+    None,
+    /// A float mask added to the scaled scores.
+    Additive,
+    /// A bool mask: false positions are excluded.
+    Boolean,
+}
+
+/// Attributes of a FlashAttention node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    /// Multiplies Q·Kᵀ before masking and softmax.
+    pub scale: f64,
+    /// Key `k` is visible from query `q` only when `k ≤ q + causal_offset`.
+    pub causal: bool,
+    pub causal_offset: i64,
+    pub mask: MaskKind,
+}
+
+/// An operation. Operands are the node's incoming edges, in slot order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    // Sources.
+    Input {
+        dtype: DType,
+        shape: Shape,
+        sample: Sample,
+    },
+    /// A named parameter; its data is bound at run time (or drawn from a seeded RNG).
+    Weight {
+        dtype: DType,
+        shape: Shape,
+        init: Init,
+    },
+    /// A scalar or small tensor; `values` holds one value (splat) or one per element.
+    Constant {
+        dtype: DType,
+        shape: Shape,
+        values: Vec<f64>,
+    },
+    /// Bool `[sq, sk]`, true where `k ≤ q + offset`.
+    CausalMask {
+        sq: usize,
+        sk: usize,
+        offset: i64,
+    },
+
+    // Layout.
+    /// At most one entry may be -1 (inferred).
+    Reshape {
+        shape: Vec<i64>,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
+    /// numpy broadcast to `shape`.
+    Expand {
+        shape: Vec<usize>,
+    },
+    Concat {
+        axis: i64,
+    },
+    /// Elements `start..end` (step 1) along `axis`; negative bounds count from the end.
+    Slice {
+        axis: i64,
+        start: i64,
+        end: i64,
+    },
+    /// `table[indices]` along the first axis of `table` (embedding lookup).
+    Gather,
+
+    // Elementwise.
+    Binary(BinaryOp),
+    /// `cond ? a : b`, broadcast over all three.
+    Where,
+    Unary(UnaryOp),
+    Cast {
+        to: DType,
+    },
+
+    // Reductions and normalisations.
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<i64>,
+        keepdim: bool,
+    },
+    /// Safe softmax: a row whose inputs are all −∞ gives zeros.
+    Softmax {
+        axis: i64,
+    },
+    /// Over the last axis: `(x − mean)/√(var + eps)·weight + bias`.
+    LayerNorm {
+        eps: f64,
+    },
+    /// Over the last axis: `x/√(mean(x²) + eps)·weight`.
+    RmsNorm {
+        eps: f64,
+    },
+    /// Rotary embedding, rotate-half form (LLaMA), over `[.., S, D]` with positions `offset..offset+S`.
+    Rope {
+        theta: f64,
+        offset: i64,
+    },
+
+    // Contractions.
+    /// Batched `[.., M, K] × [.., K, N]`, batch dims broadcast.
+    MatMul,
+    /// Fused `softmax(scale·Q·Kᵀ + mask)·V` with GQA: q `[B,Hq,Sq,D]`, k `[B,Hkv,Sk,D]`,
+    /// v `[B,Hkv,Sk,Dv]`, optional mask broadcastable to `[B,Hq,Sq,Sk]`.
+    FlashAttention(Attention),
+}
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    Exact(usize),
+    AtLeast(usize),
+}
+
+impl Arity {
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exact(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl fmt::Display for Arity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arity::Exact(k) => write!(f, "{k}"),
+            Arity::AtLeast(k) => write!(f, "at least {k}"),
+        }
+    }
+}
+
+/// Why an op could not be parsed from its name and attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpParseError {
+    UnknownOp,
+    Attribute(String),
+}
+
+/// Names of the ops that are not a Binary/Unary/Reduce family member.
+const STRUCTURAL_OPS: [&str; 18] = [
+    "input",
+    "weight",
+    "constant",
+    "causal_mask",
+    "reshape",
+    "permute",
+    "expand",
+    "concat",
+    "slice",
+    "gather",
+    "where",
+    "cast",
+    "softmax",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "matmul",
+    "flash_attention",
+];
+
+impl Op {
+    /// Every op name the file format accepts.
+    pub fn all_names() -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = STRUCTURAL_OPS.to_vec();
+        names.extend(BinaryOp::ALL.iter().map(|o| o.name()));
+        names.extend(UnaryOp::ALL.iter().map(|o| o.name()));
+        names.extend(ReduceOp::ALL.iter().map(|o| o.name()));
+        names
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Weight { .. } => "weight",
+            Op::Constant { .. } => "constant",
+            Op::CausalMask { .. } => "causal_mask",
+            Op::Reshape { .. } => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::Expand { .. } => "expand",
+            Op::Concat { .. } => "concat",
+            Op::Slice { .. } => "slice",
+            Op::Gather => "gather",
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Unary(u) => u.name(),
+            Op::Cast { .. } => "cast",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Softmax { .. } => "softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Rope { .. } => "rope",
+            Op::MatMul => "matmul",
+            Op::FlashAttention(_) => "flash_attention",
+        }
+    }
+
+    pub fn arity(&self) -> Arity {
+        match self {
+            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::CausalMask { .. } => {
+                Arity::Exact(0)
+            }
+            Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::Rope { .. } => Arity::Exact(1),
+            Op::Concat { .. } => Arity::AtLeast(1),
+            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
+            Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
+            Op::FlashAttention(a) => match a.mask {
+                MaskKind::None => Arity::Exact(3),
+                MaskKind::Additive | MaskKind::Boolean => Arity::Exact(4),
+            },
+        }
+    }
+
+    /// Sources have no operands and produce data from attributes or bindings.
+    pub fn is_source(&self) -> bool {
+        matches!(self.arity(), Arity::Exact(0))
+    }
+
+    /// Ops made by fusion passes (drawn highlighted in pictures).
+    pub fn is_fused(&self) -> bool {
+        matches!(self, Op::FlashAttention(_))
+    }
+
+    /// The op's attributes in a fixed order, as written to files and dumps. Attributes equal to
+    /// their default are left out.
+    pub fn attrs(&self) -> Vec<(&'static str, Value)> {
+        let mut a: Vec<(&'static str, Value)> = Vec::new();
+        match self {
+            Op::Input {
+                dtype,
+                shape,
+                sample,
+            } => {
+                a.push(("dtype", json(dtype)));
+                a.push(("shape", json(&shape.0)));
+                if *sample != Sample::Normal {
+                    a.push(("sample", json(sample)));
+                }
+            }
+            Op::Weight { dtype, shape, init } => {
+                a.push(("dtype", json(dtype)));
+                a.push(("shape", json(&shape.0)));
+                if *init != Init::Normal {
+                    a.push(("init", json(init)));
+                }
+            }
+            Op::Constant {
+                dtype,
+                shape,
+                values,
+            } => {
+                a.push(("dtype", json(dtype)));
+                if shape.rank() > 0 {
+                    a.push(("shape", json(&shape.0)));
+                }
+                let vals: Vec<Value> = values.iter().map(|v| number_value(*v)).collect();
+                if vals.len() == 1 {
+                    a.push(("value", vals[0].clone()));
+                } else {
+                    a.push(("value", Value::Array(vals)));
+                }
+            }
+            Op::CausalMask { sq, sk, offset } => {
+                a.push(("sq", json(sq)));
+                a.push(("sk", json(sk)));
+                if *offset != 0 {
+                    a.push(("offset", json(offset)));
+                }
+            }
+            Op::Reshape { shape } => a.push(("shape", json(shape))),
+            Op::Permute { perm } => a.push(("perm", json(perm))),
+            Op::Expand { shape } => a.push(("shape", json(shape))),
+            Op::Concat { axis } => a.push(("axis", json(axis))),
+            Op::Slice { axis, start, end } => {
+                a.push(("axis", json(axis)));
+                a.push(("start", json(start)));
+                a.push(("end", json(end)));
+            }
+            Op::Gather | Op::Binary(_) | Op::Where | Op::Unary(_) | Op::MatMul => {}
+            Op::Cast { to } => a.push(("to", json(to))),
+            Op::Reduce { axes, keepdim, .. } => {
+                a.push(("axes", json(axes)));
+                if *keepdim {
+                    a.push(("keepdim", json(keepdim)));
+                }
+            }
+            Op::Softmax { axis } => a.push(("axis", json(axis))),
+            Op::LayerNorm { eps } | Op::RmsNorm { eps } => a.push(("eps", json(eps))),
+            Op::Rope { theta, offset } => {
+                a.push(("theta", json(theta)));
+                if *offset != 0 {
+                    a.push(("offset", json(offset)));
+                }
+            }
+            Op::FlashAttention(att) => {
+                a.push(("scale", json(&att.scale)));
+                if att.causal {
+                    a.push(("causal", json(&att.causal)));
+                }
+                if att.causal_offset != 0 {
+                    a.push(("causal_offset", json(&att.causal_offset)));
+                }
+                if att.mask != MaskKind::None {
+                    a.push(("mask", json(&att.mask)));
+                }
+            }
+        }
+        a
+    }
+
+    /// Builds an op from its name and attributes (the inverse of [`Op::name`] + [`Op::attrs`]).
+    /// Unknown attribute names are refused, so a misspelt attribute is never silently ignored.
+    pub fn parse(name: &str, attrs: &Map<String, Value>) -> Result<Op, OpParseError> {
+        let mut a = AttrReader::new(attrs);
+        let op = match name {
+            "input" => Op::Input {
+                dtype: a.req("dtype")?,
+                shape: Shape(a.req("shape")?),
+                sample: a.opt("sample")?.unwrap_or_default(),
+            },
+            "weight" => Op::Weight {
+                dtype: a.req("dtype")?,
+                shape: Shape(a.req("shape")?),
+                init: a.opt("init")?.unwrap_or_default(),
+            },
+            "constant" => Op::Constant {
+                dtype: a.opt("dtype")?.unwrap_or(DType::F32),
+                shape: Shape(a.opt("shape")?.unwrap_or_default()),
+                values: a.values("value")?,
+            },
+            "causal_mask" => Op::CausalMask {
+                sq: a.req("sq")?,
+                sk: a.req("sk")?,
+                offset: a.opt("offset")?.unwrap_or(0),
+            },
+            "reshape" => Op::Reshape {
+                shape: a.req("shape")?,
+            },
+            "permute" => Op::Permute {
+                perm: a.req("perm")?,
+            },
+            "expand" => Op::Expand {
+                shape: a.req("shape")?,
+            },
+            "concat" => Op::Concat {
+                axis: a.req("axis")?,
+            },
+            "slice" => Op::Slice {
+                axis: a.req("axis")?,
+                start: a.req("start")?,
+                end: a.req("end")?,
+            },
+            "gather" => Op::Gather,
+            "where" => Op::Where,
+            "cast" => Op::Cast { to: a.req("to")? },
+            "softmax" => Op::Softmax {
+                axis: a.req("axis")?,
+            },
+            "layer_norm" => Op::LayerNorm {
+                eps: a.opt("eps")?.unwrap_or(1e-5),
+            },
+            "rms_norm" => Op::RmsNorm {
+                eps: a.opt("eps")?.unwrap_or(1e-6),
+            },
+            "rope" => Op::Rope {
+                theta: a.opt("theta")?.unwrap_or(10000.0),
+                offset: a.opt("offset")?.unwrap_or(0),
+            },
+            "matmul" => Op::MatMul,
+            "flash_attention" => Op::FlashAttention(Attention {
+                scale: a.req("scale")?,
+                causal: a.opt("causal")?.unwrap_or(false),
+                causal_offset: a.opt("causal_offset")?.unwrap_or(0),
+                mask: a.opt("mask")?.unwrap_or_default(),
+            }),
+            other => {
+                if let Some(b) = BinaryOp::ALL.iter().find(|b| b.name() == other) {
+                    Op::Binary(*b)
+                } else if let Some(u) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
+                    Op::Unary(*u)
+                } else if let Some(r) = ReduceOp::ALL.iter().find(|r| r.name() == other) {
+                    Op::Reduce {
+                        op: *r,
+                        axes: a.req("axes")?,
+                        keepdim: a.opt("keepdim")?.unwrap_or(false),
+                    }
+                } else {
+                    return Err(OpParseError::UnknownOp);
+                }
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+
+    /// `name[attr=value, ...]`, the op as the text printer shows it.
+    pub fn display(&self) -> String {
+        // A source's dtype and shape are its type, which every dump prints beside it.
+        let mut attrs = self.attrs();
+        if self.is_source() {
+            attrs.retain(|(k, _)| *k != "dtype" && *k != "shape");
+        }
+        if attrs.is_empty() {
+            return self.name().to_string();
+        }
+        let body: Vec<String> = attrs
+            .iter()
+            .map(|(k, v)| format!("{k}={}", compact_value(v)))
+            .collect();
+        format!("{}[{}]", self.name(), body.join(", "))
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display())
+    }
+}
+
+fn json<T: Serialize + ?Sized>(v: &T) -> Value {
+    serde_json::to_value(v).expect("attribute types serialise to JSON")
+}
+
+/// JSON has no infinities or NaN: those are written as strings.
+fn number_value(v: f64) -> Value {
+    if v.is_finite() {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .unwrap_or(Value::Null)
+    } else if v.is_nan() {
+        Value::String("nan".into())
+    } else if v > 0.0 {
+        Value::String("inf".into())
+    } else {
+        Value::String("-inf".into())
+    }
+}
+
+fn parse_number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        Value::String(s) => match s.as_str() {
+            "inf" | "+inf" => Some(f64::INFINITY),
+            "-inf" => Some(f64::NEG_INFINITY),
+            "nan" => Some(f64::NAN),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Short rendering of an attribute value for dumps; long constant lists are elided.
+fn compact_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.len() > 8 => {
+            let head: Vec<String> = items[..4].iter().map(compact_value).collect();
+            format!("[{}, … {} values]", head.join(", "), items.len())
+        }
+        Value::Array(items) => {
+            let parts: Vec<String> = items.iter().map(compact_value).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Reads attributes by name, remembering which were used so unknown ones can be refused.
+struct AttrReader<'a> {
+    map: &'a Map<String, Value>,
+    used: BTreeSet<&'static str>,
+}
+
+impl<'a> AttrReader<'a> {
+    fn new(map: &'a Map<String, Value>) -> Self {
+        AttrReader {
+            map,
+            used: BTreeSet::new(),
+        }
+    }
+
+    fn opt<T: DeserializeOwned>(&mut self, key: &'static str) -> Result<Option<T>, OpParseError> {
+        self.used.insert(key);
+        match self.map.get(key) {
+            None => Ok(None),
+            Some(v) => serde_json::from_value(v.clone())
+                .map(Some)
+                .map_err(|e| OpParseError::Attribute(format!("attribute `{key}`: {e}"))),
+        }
+    }
+
+    fn req<T: DeserializeOwned>(&mut self, key: &'static str) -> Result<T, OpParseError> {
+        self.opt(key)?
+            .ok_or_else(|| OpParseError::Attribute(format!("missing attribute `{key}`")))
+    }
+
+    fn values(&mut self, key: &'static str) -> Result<Vec<f64>, OpParseError> {
+        self.used.insert(key);
+        let bad = || {
+            OpParseError::Attribute(format!(
+                "attribute `{key}` must be a number, \"inf\", \"-inf\", \"nan\" or a flat list of them"
+            ))
+        };
+        match self.map.get(key) {
+            None => Err(OpParseError::Attribute(format!(
+                "missing attribute `{key}`"
+            ))),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| parse_number(v).ok_or_else(bad))
+                .collect(),
+            Some(v) => Ok(vec![parse_number(v).ok_or_else(bad)?]),
+        }
+    }
+
+    fn finish(self) -> Result<(), OpParseError> {
+        let unknown: Vec<&str> = self
+            .map
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !self.used.contains(k))
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(OpParseError::Attribute(format!(
+                "unknown attribute(s): {}",
+                unknown.join(", ")
+            )))
+        }
+    }
+}

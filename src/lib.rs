@@ -1,0 +1,7 @@
+//! rocmforge: a compute-graph compiler for transformer models.
+//!
+//! The pipeline is model → [`ir::Graph`] → passes → codegen → runtime; the [`interp`] CPU
+//! interpreter runs the same graph and is the numeric reference for everything else.
+
+pub mod interp;
+pub mod ir;
