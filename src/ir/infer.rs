@@ -216,7 +216,7 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             if !(theta.is_finite() && *theta > 0.0) {
                 return attr_err(format!("theta must be positive, got {theta}"));
             }
-            if x.shape.rank() < 2 || x.shape.0[x.shape.rank() - 1] % 2 != 0 {
+            if x.shape.rank() < 2 || !x.shape.0[x.shape.rank() - 1].is_multiple_of(2) {
                 return shape_err(format!(
                     "rope needs [.., S, D] with D even, got {}",
                     x.shape
@@ -302,7 +302,7 @@ fn reshape(x: &TensorType, spec: &[i64]) -> Result<TensorType, InferError> {
     }
     let mut dims: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
     if let Some(i) = infer_at {
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return shape_err(format!("cannot reshape {} to {spec:?}", x.shape));
         }
         dims[i] = total / known;

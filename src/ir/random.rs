@@ -64,7 +64,7 @@ pub fn random_weight(name: &str, ty: &TensorType, init: &Init, seed: u64) -> Ten
         Init::Ones => vec![1.0; n],
         Init::Zeros => vec![0.0; n],
         Init::Normal => {
-            let mut rng = seeded_rng(seed ^ 0x5eed_0f_3e16, name);
+            let mut rng = seeded_rng(seed ^ 0x005e_ed0f_3e16, name);
             let fan_in = ty.shape.dims().first().copied().unwrap_or(1).max(1) as f64;
             let std = if ty.shape.rank() >= 2 {
                 fan_in.sqrt().recip()

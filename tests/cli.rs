@@ -1,0 +1,99 @@
+//! The command line as a user drives it.
+
+use std::process::Command;
+
+fn rocmforge(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run rocmforge");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn run_prints_device_time_and_output_statistics() {
+    let (ok, out, err) = rocmforge(&[
+        "run",
+        "graphs/attention.json",
+        "--seed",
+        "5",
+        "--values",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    for part in [
+        "device: cpu",
+        "time:",
+        "output out: f32[2, 4, 64, 32]",
+        "mean",
+        "std",
+        "first [",
+    ] {
+        assert!(out.contains(part), "missing `{part}` in:\n{out}");
+    }
+    let (_, again, _) = rocmforge(&[
+        "run",
+        "graphs/attention.json",
+        "--seed",
+        "5",
+        "--values",
+        "3",
+    ]);
+    let stats = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with("time"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        stats(&out),
+        stats(&again),
+        "same seed must print the same numbers"
+    );
+}
+
+#[test]
+fn show_prints_text_and_writes_dot() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dot = dir.join("g.dot");
+    let (ok, out, err) = rocmforge(&[
+        "show",
+        "graphs/gqa_attention.json",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("graph gqa_attention"));
+    assert!(std::fs::read_to_string(&dot)
+        .unwrap()
+        .starts_with("digraph"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_files_fail_with_a_message_not_a_panic() {
+    let (ok, _, err) = rocmforge(&["run", "tests/data/bad_graphs/cycle.json"]);
+    assert!(!ok);
+    assert!(err.starts_with("error: ") && err.contains("cycle"), "{err}");
+    assert!(!err.contains("panicked"));
+    let (ok, _, err) = rocmforge(&["show", "no/such/file.json"]);
+    assert!(!ok && err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn help_answers_for_every_command() {
+    for args in [
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["show", "--help"],
+    ] {
+        let (ok, out, _) = rocmforge(&args);
+        assert!(ok && out.contains("Usage"), "{args:?}: {out}");
+    }
+}
