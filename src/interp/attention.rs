@@ -12,7 +12,7 @@ pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Tensor {
 }
 
 /// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
-/// Computed in f64; a query row with no visible key gives zeros.
+/// Softmax and the weighted sum run in f64; a query row with no visible key gives zeros.
 pub fn flash_attention(
     att: &Attention,
     q: &Tensor,
@@ -53,15 +53,19 @@ pub fn flash_attention(
                 let mut max = f64::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
                     let kj = &kv[k_base + j * d..][..d];
-                    let mut x = att.scale
-                        * qi.iter()
-                            .zip(kj)
-                            .map(|(&a, &c)| f64::from(a) * f64::from(c))
-                            .sum::<f64>();
+                    // Scores are f32 values, scaled and masked in f32 as the unfused graph and
+                    // the kernels compute them, so a dtype-min additive mask swamps a score
+                    // here exactly as it does there.
+                    let dot = qi
+                        .iter()
+                        .zip(kj)
+                        .map(|(&a, &c)| f64::from(a) * f64::from(c))
+                        .sum::<f64>() as f32;
+                    let mut x = f64::from(dot * att.scale as f32);
                     if let Some((mv, ms)) = &mask_view {
                         let mval = mv[bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
                         match att.mask {
-                            MaskKind::Additive => x += mval,
+                            MaskKind::Additive => x = f64::from(x as f32 + mval as f32),
                             MaskKind::Boolean if mval == 0.0 => x = f64::NEG_INFINITY,
                             MaskKind::Boolean | MaskKind::None => {}
                         }

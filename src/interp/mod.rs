@@ -18,7 +18,6 @@ use crate::ir::{
     Tensor, TensorType,
 };
 
-pub use elementwise::{binary_f32, unary_f32};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum InterpError {

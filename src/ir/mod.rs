@@ -9,6 +9,7 @@ mod infer;
 pub mod op;
 mod printer;
 mod random;
+pub mod scalar;
 mod shape;
 mod tensor;
 
