@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{self, format, Graph, Tensor};
+use rocmforge::passes::{explain_text, PassManager};
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +43,25 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         values: usize,
     },
+    /// Optimise a graph with the default pass pipeline and print the result.
+    ///
+    /// The pipeline cleans up (canonicalisation, constant folding, CSE, dead code), recognises
+    /// decomposed softmax, norms and activations, fuses attention into FlashAttention and fuses
+    /// the elementwise chains left around it.
+    Compile {
+        /// The graph file (JSON).
+        file: PathBuf,
+        /// Print the graph (text form) after every pass that changed it.
+        #[arg(long)]
+        dump_passes: bool,
+        /// Print every attention candidate with "fused" or the reason it was left alone, and
+        /// every other candidate a pass left alone.
+        #[arg(long)]
+        explain: bool,
+        /// Only clean up: no recognition or fusion (the unfused baseline).
+        #[arg(long)]
+        no_fuse: bool,
+    },
     /// Print a graph in the text form (one line per node) and optionally write Graphviz DOT.
     Show {
         /// The graph file (JSON).
@@ -49,6 +69,9 @@ enum Command {
         /// Write a Graphviz DOT picture of the graph here (render with `dot -Tsvg`).
         #[arg(long, value_name = "PATH")]
         dot: Option<PathBuf>,
+        /// Show the graph after the default pass pipeline; fused nodes are highlighted in DOT.
+        #[arg(long)]
+        fused: bool,
     },
 }
 
@@ -99,8 +122,40 @@ fn cmd_run(file: &Path, seed: u64, values: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_show(file: &Path, dot: Option<&Path>) -> Result<(), String> {
-    let graph = load(file)?;
+fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<(), String> {
+    let mut graph = load(file)?;
+    let before = graph.node_count();
+    let manager = if no_fuse { PassManager::cleanup() } else { PassManager::default_pipeline() };
+    let reports = manager
+        .run_observed(&mut graph, |report, g| {
+            if dump && report.changed() {
+                println!("// after {}", report.pass);
+                print!("{}", ir::to_text(g).unwrap_or_else(|e| e.to_string()));
+                println!();
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if explain {
+        print!("{}", explain_text(&reports));
+    }
+    if !dump {
+        print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
+    }
+    let fused = graph.node_ids().filter(|&id| graph.op(id).is_fused()).count();
+    eprintln!(
+        "{}: {before} → {} nodes, {fused} fused node(s), passes: {}",
+        graph.name,
+        graph.node_count(),
+        manager.names().join(", ")
+    );
+    Ok(())
+}
+
+fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> {
+    let mut graph = load(file)?;
+    if fused {
+        PassManager::default_pipeline().run(&mut graph).map_err(|e| e.to_string())?;
+    }
     print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     if let Some(path) = dot {
         let text = ir::to_dot(&graph).map_err(|e| e.to_string())?;
@@ -114,7 +169,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Run { file, seed, values } => cmd_run(file, *seed, *values),
-        Command::Show { file, dot } => cmd_show(file, dot.as_deref()),
+        Command::Compile {
+            file,
+            dump_passes,
+            explain,
+            no_fuse,
+        } => cmd_compile(file, *dump_passes, *explain, *no_fuse),
+        Command::Show { file, dot, fused } => cmd_show(file, dot.as_deref(), *fused),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

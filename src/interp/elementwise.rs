@@ -2,7 +2,7 @@
 //! `ir::scalar`, shared with constant folding.
 
 use crate::ir::scalar::{binary_f32, binary_i64, unary_f32, unary_i64};
-use crate::ir::{BinaryOp, DType, Data, Shape, Tensor, TensorType, UnaryOp};
+use crate::ir::{infer, BinaryOp, DType, Data, Expr, Op, Shape, Tensor, TensorType, UnaryOp};
 
 use super::strided::{gather, offsets};
 
@@ -83,6 +83,27 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor, out: &TensorType) -> Tensor
         }
         (Data::Float(_), Data::Int(_)) | (Data::Int(_), Data::Float(_)) => {
             unreachable!("shape inference requires branches of one dtype")
+        }
+    }
+}
+
+/// A fused expression, evaluated node by node with the same functions (and the same rounding)
+/// as the unfused ops it replaced.
+pub fn fused(expr: &Expr, args: &[&Tensor]) -> Tensor {
+    match expr {
+        Expr::Input(i) => args[*i].clone(),
+        Expr::Const(v, dt) => Tensor::from_f64(*dt, Shape::scalar(), &[*v]).expect("one value"),
+        Expr::Unary(op, a) => unary(*op, &fused(a, args)),
+        Expr::Cast(to, a) => fused(a, args).cast(*to),
+        Expr::Binary(op, a, b) => {
+            let (x, y) = (fused(a, args), fused(b, args));
+            let ty = infer(&Op::Binary(*op), &[&x.ty(), &y.ty()]).expect("typed when the node was built");
+            binary(*op, &x, &y, &ty)
+        }
+        Expr::Where(c, a, b) => {
+            let (c, x, y) = (fused(c, args), fused(a, args), fused(b, args));
+            let ty = infer(&Op::Where, &[&c.ty(), &x.ty(), &y.ty()]).expect("typed when the node was built");
+            where_(&c, &x, &y, &ty)
         }
     }
 }

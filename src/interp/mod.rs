@@ -198,6 +198,7 @@ fn eval(node: &Node, args: &[&Tensor], bindings: &Bindings) -> Result<Tensor, In
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
         Op::Rope { theta, offset } => attention::rope(args[0], *theta, *offset),
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
+        Op::FusedElementwise(expr) => elementwise::fused(expr, args),
         Op::FlashAttention(att) => {
             attention::flash_attention(att, args[0], args[1], args[2], args.get(3).copied(), ty)
         }

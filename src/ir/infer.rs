@@ -226,6 +226,16 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
         }
         Op::MatMul => matmul(ins[0], ins[1]),
         Op::FlashAttention(att) => flash_attention(att, ins),
+        Op::FusedElementwise(expr) => {
+            if expr.input_count() != ins.len() {
+                return attr_err(format!(
+                    "the expression reads {} operand(s), the node has {}",
+                    expr.input_count(),
+                    ins.len()
+                ));
+            }
+            expr.ty(ins)
+        }
     }
 }
 

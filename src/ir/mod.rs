@@ -3,6 +3,7 @@
 mod dot;
 mod dtype;
 mod error;
+mod expr;
 pub mod format;
 mod graph;
 mod infer;
@@ -16,6 +17,7 @@ mod tensor;
 pub use dot::to_dot;
 pub use dtype::DType;
 pub use error::GraphError;
+pub use expr::Expr;
 pub use graph::{Graph, Node, NodeId};
 pub use infer::{infer, InferError};
 pub use op::{Arity, Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};

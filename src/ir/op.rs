@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use std::fmt;
 
+use super::expr::Expr;
 use super::{DType, Shape};
 
 /// Binary elementwise ops, with numpy broadcasting.
@@ -285,6 +286,8 @@ pub enum Op {
     /// Fused `softmax(scale·Q·Kᵀ + mask)·V` with GQA: q `[B,Hq,Sq,D]`, k `[B,Hkv,Sk,D]`,
     /// v `[B,Hkv,Sk,Dv]`, optional mask broadcastable to `[B,Hq,Sq,Sk]`.
     FlashAttention(Attention),
+    /// A chain of elementwise ops evaluated in one pass over the result, operands broadcast.
+    FusedElementwise(Expr),
 }
 
 /// How many operands an op takes.
@@ -320,7 +323,7 @@ pub enum OpParseError {
 }
 
 /// Names of the ops that are not a Binary/Unary/Reduce family member.
-const STRUCTURAL_OPS: [&str; 18] = [
+const STRUCTURAL_OPS: [&str; 19] = [
     "input",
     "weight",
     "constant",
@@ -339,6 +342,7 @@ const STRUCTURAL_OPS: [&str; 18] = [
     "rope",
     "matmul",
     "flash_attention",
+    "fused_elementwise",
 ];
 
 impl Op {
@@ -374,6 +378,7 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::MatMul => "matmul",
             Op::FlashAttention(_) => "flash_attention",
+            Op::FusedElementwise(_) => "fused_elementwise",
         }
     }
 
@@ -391,7 +396,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::Softmax { .. }
             | Op::Rope { .. } => Arity::Exact(1),
-            Op::Concat { .. } => Arity::AtLeast(1),
+            Op::Concat { .. } | Op::FusedElementwise(_) => Arity::AtLeast(1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
             Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::FlashAttention(a) => match a.mask {
@@ -408,7 +413,7 @@ impl Op {
 
     /// Ops made by fusion passes (drawn highlighted in pictures).
     pub fn is_fused(&self) -> bool {
-        matches!(self, Op::FlashAttention(_))
+        matches!(self, Op::FlashAttention(_) | Op::FusedElementwise(_))
     }
 
     /// The op's attributes in a fixed order, as written to files and dumps. Attributes equal to
@@ -494,6 +499,7 @@ impl Op {
                     a.push(("mask", json(&att.mask)));
                 }
             }
+            Op::FusedElementwise(expr) => a.push(("expr", expr.to_json())),
         }
         a
     }
@@ -557,6 +563,7 @@ impl Op {
                 offset: a.opt("offset")?.unwrap_or(0),
             },
             "matmul" => Op::MatMul,
+            "fused_elementwise" => Op::FusedElementwise(a.expr("expr")?),
             "flash_attention" => Op::FlashAttention(Attention {
                 scale: a.req("scale")?,
                 causal: a.opt("causal")?.unwrap_or(false),
@@ -595,7 +602,10 @@ impl Op {
         }
         let body: Vec<String> = attrs
             .iter()
-            .map(|(k, v)| format!("{k}={}", compact_value(v)))
+            .map(|(k, v)| match (self, *k) {
+                (Op::FusedElementwise(e), "expr") => format!("{e}"),
+                _ => format!("{k}={}", compact_value(v)),
+            })
             .collect();
         format!("{}[{}]", self.name(), body.join(", "))
     }
@@ -702,6 +712,15 @@ impl<'a> AttrReader<'a> {
                 .collect(),
             Some(v) => Ok(vec![parse_number(v).ok_or_else(bad)?]),
         }
+    }
+
+    fn expr(&mut self, key: &'static str) -> Result<Expr, OpParseError> {
+        self.used.insert(key);
+        let v = self
+            .map
+            .get(key)
+            .ok_or_else(|| OpParseError::Attribute(format!("missing attribute `{key}`")))?;
+        Expr::from_json(v).map_err(|e| OpParseError::Attribute(format!("attribute `{key}`: {e}")))
     }
 
     fn finish(self) -> Result<(), OpParseError> {

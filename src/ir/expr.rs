@@ -1,0 +1,193 @@
+//! The expression of a FusedElementwise node: a tree over the node's operands (`$0`, `$1`, …)
+//! and scalar constants, built from the elementwise ops. Its type follows from applying each
+//! op's own shape rule to its sub-expressions, so it never defines semantics of its own.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use super::infer::{infer, InferError};
+use super::op::{BinaryOp, Op, UnaryOp};
+use super::{DType, TensorType};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// Operand `i` of the fused node, broadcast to the result shape.
+    Input(usize),
+    /// A scalar constant.
+    Const(f64, DType),
+    Unary(UnaryOp, Box<Expr>),
+    Binary(BinaryOp, Box<Expr>, Box<Expr>),
+    Where(Box<Expr>, Box<Expr>, Box<Expr>),
+    Cast(DType, Box<Expr>),
+}
+
+impl Expr {
+    /// The op this expression node applies, for typing through `infer`.
+    fn op(&self) -> Option<Op> {
+        match self {
+            Expr::Input(_) | Expr::Const(..) => None,
+            Expr::Unary(u, _) => Some(Op::Unary(*u)),
+            Expr::Binary(b, ..) => Some(Op::Binary(*b)),
+            Expr::Where(..) => Some(Op::Where),
+            Expr::Cast(to, _) => Some(Op::Cast { to: *to }),
+        }
+    }
+
+    pub fn children(&self) -> Vec<&Expr> {
+        match self {
+            Expr::Input(_) | Expr::Const(..) => vec![],
+            Expr::Unary(_, a) | Expr::Cast(_, a) => vec![a],
+            Expr::Binary(_, a, b) => vec![a, b],
+            Expr::Where(c, a, b) => vec![c, a, b],
+        }
+    }
+
+    /// The type of this expression over operands of types `ins`.
+    pub fn ty(&self, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+        match self {
+            Expr::Input(i) => ins
+                .get(*i)
+                .map(|t| (*t).clone())
+                .ok_or_else(|| InferError::Attribute(format!("expression reads ${i}, but the node has {} operands", ins.len()))),
+            Expr::Const(_, dt) => Ok(TensorType::new(*dt, vec![])),
+            _ => {
+                let kids = self
+                    .children()
+                    .into_iter()
+                    .map(|c| c.ty(ins))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let refs: Vec<&TensorType> = kids.iter().collect();
+                infer(&self.op().expect("interior node"), &refs)
+            }
+        }
+    }
+
+    /// Highest operand index read, plus one.
+    pub fn input_count(&self) -> usize {
+        match self {
+            Expr::Input(i) => i + 1,
+            Expr::Const(..) => 0,
+            _ => self.children().iter().map(|c| c.input_count()).max().unwrap_or(0),
+        }
+    }
+
+    /// How many ops the expression applies.
+    pub fn op_count(&self) -> usize {
+        match self {
+            Expr::Input(_) | Expr::Const(..) => 0,
+            _ => 1 + self.children().iter().map(|c| c.op_count()).sum::<usize>(),
+        }
+    }
+
+    /// JSON form: `"$0"`, `{"const": 0.5, "dtype": "f32"}`, `["mul", a, b]`, `["cast", "f16", a]`.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Expr::Input(i) => Value::String(format!("${i}")),
+            Expr::Const(v, dt) => {
+                let num = if v.is_finite() {
+                    serde_json::Number::from_f64(*v).map(Value::Number).unwrap_or(Value::Null)
+                } else if v.is_nan() {
+                    Value::String("nan".into())
+                } else if *v > 0.0 {
+                    Value::String("inf".into())
+                } else {
+                    Value::String("-inf".into())
+                };
+                serde_json::json!({"const": num, "dtype": dt.name()})
+            }
+            Expr::Unary(u, a) => Value::Array(vec![u.name().into(), a.to_json()]),
+            Expr::Binary(b, x, y) => Value::Array(vec![b.name().into(), x.to_json(), y.to_json()]),
+            Expr::Where(c, a, b) => Value::Array(vec!["where".into(), c.to_json(), a.to_json(), b.to_json()]),
+            Expr::Cast(to, a) => Value::Array(vec!["cast".into(), to.name().into(), a.to_json()]),
+        }
+    }
+
+    pub fn from_json(v: &Value) -> Result<Expr, String> {
+        match v {
+            Value::String(s) => s
+                .strip_prefix('$')
+                .and_then(|n| n.parse().ok())
+                .map(Expr::Input)
+                .ok_or_else(|| format!("`{s}` is not an operand reference like \"$0\"")),
+            Value::Object(m) => {
+                let value = match m.get("const") {
+                    Some(Value::Number(n)) => n.as_f64().ok_or("bad constant")?,
+                    Some(Value::String(s)) if s == "inf" => f64::INFINITY,
+                    Some(Value::String(s)) if s == "-inf" => f64::NEG_INFINITY,
+                    Some(Value::String(s)) if s == "nan" => f64::NAN,
+                    _ => return Err("a constant needs a numeric `const`".into()),
+                };
+                let dtype = m
+                    .get("dtype")
+                    .and_then(Value::as_str)
+                    .and_then(DType::parse)
+                    .ok_or("a constant needs a `dtype`")?;
+                if m.len() != 2 {
+                    return Err("a constant has exactly `const` and `dtype`".into());
+                }
+                Ok(Expr::Const(value, dtype))
+            }
+            Value::Array(items) => {
+                let name = items.first().and_then(Value::as_str).ok_or("an op list starts with the op name")?;
+                let arg = |i: usize| -> Result<Box<Expr>, String> {
+                    items
+                        .get(i)
+                        .ok_or_else(|| format!("`{name}` is missing operand {i}"))
+                        .and_then(Expr::from_json)
+                        .map(Box::new)
+                };
+                let want = |n: usize| -> Result<(), String> {
+                    if items.len() == n + 1 {
+                        Ok(())
+                    } else {
+                        Err(format!("`{name}` takes {n} operand(s), got {}", items.len() - 1))
+                    }
+                };
+                if name == "where" {
+                    want(3)?;
+                    return Ok(Expr::Where(arg(1)?, arg(2)?, arg(3)?));
+                }
+                if name == "cast" {
+                    want(2)?;
+                    let to = items[1].as_str().and_then(DType::parse).ok_or("cast needs a dtype name")?;
+                    return Ok(Expr::Cast(to, arg(2)?));
+                }
+                if let Some(u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {
+                    want(1)?;
+                    return Ok(Expr::Unary(*u, arg(1)?));
+                }
+                if let Some(b) = BinaryOp::ALL.iter().find(|b| b.name() == name) {
+                    want(2)?;
+                    return Ok(Expr::Binary(*b, arg(1)?, arg(2)?));
+                }
+                Err(format!("`{name}` is not an elementwise op"))
+            }
+            other => Err(format!("{other} is not an expression")),
+        }
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expr::Input(i) => write!(f, "${i}"),
+            Expr::Const(v, dt) => {
+                let a = v.abs();
+                if a != 0.0 && a.is_finite() && !(1e-4..1e6).contains(&a) {
+                    write!(f, "{v:e}")?;
+                } else {
+                    write!(f, "{v}")?;
+                }
+                if *dt != DType::F32 {
+                    write!(f, ":{dt}")?;
+                }
+                Ok(())
+            }
+            Expr::Unary(u, a) => write!(f, "{}({a})", u.name()),
+            Expr::Binary(b, x, y) => write!(f, "{}({x}, {y})", b.name()),
+            Expr::Where(c, a, b) => write!(f, "where({c}, {a}, {b})"),
+            Expr::Cast(to, a) => write!(f, "cast<{to}>({a})"),
+        }
+    }
+}

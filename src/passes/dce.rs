@@ -1,0 +1,36 @@
+//! Dead-code elimination: removes every node no graph output depends on.
+
+use std::collections::HashSet;
+
+use super::{Pass, PassReport};
+use crate::ir::Graph;
+
+pub struct DeadCode;
+
+impl Pass for DeadCode {
+    fn name(&self) -> &'static str {
+        "dead_code"
+    }
+
+    fn run(&self, g: &mut Graph) -> PassReport {
+        let mut report = PassReport::new(self.name());
+        let mut live = HashSet::new();
+        let mut stack: Vec<_> = g.outputs().to_vec();
+        while let Some(id) = stack.pop() {
+            if live.insert(id) {
+                stack.extend(g.operands(id));
+            }
+        }
+        let dead: Vec<_> = g.node_ids().filter(|id| !live.contains(id)).collect();
+        if dead.is_empty() {
+            return report;
+        }
+        let mut names: Vec<String> = dead.iter().map(|&id| g.node(id).name.clone()).collect();
+        names.sort();
+        for id in dead {
+            g.remove_node(id);
+        }
+        report.rewrote("graph", format!("removed {} dead node(s): {}", names.len(), names.join(", ")));
+        report
+    }
+}
