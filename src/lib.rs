@@ -4,5 +4,5 @@
 //! interpreter runs the same graph and is the numeric reference for everything else.
 
 pub mod interp;
-pub mod passes;
 pub mod ir;
+pub mod passes;

@@ -125,7 +125,11 @@ fn cmd_run(file: &Path, seed: u64, values: usize) -> Result<(), String> {
 fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<(), String> {
     let mut graph = load(file)?;
     let before = graph.node_count();
-    let manager = if no_fuse { PassManager::cleanup() } else { PassManager::default_pipeline() };
+    let manager = if no_fuse {
+        PassManager::cleanup()
+    } else {
+        PassManager::default_pipeline()
+    };
     let reports = manager
         .run_observed(&mut graph, |report, g| {
             if dump && report.changed() {
@@ -141,7 +145,10 @@ fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<
     if !dump {
         print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     }
-    let fused = graph.node_ids().filter(|&id| graph.op(id).is_fused()).count();
+    let fused = graph
+        .node_ids()
+        .filter(|&id| graph.op(id).is_fused())
+        .count();
     eprintln!(
         "{}: {before} → {} nodes, {fused} fused node(s), passes: {}",
         graph.name,
@@ -154,7 +161,9 @@ fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<
 fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> {
     let mut graph = load(file)?;
     if fused {
-        PassManager::default_pipeline().run(&mut graph).map_err(|e| e.to_string())?;
+        PassManager::default_pipeline()
+            .run(&mut graph)
+            .map_err(|e| e.to_string())?;
     }
     print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     if let Some(path) = dot {

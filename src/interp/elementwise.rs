@@ -97,12 +97,14 @@ pub fn fused(expr: &Expr, args: &[&Tensor]) -> Tensor {
         Expr::Cast(to, a) => fused(a, args).cast(*to),
         Expr::Binary(op, a, b) => {
             let (x, y) = (fused(a, args), fused(b, args));
-            let ty = infer(&Op::Binary(*op), &[&x.ty(), &y.ty()]).expect("typed when the node was built");
+            let ty = infer(&Op::Binary(*op), &[&x.ty(), &y.ty()])
+                .expect("typed when the node was built");
             binary(*op, &x, &y, &ty)
         }
         Expr::Where(c, a, b) => {
             let (c, x, y) = (fused(c, args), fused(a, args), fused(b, args));
-            let ty = infer(&Op::Where, &[&c.ty(), &x.ty(), &y.ty()]).expect("typed when the node was built");
+            let ty = infer(&Op::Where, &[&c.ty(), &x.ty(), &y.ty()])
+                .expect("typed when the node was built");
             where_(&c, &x, &y, &ty)
         }
     }

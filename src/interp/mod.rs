@@ -18,7 +18,6 @@ use crate::ir::{
     Tensor, TensorType,
 };
 
-
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum InterpError {
     #[error(transparent)]

@@ -46,10 +46,12 @@ impl Expr {
     /// The type of this expression over operands of types `ins`.
     pub fn ty(&self, ins: &[&TensorType]) -> Result<TensorType, InferError> {
         match self {
-            Expr::Input(i) => ins
-                .get(*i)
-                .map(|t| (*t).clone())
-                .ok_or_else(|| InferError::Attribute(format!("expression reads ${i}, but the node has {} operands", ins.len()))),
+            Expr::Input(i) => ins.get(*i).map(|t| (*t).clone()).ok_or_else(|| {
+                InferError::Attribute(format!(
+                    "expression reads ${i}, but the node has {} operands",
+                    ins.len()
+                ))
+            }),
             Expr::Const(_, dt) => Ok(TensorType::new(*dt, vec![])),
             _ => {
                 let kids = self
@@ -68,7 +70,12 @@ impl Expr {
         match self {
             Expr::Input(i) => i + 1,
             Expr::Const(..) => 0,
-            _ => self.children().iter().map(|c| c.input_count()).max().unwrap_or(0),
+            _ => self
+                .children()
+                .iter()
+                .map(|c| c.input_count())
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -86,7 +93,9 @@ impl Expr {
             Expr::Input(i) => Value::String(format!("${i}")),
             Expr::Const(v, dt) => {
                 let num = if v.is_finite() {
-                    serde_json::Number::from_f64(*v).map(Value::Number).unwrap_or(Value::Null)
+                    serde_json::Number::from_f64(*v)
+                        .map(Value::Number)
+                        .unwrap_or(Value::Null)
                 } else if v.is_nan() {
                     Value::String("nan".into())
                 } else if *v > 0.0 {
@@ -98,7 +107,9 @@ impl Expr {
             }
             Expr::Unary(u, a) => Value::Array(vec![u.name().into(), a.to_json()]),
             Expr::Binary(b, x, y) => Value::Array(vec![b.name().into(), x.to_json(), y.to_json()]),
-            Expr::Where(c, a, b) => Value::Array(vec!["where".into(), c.to_json(), a.to_json(), b.to_json()]),
+            Expr::Where(c, a, b) => {
+                Value::Array(vec!["where".into(), c.to_json(), a.to_json(), b.to_json()])
+            }
             Expr::Cast(to, a) => Value::Array(vec!["cast".into(), to.name().into(), a.to_json()]),
         }
     }
@@ -129,7 +140,10 @@ impl Expr {
                 Ok(Expr::Const(value, dtype))
             }
             Value::Array(items) => {
-                let name = items.first().and_then(Value::as_str).ok_or("an op list starts with the op name")?;
+                let name = items
+                    .first()
+                    .and_then(Value::as_str)
+                    .ok_or("an op list starts with the op name")?;
                 let arg = |i: usize| -> Result<Box<Expr>, String> {
                     items
                         .get(i)
@@ -141,7 +155,10 @@ impl Expr {
                     if items.len() == n + 1 {
                         Ok(())
                     } else {
-                        Err(format!("`{name}` takes {n} operand(s), got {}", items.len() - 1))
+                        Err(format!(
+                            "`{name}` takes {n} operand(s), got {}",
+                            items.len() - 1
+                        ))
                     }
                 };
                 if name == "where" {
@@ -150,7 +167,10 @@ impl Expr {
                 }
                 if name == "cast" {
                     want(2)?;
-                    let to = items[1].as_str().and_then(DType::parse).ok_or("cast needs a dtype name")?;
+                    let to = items[1]
+                        .as_str()
+                        .and_then(DType::parse)
+                        .ok_or("cast needs a dtype name")?;
                     return Ok(Expr::Cast(to, arg(2)?));
                 }
                 if let Some(u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {

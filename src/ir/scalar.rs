@@ -100,4 +100,3 @@ pub fn binary_i64(op: BinaryOp, a: i64, b: i64) -> i64 {
         BinaryOp::Greater => i64::from(a > b),
     }
 }
-

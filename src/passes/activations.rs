@@ -8,7 +8,9 @@
 //! Constants are compared to 1e-6 relative. Must not match: another x inside than outside, other
 //! constants, a factor used outside the product.
 
-use super::matchers::{approx, binary, either_order, only_feeds, replace_node, scalar_value, single_operand};
+use super::matchers::{
+    approx, binary, either_order, only_feeds, replace_node, scalar_value, single_operand,
+};
 use super::{Pass, PassReport};
 use crate::ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 
@@ -24,7 +26,9 @@ impl Pass for RecognizeActivations {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         for id in order {
             if !g.contains(id) || !matches!(g.op(id), Op::Binary(BinaryOp::Mul)) {
                 continue;
@@ -39,7 +43,9 @@ impl Pass for RecognizeActivations {
             }
             // Only the top of a product is an anchor: a mul feeding another mul is a factor.
             let feeds_mul = g.use_count(id) == 1
-                && g.consumers(id).first().is_some_and(|&c| matches!(g.op(c), Op::Binary(BinaryOp::Mul)));
+                && g.consumers(id)
+                    .first()
+                    .is_some_and(|&c| matches!(g.op(c), Op::Binary(BinaryOp::Mul)));
             if feeds_mul {
                 continue;
             }
@@ -136,8 +142,12 @@ fn tanh_argument_is(g: &Graph, arg: NodeId, x: NodeId) -> bool {
     if !approx(k, SQRT_2_OVER_PI) {
         return false;
     }
-    let Some(pair) = binary(g, sum, BinaryOp::Add) else { return false };
-    let Some((_, cubic)) = either_order(pair, |c| (c == x).then_some(())) else { return false };
+    let Some(pair) = binary(g, sum, BinaryOp::Add) else {
+        return false;
+    };
+    let Some((_, cubic)) = either_order(pair, |c| (c == x).then_some(())) else {
+        return false;
+    };
     let mut cube = Vec::new();
     factors(g, cubic, true, &mut cube);
     let (k3, xs) = split(g, &cube);
@@ -146,7 +156,8 @@ fn tanh_argument_is(g: &Graph, arg: NodeId, x: NodeId) -> bool {
     }
     match xs[..] {
         [a, b, c] => a == x && b == x && c == x,
-        [p] => binary(g, p, BinaryOp::Pow).is_some_and(|(base, e)| base == x && scalar_value(g, e) == Some(3.0)),
+        [p] => binary(g, p, BinaryOp::Pow)
+            .is_some_and(|(base, e)| base == x && scalar_value(g, e) == Some(3.0)),
         _ => false,
     }
 }

@@ -38,9 +38,14 @@ impl Pass for FuseAttention {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         for id in order {
-            if !g.contains(id) || !matches!(g.op(id), Op::MatMul) || softmax_of(g, g.operands(id)[0]).is_none() {
+            if !g.contains(id)
+                || !matches!(g.op(id), Op::MatMul)
+                || softmax_of(g, g.operands(id)[0]).is_none()
+            {
                 continue;
             }
             let name = g.node(id).name.clone();
@@ -83,12 +88,19 @@ enum MaskSource {
 }
 
 fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
-    let [p_in, v] = g.operands(pv)[..] else { unreachable!("matmul has two operands") };
+    let [p_in, v] = g.operands(pv)[..] else {
+        unreachable!("matmul has two operands")
+    };
     let sm = softmax_of(g, p_in).expect("anchor checked");
-    let Op::Softmax { axis } = g.op(sm) else { unreachable!() };
+    let Op::Softmax { axis } = g.op(sm) else {
+        unreachable!()
+    };
     let rank = g.ty(sm).shape.rank();
     if g.ty(sm).shape.axis(*axis) != Some(rank - 1) {
-        return reason("softmax_axis", format!("softmax over axis {axis}, not the key axis ({})", rank - 1));
+        return reason(
+            "softmax_axis",
+            format!("softmax over axis {axis}, not the key axis ({})", rank - 1),
+        );
     }
     // The chain from the softmax down to Q·Kᵀ; each link must feed only the next.
     let mut chain = vec![pv, p_in];
@@ -107,12 +119,17 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
             Op::MatMul => break cur,
             Op::Cast { to } if to.is_float() => cur = single_operand(g, cur),
             Op::Binary(crate::ir::BinaryOp::Mul) => {
-                let [a, b] = g.operands(cur)[..] else { unreachable!() };
+                let [a, b] = g.operands(cur)[..] else {
+                    unreachable!()
+                };
                 let (c, rest) = match (scalar_value(g, a), scalar_value(g, b)) {
                     (_, Some(c)) => (c, a),
                     (Some(c), None) => (c, b),
                     (None, None) => {
-                        return reason("scale_not_constant_scalar", format!("%{} multiplies the scores by a tensor", g.node(cur).name))
+                        return reason(
+                            "scale_not_constant_scalar",
+                            format!("%{} multiplies the scores by a tensor", g.node(cur).name),
+                        )
                     }
                 };
                 // Peeling downward, a scale met before any mask sits above the masks.
@@ -124,38 +141,79 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                 cur = rest;
             }
             Op::Binary(crate::ir::BinaryOp::Add) => {
-                let [a, b] = g.operands(cur)[..] else { unreachable!() };
-                let (s, m) = if leads_to_scores(g, a) { (a, b) } else { (b, a) };
+                let [a, b] = g.operands(cur)[..] else {
+                    unreachable!()
+                };
+                let (s, m) = if leads_to_scores(g, a) {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
                 if mask.is_some() {
                     return reason("two_masks", "more than one mask is applied to the scores");
                 }
                 if scale_above_mask {
-                    return reason("scale_after_mask", format!("the scores are scaled after the additive mask %{} is added", g.node(m).name));
+                    return reason(
+                        "scale_after_mask",
+                        format!(
+                            "the scores are scaled after the additive mask %{} is added",
+                            g.node(m).name
+                        ),
+                    );
                 }
-                if !g.ty(m).dtype.is_float() || !g.ty(m).shape.broadcasts_to(&scores_shape) || g.ty(m).shape.rank() > 4 {
-                    return reason("mask_broadcast", format!("mask {} would change the scores {}", g.ty(m), scores_shape));
+                if !g.ty(m).dtype.is_float()
+                    || !g.ty(m).shape.broadcasts_to(&scores_shape)
+                    || g.ty(m).shape.rank() > 4
+                {
+                    return reason(
+                        "mask_broadcast",
+                        format!("mask {} would change the scores {}", g.ty(m), scores_shape),
+                    );
                 }
                 mask = Some(MaskSource::Additive(m));
                 cur = s;
             }
             Op::Where => {
-                let [c, s, fill] = g.operands(cur)[..] else { unreachable!() };
+                let [c, s, fill] = g.operands(cur)[..] else {
+                    unreachable!()
+                };
                 if !leads_to_scores(g, s) {
-                    return reason("inverted_where", format!("%{} selects the fill where the mask is true", g.node(cur).name));
+                    return reason(
+                        "inverted_where",
+                        format!(
+                            "%{} selects the fill where the mask is true",
+                            g.node(cur).name
+                        ),
+                    );
                 }
                 let dt = g.ty(cur).dtype;
                 let Some(f) = scalar_value(g, fill) else {
-                    return reason("fill_not_scalar", format!("%{} fills masked scores with a tensor", g.node(cur).name));
+                    return reason(
+                        "fill_not_scalar",
+                        format!("%{} fills masked scores with a tensor", g.node(cur).name),
+                    );
                 };
                 let neg_inf = f == f64::NEG_INFINITY;
                 if scale_above_mask && !(neg_inf && scale_above_positive) {
-                    return reason("scale_after_mask", format!("the scores are scaled after %{} masks them", g.node(cur).name));
+                    return reason(
+                        "scale_after_mask",
+                        format!(
+                            "the scores are scaled after %{} masks them",
+                            g.node(cur).name
+                        ),
+                    );
                 }
                 if !neg_inf && f > dt.min_value() {
-                    return reason("fill_not_neg_inf", format!("masked scores are filled with {f}, not −∞ or the {dt} minimum"));
+                    return reason(
+                        "fill_not_neg_inf",
+                        format!("masked scores are filled with {f}, not −∞ or the {dt} minimum"),
+                    );
                 }
                 if !g.ty(c).shape.broadcasts_to(&scores_shape) || g.ty(c).shape.rank() > 4 {
-                    return reason("mask_broadcast", format!("mask {} would change the scores {}", g.ty(c), scores_shape));
+                    return reason(
+                        "mask_broadcast",
+                        format!("mask {} would change the scores {}", g.ty(c), scores_shape),
+                    );
                 }
                 if let Some(off) = causal_offset(g, c, &scores_shape) {
                     if causal.is_some() {
@@ -169,35 +227,81 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                     if mask.is_some() {
                         return reason("two_masks", "more than one mask is applied to the scores");
                     }
-                    mask = Some(if neg_inf { MaskSource::Boolean(c) } else { MaskSource::BooleanFill(c, f) });
+                    mask = Some(if neg_inf {
+                        MaskSource::Boolean(c)
+                    } else {
+                        MaskSource::BooleanFill(c, f)
+                    });
                 }
                 cur = s;
             }
-            _ => return reason("not_attention", format!("the softmax input is not built from Q·Kᵀ (found {})", g.op(cur).name())),
+            _ => {
+                return reason(
+                    "not_attention",
+                    format!(
+                        "the softmax input is not built from Q·Kᵀ (found {})",
+                        g.op(cur).name()
+                    ),
+                )
+            }
         }
     };
-    for w in chain.windows(2).skip(1) {
+    // Every mask was checked against the softmax's shape; that must be the scores' own shape,
+    // or some mask broadcast the scores to a larger one.
+    if g.ty(qk).shape != scores_shape {
+        return reason(
+            "mask_broadcast",
+            format!(
+                "the masks broadcast the scores {} to {}",
+                g.ty(qk).shape,
+                scores_shape
+            ),
+        );
+    }
+    for w in chain.windows(2) {
         if !only_feeds(g, w[1], w[0]) {
-            return reason("intermediate_has_other_consumers", format!("%{} is also used outside the attention", g.node(w[1]).name));
+            return reason(
+                "intermediate_has_other_consumers",
+                format!("%{} is also used outside the attention", g.node(w[1]).name),
+            );
         }
     }
 
-    let [qa, kb] = g.operands(qk)[..] else { unreachable!() };
+    let [qa, kb] = g.operands(qk)[..] else {
+        unreachable!()
+    };
     let (q, sq) = strip_scale(g, qa, qk);
     scale *= sq;
     let (kb, sk1) = strip_scale(g, kb, qk);
     let (k, k_transposed) = match g.op(kb) {
         Op::Permute { perm } => {
             let r = perm.len();
-            let swap: Vec<usize> = (0..r).map(|i| if i + 2 == r { r - 1 } else if i + 1 == r { r - 2 } else { i }).collect();
+            let swap: Vec<usize> = (0..r)
+                .map(|i| {
+                    if i + 2 == r {
+                        r - 1
+                    } else if i + 1 == r {
+                        r - 2
+                    } else {
+                        i
+                    }
+                })
+                .collect();
             if *perm != swap {
-                return reason("k_permutation", format!("K is permuted by {perm:?}, not a swap of the last two axes"));
+                return reason(
+                    "k_permutation",
+                    format!("K is permuted by {perm:?}, not a swap of the last two axes"),
+                );
             }
             (single_operand(g, kb), false)
         }
         _ => (kb, true),
     };
-    let (k, sk2) = if k_transposed { (k, 1.0) } else { strip_scale(g, k, kb) };
+    let (k, sk2) = if k_transposed {
+        (k, 1.0)
+    } else {
+        strip_scale(g, k, kb)
+    };
     scale *= sk1 * sk2;
     if !scale.is_finite() {
         return reason("scale_not_constant_scalar", "the scale is not finite");
@@ -213,10 +317,22 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
     }
     let dts = [g.ty(q).dtype, g.ty(k).dtype, g.ty(v).dtype];
     if dts.iter().any(|&d| d != dts[0]) {
-        return reason("mixed_dtypes", format!("q, k, v are {}, {}, {}", dts[0], dts[1], dts[2]));
+        return reason(
+            "mixed_dtypes",
+            format!("q, k, v are {}, {}, {}", dts[0], dts[1], dts[2]),
+        );
     }
     check_batch(g, q, k, v, k_transposed, group)?;
-    Ok(Match { q, k, v, k_transposed, scale, mask, causal, group })
+    Ok(Match {
+        q,
+        k,
+        v,
+        k_transposed,
+        scale,
+        mask,
+        causal,
+        group,
+    })
 }
 
 /// `x · c` with c a scalar constant, absorbed when the product only feeds `user`.
@@ -265,11 +381,22 @@ fn causal_offset(g: &Graph, c: NodeId, scores: &Shape) -> Option<i64> {
     }
     match g.op(c) {
         Op::CausalMask { offset, .. } => Some(*offset),
-        Op::Constant { dtype: DType::Bool, values, .. } if values.len() == sq * sk => {
-            let row_count = |q: usize| values[q * sk..(q + 1) * sk].iter().filter(|&&v| v != 0.0).count();
+        Op::Constant {
+            dtype: DType::Bool,
+            values,
+            ..
+        } if values.len() == sq * sk => {
+            let row_count = |q: usize| {
+                values[q * sk..(q + 1) * sk]
+                    .iter()
+                    .filter(|&&v| v != 0.0)
+                    .count()
+            };
             let q0 = (0..sq).find(|&q| row_count(q) > 0)?;
             let off = row_count(q0) as i64 - 1 - q0 as i64;
-            let ok = (0..sq).all(|q| (0..sk).all(|k| (values[q * sk + k] != 0.0) == (k as i64 <= q as i64 + off)));
+            let ok = (0..sq).all(|q| {
+                (0..sk).all(|k| (values[q * sk + k] != 0.0) == (k as i64 <= q as i64 + off))
+            });
             ok.then_some(off)
         }
         _ => None,
@@ -279,24 +406,54 @@ fn causal_offset(g: &Graph, c: NodeId, scores: &Shape) -> Option<i64> {
 /// LLaMA's repeat_kv read backwards: `reshape(expand(reshape(kv)))` that inserts a head-group
 /// axis after the KV-head axis, expands only it, and merges it back. Returns kv and the group.
 fn unexpand_kv(g: &Graph, id: NodeId) -> Option<(NodeId, usize)> {
-    let Op::Reshape { .. } = g.op(id) else { return None };
+    let Op::Reshape { .. } = g.op(id) else {
+        return None;
+    };
     let e = single_operand(g, id);
-    let Op::Expand { .. } = g.op(e) else { return None };
+    let Op::Expand { .. } = g.op(e) else {
+        return None;
+    };
     let r = single_operand(g, e);
-    let Op::Reshape { .. } = g.op(r) else { return None };
+    let Op::Reshape { .. } = g.op(r) else {
+        return None;
+    };
     let kv = single_operand(g, r);
-    let (kvs, rs, es, out) = (g.ty(kv).shape.dims(), g.ty(r).shape.dims(), g.ty(e).shape.dims(), g.ty(id).shape.dims());
+    let (kvs, rs, es, out) = (
+        g.ty(kv).shape.dims(),
+        g.ty(r).shape.dims(),
+        g.ty(e).shape.dims(),
+        g.ty(id).shape.dims(),
+    );
     let [b, h, s, d] = kvs[..] else { return None };
     let n = *es.get(2)?;
     let ok = rs == [b, h, 1, s, d] && es == [b, h, n, s, d] && out == [b, h * n, s, d] && n >= 1;
     ok.then_some((kv, n))
 }
 
-fn check_batch(g: &Graph, q: NodeId, k: NodeId, v: NodeId, k_transposed: bool, group: Option<usize>) -> Result<(), Reason> {
-    let (qs, ks, vs) = (g.ty(q).shape.dims(), g.ty(k).shape.dims(), g.ty(v).shape.dims());
+fn check_batch(
+    g: &Graph,
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+    k_transposed: bool,
+    group: Option<usize>,
+) -> Result<(), Reason> {
+    let (qs, ks, vs) = (
+        g.ty(q).shape.dims(),
+        g.ty(k).shape.dims(),
+        g.ty(v).shape.dims(),
+    );
     let r = qs.len();
     if !(3..=4).contains(&r) || ks.len() != r || vs.len() != r {
-        return reason("rank", format!("q, k, v of ranks {}, {}, {}: only [B, H, S, D] and [B·H, S, D] fuse", r, ks.len(), vs.len()));
+        return reason(
+            "rank",
+            format!(
+                "q, k, v of ranks {}, {}, {}: only [B, H, S, D] and [B·H, S, D] fuse",
+                r,
+                ks.len(),
+                vs.len()
+            ),
+        );
     }
     let n = group.unwrap_or(1);
     let mut kb = ks[..r - 2].to_vec();
@@ -306,11 +463,32 @@ fn check_batch(g: &Graph, q: NodeId, k: NodeId, v: NodeId, k_transposed: bool, g
         vb[1] *= n;
     }
     if qs[..r - 2] != kb[..] || qs[..r - 2] != vb[..] {
-        return reason("batch_broadcast", format!("batch dims of q {:?}, k {:?}, v {:?} differ", &qs[..r - 2], &ks[..r - 2], &vs[..r - 2]));
+        return reason(
+            "batch_broadcast",
+            format!(
+                "batch dims of q {:?}, k {:?}, v {:?} differ",
+                &qs[..r - 2],
+                &ks[..r - 2],
+                &vs[..r - 2]
+            ),
+        );
     }
-    let (kd, ksk) = if k_transposed { (ks[r - 2], ks[r - 1]) } else { (ks[r - 1], ks[r - 2]) };
+    let (kd, ksk) = if k_transposed {
+        (ks[r - 2], ks[r - 1])
+    } else {
+        (ks[r - 1], ks[r - 2])
+    };
     if kd != qs[r - 1] || ksk != vs[r - 2] {
-        return reason("shape_mismatch", format!("q·kᵀ contracts D {} with {}, p·v Sk {} with {}", qs[r - 1], kd, ksk, vs[r - 2]));
+        return reason(
+            "shape_mismatch",
+            format!(
+                "q·kᵀ contracts D {} with {}, p·v Sk {} with {}",
+                qs[r - 1],
+                kd,
+                ksk,
+                vs[r - 2]
+            ),
+        );
     }
     Ok(())
 }
@@ -351,7 +529,9 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
             mask = Some(g.reshape(mm, &dims).map_err(err)?);
         }
     }
-    let fa = g.flash_attention(q, k, v, mask, m.scale, m.causal).map_err(err)?;
+    let fa = g
+        .flash_attention(q, k, v, mask, m.scale, m.causal)
+        .map_err(err)?;
     let out = if rank == 3 {
         let dims: Vec<i64> = g.ty(pv).shape.dims().iter().map(|&d| d as i64).collect();
         g.reshape(fa, &dims).map_err(err)?
@@ -359,7 +539,10 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
         fa
     };
     if g.ty(out) != g.ty(pv) {
-        return reason("dtype_changes", format!("fused result {} differs from {}", g.ty(out), g.ty(pv)));
+        return reason(
+            "dtype_changes",
+            format!("fused result {} differs from {}", g.ty(out), g.ty(pv)),
+        );
     }
     let (hq, hkv) = {
         let s = g.ty(q).shape.dims().to_vec();
@@ -370,7 +553,11 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
         what.push_str(&format!(", causal offset {off}"));
     }
     if let Some(mm) = mask {
-        let kind = if g.ty(mm).dtype == DType::Bool { MaskKind::Boolean } else { MaskKind::Additive };
+        let kind = if g.ty(mm).dtype == DType::Bool {
+            MaskKind::Boolean
+        } else {
+            MaskKind::Additive
+        };
         what.push_str(&format!(", {kind:?} mask {}", g.ty(mm).shape).to_lowercase());
     }
     if m.group.is_some() {

@@ -19,7 +19,9 @@ impl Pass for Canonicalize {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         for id in order {
             if !g.contains(id) {
                 continue;
@@ -42,7 +44,9 @@ fn rewrite(g: &mut Graph, id: NodeId) -> Option<String> {
                 return None;
             }
             let cty = g.ty(ops[1]).clone();
-            let recip = g.constant(cty.dtype, cty.shape.dims(), vec![1.0 / c]).ok()?;
+            let recip = g
+                .constant(cty.dtype, cty.shape.dims(), vec![1.0 / c])
+                .ok()?;
             let mul = g.mul(ops[0], recip).ok()?;
             replace_node(g, id, mul);
             Some(format!("div by {c} → mul by {}", 1.0 / c))
@@ -52,9 +56,14 @@ fn rewrite(g: &mut Graph, id: NodeId) -> Option<String> {
             if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 return remove_noop(g, id, x, "identity permute removed");
             }
-            let Op::Permute { perm: inner } = g.op(x).clone() else { return None };
+            let Op::Permute { perm: inner } = g.op(x).clone() else {
+                return None;
+            };
             let r = perm.len();
-            let is_transpose = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
+            let is_transpose = r >= 2
+                && perm[r - 2] == r - 1
+                && perm[r - 1] == r - 2
+                && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
             if is_transpose {
                 return None;
             }
@@ -72,19 +81,30 @@ fn rewrite(g: &mut Graph, id: NodeId) -> Option<String> {
             if g.ty(x).shape == g.ty(id).shape {
                 return remove_noop(g, id, x, "no-op reshape removed");
             }
-            let Op::Reshape { .. } = g.op(x) else { return None };
+            let Op::Reshape { .. } = g.op(x) else {
+                return None;
+            };
             let src = single_operand(g, x);
             let dims: Vec<i64> = g.ty(id).shape.dims().iter().map(|&d| d as i64).collect();
             if g.ty(src).shape == g.ty(id).shape {
-                return remove_noop(g, id, src, "reshape chain back to the original shape removed");
+                return remove_noop(
+                    g,
+                    id,
+                    src,
+                    "reshape chain back to the original shape removed",
+                );
             }
             let new = g.reshape(src, &dims).ok()?;
             replace_node(g, id, new);
-            Some(format!("reshape chain → one reshape to {}", g.ty(new).shape))
+            Some(format!(
+                "reshape chain → one reshape to {}",
+                g.ty(new).shape
+            ))
         }
         Op::Expand { .. } => {
             let x = single_operand(g, id);
-            (g.ty(x).shape == g.ty(id).shape).then(|| remove_noop(g, id, x, "no-op expand removed"))?
+            (g.ty(x).shape == g.ty(id).shape)
+                .then(|| remove_noop(g, id, x, "no-op expand removed"))?
         }
         Op::Cast { to } => {
             let x = single_operand(g, id);

@@ -24,19 +24,31 @@ impl Pass for ConstantFold {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         for id in order {
             let ops = g.operands(id);
             if ops.is_empty() || !ops.iter().all(|&o| values(g, o).is_some()) {
                 continue;
             }
-            let Some(folded) = fold(g, id, &ops) else { continue };
+            let Some(folded) = fold(g, id, &ops) else {
+                continue;
+            };
             let ty = g.ty(id).clone();
             let rounded: Vec<f64> = folded
                 .iter()
-                .map(|&v| if ty.dtype.is_float() { f64::from(ty.dtype.round_f32(v as f32)) } else { v })
+                .map(|&v| {
+                    if ty.dtype.is_float() {
+                        f64::from(ty.dtype.round_f32(v as f32))
+                    } else {
+                        v
+                    }
+                })
                 .collect();
-            let Ok(c) = g.constant(ty.dtype, ty.shape.dims(), rounded) else { continue };
+            let Ok(c) = g.constant(ty.dtype, ty.shape.dims(), rounded) else {
+                continue;
+            };
             let name = g.node(id).name.clone();
             let what = format!("folded {} of constants", g.op(id).name());
             replace_node(g, id, c);

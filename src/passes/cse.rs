@@ -13,7 +13,9 @@ pub struct CommonSubexpressions;
 fn commutative(op: &Op) -> bool {
     matches!(
         op,
-        Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum | BinaryOp::Equal)
+        Op::Binary(
+            BinaryOp::Add | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum | BinaryOp::Equal
+        )
     )
 }
 
@@ -24,7 +26,9 @@ impl Pass for CommonSubexpressions {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         let mut seen: HashMap<(String, Vec<usize>), crate::ir::NodeId> = HashMap::new();
         for id in order {
             let node = g.node(id);

@@ -30,7 +30,10 @@ impl Pass for DeadCode {
         for id in dead {
             g.remove_node(id);
         }
-        report.rewrote("graph", format!("removed {} dead node(s): {}", names.len(), names.join(", ")));
+        report.rewrote(
+            "graph",
+            format!("removed {} dead node(s): {}", names.len(), names.join(", ")),
+        );
         report
     }
 }

@@ -14,7 +14,10 @@ use crate::ir::{Expr, Graph, NodeId, Op};
 pub struct FuseElementwise;
 
 fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. })
+    matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. }
+    )
 }
 
 impl Pass for FuseElementwise {
@@ -24,7 +27,9 @@ impl Pass for FuseElementwise {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(mut order) = g.topo_order() else { return report };
+        let Ok(mut order) = g.topo_order() else {
+            return report;
+        };
         order.reverse();
         let mut absorbed: HashSet<NodeId> = HashSet::new();
         for root in order {
@@ -47,8 +52,13 @@ impl Pass for FuseElementwise {
                 .find(|&&i| matches!(g.op(i), Op::MatMul) && g.use_count(i) == 1)
                 .map(|&i| format!(", epilogue of %{}", g.node(i).name))
                 .unwrap_or_default();
-            let text = format!("{} ops → fused_elementwise {expr}{epilogue}", expr.op_count());
-            let Ok(fused) = g.add_op(Op::FusedElementwise(expr), &inputs) else { continue };
+            let text = format!(
+                "{} ops → fused_elementwise {expr}{epilogue}",
+                expr.op_count()
+            );
+            let Ok(fused) = g.add_op(Op::FusedElementwise(expr), &inputs) else {
+                continue;
+            };
             absorbed.extend(members);
             replace_node(g, root, fused);
             report.rewrote(&name, text);
@@ -58,7 +68,13 @@ impl Pass for FuseElementwise {
 }
 
 /// The expression computing `id`, absorbing operands that feed only this group.
-fn grow(g: &Graph, id: NodeId, root: bool, inputs: &mut Vec<NodeId>, members: &mut Vec<NodeId>) -> Expr {
+fn grow(
+    g: &Graph,
+    id: NodeId,
+    root: bool,
+    inputs: &mut Vec<NodeId>,
+    members: &mut Vec<NodeId>,
+) -> Expr {
     let inner = root || (is_elementwise(g.op(id)) && g.use_count(id) == 1 && !g.is_output(id));
     if !inner {
         if let (Some(v), Op::Constant { dtype, .. }) = (scalar_value(g, id), g.op(id)) {
@@ -76,7 +92,11 @@ fn grow(g: &Graph, id: NodeId, root: bool, inputs: &mut Vec<NodeId>, members: &m
     let ops = g.operands(id);
     let mut kid = |o: NodeId| {
         let absorb = is_elementwise(g.op(o)) && only_feeds(g, o, id);
-        Box::new(if absorb { grow(g, o, true, inputs, members) } else { grow(g, o, false, inputs, members) })
+        Box::new(if absorb {
+            grow(g, o, true, inputs, members)
+        } else {
+            grow(g, o, false, inputs, members)
+        })
     };
     match g.op(id).clone() {
         Op::Unary(u) => Expr::Unary(u, kid(ops[0])),

@@ -132,9 +132,10 @@ impl PassManager {
 
     /// Clean-up only: what `--no-fuse` compiles (the unfused baseline).
     pub fn cleanup() -> PassManager {
+        // Folding first lets canonicalisation see constants that were expressions (√d).
         PassManager::new()
-            .with(Canonicalize)
             .with(ConstantFold)
+            .with(Canonicalize)
             .with(CommonSubexpressions)
             .with(DeadCode)
     }
@@ -170,12 +171,10 @@ impl PassManager {
         let mut reports = Vec::with_capacity(self.passes.len());
         for pass in &self.passes {
             let report = pass.run(graph);
-            graph
-                .validate()
-                .map_err(|source| PassError::InvalidGraph {
-                    pass: pass.name(),
-                    source,
-                })?;
+            graph.validate().map_err(|source| PassError::InvalidGraph {
+                pass: pass.name(),
+                source,
+            })?;
             observe(&report, graph);
             reports.push(report);
         }
@@ -208,12 +207,18 @@ pub fn explain_text(reports: &[PassReport]) -> String {
             out.push_str(&format!("attention %{}: fused: {}\n", w.at, w.what));
         }
         for s in &r.skipped {
-            out.push_str(&format!("attention %{}: not fused: {} ({})\n", s.at, s.code, s.detail));
+            out.push_str(&format!(
+                "attention %{}: not fused: {} ({})\n",
+                s.at, s.code, s.detail
+            ));
         }
     }
     for r in reports.iter().filter(|r| r.pass != "fuse_attention") {
         for s in &r.skipped {
-            out.push_str(&format!("{} %{}: left alone: {} ({})\n", r.pass, s.at, s.code, s.detail));
+            out.push_str(&format!(
+                "{} %{}: left alone: {} ({})\n",
+                r.pass, s.at, s.code, s.detail
+            ));
         }
     }
     out

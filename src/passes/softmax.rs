@@ -21,12 +21,16 @@ impl Pass for RecognizeSoftmax {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let Ok(order) = g.topo_order() else { return report };
+        let Ok(order) = g.topo_order() else {
+            return report;
+        };
         for id in order {
             if !g.contains(id) {
                 continue;
             }
-            let Some((e, s)) = binary(g, id, BinaryOp::Div) else { continue };
+            let Some((e, s)) = binary(g, id, BinaryOp::Div) else {
+                continue;
+            };
             if !matches!(g.op(e), Op::Unary(UnaryOp::Exp)) {
                 continue;
             }
@@ -34,7 +38,9 @@ impl Pass for RecognizeSoftmax {
             match check(g, id, e, s) {
                 Ok((x, axis)) => {
                     let rank = g.ty(x).shape.rank() as i64;
-                    let Ok(sm) = g.softmax(x, axis as i64 - rank) else { continue };
+                    let Ok(sm) = g.softmax(x, axis as i64 - rank) else {
+                        continue;
+                    };
                     replace_node(g, id, sm);
                     report.rewrote(&name, format!("exp/sum over axis {axis} → softmax"));
                 }
@@ -49,14 +55,27 @@ type Reason = (&'static str, String);
 
 fn check(g: &Graph, div: NodeId, e: NodeId, s: NodeId) -> Result<(NodeId, usize), Reason> {
     let Some((ReduceOp::Sum, sum_in, axis)) = keepdim_reduce(g, s) else {
-        return Err(("not_a_sum", "the denominator is not a keepdim sum over one axis".into()));
+        return Err((
+            "not_a_sum",
+            "the denominator is not a keepdim sum over one axis".into(),
+        ));
     };
     if sum_in != e {
-        return Err(("not_a_sum", "the denominator sums something other than the numerator".into()));
+        return Err((
+            "not_a_sum",
+            "the denominator sums something other than the numerator".into(),
+        ));
     }
     // The exp feeds exactly the sum and the division.
     if g.use_count(e) != 2 || g.is_output(e) || !only_feeds(g, s, div) {
-        return Err(("other_consumers", format!("%{} or %{} is used outside the softmax", g.node(e).name, g.node(s).name)));
+        return Err((
+            "other_consumers",
+            format!(
+                "%{} or %{} is used outside the softmax",
+                g.node(e).name,
+                g.node(s).name
+            ),
+        ));
     }
     let t = single_operand(g, e);
     let Some((x, m)) = binary(g, t, BinaryOp::Sub) else {
@@ -65,10 +84,16 @@ fn check(g: &Graph, div: NodeId, e: NodeId, s: NodeId) -> Result<(NodeId, usize)
     match keepdim_reduce(g, m) {
         Some((ReduceOp::Max, mx, max_axis)) if mx == x => {
             if max_axis != axis {
-                return Err(("axis_mismatch", format!("max over axis {max_axis}, sum over axis {axis}")));
+                return Err((
+                    "axis_mismatch",
+                    format!("max over axis {max_axis}, sum over axis {axis}"),
+                ));
             }
             if !only_feeds(g, t, e) || !only_feeds(g, m, t) {
-                return Err(("other_consumers", "the max or the shifted scores are used elsewhere".into()));
+                return Err((
+                    "other_consumers",
+                    "the max or the shifted scores are used elsewhere".into(),
+                ));
             }
             Ok((x, axis))
         }

@@ -116,3 +116,4 @@ pub fn run_op(inputs: &[&Tensor], build: impl FnOnce(&mut Graph, &[NodeId]) -> N
             .collect(),
     )
 }
+pub mod attention_graphs;

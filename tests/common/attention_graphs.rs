@@ -1,0 +1,234 @@
+//! Unfused attention written the ways models export it, for the fusion tests.
+#![allow(dead_code)]
+
+use rocmforge::ir::{DType, Graph, NodeId, Sample};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    /// `mul(scores, c)`
+    MulScores,
+    /// `mul(c, scores)`
+    MulScoresLeft,
+    /// `div(scores, √d)`
+    DivScores,
+    /// `mul(q, c)` before the matmul
+    OnQ,
+    /// `mul(q, √c)` and `mul(k, √c)`
+    SqrtOnBoth,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mask {
+    None,
+    /// Additive float mask input of shape [B, 1, 1, Sk] built as (1 − m)·min from a [B, Sk] 0/1 mask.
+    Padding,
+    /// Additive float mask input [Sq, Sk].
+    Dense2d,
+    /// Additive float mask input [1, H, Sq, Sk].
+    PerHead,
+    /// Bool [B, 1, Sq, Sk] through where(mask, S, −∞).
+    BoolNegInf,
+    /// Bool [B, 1, Sq, Sk] through where(mask, S, dtype min).
+    BoolMin,
+    /// where(CausalMask, S, −∞)
+    Causal,
+    /// where(lower-triangular bool constant, S, −∞)
+    CausalTril,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub dtype: DType,
+    pub scale: Scale,
+    pub mask: Mask,
+    /// K given already transposed, [.., D, Sk].
+    pub k_pretransposed: bool,
+    /// f16/bf16 scores cast to f32 for the softmax and back.
+    pub cast_softmax: bool,
+    /// The 3-D batched form [B·H, S, D] (no GQA).
+    pub rank3: bool,
+    /// Causal offset for the causal masks.
+    pub offset: i64,
+}
+
+impl Spec {
+    pub fn new(b: usize, h: usize, s: usize, d: usize) -> Spec {
+        Spec {
+            b,
+            hq: h,
+            hkv: h,
+            sq: s,
+            sk: s,
+            d,
+            dtype: DType::F32,
+            scale: Scale::MulScores,
+            mask: Mask::None,
+            k_pretransposed: false,
+            cast_softmax: false,
+            rank3: false,
+            offset: 0,
+        }
+    }
+    pub fn scale_value(&self) -> f64 {
+        1.0 / (self.d as f64).sqrt()
+    }
+}
+
+fn dims(spec: &Spec, h: usize, s: usize, last: usize) -> Vec<usize> {
+    if spec.rank3 {
+        vec![spec.b * h, s, last]
+    } else {
+        vec![spec.b, h, s, last]
+    }
+}
+
+/// repeat_kv: [B, Hkv, S, D] → [B, Hq, S, D] by Reshape → Expand → Reshape.
+pub fn repeat_kv(g: &mut Graph, x: NodeId, spec: &Spec, s: usize, d: usize) -> NodeId {
+    let n = spec.hq / spec.hkv;
+    let r = g
+        .reshape(x, &[spec.b as i64, spec.hkv as i64, 1, s as i64, d as i64])
+        .unwrap();
+    let e = g.expand(r, &[spec.b, spec.hkv, n, s, d]).unwrap();
+    g.reshape(e, &[spec.b as i64, spec.hq as i64, s as i64, d as i64])
+        .unwrap()
+}
+
+/// The unfused graph; its output is named `out`.
+pub fn build(spec: &Spec) -> Graph {
+    let dt = spec.dtype;
+    let mut g = Graph::new("attention_variant");
+    let q = g
+        .input("q", dt, &dims(spec, spec.hq, spec.sq, spec.d))
+        .unwrap();
+    let k = if spec.k_pretransposed {
+        let mut kd = dims(spec, spec.hkv, spec.d, spec.sk);
+        let n = kd.len();
+        kd[n - 2] = spec.d;
+        kd[n - 1] = spec.sk;
+        g.input("k", dt, &kd).unwrap()
+    } else {
+        g.input("k", dt, &dims(spec, spec.hkv, spec.sk, spec.d))
+            .unwrap()
+    };
+    let v = g
+        .input("v", dt, &dims(spec, spec.hkv, spec.sk, spec.d))
+        .unwrap();
+    let (mut k, mut v) = (k, v);
+    if spec.hq != spec.hkv {
+        assert!(!spec.k_pretransposed && !spec.rank3);
+        k = repeat_kv(&mut g, k, spec, spec.sk, spec.d);
+        v = repeat_kv(&mut g, v, spec, spec.sk, spec.d);
+    }
+    let c = spec.scale_value();
+    let (mut q, mut k) = (q, k);
+    match spec.scale {
+        Scale::OnQ => {
+            let s = g.scalar(c, dt).unwrap();
+            q = g.mul(q, s).unwrap();
+        }
+        Scale::SqrtOnBoth => {
+            let s = g.scalar(c.sqrt(), dt).unwrap();
+            q = g.mul(q, s).unwrap();
+            k = g.mul(k, s).unwrap();
+        }
+        _ => {}
+    }
+    let kt = if spec.k_pretransposed {
+        k
+    } else {
+        g.transpose_last(k).unwrap()
+    };
+    let mut s = g.matmul(q, kt).unwrap();
+    s = match spec.scale {
+        Scale::MulScores => {
+            let c = g.scalar(c, dt).unwrap();
+            g.mul(s, c).unwrap()
+        }
+        Scale::MulScoresLeft => {
+            let c = g.scalar(c, dt).unwrap();
+            g.mul(c, s).unwrap()
+        }
+        Scale::DivScores => {
+            let c = g.scalar((spec.d as f64).sqrt(), dt).unwrap();
+            g.div(s, c).unwrap()
+        }
+        _ => s,
+    };
+    let h = if spec.rank3 {
+        spec.b * spec.hq
+    } else {
+        spec.hq
+    };
+    let ninf = g.scalar(f64::NEG_INFINITY, dt).unwrap();
+    s = match spec.mask {
+        Mask::None => s,
+        Mask::Padding => {
+            let m = g
+                .input_sampled("mask", dt, &[spec.b, spec.sk], Sample::PaddingMask)
+                .unwrap();
+            let m4 = g
+                .reshape(m, &[spec.b as i64, 1, 1, spec.sk as i64])
+                .unwrap();
+            let one = g.scalar(1.0, dt).unwrap();
+            let inv = g.sub(one, m4).unwrap();
+            let big = g.scalar(dt.min_value(), dt).unwrap();
+            let add = g.mul(inv, big).unwrap();
+            g.add(s, add).unwrap()
+        }
+        Mask::Dense2d => {
+            let m = g.input("mask", dt, &[spec.sq, spec.sk]).unwrap();
+            g.add(s, m).unwrap()
+        }
+        Mask::PerHead => {
+            let m = g.input("mask", dt, &[1, h, spec.sq, spec.sk]).unwrap();
+            g.add(m, s).unwrap()
+        }
+        Mask::BoolNegInf | Mask::BoolMin => {
+            let shape = if spec.rank3 {
+                vec![spec.b * spec.hq, spec.sq, spec.sk]
+            } else {
+                vec![spec.b, 1, spec.sq, spec.sk]
+            };
+            let m = g.input("mask", DType::Bool, &shape).unwrap();
+            let fill = if spec.mask == Mask::BoolMin {
+                g.scalar(dt.min_value(), dt).unwrap()
+            } else {
+                ninf
+            };
+            g.where_(m, s, fill).unwrap()
+        }
+        Mask::Causal => {
+            let cm = g.causal_mask(spec.sq, spec.sk, spec.offset).unwrap();
+            g.where_(cm, s, ninf).unwrap()
+        }
+        Mask::CausalTril => {
+            let vals: Vec<f64> = (0..spec.sq)
+                .flat_map(|i| {
+                    (0..spec.sk)
+                        .map(move |j| f64::from(u8::from(j as i64 <= i as i64 + spec.offset)))
+                })
+                .collect();
+            let cm = g.constant(DType::Bool, &[spec.sq, spec.sk], vals).unwrap();
+            g.where_(cm, s, ninf).unwrap()
+        }
+    };
+    let p = if spec.cast_softmax {
+        let up = g.cast(s, DType::F32).unwrap();
+        let p = g.softmax(up, -1).unwrap();
+        g.cast(p, dt).unwrap()
+    } else {
+        g.softmax(s, -1).unwrap()
+    };
+    let o = g.matmul(p, v).unwrap();
+    g.rename(o, "out").unwrap();
+    g.add_output(o).unwrap();
+    g.validate().unwrap();
+    g
+}

@@ -1,0 +1,678 @@
+//! The passes: every attention form models export fuses into exactly the expected
+//! FlashAttention and computes what the unfused graph computes; every unsafe form is refused
+//! with its reason; recognition and clean-up passes rewrite what they claim and nothing else.
+
+mod common;
+
+use common::attention_graphs::{build, Mask, Scale, Spec};
+use common::rel_l2;
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::{Attention, DType, Graph, MaskKind, Op, UnaryOp};
+use rocmforge::passes::{optimize, PassReport};
+
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 2e-3,
+        DType::BF16 => 1e-2,
+        _ => 1e-5,
+    }
+}
+
+/// Optimises `g`, checks fused = unfused in the interpreter, returns the fused graph and reports.
+fn fuse_and_compare(g: &Graph, seed: u64) -> (Graph, Vec<PassReport>) {
+    let (fused, reports) = optimize(g).unwrap();
+    let b = Bindings::random(g, seed);
+    let want = run(g, &b).unwrap();
+    let got = run(&fused, &b).unwrap();
+    for (w, o) in want.iter().zip(&got) {
+        assert_eq!(w.ty(), o.ty());
+        let (w, o) = (w.to_f64_vec(), o.to_f64_vec());
+        assert!(o.iter().all(|x| !x.is_nan()), "fused output has NaN");
+        assert!(w.iter().all(|x| !x.is_nan()), "unfused output has NaN");
+        let err = rel_l2(&o, &w);
+        let dt = g.ty(g.outputs()[0]).dtype;
+        assert!(
+            err <= tolerance(dt),
+            "fused vs unfused rel L2 {err:e} ({dt})"
+        );
+    }
+    (fused, reports)
+}
+
+fn attention_nodes(g: &Graph) -> Vec<(Attention, Vec<Vec<usize>>)> {
+    g.node_ids()
+        .filter_map(|id| match g.op(id) {
+            Op::FlashAttention(a) => Some((
+                a.clone(),
+                g.operands(id)
+                    .iter()
+                    .map(|&o| g.ty(o).shape.dims().to_vec())
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Exactly one FlashAttention with the expected attributes and K/V heads.
+fn assert_fused(spec: &Spec, mask: MaskKind, causal: bool) -> Graph {
+    let (fused, _) = fuse_and_compare(&build(spec), 7);
+    let fa = attention_nodes(&fused);
+    assert_eq!(
+        fa.len(),
+        1,
+        "expected one flash_attention for {spec:?}:\n{}",
+        rocmforge::ir::to_text(&fused).unwrap()
+    );
+    let (att, shapes) = &fa[0];
+    assert!(
+        (att.scale - spec.scale_value()).abs() < 1e-6 * spec.scale_value(),
+        "scale {}",
+        att.scale
+    );
+    assert_eq!(att.mask, mask, "{spec:?}");
+    assert_eq!(att.causal, causal, "{spec:?}");
+    if causal {
+        assert_eq!(att.causal_offset, spec.offset);
+    }
+    if !spec.rank3 {
+        assert_eq!(shapes[1][1], spec.hkv, "k must be read un-expanded");
+        assert_eq!(shapes[0][1], spec.hq);
+    }
+    assert!(
+        !fused
+            .node_ids()
+            .any(|id| matches!(fused.op(id), Op::Softmax { .. })),
+        "softmax left behind"
+    );
+    fused
+}
+
+fn assert_refused(g: &Graph, code: &str) {
+    let (fused, reports) = optimize(g).unwrap();
+    assert!(
+        attention_nodes(&fused).is_empty(),
+        "must not fuse:\n{}",
+        rocmforge::ir::to_text(&fused).unwrap()
+    );
+    let skipped: Vec<_> = reports
+        .iter()
+        .filter(|r| r.pass == "fuse_attention")
+        .flat_map(|r| r.skipped.clone())
+        .collect();
+    assert!(
+        skipped.iter().any(|s| s.code == code),
+        "expected reason {code}, got {skipped:?}"
+    );
+    // Left alone, the graph still computes the same thing.
+    let b = Bindings::random(g, 1);
+    let (w, o) = (run(g, &b).unwrap(), run(&fused, &b).unwrap());
+    assert!(rel_l2(&o[0].to_f64_vec(), &w[0].to_f64_vec()) <= 1e-5);
+}
+
+// ---- every variant fuses -----------------------------------------------------------------
+
+#[test]
+fn scale_forms_fuse() {
+    for scale in [
+        Scale::MulScores,
+        Scale::MulScoresLeft,
+        Scale::DivScores,
+        Scale::OnQ,
+        Scale::SqrtOnBoth,
+    ] {
+        let spec = Spec {
+            scale,
+            ..Spec::new(2, 3, 17, 8)
+        };
+        assert_fused(&spec, MaskKind::None, false);
+    }
+}
+
+#[test]
+fn no_scale_fuses_with_scale_one() {
+    let spec = Spec {
+        scale: Scale::None,
+        ..Spec::new(1, 2, 9, 16)
+    };
+    let (fused, _) = fuse_and_compare(&build(&spec), 3);
+    let fa = attention_nodes(&fused);
+    assert_eq!(fa.len(), 1);
+    assert_eq!(fa[0].0.scale, 1.0);
+}
+
+#[test]
+fn k_already_transposed_fuses() {
+    let spec = Spec {
+        k_pretransposed: true,
+        ..Spec::new(2, 2, 13, 8)
+    };
+    assert_fused(&spec, MaskKind::None, false);
+}
+
+#[test]
+fn additive_masks_of_broadcastable_shapes_fuse() {
+    for mask in [Mask::Padding, Mask::Dense2d, Mask::PerHead] {
+        let spec = Spec {
+            mask,
+            ..Spec::new(2, 3, 11, 8)
+        };
+        assert_fused(&spec, MaskKind::Additive, false);
+    }
+}
+
+#[test]
+fn boolean_masks_fuse() {
+    let spec = Spec {
+        mask: Mask::BoolNegInf,
+        ..Spec::new(2, 2, 9, 8)
+    };
+    assert_fused(&spec, MaskKind::Boolean, false);
+    // A finite dtype-min fill keeps fully masked rows uniform: it becomes an additive mask.
+    let spec = Spec {
+        mask: Mask::BoolMin,
+        ..Spec::new(2, 2, 9, 8)
+    };
+    assert_fused(&spec, MaskKind::Additive, false);
+}
+
+#[test]
+fn causal_masks_fuse() {
+    for mask in [Mask::Causal, Mask::CausalTril] {
+        let spec = Spec {
+            mask,
+            ..Spec::new(1, 2, 16, 8)
+        };
+        assert_fused(&spec, MaskKind::None, true);
+        let spec = Spec {
+            mask,
+            sq: 4,
+            sk: 12,
+            offset: 8,
+            ..Spec::new(1, 2, 16, 8)
+        };
+        assert_fused(&spec, MaskKind::None, true);
+    }
+}
+
+#[test]
+fn casts_around_softmax_are_absorbed() {
+    for dtype in [DType::F16, DType::BF16] {
+        let spec = Spec {
+            dtype,
+            cast_softmax: true,
+            mask: Mask::Padding,
+            ..Spec::new(2, 2, 16, 8)
+        };
+        let fused = assert_fused(&spec, MaskKind::Additive, false);
+        assert!(
+            !fused
+                .node_ids()
+                .any(|id| matches!(fused.op(id), Op::Cast { .. })),
+            "casts left behind"
+        );
+    }
+}
+
+#[test]
+fn gqa_and_mqa_read_unexpanded_kv() {
+    let spec = Spec {
+        hq: 6,
+        hkv: 2,
+        mask: Mask::Causal,
+        ..Spec::new(2, 6, 10, 8)
+    };
+    assert_fused(&spec, MaskKind::None, true);
+    let spec = Spec {
+        hq: 4,
+        hkv: 1,
+        ..Spec::new(1, 4, 7, 16)
+    };
+    assert_fused(&spec, MaskKind::None, false);
+}
+
+#[test]
+fn three_d_batched_form_fuses() {
+    let spec = Spec {
+        rank3: true,
+        ..Spec::new(2, 3, 9, 8)
+    };
+    assert_fused(&spec, MaskKind::None, false);
+    let spec = Spec {
+        rank3: true,
+        mask: Mask::BoolNegInf,
+        ..Spec::new(2, 3, 9, 8)
+    };
+    assert_fused(&spec, MaskKind::Boolean, false);
+}
+
+#[test]
+fn fully_masked_rows_give_zeros_fused_and_unfused() {
+    // Sq > Sk with a negative causal offset: the first query rows see no key.
+    let spec = Spec {
+        mask: Mask::Causal,
+        sq: 8,
+        sk: 5,
+        offset: -3,
+        ..Spec::new(1, 2, 8, 4)
+    };
+    let g = build(&spec);
+    let (fused, _) = fuse_and_compare(&g, 5);
+    assert_eq!(attention_nodes(&fused).len(), 1);
+    let out = run(&fused, &Bindings::random(&g, 5))
+        .unwrap()
+        .remove(0)
+        .to_f64_vec();
+    let row = 4; // D
+    assert!(
+        out[..3 * row].iter().all(|&x| x == 0.0),
+        "rows 0..3 of head 0 see no key"
+    );
+    // A boolean mask input whose row is all false (random bools make some).
+    let spec = Spec {
+        mask: Mask::BoolNegInf,
+        ..Spec::new(1, 1, 6, 4)
+    };
+    let g = build(&spec);
+    let mut b = Bindings::random(&g, 2);
+    let mut vals = vec![true; 36];
+    vals[6..12].iter_mut().for_each(|v| *v = false);
+    b.inputs.insert(
+        "mask".into(),
+        rocmforge::ir::Tensor::from_bool(vec![1, 1, 6, 6], &vals).unwrap(),
+    );
+    let (fused, _) = optimize(&g).unwrap();
+    let (w, o) = (
+        run(&g, &b).unwrap()[0].to_f64_vec(),
+        run(&fused, &b).unwrap()[0].to_f64_vec(),
+    );
+    assert!(
+        o[4..8].iter().all(|&x| x == 0.0) && w[4..8].iter().all(|&x| x == 0.0),
+        "{:?} / {:?}",
+        &o[4..8],
+        &w[4..8]
+    );
+    assert!(rel_l2(&o, &w) <= 1e-5);
+}
+
+// ---- and every unsafe form is refused, with its reason -------------------------------------
+
+#[test]
+fn scores_or_probabilities_used_elsewhere_do_not_fuse() {
+    for which in ["scores", "probs"] {
+        let mut g = build(&Spec::new(1, 2, 8, 4));
+        let out = g.find("out").unwrap();
+        let p = g.operands(out)[0];
+        let node = if which == "probs" {
+            p
+        } else {
+            g.operands(p)[0]
+        };
+        g.add_output(node).unwrap();
+        assert_refused(&g, "intermediate_has_other_consumers");
+    }
+}
+
+#[test]
+fn softmax_over_another_axis_does_not_fuse() {
+    let mut g = Graph::new("axis");
+    let q = g.input("q", DType::F32, &[1, 2, 8, 8]).unwrap();
+    let k = g.input("k", DType::F32, &[1, 2, 8, 8]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 8]).unwrap();
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let p = g.softmax(s, -2).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "softmax_axis");
+}
+
+#[test]
+fn k_permutation_other_than_last_swap_does_not_fuse() {
+    // [B, H, S, D] with B = H: swapping B and H too still type-checks.
+    let mut g = Graph::new("perm");
+    let q = g.input("q", DType::F32, &[2, 2, 8, 8]).unwrap();
+    let k = g.input("k", DType::F32, &[2, 2, 8, 8]).unwrap();
+    let v = g.input("v", DType::F32, &[2, 2, 8, 8]).unwrap();
+    let kt = g.permute(k, &[1, 0, 3, 2]).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "k_permutation");
+}
+
+#[test]
+fn non_constant_scale_does_not_fuse() {
+    let mut g = Graph::new("scale");
+    let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let t = g.input("temperature", DType::F32, &[1]).unwrap();
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let s = g.mul(s, t).unwrap();
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "scale_not_constant_scalar");
+}
+
+#[test]
+fn mask_that_broadcasts_the_scores_does_not_fuse() {
+    let mut g = Graph::new("bcast");
+    let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let m = g.input("mask", DType::F32, &[3, 1, 1, 8]).unwrap(); // batch 3 over batch 1
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let s = g.add(s, m).unwrap();
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "mask_broadcast");
+}
+
+#[test]
+fn v_broadcast_over_batch_does_not_fuse() {
+    let mut g = Graph::new("vb");
+    let q = g.input("q", DType::F32, &[2, 2, 8, 4]).unwrap();
+    let k = g.input("k", DType::F32, &[2, 2, 8, 4]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "batch_broadcast");
+}
+
+#[test]
+fn scale_after_additive_mask_does_not_fuse() {
+    let mut g = Graph::new("late_scale");
+    let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let m = g.input("mask", DType::F32, &[8, 8]).unwrap();
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let s = g.add(s, m).unwrap();
+    let c = g.scalar(0.5, DType::F32).unwrap();
+    let s = g.mul(s, c).unwrap();
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    assert_refused(&g, "scale_after_mask");
+}
+
+#[test]
+fn where_with_other_fill_or_inverted_does_not_fuse() {
+    for (fill, inverted, code) in [
+        (-1e4, false, "fill_not_neg_inf"),
+        (f64::NEG_INFINITY, true, "inverted_where"),
+    ] {
+        let mut g = Graph::new("where");
+        let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
+        let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
+        let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+        let m = g.input("mask", DType::Bool, &[1, 1, 8, 8]).unwrap();
+        let kt = g.transpose_last(k).unwrap();
+        let s = g.matmul(q, kt).unwrap();
+        let f = g.scalar(fill, DType::F32).unwrap();
+        let s = if inverted {
+            g.where_(m, f, s).unwrap()
+        } else {
+            g.where_(m, s, f).unwrap()
+        };
+        let p = g.softmax(s, -1).unwrap();
+        let o = g.matmul(p, v).unwrap();
+        g.add_output(o).unwrap();
+        let (fused, reports) = optimize(&g).unwrap();
+        assert!(attention_nodes(&fused).is_empty());
+        assert!(
+            reports
+                .iter()
+                .flat_map(|r| &r.skipped)
+                .any(|s| s.code == code),
+            "{code}: {reports:?}"
+        );
+    }
+}
+
+// ---- recognition ----------------------------------------------------------------------------
+
+fn count(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
+    g.node_ids().filter(|&id| pred(g.op(id))).count()
+}
+
+#[test]
+fn decomposed_softmax_is_recognised_on_its_axis_only() {
+    use rocmforge::ir::ReduceOp;
+    for (shift, max_axis, sum_axis, fuses) in [
+        (true, -1, -1, true),
+        (false, -1, -1, true),
+        (true, 1, 1, true),
+        (true, 0, -1, false),
+    ] {
+        let mut g = Graph::new("sm");
+        let x = g.input("x", DType::F32, &[3, 5, 7]).unwrap();
+        let t = if shift {
+            let m = g.reduce(ReduceOp::Max, x, &[max_axis], true).unwrap();
+            g.sub(x, m).unwrap()
+        } else {
+            x
+        };
+        let e = g.exp(t).unwrap();
+        let s = g.reduce(ReduceOp::Sum, e, &[sum_axis], true).unwrap();
+        let y = g.div(e, s).unwrap();
+        g.add_output(y).unwrap();
+        let (fused, reports) = fuse_and_compare(&g, 1);
+        assert_eq!(
+            count(&fused, |o| matches!(o, Op::Softmax { .. })),
+            usize::from(fuses),
+            "{shift} {max_axis} {sum_axis}"
+        );
+        if !fuses {
+            assert!(reports
+                .iter()
+                .flat_map(|r| &r.skipped)
+                .any(|s| s.code == "axis_mismatch"));
+        }
+    }
+}
+
+#[test]
+fn decomposed_layer_norm_and_rms_norm_are_recognised() {
+    use rocmforge::ir::ReduceOp;
+    for (square_by_pow, affine) in [(true, true), (false, true), (true, false)] {
+        let mut g = Graph::new("ln");
+        let x = g.input("x", DType::F32, &[4, 33]).unwrap();
+        let mu = g.reduce(ReduceOp::Mean, x, &[-1], true).unwrap();
+        let c = g.sub(x, mu).unwrap();
+        let sq = if square_by_pow {
+            let two = g.scalar(2.0, DType::F32).unwrap();
+            g.pow(c, two).unwrap()
+        } else {
+            g.mul(c, c).unwrap()
+        };
+        let var = g.reduce(ReduceOp::Mean, sq, &[-1], true).unwrap();
+        let eps = g.scalar(1e-5, DType::F32).unwrap();
+        let ve = g.add(var, eps).unwrap();
+        let r = g.rsqrt(ve).unwrap();
+        let mut y = g.mul(c, r).unwrap();
+        if affine {
+            let w = g.weight("w", DType::F32, &[33]).unwrap();
+            let b = g.weight("b", DType::F32, &[33]).unwrap();
+            y = g.mul(y, w).unwrap();
+            y = g.add(y, b).unwrap();
+        }
+        g.add_output(y).unwrap();
+        let (fused, _) = fuse_and_compare(&g, 2);
+        assert_eq!(
+            count(&fused, |o| matches!(o, Op::LayerNorm { .. })),
+            1,
+            "{}",
+            rocmforge::ir::to_text(&fused).unwrap()
+        );
+    }
+    let g = rocmforge::ir::format::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/graphs/llama_block.json"
+    )))
+    .unwrap();
+    let (fused, _) = fuse_and_compare(&g, 3);
+    assert_eq!(count(&fused, |o| matches!(o, Op::RmsNorm { .. })), 2);
+}
+
+#[test]
+fn silu_and_gelu_forms_are_recognised() {
+    // x·sigmoid(x), both orders
+    for left in [true, false] {
+        let mut g = Graph::new("silu");
+        let x = g.input("x", DType::F32, &[5, 17]).unwrap();
+        let s = g.sigmoid(x).unwrap();
+        let y = if left {
+            g.mul(x, s).unwrap()
+        } else {
+            g.mul(s, x).unwrap()
+        };
+        g.add_output(y).unwrap();
+        let (fused, _) = fuse_and_compare(&g, 4);
+        assert_eq!(count(&fused, |o| *o == Op::Unary(UnaryOp::Silu)), 1);
+    }
+    // 0.5·x·(1 + erf(x/√2)) in HF's order, and x·0.5·(...)
+    for nest in 0..2 {
+        let mut g = Graph::new("gelu");
+        let x = g.input("x", DType::F32, &[5, 17]).unwrap();
+        let r2 = g.scalar(2f64.sqrt(), DType::F32).unwrap();
+        let xs = g.div(x, r2).unwrap();
+        let e = g.erf(xs).unwrap();
+        let one = g.scalar(1.0, DType::F32).unwrap();
+        let br = g.add(one, e).unwrap();
+        let half = g.scalar(0.5, DType::F32).unwrap();
+        let y = if nest == 0 {
+            let hx = g.mul(x, half).unwrap();
+            g.mul(hx, br).unwrap()
+        } else {
+            let hb = g.mul(half, br).unwrap();
+            g.mul(x, hb).unwrap()
+        };
+        g.add_output(y).unwrap();
+        let (fused, _) = fuse_and_compare(&g, 5);
+        assert_eq!(
+            count(&fused, |o| *o == Op::Unary(UnaryOp::Gelu)),
+            1,
+            "{}",
+            rocmforge::ir::to_text(&fused).unwrap()
+        );
+    }
+    // tanh form with pow(x, 3)
+    let mut g = Graph::new("gelu_tanh");
+    let x = g.input("x", DType::F32, &[5, 17]).unwrap();
+    let three = g.scalar(3.0, DType::F32).unwrap();
+    let x3 = g.pow(x, three).unwrap();
+    let c2 = g.scalar(0.044715, DType::F32).unwrap();
+    let t = g.mul(c2, x3).unwrap();
+    let inner = g.add(x, t).unwrap();
+    let c1 = g
+        .scalar((2.0 / std::f64::consts::PI).sqrt(), DType::F32)
+        .unwrap();
+    let arg = g.mul(c1, inner).unwrap();
+    let th = g.tanh(arg).unwrap();
+    let one = g.scalar(1.0, DType::F32).unwrap();
+    let br = g.add(one, th).unwrap();
+    let half = g.scalar(0.5, DType::F32).unwrap();
+    let hx = g.mul(half, x).unwrap();
+    let y = g.mul(hx, br).unwrap();
+    g.add_output(y).unwrap();
+    let (fused, _) = fuse_and_compare(&g, 6);
+    assert_eq!(count(&fused, |o| *o == Op::Unary(UnaryOp::GeluTanh)), 1);
+}
+
+// ---- clean-up -------------------------------------------------------------------------------
+
+#[test]
+fn cleanup_passes_do_what_they_say() {
+    use rocmforge::passes::PassManager;
+    let mut g = Graph::new("clean");
+    let x = g.input("x", DType::F32, &[2, 3, 4]).unwrap();
+    let p1 = g.permute(x, &[1, 0, 2]).unwrap();
+    let p2 = g.permute(p1, &[1, 0, 2]).unwrap(); // identity overall
+    let r1 = g.reshape(p2, &[6, 4]).unwrap();
+    let r2 = g.reshape(r1, &[24]).unwrap();
+    let noop = g.cast(r2, DType::F32).unwrap();
+    let two = g.scalar(2.0, DType::F32).unwrap();
+    let four = g.scalar(4.0, DType::F32).unwrap();
+    let sqrt4 = g.sqrt(four).unwrap(); // folds to 2
+    let a = g.div(noop, sqrt4).unwrap();
+    let b = g.div(noop, two).unwrap(); // same as a after folding: CSE
+    let y = g.add(a, b).unwrap();
+    let _dead = g.exp(x).unwrap();
+    g.add_output(y).unwrap();
+    let mut c = g.clone();
+    PassManager::cleanup().run(&mut c).unwrap();
+    let text = rocmforge::ir::to_text(&c).unwrap();
+    assert_eq!(count(&c, |o| matches!(o, Op::Permute { .. })), 0, "{text}");
+    assert_eq!(count(&c, |o| matches!(o, Op::Reshape { .. })), 1, "{text}");
+    assert_eq!(
+        count(&c, |o| matches!(o, Op::Cast { .. } | Op::Unary(_))),
+        0,
+        "{text}"
+    );
+    assert_eq!(
+        count(&c, |o| matches!(
+            o,
+            Op::Binary(rocmforge::ir::BinaryOp::Div)
+        )),
+        0,
+        "{text}"
+    );
+    assert_eq!(
+        count(&c, |o| matches!(
+            o,
+            Op::Binary(rocmforge::ir::BinaryOp::Mul)
+        )),
+        1,
+        "CSE merges the two halves: {text}"
+    );
+    let b = Bindings::random(&g, 9);
+    assert_eq!(run(&g, &b).unwrap(), run(&c, &b).unwrap());
+}
+
+#[test]
+fn elementwise_chains_fuse_and_stop_at_shared_values() {
+    let mut g = Graph::new("ew");
+    let x = g.input("x", DType::F32, &[4, 9]).unwrap();
+    let w = g.weight("w", DType::F32, &[9, 9]).unwrap();
+    let bias = g.weight("bias", DType::F32, &[9]).unwrap();
+    let mm = g.matmul(x, w).unwrap();
+    let h = g.add(mm, bias).unwrap();
+    let a = g.tanh(h).unwrap();
+    let shared = g.exp(a).unwrap(); // two consumers: ends a group
+    let y1 = g.neg(shared).unwrap();
+    let y1 = g.tanh(y1).unwrap();
+    let y2 = g.mul(shared, x).unwrap();
+    g.set_outputs(&[y1, y2]).unwrap();
+    let (fused, reports) = fuse_and_compare(&g, 11);
+    let groups: Vec<_> = fused
+        .node_ids()
+        .filter_map(|id| match fused.op(id) {
+            Op::FusedElementwise(e) => Some(e.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        groups.contains(&"exp(tanh(add($0, $1)))".to_string()),
+        "{groups:?}"
+    );
+    assert!(groups.contains(&"tanh(neg($0))".to_string()), "{groups:?}");
+    let ew = reports
+        .iter()
+        .find(|r| r.pass == "fuse_elementwise")
+        .unwrap();
+    assert!(
+        ew.rewrites.iter().any(|r| r.what.contains("epilogue of %")),
+        "{ew}"
+    );
+}
