@@ -5,8 +5,8 @@
 //! - between the softmax and Q·Kᵀ, in any order: casts; `add` of a float mask that broadcasts
 //!   to the scores without changing their shape; `where(cond, S, fill)` with fill −∞ or the
 //!   dtype's minimum, where cond is a CausalMask (or a constant lower-triangular bool) of the
-//!   scores' [Sq, Sk] → causal, or any other bool mask → boolean mask (an additive
-//!   `where(cond, 0, min)` for a finite fill, which keeps a fully masked row uniform as the
+//!   scores' [Sq, Sk] → causal, or any other bool mask → boolean mask (for a finite fill, an
+//!   additive f32 `where(cond, 0, f32::MIN)`, which keeps a fully masked row uniform as the
 //!   unfused graph has it); `mul` by a scalar constant (div is already mul) → scale, refused
 //!   above an additive mask (it would scale the mask);
 //! - Q·Kᵀ is a MatMul of Q (optionally `mul` by a scalar constant) and Kᵀ: a Permute that swaps
@@ -503,10 +503,11 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
     let mut mask = match m.mask {
         None => None,
         Some(MaskSource::Additive(x)) | Some(MaskSource::Boolean(x)) => Some(x),
-        Some(MaskSource::BooleanFill(c, f)) => {
-            let dt = g.ty(pv).dtype;
-            let zero = g.scalar(0.0, dt).map_err(err)?;
-            let fill = g.scalar(f, dt).map_err(err)?;
+        Some(MaskSource::BooleanFill(c, _)) => {
+            // In f32 (where kernels add the mask) the f32 minimum swamps any score, so a fully
+            // masked row stays uniform as with the original fill; an f16 minimum would not.
+            let zero = g.scalar(0.0, DType::F32).map_err(err)?;
+            let fill = g.scalar(DType::F32.min_value(), DType::F32).map_err(err)?;
             Some(g.where_(c, zero, fill).map_err(err)?)
         }
     };
