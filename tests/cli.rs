@@ -97,3 +97,69 @@ fn help_answers_for_every_command() {
         assert!(ok && out.contains("Usage"), "{args:?}: {out}");
     }
 }
+
+#[test]
+fn compile_dumps_passes_and_explains() {
+    let (ok, out, err) = rocmforge(&["compile", "graphs/llama_block.json", "--dump-passes"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("// after fuse_attention")
+            && out.contains("flash_attention[scale=0.125, causal=true]"),
+        "{out}"
+    );
+    let (ok, out, err) = rocmforge(&["compile", "graphs/bert_layer.json", "--explain"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("attention %matmul_24: fused: flash_attention"),
+        "{out}"
+    );
+    let (ok, out, _) = rocmforge(&["compile", "tests/data/bad_graphs/cycle.json", "--explain"]);
+    assert!(!ok && out.is_empty());
+}
+
+#[test]
+fn explain_says_why_attention_was_left_alone() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("axis.json");
+    std::fs::write(
+        &file,
+        r#"{"version": 1, "nodes": [
+        {"name": "q", "op": "input", "dtype": "f32", "shape": [1, 2, 8, 8]},
+        {"name": "k", "op": "input", "dtype": "f32", "shape": [1, 2, 8, 8]},
+        {"name": "kt", "op": "permute", "inputs": ["k"], "perm": [0, 1, 3, 2]},
+        {"name": "s", "op": "matmul", "inputs": ["q", "kt"]},
+        {"name": "p", "op": "softmax", "inputs": ["s"], "axis": 2},
+        {"name": "o", "op": "matmul", "inputs": ["p", "k"]}], "outputs": ["o"]}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = rocmforge(&["compile", file.to_str().unwrap(), "--explain"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("attention %o: not fused: softmax_axis"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn show_fused_marks_fused_nodes_in_dot() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-fused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dot = dir.join("f.dot");
+    let (ok, out, err) = rocmforge(&[
+        "show",
+        "graphs/attention_causal.json",
+        "--fused",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("flash_attention"));
+    let text = std::fs::read_to_string(&dot).unwrap();
+    assert!(
+        text.contains("flash_attention") && text.contains("fillcolor"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

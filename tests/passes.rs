@@ -65,17 +65,29 @@ fn fuse_spec(spec: &Spec, seed: u64) -> Graph {
     let g = build(spec);
     let (fused, _) = optimize(&g).unwrap();
     let b = Bindings::random(&g, seed);
-    let reference = build(&Spec { dtype: DType::F32, cast_softmax: false, ..*spec });
+    let reference = build(&Spec {
+        dtype: DType::F32,
+        cast_softmax: false,
+        ..*spec
+    });
     let mut rb = Bindings::default();
     for (name, t) in &b.inputs {
-        let t32 = if t.dtype().is_float() { t.cast(DType::F32) } else { t.clone() };
+        let t32 = if t.dtype().is_float() {
+            t.cast(DType::F32)
+        } else {
+            t.clone()
+        };
         rb.inputs.insert(name.clone(), t32);
     }
     let want = run(&reference, &rb).unwrap()[0].to_f64_vec();
     let got = run(&fused, &b).unwrap()[0].to_f64_vec();
     assert!(got.iter().all(|x| !x.is_nan()), "fused output has NaN");
     let err = rel_l2(&got, &want);
-    assert!(err <= tolerance(spec.dtype), "fused {} vs f32 reference: rel L2 {err:e} for {spec:?}", spec.dtype);
+    assert!(
+        err <= tolerance(spec.dtype),
+        "fused {} vs f32 reference: rel L2 {err:e} for {spec:?}",
+        spec.dtype
+    );
     fused
 }
 
@@ -710,31 +722,56 @@ mod property {
 
     fn spec_strategy() -> impl Strategy<Value = Spec> {
         (
-            (1usize..3, 1usize..4, 1usize..4, 1usize..13, 1usize..13, prop::sample::select(vec![1usize, 2, 4, 8, 16])),
-            prop::sample::select(vec![Mask::None, Mask::Padding, Mask::Dense2d, Mask::PerHead, Mask::BoolNegInf, Mask::BoolMin, Mask::Causal, Mask::CausalTril]),
-            prop::sample::select(vec![Scale::MulScores, Scale::MulScoresLeft, Scale::DivScores, Scale::OnQ, Scale::SqrtOnBoth, Scale::None]),
+            (
+                1usize..3,
+                1usize..4,
+                1usize..4,
+                1usize..13,
+                1usize..13,
+                prop::sample::select(vec![1usize, 2, 4, 8, 16]),
+            ),
+            prop::sample::select(vec![
+                Mask::None,
+                Mask::Padding,
+                Mask::Dense2d,
+                Mask::PerHead,
+                Mask::BoolNegInf,
+                Mask::BoolMin,
+                Mask::Causal,
+                Mask::CausalTril,
+            ]),
+            prop::sample::select(vec![
+                Scale::MulScores,
+                Scale::MulScoresLeft,
+                Scale::DivScores,
+                Scale::OnQ,
+                Scale::SqrtOnBoth,
+                Scale::None,
+            ]),
             prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
             (any::<bool>(), any::<bool>(), any::<bool>(), -3i64..4),
         )
-            .prop_map(|((b, hkv, group, sq, sk, d), mask, scale, dtype, (pre_t, rank3, cast, offset))| {
-                let gqa = group > 1;
-                Spec {
-                    b,
-                    hq: hkv * group,
-                    hkv,
-                    sq,
-                    sk,
-                    d,
-                    dtype,
-                    scale,
-                    mask,
-                    k_pretransposed: pre_t && !gqa,
-                    cast_softmax: cast && dtype != DType::F32,
-                    rank3: rank3 && !gqa && !matches!(mask, Mask::PerHead | Mask::Padding),
-                    // A negative offset with a finite fill is refused by design; keep those ≥ 0.
-                    offset,
-                }
-            })
+            .prop_map(
+                |((b, hkv, group, sq, sk, d), mask, scale, dtype, (pre_t, rank3, cast, offset))| {
+                    let gqa = group > 1;
+                    Spec {
+                        b,
+                        hq: hkv * group,
+                        hkv,
+                        sq,
+                        sk,
+                        d,
+                        dtype,
+                        scale,
+                        mask,
+                        k_pretransposed: pre_t && !gqa,
+                        cast_softmax: cast && dtype != DType::F32,
+                        rank3: rank3 && !gqa && !matches!(mask, Mask::PerHead | Mask::Padding),
+                        // A negative offset with a finite fill is refused by design; keep those ≥ 0.
+                        offset,
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -746,4 +783,47 @@ mod property {
             prop_assert_eq!(attention_nodes(&fused).len(), 1, "{:?}", spec);
         }
     }
+}
+
+// ---- the example models ---------------------------------------------------------------------
+
+fn load_example(name: &str) -> Graph {
+    rocmforge::ir::format::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("graphs")
+            .join(name),
+    )
+    .unwrap()
+}
+
+#[test]
+fn bert_layer_ends_with_one_padding_masked_flash_attention() {
+    let (fused, _) = fuse_and_compare(&load_example("bert_layer.json"), 21);
+    let fa = attention_nodes(&fused);
+    assert_eq!(fa.len(), 1);
+    assert_eq!(fa[0].0.mask, MaskKind::Additive);
+    assert!(!fa[0].0.causal);
+    assert_eq!(
+        fa[0].1[3],
+        vec![2, 1, 1, 128],
+        "the padding mask stays [B, 1, 1, Sk]"
+    );
+    assert_eq!(count(&fused, |o| matches!(o, Op::LayerNorm { .. })), 2);
+}
+
+#[test]
+fn llama_block_ends_with_causal_gqa_attention_rmsnorm_rope_and_swiglu() {
+    let (fused, _) = fuse_and_compare(&load_example("llama_block.json"), 22);
+    let fa = attention_nodes(&fused);
+    assert_eq!(fa.len(), 1);
+    assert!(fa[0].0.causal && fa[0].0.causal_offset == 0 && fa[0].0.mask == MaskKind::None);
+    assert_eq!(
+        (fa[0].1[0][1], fa[0].1[1][1], fa[0].1[2][1]),
+        (9, 3, 3),
+        "9 query heads over 3 KV heads"
+    );
+    assert_eq!(count(&fused, |o| matches!(o, Op::RmsNorm { .. })), 2);
+    assert_eq!(count(&fused, |o| matches!(o, Op::Rope { .. })), 2);
+    let swiglu = fused.node_ids().any(|id| matches!(fused.op(id), Op::FusedElementwise(e) if e.to_string() == "mul(silu($0), $1)"));
+    assert!(swiglu, "{}", rocmforge::ir::to_text(&fused).unwrap());
 }

@@ -5,6 +5,7 @@
 //!   nesting and order; `x / √2` is already `x · 1/√2` after canonicalisation) → gelu(x).
 //! - GELU, tanh form: factors {x, 0.5, 1 + tanh(√(2/π) · (x + 0.044715 · x³))}, with x³ as
 //!   pow(x, 3) or x·x·x → gelu_tanh(x).
+//!
 //! Constants are compared to 1e-6 relative. Must not match: another x inside than outside, other
 //! constants, a factor used outside the product.
 

@@ -15,6 +15,7 @@
 //! - K and V expanded over a head-group axis (Reshape → Expand → Reshape, LLaMA's repeat_kv)
 //!   are read un-expanded (GQA/MQA) when both carry the same group count;
 //! - rank 4 [B, H, S, D] directly, rank 3 [B·H, S, D] through reshapes.
+//!
 //! Refused: any intermediate (scores, scaled, masked, probabilities, casts) used elsewhere;
 //! batch dims that broadcast between Q, K and V; mixed dtypes; a scale that is not a constant
 //! scalar; a permutation of K other than the last-two swap.
@@ -83,8 +84,8 @@ struct Match {
 enum MaskSource {
     Additive(NodeId),
     Boolean(NodeId),
-    /// A bool mask with a finite fill: becomes `where(cond, 0, fill)`.
-    BooleanFill(NodeId, f64),
+    /// A bool mask with a finite (dtype-minimum) fill: becomes an f32 additive mask.
+    BooleanFill(NodeId),
 }
 
 fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
@@ -230,7 +231,7 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                     mask = Some(if neg_inf {
                         MaskSource::Boolean(c)
                     } else {
-                        MaskSource::BooleanFill(c, f)
+                        MaskSource::BooleanFill(c)
                     });
                 }
                 cur = s;
@@ -503,7 +504,7 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
     let mut mask = match m.mask {
         None => None,
         Some(MaskSource::Additive(x)) | Some(MaskSource::Boolean(x)) => Some(x),
-        Some(MaskSource::BooleanFill(c, _)) => {
+        Some(MaskSource::BooleanFill(c)) => {
             // In f32 (where kernels add the mask) the f32 minimum swamps any score, so a fully
             // masked row stays uniform as with the original fill; an f16 minimum would not.
             let zero = g.scalar(0.0, DType::F32).map_err(err)?;
