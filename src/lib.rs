@@ -3,6 +3,8 @@
 //! The pipeline is model → [`ir::Graph`] → passes → codegen → runtime; the [`interp`] CPU
 //! interpreter runs the same graph and is the numeric reference for everything else.
 
+pub mod codegen;
 pub mod interp;
 pub mod ir;
 pub mod passes;
+pub mod runtime;

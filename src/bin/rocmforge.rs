@@ -6,9 +6,12 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
+use rayon::prelude::*;
+use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{self, format, Graph, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
+use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, KernelResources};
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +64,19 @@ enum Command {
         /// Only clean up: no recognition or fusion (the unfused baseline).
         #[arg(long)]
         no_fuse: bool,
+        /// Generate kernels for this target: gfx90a, gfx90a:sramecc+:xnack-, gfx1030, sm_90, ...
+        #[arg(long, value_name = "ARCH")]
+        target: Option<String>,
+        /// Compile every kernel with hiprtc (AMD targets) and print VGPRs, SGPRs, LDS, scratch and
+        /// spills per kernel.
+        #[arg(long, requires = "target")]
+        report: bool,
+        /// Write the generated sources (`hip`): one .hip file per kernel plus plan.txt.
+        #[arg(long, value_name = "WHAT", requires = "target", value_parser = ["hip"])]
+        emit: Option<String>,
+        /// Directory for --emit.
+        #[arg(long, value_name = "DIR", requires = "emit")]
+        out: Option<PathBuf>,
     },
     /// Print a graph in the text form (one line per node) and optionally write Graphviz DOT.
     Show {
@@ -122,7 +138,19 @@ fn cmd_run(file: &Path, seed: u64, values: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<(), String> {
+struct CodegenArgs<'a> {
+    target: Option<&'a str>,
+    report: bool,
+    emit_dir: Option<&'a Path>,
+}
+
+fn cmd_compile(
+    file: &Path,
+    dump: bool,
+    explain: bool,
+    no_fuse: bool,
+    cg: CodegenArgs,
+) -> Result<(), String> {
     let mut graph = load(file)?;
     let before = graph.node_count();
     let manager = if no_fuse {
@@ -142,6 +170,9 @@ fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<
     if explain {
         print!("{}", explain_text(&reports));
     }
+    if let Some(arch) = cg.target {
+        return codegen_for(&graph, arch, no_fuse, cg.report, cg.emit_dir);
+    }
     if !dump {
         print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     }
@@ -155,6 +186,103 @@ fn cmd_compile(file: &Path, dump: bool, explain: bool, no_fuse: bool) -> Result<
         graph.node_count(),
         manager.names().join(", ")
     );
+    Ok(())
+}
+
+fn codegen_for(
+    graph: &Graph,
+    arch: &str,
+    no_fuse: bool,
+    report: bool,
+    emit_dir: Option<&Path>,
+) -> Result<(), String> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = CodegenOptions {
+        matmul_epilogues: !no_fuse,
+    };
+    let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
+    if let Some(dir) = emit_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for k in &plan.kernels {
+            let path = dir.join(format!("{}.hip", k.entry));
+            std::fs::write(&path, plan.source(k))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        std::fs::write(dir.join("plan.txt"), plan.listing()).map_err(|e| e.to_string())?;
+        eprintln!(
+            "wrote {} kernel source(s) and plan.txt to {}",
+            plan.kernels.len(),
+            dir.display()
+        );
+    }
+    if !report {
+        if emit_dir.is_none() {
+            print!("{}", plan.listing());
+        }
+        return Ok(());
+    }
+    if target.platform != Platform::Amd {
+        return Err(format!(
+            "--report reads AMD code objects; {} is an NVIDIA target",
+            target.arch
+        ));
+    }
+    let rtc = Hiprtc::load().map_err(|e| e.to_string())?;
+    let total = plan.kernels.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let start = Instant::now();
+    let show_progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let results: Vec<Result<(String, KernelResources), String>> = plan
+        .kernels
+        .par_iter()
+        .map(|k| {
+            let code = rtc
+                .compile(
+                    &plan.source(k),
+                    &k.entry,
+                    &target.arch,
+                    &["-O3".to_string()],
+                )
+                .map_err(|e| e.to_string())?;
+            let info = parse_code_object(&code).map_err(|e| format!("{}: {e}", k.entry))?;
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if show_progress && start.elapsed().as_millis() > 300 {
+                eprint!(
+                    "\rcompiling {n}/{total} kernels for {} ({:.1} s)",
+                    target.arch,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            let res = info
+                .kernels
+                .into_iter()
+                .find(|r| r.name == k.entry)
+                .ok_or_else(|| format!("{} missing from its code object", k.entry))?;
+            Ok((k.node.clone(), res))
+        })
+        .collect();
+    if show_progress && start.elapsed().as_millis() > 300 {
+        eprintln!();
+    }
+    let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    println!(
+        "{} on {} ({}, hiprtc {}.{} from {})",
+        graph.name, target, total, rtc.version.0, rtc.version.1, rtc.library
+    );
+    print!("{}", report_table(&rows));
+    let spilling: Vec<&str> = rows
+        .iter()
+        .filter(|(_, r)| r.spills())
+        .map(|(_, r)| r.name.as_str())
+        .collect();
+    if !spilling.is_empty() {
+        println!(
+            "warning: {} kernel(s) spill: {}",
+            spilling.len(),
+            spilling.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -183,7 +311,21 @@ fn main() -> ExitCode {
             dump_passes,
             explain,
             no_fuse,
-        } => cmd_compile(file, *dump_passes, *explain, *no_fuse),
+            target,
+            report,
+            emit,
+            out,
+        } => {
+            let emit_dir = emit
+                .as_ref()
+                .map(|_| out.clone().unwrap_or_else(|| PathBuf::from("kernels")));
+            let cg = CodegenArgs {
+                target: target.as_deref(),
+                report: *report,
+                emit_dir: emit_dir.as_deref(),
+            };
+            cmd_compile(file, *dump_passes, *explain, *no_fuse, cg)
+        }
         Command::Show { file, dot, fused } => cmd_show(file, dot.as_deref(), *fused),
     };
     match result {

@@ -1,0 +1,49 @@
+// Batched matmul: {{ batch }} × [{{ m }}, {{ k }}] · [{{ k }}, {{ n }}]. 64×64 output tiles per block of
+// 16×16 threads, each thread 4×4 outputs; K in steps of 16 through shared memory; f32 accumulation.
+{% if epilogue %}// Epilogue: {{ epilogue_text }}.
+{% endif %}extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* __restrict__ A, const {{ b_t }}* __restrict__ B, {% for e in extra %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ c_t }}* __restrict__ C) {
+    __shared__ float As[16][64 + 1];
+    __shared__ float Bs[16][64 + 1];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+    const long long bz = blockIdx.z;
+    long long a_off = 0, b_off = 0;
+    {
+        long long r = bz;
+{% for ax in batch_axes %}        { const long long c = r % {{ ax.size }}LL; r /= {{ ax.size }}LL; a_off += c * {{ ax.a }}LL; b_off += c * {{ ax.b }}LL; }
+{% endfor %}    }
+    float acc[4][4];
+    for (int y = 0; y < 4; ++y)
+        for (int x = 0; x < 4; ++x) acc[y][x] = 0.0f;
+    for (int k0 = 0; k0 < {{ k }}; k0 += 16) {
+        for (int t = threadIdx.x; t < 64 * 16; t += 256) {
+            const int r = t / 16, c = t % 16, gr = row0 + r, gc = k0 + c;
+            As[c][r] = (gr < {{ m }} && gc < {{ k }}) ? {{ a_load_pre }}A[a_off + (long long)gr * {{ k }} + gc]{{ a_load_post }} : 0.0f;
+        }
+        for (int t = threadIdx.x; t < 16 * 64; t += 256) {
+            const int r = t / 64, c = t % 64, gr = k0 + r, gc = col0 + c;
+            Bs[r][c] = (gr < {{ k }} && gc < {{ n }}) ? {{ b_load_pre }}B[b_off + (long long)gr * {{ n }} + gc]{{ b_load_post }} : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < 16; ++kk) {
+            float a[4], b[4];
+            for (int y = 0; y < 4; ++y) a[y] = As[kk][ty + 16 * y];
+            for (int x = 0; x < 4; ++x) b[x] = Bs[kk][tx + 16 * x];
+            for (int y = 0; y < 4; ++y)
+                for (int x = 0; x < 4; ++x) acc[y][x] += a[y] * b[x];
+        }
+        __syncthreads();
+    }
+    for (int y = 0; y < 4; ++y) {
+        for (int x = 0; x < 4; ++x) {
+            const int row = row0 + ty + 16 * y, col = col0 + tx + 16 * x;
+            if (row >= {{ m }} || col >= {{ n }}) continue;
+            const long long i = bz * {{ m * n }}LL + (long long)row * {{ n }} + col;
+            const float acc_v = acc[y][x];
+{% if epilogue %}{% if axes %}            long long r = i{% for e in extra %}, o{{ e.index }} = 0{% endfor %};
+{% for ax in axes %}            { const long long c = r % {{ ax.size }}LL; r /= {{ ax.size }}LL;{% for s in ax.strides %}{% if s.stride != 0 %} o{{ s.index }} += c * {{ s.stride }}LL;{% endif %}{% endfor %} }
+{% endfor %}{% endif %}{% for e in extra %}            const {{ e.vtype }} x{{ e.index }} = {{ e.load }};
+{% endfor %}{% endif %}            C[i] = {{ store }};
+        }
+    }
+}

@@ -1,0 +1,25 @@
+// rocmforge prelude for AMD GPUs (hiprtc). Target {{ arch }}, wave size {{ wave }}.
+// Everything that differs between AMD and NVIDIA is here; kernels use only rf_* names.
+#define RF_WAVE {{ wave }}
+#define RF_INLINE __device__ __forceinline__
+#ifndef INFINITY
+#define INFINITY __builtin_inff()
+#endif
+#ifndef NAN
+#define NAN __builtin_nanf("")
+#endif
+
+typedef unsigned short rf_half;  // f16 storage
+typedef unsigned short rf_bf16;  // bf16 storage
+
+RF_INLINE float rf_h2f(rf_half x) {
+    union { rf_half u; _Float16 h; } c;
+    c.u = x;
+    return (float)c.h;
+}
+RF_INLINE rf_half rf_f2h(float f) {
+    union { rf_half u; _Float16 h; } c;
+    c.h = (_Float16)f;  // round to nearest even
+    return c.u;
+}
+RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, RF_WAVE); }

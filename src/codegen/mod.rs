@@ -1,0 +1,74 @@
+//! Code generation: a fused graph becomes a [`KernelPlan`] of HIP kernels rendered from
+//! `kernel_templates/`, with shapes, dtypes and tile sizes as compile-time constants. One kernel
+//! source serves AMD (hiprtc) and NVIDIA (NVRTC); the per-platform prelude maps what differs.
+
+mod ctype;
+mod expr_c;
+mod lower;
+mod plan;
+mod target;
+mod templates;
+
+use thiserror::Error;
+
+use crate::ir::{Graph, GraphError};
+
+pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch};
+pub use target::{Platform, Target};
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum CodegenError {
+    #[error("unknown target arch `{arch}` (expected e.g. gfx90a, gfx90a:sramecc+:xnack-, gfx1030, sm_90)")]
+    UnknownArch { arch: String },
+    #[error("node `{node}` cannot be compiled: {reason}")]
+    Unsupported { node: String, reason: String },
+    #[error("kernel template `{template}` failed to render: {message}")]
+    Template { template: String, message: String },
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+}
+
+/// Choices codegen makes beyond the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodegenOptions {
+    /// Compute an elementwise consumer of a matmul (bias, activation, residual) in the
+    /// matmul's store loop. Off for the unfused baseline, where every op is its own kernel.
+    pub matmul_epilogues: bool,
+}
+
+impl Default for CodegenOptions {
+    fn default() -> Self {
+        CodegenOptions {
+            matmul_epilogues: true,
+        }
+    }
+}
+
+/// The kernels that compute `graph` on `target`.
+pub fn generate(graph: &Graph, target: &Target) -> Result<KernelPlan, CodegenError> {
+    generate_with(graph, target, &CodegenOptions::default())
+}
+
+pub fn generate_with(
+    graph: &Graph,
+    target: &Target,
+    options: &CodegenOptions,
+) -> Result<KernelPlan, CodegenError> {
+    lower::generate(graph, target, options)
+}
+
+/// The prelude every kernel source starts with on `target`: platform mappings, then the
+/// helpers all platforms share.
+pub fn prelude(target: &Target) -> String {
+    let name = match target.platform {
+        Platform::Amd => "prelude_amd.hip",
+        Platform::Nvidia => "prelude_nvidia.hip",
+    };
+    let ctx = minijinja::Value::from_serialize(
+        serde_json::json!({"arch": target.arch, "wave": target.wave_size}),
+    );
+    let mut s = templates::render(name, ctx.clone()).expect("preludes render (checked by tests)");
+    s.push('\n');
+    s.push_str(&templates::render("common.hip", ctx).expect("common prelude renders"));
+    s
+}

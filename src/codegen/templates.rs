@@ -1,0 +1,85 @@
+//! The kernel templates of `kernel_templates/`, compiled into the binary and rendered with
+//! minijinja.
+
+use std::sync::OnceLock;
+
+use minijinja::Environment;
+
+use super::CodegenError;
+
+const TEMPLATES: [(&str, &str); 14] = [
+    (
+        "prelude_amd.hip",
+        include_str!("../../kernel_templates/prelude_amd.hip"),
+    ),
+    (
+        "prelude_nvidia.hip",
+        include_str!("../../kernel_templates/prelude_nvidia.hip"),
+    ),
+    (
+        "common.hip",
+        include_str!("../../kernel_templates/common.hip"),
+    ),
+    (
+        "elementwise.hip",
+        include_str!("../../kernel_templates/elementwise.hip"),
+    ),
+    ("copy.hip", include_str!("../../kernel_templates/copy.hip")),
+    (
+        "gather.hip",
+        include_str!("../../kernel_templates/gather.hip"),
+    ),
+    (
+        "causal_mask.hip",
+        include_str!("../../kernel_templates/causal_mask.hip"),
+    ),
+    (
+        "matmul.hip",
+        include_str!("../../kernel_templates/matmul.hip"),
+    ),
+    (
+        "softmax.hip",
+        include_str!("../../kernel_templates/softmax.hip"),
+    ),
+    (
+        "layernorm.hip",
+        include_str!("../../kernel_templates/layernorm.hip"),
+    ),
+    (
+        "rmsnorm.hip",
+        include_str!("../../kernel_templates/rmsnorm.hip"),
+    ),
+    ("rope.hip", include_str!("../../kernel_templates/rope.hip")),
+    (
+        "reduce.hip",
+        include_str!("../../kernel_templates/reduce.hip"),
+    ),
+    (
+        "flash_attention.hip",
+        include_str!("../../kernel_templates/flash_attention.hip"),
+    ),
+];
+
+fn env() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_keep_trailing_newline(true);
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        for (name, text) in TEMPLATES {
+            env.add_template(name, text)
+                .expect("kernel templates parse (checked by tests)");
+        }
+        env
+    })
+}
+
+pub(crate) fn render(name: &str, ctx: minijinja::Value) -> Result<String, CodegenError> {
+    env()
+        .get_template(name)
+        .and_then(|t| t.render(ctx))
+        .map_err(|e| CodegenError::Template {
+            template: name.to_string(),
+            message: format!("{e:#}"),
+        })
+}

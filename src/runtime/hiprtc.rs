@@ -1,0 +1,241 @@
+//! hiprtc, loaded at run time: no ROCm is needed to build rocmforge, and a machine without it
+//! gets a typed error, not a missing-symbol crash. ROCm 6+ ships `libhiprtc.so`; ROCm 5 keeps
+//! hiprtc inside `libamdhip64.so`. Error codes differ between platforms, so only success (0) is
+//! interpreted; everything else is reported through `hiprtcGetErrorString`.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr;
+use std::sync::Mutex;
+
+use libloading::Library;
+use thiserror::Error;
+
+/// Libraries tried in order.
+pub const HIPRTC_LIBRARIES: [&str; 4] = [
+    "libhiprtc.so.7",
+    "libhiprtc.so.6",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+];
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum HiprtcError {
+    #[error("hiprtc not found (tried {tried}); install ROCm or Debian's libamdhip64-5 and libhiprtc-builtins5")]
+    NotFound { tried: String },
+    #[error("{library} has no symbol {symbol}")]
+    MissingSymbol { library: String, symbol: String },
+    #[error("hiprtc could not compile kernel `{kernel}` for {target}:\n{log}")]
+    Compile {
+        kernel: String,
+        target: String,
+        log: String,
+    },
+    #[error("hiprtc call {call} failed: {message}")]
+    Call { call: &'static str, message: String },
+}
+
+/// hiprtc keeps process-wide LLVM state: ROCm 5.2's aborts ("Option 'h' registered more than
+/// once") when programs compile on several threads at once. Compiles are serialised here, for
+/// every loaded copy, so callers may share a `Hiprtc` across threads freely.
+static COMPILE_LOCK: Mutex<()> = Mutex::new(());
+
+type Program = *mut c_void;
+type CreateFn = unsafe extern "C" fn(
+    *mut Program,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+type CompileFn = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
+type DestroyFn = unsafe extern "C" fn(*mut Program) -> c_int;
+type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> c_int;
+type CopyFn = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
+type ErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
+type VersionFn = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+
+/// A loaded hiprtc. The function pointers stay valid as long as `_lib` lives, which is as long
+/// as this value.
+pub struct Hiprtc {
+    _lib: Library,
+    create: CreateFn,
+    compile: CompileFn,
+    destroy: DestroyFn,
+    log_size: SizeFn,
+    log: CopyFn,
+    code_size: SizeFn,
+    code: CopyFn,
+    error_string: ErrorStringFn,
+    /// The library file that was loaded.
+    pub library: String,
+    /// hiprtc's own version (major, minor).
+    pub version: (i32, i32),
+}
+
+impl std::fmt::Debug for Hiprtc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Hiprtc({} v{}.{})",
+            self.library, self.version.0, self.version.1
+        )
+    }
+}
+
+impl Hiprtc {
+    /// Loads the first hiprtc found (`ROCMFORGE_HIPRTC` may name a library file to use instead).
+    pub fn load() -> Result<Hiprtc, HiprtcError> {
+        let candidates: Vec<String> = match std::env::var("ROCMFORGE_HIPRTC") {
+            Ok(path) if !path.is_empty() => vec![path],
+            _ => HIPRTC_LIBRARIES.iter().map(|s| s.to_string()).collect(),
+        };
+        for name in &candidates {
+            // SAFETY: loading a shared library runs its initialisers; the candidates are the
+            // ROCm hiprtc libraries (or the one the user named), whose initialisers are safe.
+            let Ok(lib) = (unsafe { Library::new(name) }) else {
+                continue;
+            };
+            return Hiprtc::from_library(lib, name);
+        }
+        Err(HiprtcError::NotFound {
+            tried: candidates.join(", "),
+        })
+    }
+
+    fn from_library(lib: Library, name: &str) -> Result<Hiprtc, HiprtcError> {
+        fn sym<T: Copy>(lib: &Library, library: &str, symbol: &str) -> Result<T, HiprtcError> {
+            // SAFETY: every symbol is looked up with the signature hiprtc.h declares for it.
+            unsafe { lib.get::<T>(symbol.as_bytes()) }
+                .map(|s| *s)
+                .map_err(|_| HiprtcError::MissingSymbol {
+                    library: library.to_string(),
+                    symbol: symbol.to_string(),
+                })
+        }
+        let version_fn: VersionFn = sym(&lib, name, "hiprtcVersion")?;
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: hiprtcVersion writes two ints through valid pointers.
+        unsafe { version_fn(&mut major, &mut minor) };
+        Ok(Hiprtc {
+            create: sym(&lib, name, "hiprtcCreateProgram")?,
+            compile: sym(&lib, name, "hiprtcCompileProgram")?,
+            destroy: sym(&lib, name, "hiprtcDestroyProgram")?,
+            log_size: sym(&lib, name, "hiprtcGetProgramLogSize")?,
+            log: sym(&lib, name, "hiprtcGetProgramLog")?,
+            code_size: sym(&lib, name, "hiprtcGetCodeSize")?,
+            code: sym(&lib, name, "hiprtcGetCode")?,
+            error_string: sym(&lib, name, "hiprtcGetErrorString")?,
+            _lib: lib,
+            library: name.to_string(),
+            version: (major, minor),
+        })
+    }
+
+    fn message(&self, code: c_int) -> String {
+        // SAFETY: hiprtcGetErrorString returns a static string (or null) for any code.
+        let p = unsafe { (self.error_string)(code) };
+        if p.is_null() {
+            format!("error {code}")
+        } else {
+            // SAFETY: non-null results are NUL-terminated static strings.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    }
+
+    fn check(&self, call: &'static str, code: c_int) -> Result<(), HiprtcError> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(HiprtcError::Call {
+                call,
+                message: self.message(code),
+            })
+        }
+    }
+
+    /// Compiles HIP source for `arch` (a full target id such as `gfx90a:sramecc+:xnack-`) and
+    /// returns the code object. A compile error carries the kernel name, target and log.
+    pub fn compile(
+        &self,
+        source: &str,
+        kernel: &str,
+        arch: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, HiprtcError> {
+        let nul = |s: &str| CString::new(s.replace('\0', "")).expect("NULs removed");
+        let (src, file) = (nul(source), nul(&format!("{kernel}.hip")));
+        let mut opts: Vec<CString> = vec![nul(&format!("--gpu-architecture={arch}"))];
+        opts.extend(options.iter().map(|o| nul(o)));
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+        let _serial = COMPILE_LOCK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut prog: Program = ptr::null_mut();
+        // SAFETY: valid NUL-terminated strings, no headers; `prog` receives a new program.
+        self.check("hiprtcCreateProgram", unsafe {
+            (self.create)(
+                &mut prog,
+                src.as_ptr(),
+                file.as_ptr(),
+                0,
+                ptr::null(),
+                ptr::null(),
+            )
+        })?;
+        let guard = ProgramGuard { rtc: self, prog };
+        // SAFETY: `prog` is live; the option pointers outlive the call.
+        let status =
+            unsafe { (self.compile)(guard.prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        if status != 0 {
+            let log = guard
+                .read(self.log_size, self.log, "hiprtcGetProgramLog")
+                .map(|b| {
+                    String::from_utf8_lossy(&b)
+                        .trim_end_matches('\0')
+                        .to_string()
+                });
+            return Err(HiprtcError::Compile {
+                kernel: kernel.to_string(),
+                target: arch.to_string(),
+                log: log.unwrap_or_else(|e| e.to_string())
+                    + &format!("\n({})", self.message(status)),
+            });
+        }
+        guard.read(self.code_size, self.code, "hiprtcGetCode")
+    }
+}
+
+/// Destroys the program however compilation ends.
+struct ProgramGuard<'a> {
+    rtc: &'a Hiprtc,
+    prog: Program,
+}
+
+impl ProgramGuard<'_> {
+    fn read(
+        &self,
+        size_fn: SizeFn,
+        copy_fn: CopyFn,
+        call: &'static str,
+    ) -> Result<Vec<u8>, HiprtcError> {
+        let mut n = 0usize;
+        // SAFETY: `prog` is live and `n` is a valid out-pointer.
+        self.rtc
+            .check(call, unsafe { size_fn(self.prog, &mut n) })?;
+        let mut buf = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: `buf` holds exactly the `n` bytes hiprtc reported.
+            self.rtc
+                .check(call, unsafe { copy_fn(self.prog, buf.as_mut_ptr().cast()) })?;
+        }
+        Ok(buf)
+    }
+}
+
+impl Drop for ProgramGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `prog` was created by hiprtcCreateProgram and is destroyed once, here.
+        unsafe { (self.rtc.destroy)(&mut self.prog) };
+    }
+}

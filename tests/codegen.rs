@@ -1,0 +1,115 @@
+//! Codegen: snapshots (in `snapshots/`) of every generated kernel for every example graph, fused
+//! and unfused, for gfx90a, gfx1030 and sm_90, and of each platform's prelude. A template change
+//! shows up as a diff to review.
+
+use std::path::{Path, PathBuf};
+
+use rocmforge::codegen::{generate_with, prelude, CodegenError, CodegenOptions, Target};
+use rocmforge::ir::{format, Graph};
+use rocmforge::passes::PassManager;
+
+pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
+
+fn settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path(Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshots"));
+    s.set_prepend_module_to_snapshot(false);
+    s
+}
+
+fn graph_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+    files.sort();
+    files
+}
+
+/// The graph as compiled: the default pipeline, or clean-up only without epilogues (unfused).
+fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
+    let mut g = format::load(path).unwrap();
+    let pm = if fused {
+        PassManager::default_pipeline()
+    } else {
+        PassManager::cleanup()
+    };
+    pm.run(&mut g).unwrap();
+    (
+        g,
+        CodegenOptions {
+            matmul_epilogues: fused,
+        },
+    )
+}
+
+#[test]
+fn kernels_of_every_graph_fused_and_unfused_for_every_target() {
+    for path in graph_files() {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        for fused in [true, false] {
+            let (g, options) = compiled(&path, fused);
+            for arch in TARGETS {
+                let plan = generate_with(&g, &Target::parse(arch).unwrap(), &options).unwrap();
+                assert!(!plan.kernels.is_empty());
+                for k in &plan.kernels {
+                    assert!(
+                        k.body
+                            .contains("extern \"C\" __global__ void __launch_bounds__"),
+                        "{}",
+                        k.entry
+                    );
+                    assert!(k.body.contains(&k.entry));
+                    assert!(k.launch.grid.iter().all(|&d| d > 0) && k.launch.block[0] > 0);
+                }
+                let mode = if fused { "fused" } else { "unfused" };
+                settings().bind(|| {
+                    insta::assert_snapshot!(
+                        format!("kernels__{name}__{mode}__{arch}"),
+                        plan.listing()
+                    )
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn preludes_per_target() {
+    for arch in TARGETS {
+        let t = Target::parse(arch).unwrap();
+        let p = prelude(&t);
+        assert!(p.contains(&format!("#define RF_WAVE {}", t.wave_size)));
+        settings().bind(|| insta::assert_snapshot!(format!("prelude__{arch}"), p));
+    }
+}
+
+#[test]
+fn unknown_arch_is_a_typed_error() {
+    for bad in ["gfx", "cuda", "sm_", "gfx90a:sramecc", "rdna3"] {
+        assert!(
+            matches!(Target::parse(bad), Err(CodegenError::UnknownArch { .. })),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn unfused_attention_has_its_own_kernels() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/attention_padding_mask.json");
+    let (g, options) = compiled(&path, false);
+    let plan = generate_with(&g, &Target::parse("gfx90a").unwrap(), &options).unwrap();
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    assert!(!families.contains(&"flash_attention"));
+    let mm = families.iter().filter(|f| **f == "matmul").count();
+    assert_eq!(mm, 2, "QKᵀ and ·V: {families:?}");
+    assert!(
+        families.contains(&"softmax") && families.contains(&"elementwise"),
+        "{families:?}"
+    );
+    let (g, options) = compiled(&path, true);
+    let plan = generate_with(&g, &Target::parse("gfx90a").unwrap(), &options).unwrap();
+    assert!(plan.kernels.iter().any(|k| k.family == "flash_attention"));
+}
