@@ -167,15 +167,39 @@ fn show_fused_marks_fused_nodes_in_dot() {
 #[test]
 fn compile_for_a_target_emits_sources_and_names_bad_arches() {
     let dir = std::env::temp_dir().join(format!("rocmforge-emit-{}", std::process::id()));
-    let (ok, _, err) = rocmforge(&["compile", "graphs/llama_block.json", "--target", "gfx1030", "--emit", "hip", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        "graphs/llama_block.json",
+        "--target",
+        "gfx1030",
+        "--emit",
+        "hip",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let plan = std::fs::read_to_string(dir.join("plan.txt")).unwrap();
-    assert!(plan.contains("target gfx1030 (wave 32)") && plan.contains("rf_flash_attention_"), "{plan}");
-    let sources: Vec<_> = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "hip")).collect();
+    assert!(
+        plan.contains("target gfx1030 (wave 32)") && plan.contains("rf_flash_attention_"),
+        "{plan}"
+    );
+    let sources: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "hip")
+        })
+        .collect();
     assert!(sources.len() >= 10, "{} sources", sources.len());
     std::fs::remove_dir_all(&dir).ok();
     let (ok, _, err) = rocmforge(&["compile", "graphs/attention.json", "--target", "gfx9000"]);
-    assert!(!ok && err.contains("unknown target arch `gfx9000`"), "{err}");
+    assert!(
+        !ok && err.contains("unknown target arch `gfx9000`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -183,7 +207,16 @@ fn compile_report_prints_resources_when_hiprtc_is_present() {
     if rocmforge::runtime::Hiprtc::load().is_err() {
         return; // covered by tests/hiprtc.rs, which reports the reason
     }
-    let (ok, out, err) = rocmforge(&["compile", "graphs/attention_causal.json", "--target", "gfx90a", "--report"]);
+    let (ok, out, err) = rocmforge(&[
+        "compile",
+        "graphs/attention_causal.json",
+        "--target",
+        "gfx90a",
+        "--report",
+    ]);
     assert!(ok, "{err}");
-    assert!(out.contains("vgpr") && out.contains("rf_flash_attention_") && out.contains("%out"), "{out}");
+    assert!(
+        out.contains("vgpr") && out.contains("rf_flash_attention_") && out.contains("%out"),
+        "{out}"
+    );
 }

@@ -17,6 +17,9 @@ use rocmforge::ir::format;
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError};
 
+#[path = "common/op_zoo.rs"]
+mod op_zoo;
+
 const AMD_TARGETS: [&str; 2] = ["gfx90a", "gfx1030"];
 
 fn root() -> &'static Path {
@@ -40,29 +43,30 @@ fn settings() -> insta::Settings {
     s
 }
 
-/// Compiles every kernel of one graph for one target; unique sources compile once.
-fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(), Failed> {
-    let mut g = format::load(path).map_err(|e| e.to_string())?;
-    let pm = if fused {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut g).map_err(|e| e.to_string())?;
+/// Compiles every kernel of every graph for one target (unique sources once); returns
+/// (node, resources) per kernel, or the spills and failures.
+fn compile_all(
+    rtc: &Hiprtc,
+    graphs: &[rocmforge::ir::Graph],
+    fused: bool,
+    arch: &str,
+) -> Result<Vec<(String, rocmforge::runtime::KernelResources)>, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let plan = generate_with(
-        &g,
-        &target,
-        &CodegenOptions {
-            matmul_epilogues: fused,
-        },
-    )
-    .map_err(|e| e.to_string())?;
     let mut unique: HashMap<String, (String, String)> = HashMap::new();
-    for k in &plan.kernels {
-        unique
-            .entry(k.entry.clone())
-            .or_insert_with(|| (plan.source(k), k.node.clone()));
+    for g in graphs {
+        let plan = generate_with(
+            g,
+            &target,
+            &CodegenOptions {
+                matmul_epilogues: fused,
+            },
+        )
+        .map_err(|e| format!("{}: {e}", g.name))?;
+        for k in &plan.kernels {
+            unique
+                .entry(k.entry.clone())
+                .or_insert_with(|| (plan.source(k), k.node.clone()));
+        }
     }
     let mut entries: Vec<_> = unique.into_iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -94,6 +98,18 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
     if let Some((_, bad)) = rows.iter().find(|(_, r)| r.wave_size != wave) {
         return Err(format!("{} reports wave {} on {arch}", bad.name, bad.wave_size).into());
     }
+    Ok(rows)
+}
+
+fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(), Failed> {
+    let mut g = format::load(path).map_err(|e| e.to_string())?;
+    let pm = if fused {
+        PassManager::default_pipeline()
+    } else {
+        PassManager::cleanup()
+    };
+    pm.run(&mut g).map_err(|e| e.to_string())?;
+    let rows = compile_all(rtc, &[g], fused, arch)?;
     let name = path.file_stem().unwrap().to_string_lossy().into_owned();
     let mode = if fused { "fused" } else { "unfused" };
     let table = report_table(&rows);
@@ -166,6 +182,22 @@ fn main() {
         metadata_reader_on_real_and_corrupt_input,
     )];
     for arch in AMD_TARGETS {
+        let name = format!("compile::{arch}::every_op_and_dtype");
+        trials.push(match &rtc {
+            Ok(rtc) => {
+                let rtc = Arc::clone(rtc);
+                Trial::test(name, move || {
+                    compile_all(&rtc, &op_zoo::zoo(), true, arch).map(|_| ())
+                })
+            }
+            Err(e) if required => {
+                let msg = format!("ROCMFORGE_REQUIRE_HIPRTC=1 but {e}");
+                Trial::test(name, move || Err(msg.clone().into()))
+            }
+            Err(e) => Trial::test(name, || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(format!("ignored: {e}")),
+        });
         for path in graph_files() {
             for fused in [true, false] {
                 let name = format!(

@@ -117,3 +117,4 @@ pub fn run_op(inputs: &[&Tensor], build: impl FnOnce(&mut Graph, &[NodeId]) -> N
     )
 }
 pub mod attention_graphs;
+pub mod op_zoo;
