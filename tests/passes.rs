@@ -443,36 +443,75 @@ fn scale_after_additive_mask_does_not_fuse() {
     assert_refused(&g, "scale_after_mask");
 }
 
+fn where_attention(fill: f64, masked_fill: bool) -> Graph {
+    let mut g = Graph::new("where");
+    let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
+    let m = g.input("mask", DType::F32, &[1, 1, 8, 8]).unwrap();
+    let kt = g.transpose_last(k).unwrap();
+    let s = g.matmul(q, kt).unwrap();
+    let f = g.scalar(fill, DType::F32).unwrap();
+    let zero = g.scalar(0.0, DType::F32).unwrap();
+    let s = if masked_fill {
+        // scores.masked_fill(mask == 0, fill)
+        let c = g.equal(m, zero).unwrap();
+        g.where_(c, f, s).unwrap()
+    } else {
+        let c = g.greater(m, zero).unwrap();
+        g.where_(c, s, f).unwrap()
+    };
+    let p = g.softmax(s, -1).unwrap();
+    let o = g.matmul(p, v).unwrap();
+    g.add_output(o).unwrap();
+    g
+}
+
 #[test]
-fn where_with_other_fill_or_inverted_does_not_fuse() {
-    for (fill, inverted, code) in [
-        (-1e4, false, "fill_not_neg_inf"),
-        (f64::NEG_INFINITY, true, "inverted_where"),
-    ] {
-        let mut g = Graph::new("where");
-        let q = g.input("q", DType::F32, &[1, 2, 8, 4]).unwrap();
-        let k = g.input("k", DType::F32, &[1, 2, 8, 4]).unwrap();
-        let v = g.input("v", DType::F32, &[1, 2, 8, 4]).unwrap();
-        let m = g.input("mask", DType::Bool, &[1, 1, 8, 8]).unwrap();
-        let kt = g.transpose_last(k).unwrap();
-        let s = g.matmul(q, kt).unwrap();
-        let f = g.scalar(fill, DType::F32).unwrap();
-        let s = if inverted {
-            g.where_(m, f, s).unwrap()
-        } else {
-            g.where_(m, s, f).unwrap()
-        };
-        let p = g.softmax(s, -1).unwrap();
-        let o = g.matmul(p, v).unwrap();
-        g.add_output(o).unwrap();
-        let (fused, reports) = optimize(&g).unwrap();
+fn masked_fill_form_fuses_as_a_boolean_mask() {
+    for fill in [f64::NEG_INFINITY, DType::F32.min_value()] {
+        let g = where_attention(fill, true);
+        let mut b = Bindings::random(&g, 4);
+        // A 0/1 mask with a fully masked query row.
+        let vals: Vec<f64> = (0..64)
+            .map(|i| {
+                if i / 8 == 2 {
+                    0.0
+                } else {
+                    f64::from(u8::from(i % 3 != 0))
+                }
+            })
+            .collect();
+        b.inputs.insert(
+            "mask".into(),
+            rocmforge::ir::Tensor::from_f64(DType::F32, vec![1, 1, 8, 8], &vals).unwrap(),
+        );
+        let (fused, _) = optimize(&g).unwrap();
+        assert_eq!(
+            attention_nodes(&fused).len(),
+            1,
+            "{}",
+            rocmforge::ir::to_text(&fused).unwrap()
+        );
+        let (w, o) = (
+            run(&g, &b).unwrap()[0].to_f64_vec(),
+            run(&fused, &b).unwrap()[0].to_f64_vec(),
+        );
+        assert!(rel_l2(&o, &w) <= 1e-5, "fill {fill}: {}", rel_l2(&o, &w));
+    }
+}
+
+#[test]
+fn where_with_another_fill_does_not_fuse() {
+    for masked_fill in [false, true] {
+        let (fused, reports) = optimize(&where_attention(-1e4, masked_fill)).unwrap();
         assert!(attention_nodes(&fused).is_empty());
         assert!(
             reports
                 .iter()
                 .flat_map(|r| &r.skipped)
-                .any(|s| s.code == code),
-            "{code}: {reports:?}"
+                .any(|s| s.code == "fill_not_neg_inf"),
+            "{reports:?}"
         );
     }
 }

@@ -83,9 +83,10 @@ struct Match {
 
 enum MaskSource {
     Additive(NodeId),
-    Boolean(NodeId),
+    /// True where keys are visible; `true` in the second field: true where masked.
+    Boolean(NodeId, bool),
     /// A bool mask with a finite (dtype-minimum) fill: becomes an f32 additive mask.
-    BooleanFill(NodeId),
+    BooleanFill(NodeId, bool),
 }
 
 fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
@@ -175,18 +176,20 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                 cur = s;
             }
             Op::Where => {
-                let [c, s, fill] = g.operands(cur)[..] else {
+                let [c, a, b] = g.operands(cur)[..] else {
                     unreachable!()
                 };
-                if !leads_to_scores(g, s) {
+                // where(keep, S, fill), or masked_fill's where(masked, fill, S).
+                let (s, fill, negate) = if leads_to_scores(g, a) {
+                    (a, b, false)
+                } else if leads_to_scores(g, b) {
+                    (b, a, true)
+                } else {
                     return reason(
-                        "inverted_where",
-                        format!(
-                            "%{} selects the fill where the mask is true",
-                            g.node(cur).name
-                        ),
+                        "not_attention",
+                        format!("neither branch of %{} is the scores", g.node(cur).name),
                     );
-                }
+                };
                 let dt = g.ty(cur).dtype;
                 let Some(f) = scalar_value(g, fill) else {
                     return reason(
@@ -216,7 +219,12 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                         format!("mask {} would change the scores {}", g.ty(c), scores_shape),
                     );
                 }
-                if let Some(off) = causal_offset(g, c, &scores_shape) {
+                let causal_off = if negate {
+                    None
+                } else {
+                    causal_offset(g, c, &scores_shape)
+                };
+                if let Some(off) = causal_off {
                     if causal.is_some() {
                         return reason("two_masks", "two causal masks");
                     }
@@ -229,9 +237,9 @@ fn find(g: &Graph, pv: NodeId) -> Result<Match, Reason> {
                         return reason("two_masks", "more than one mask is applied to the scores");
                     }
                     mask = Some(if neg_inf {
-                        MaskSource::Boolean(c)
+                        MaskSource::Boolean(c, negate)
                     } else {
-                        MaskSource::BooleanFill(c)
+                        MaskSource::BooleanFill(c, negate)
                     });
                 }
                 cur = s;
@@ -501,10 +509,20 @@ fn build(g: &mut Graph, pv: NodeId, m: Match) -> Result<String, Reason> {
     if m.k_transposed {
         k = g.transpose_last(k).map_err(err)?;
     }
+    // masked_fill's condition is true where masked: the kept keys are its negation.
+    let keep = |g: &mut Graph, c: NodeId, negate: bool| -> Result<NodeId, crate::ir::GraphError> {
+        if !negate {
+            return Ok(c);
+        }
+        let no = g.constant(DType::Bool, &[], vec![0.0])?;
+        g.equal(c, no)
+    };
     let mut mask = match m.mask {
         None => None,
-        Some(MaskSource::Additive(x)) | Some(MaskSource::Boolean(x)) => Some(x),
-        Some(MaskSource::BooleanFill(c)) => {
+        Some(MaskSource::Additive(x)) => Some(x),
+        Some(MaskSource::Boolean(c, negate)) => Some(keep(g, c, negate).map_err(err)?),
+        Some(MaskSource::BooleanFill(c, negate)) => {
+            let c = keep(g, c, negate).map_err(err)?;
             // In f32 (where kernels add the mask) the f32 minimum swamps any score, so a fully
             // masked row stays uniform as with the original fill; an f16 minimum would not.
             let zero = g.scalar(0.0, DType::F32).map_err(err)?;
