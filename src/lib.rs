@@ -4,6 +4,7 @@
 //! interpreter runs the same graph and is the numeric reference for everything else.
 
 pub mod codegen;
+pub mod compile;
 pub mod interp;
 pub mod ir;
 pub mod passes;

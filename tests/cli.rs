@@ -46,7 +46,7 @@ fn run_prints_device_time_and_output_statistics() {
     ]);
     let stats = |s: &str| {
         s.lines()
-            .filter(|l| !l.starts_with("time"))
+            .filter(|l| !l.starts_with("time") && !l.starts_with("compile"))
             .collect::<Vec<_>>()
             .join("\n")
     };
@@ -219,4 +219,30 @@ fn compile_report_prints_resources_when_hiprtc_is_present() {
         out.contains("vgpr") && out.contains("rf_flash_attention_") && out.contains("%out"),
         "{out}"
     );
+}
+
+#[test]
+fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args(["run", "graphs/attention.json", "--verify"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
+        .env("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so")
+        .env_remove("ROCMFORGE_DEVICE")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("libcuda not found") && stderr.contains("running on the CPU interpreter"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("device: cpu") && stdout.contains("relative L2 error"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("panicked"));
 }

@@ -8,10 +8,13 @@ use clap::{Parser, Subcommand};
 
 use rayon::prelude::*;
 use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
-use rocmforge::interp::{self, Bindings};
+use rocmforge::compile::CompileOptions;
+use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, Graph, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
-use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, KernelResources};
+use rocmforge::runtime::{
+    parse_code_object, report_table, Device, DiskCache, Hiprtc, KernelResources,
+};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +48,20 @@ enum Command {
         /// How many leading values of each output to print.
         #[arg(long, default_value_t = 8)]
         values: usize,
+        /// Device: cpu, cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        #[arg(long)]
+        device: Option<String>,
+        /// Also run the interpreter on the unfused graph and print the error of each output.
+        #[arg(long)]
+        verify: bool,
+        /// Compile without fusion (the baseline).
+        #[arg(long)]
+        no_fuse: bool,
+    },
+    /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
     },
     /// Optimise a graph with the default pass pipeline and print the result.
     ///
@@ -91,6 +108,51 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum CacheAction {
+    /// List the cached kernels: file, size, arch, entry point, whether the checksum holds.
+    Ls,
+    /// Remove every cached kernel.
+    Clear,
+}
+
+fn cmd_cache(action: &CacheAction) -> Result<(), String> {
+    let Some(dir) = DiskCache::default_dir() else {
+        return Err("no cache directory: set ROCMFORGE_CACHE_DIR or HOME".into());
+    };
+    let disk = DiskCache::new(dir.clone());
+    match action {
+        CacheAction::Ls => {
+            let entries = disk.entries();
+            println!("{} ({} entries)", dir.display(), entries.len());
+            for e in entries {
+                let name = e
+                    .file
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                println!(
+                    "  {name}  {:>8} B  {:<24} {}{}",
+                    e.bytes,
+                    e.arch,
+                    e.entry,
+                    if e.valid {
+                        ""
+                    } else {
+                        "  (corrupt: will be rebuilt)"
+                    }
+                );
+            }
+        }
+        CacheAction::Clear => println!(
+            "removed {} entries from {}",
+            disk.clear().map_err(|e| e.to_string())?,
+            dir.display()
+        ),
+    }
+    Ok(())
+}
+
 fn load(path: &Path) -> Result<Graph, String> {
     format::load(path).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -104,18 +166,76 @@ fn stats(t: &Tensor) -> (f64, f64, usize) {
     (mean, var.sqrt(), v.len() - finite.len())
 }
 
-fn cmd_run(file: &Path, seed: u64, values: usize) -> Result<(), String> {
+fn cmd_run(
+    file: &Path,
+    seed: u64,
+    values: usize,
+    device: Option<&str>,
+    verify: bool,
+    no_fuse: bool,
+) -> Result<(), String> {
     let graph = load(file)?;
+    let device = match device {
+        Some(spec) => Device::open(spec).map_err(|e| e.to_string())?,
+        None => {
+            let (d, notes) = Device::best();
+            if !d.is_gpu() {
+                for n in notes {
+                    eprintln!("note: {n}");
+                }
+                eprintln!("note: no GPU available; running on the CPU interpreter");
+            }
+            d
+        }
+    };
+    let options = CompileOptions {
+        fuse: !no_fuse,
+        seed,
+        ..CompileOptions::default()
+    };
+    let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
     let bindings = Bindings::random(&graph, seed);
-    println!("graph:  {} ({} nodes)", graph.name, graph.node_count());
     println!(
-        "device: cpu (reference interpreter, {} threads)",
-        rayon::current_num_threads()
+        "graph:  {} ({} nodes, {} after passes)",
+        graph.name,
+        graph.node_count(),
+        compiled.graph.node_count()
     );
+    println!("device: {}", device.label());
+    let s = &compiled.stats;
+    let how = if !device.is_gpu() {
+        "no kernels".to_string()
+    } else if s.compiled == 0 {
+        format!(
+            "{} kernels, all from cache ({} from disk)",
+            s.kernels, s.from_disk
+        )
+    } else {
+        format!(
+            "{} kernels, {} compiled now (cold), {} from disk",
+            s.kernels, s.compiled, s.from_disk
+        )
+    };
+    println!("compile: {:.3} ms ({how})", s.time.as_secs_f64() * 1e3);
+    if let Some(m) = &compiled.memory {
+        println!(
+            "memory: {} B planned for intermediates ({} B without reuse)",
+            m.planned_bytes, m.unplanned_bytes
+        );
+    }
     let start = Instant::now();
-    let outputs = interp::run(&graph, &bindings).map_err(|e| e.to_string())?;
+    let (outputs, check) = if verify {
+        let (o, v) = compiled.verify(&bindings).map_err(|e| e.to_string())?;
+        (o, Some(v))
+    } else {
+        (compiled.run(&bindings).map_err(|e| e.to_string())?, None)
+    };
     let elapsed = start.elapsed();
-    println!("time:   {:.3} ms", elapsed.as_secs_f64() * 1e3);
+    println!(
+        "time:   {:.3} ms{}",
+        elapsed.as_secs_f64() * 1e3,
+        if verify { " (run + interpreter)" } else { "" }
+    );
     for (&id, t) in graph.outputs().iter().zip(&outputs) {
         let (mean, std, nans) = stats(t);
         let head: Vec<String> = t
@@ -134,6 +254,13 @@ fn cmd_run(file: &Path, seed: u64, values: usize) -> Result<(), String> {
             }
         );
         println!("  first [{}]", head.join(", "));
+    }
+    if let Some(v) = check {
+        for (name, err) in &v.outputs {
+            println!(
+                "verify {name}: relative L2 error {err:.3e} against the interpreter (unfused)"
+            );
+        }
     }
     Ok(())
 }
@@ -305,7 +432,15 @@ fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { file, seed, values } => cmd_run(file, *seed, *values),
+        Command::Run {
+            file,
+            seed,
+            values,
+            device,
+            verify,
+            no_fuse,
+        } => cmd_run(file, *seed, *values, device.as_deref(), *verify, *no_fuse),
+        Command::Cache { action } => cmd_cache(action),
         Command::Compile {
             file,
             dump_passes,

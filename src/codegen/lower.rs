@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::ctype::{ctype, f32_literal};
 use super::expr_c::{op_expr, render};
-use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch};
+use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 use super::{templates, CodegenError, CodegenOptions, Target};
 use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, Shape, TensorType};
 
@@ -138,7 +138,11 @@ pub(crate) fn generate(
     plan.outputs = g
         .outputs()
         .iter()
-        .map(|&o| (g.node(o).name.clone(), buf[&o]))
+        .map(|&o| PlanOutput {
+            name: g.node(o).name.clone(),
+            buffer: buf[&o],
+            ty: g.ty(o).clone(),
+        })
         .collect();
     Ok(plan)
 }

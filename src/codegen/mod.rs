@@ -13,7 +13,7 @@ use thiserror::Error;
 
 use crate::ir::{Graph, GraphError};
 
-pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch};
+pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 pub use target::{Platform, Target};
 
 #[derive(Debug, Error, Clone, PartialEq)]

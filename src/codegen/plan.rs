@@ -51,14 +51,23 @@ pub struct Kernel {
     pub args: Vec<BufferId>,
 }
 
+/// A graph output: the buffer holding it and its own type (a reshaped output shares the buffer
+/// of the value it reshapes, whose type differs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanOutput {
+    pub name: String,
+    pub buffer: BufferId,
+    pub ty: TensorType,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelPlan {
     pub target: Target,
     pub graph: String,
     pub buffers: Vec<Buffer>,
     pub kernels: Vec<Kernel>,
-    /// Graph outputs by name, with the buffer holding each.
-    pub outputs: Vec<(String, BufferId)>,
+    /// Graph outputs in order.
+    pub outputs: Vec<PlanOutput>,
 }
 
 impl KernelPlan {

@@ -1,10 +1,19 @@
-//! The runtime: run-time compilation and, later, devices, buffers and streams. The only home of
-//! `unsafe` FFI; every unsafe block says why it holds.
+//! The runtime: devices, run-time compilation, the per-device kernel cache, buffers and
+//! streams. The only home of `unsafe` FFI; every unsafe block says why it holds.
 
 pub mod amd_metadata;
+pub mod cache;
+pub mod cuda;
+pub mod device;
+mod error;
 pub mod hiprtc;
+mod memory;
 
 pub use amd_metadata::{
     parse_code_object, report_table, CodeObjectInfo, KernelResources, MetadataError,
 };
+pub use cache::{CacheEntryInfo, CacheKey, DiskCache, KernelCache};
+pub use device::{Device, DeviceBuffer, DeviceKind, Stream};
+pub use error::RuntimeError;
 pub use hiprtc::{Hiprtc, HiprtcError};
+pub use memory::MemoryCounter;

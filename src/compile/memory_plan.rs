@@ -1,0 +1,85 @@
+//! Buffer reuse by liveness: computed buffers whose lifetimes do not overlap share a slot.
+
+use std::collections::HashMap;
+
+use crate::codegen::{BufferId, BufferRole, KernelPlan};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryPlan {
+    /// Slot of each computed buffer.
+    pub slot_of: HashMap<BufferId, usize>,
+    pub slot_bytes: Vec<usize>,
+    /// Sum of the slots: what a run allocates for intermediates and outputs.
+    pub planned_bytes: usize,
+    /// What one buffer per value would take.
+    pub unplanned_bytes: usize,
+}
+
+pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
+    let bytes =
+        |b: BufferId| plan.buffers[b].ty.shape.numel() * plan.buffers[b].ty.dtype.size_bytes();
+    let computed = |b: BufferId| plan.buffers[b].role == BufferRole::Computed;
+    let n = plan.kernels.len();
+    let mut first: HashMap<BufferId, usize> = HashMap::new();
+    let mut last: HashMap<BufferId, usize> = HashMap::new();
+    for (i, k) in plan.kernels.iter().enumerate() {
+        for &b in &k.args {
+            if computed(b) {
+                first.entry(b).or_insert(i);
+                last.insert(b, i);
+            }
+        }
+    }
+    for o in &plan.outputs {
+        if computed(o.buffer) {
+            last.insert(o.buffer, n);
+        }
+    }
+    let mut slot_of = HashMap::new();
+    let mut slot_bytes: Vec<usize> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    for (i, k) in plan.kernels.iter().enumerate() {
+        let out = *k.args.last().expect("a kernel writes a buffer");
+        if computed(out) && !slot_of.contains_key(&out) {
+            let need = bytes(out);
+            // Best fit among free slots, else a new one.
+            let pick = free
+                .iter()
+                .enumerate()
+                .filter(|(_, &s)| slot_bytes[s] >= need)
+                .min_by_key(|(_, &s)| slot_bytes[s])
+                .map(|(j, _)| j);
+            let slot = match pick {
+                Some(j) => free.swap_remove(j),
+                None => {
+                    slot_bytes.push(need);
+                    slot_bytes.len() - 1
+                }
+            };
+            slot_of.insert(out, slot);
+        }
+        // Buffers read for the last time here are free for the next kernel (not this one: a
+        // kernel never writes over its own operands).
+        for &b in &k.args {
+            if computed(b) && last.get(&b) == Some(&i) && first.get(&b).is_some_and(|&f| f <= i) {
+                if let Some(&s) = slot_of.get(&b) {
+                    if !free.contains(&s) {
+                        free.push(s);
+                    }
+                }
+            }
+        }
+    }
+    let unplanned_bytes = plan
+        .buffers
+        .iter()
+        .filter(|b| b.role == BufferRole::Computed)
+        .map(|b| bytes(b.id))
+        .sum();
+    MemoryPlan {
+        planned_bytes: slot_bytes.iter().sum(),
+        slot_of,
+        slot_bytes,
+        unplanned_bytes,
+    }
+}

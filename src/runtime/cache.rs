@@ -1,0 +1,295 @@
+//! The per-device kernel cache. In memory, a key is compiled at most once even when many threads
+//! ask for it at the same time (the first caller compiles, the others wait on the same cell). On
+//! disk, entries are written atomically (temporary file, then rename) with a checksum; a corrupt
+//! or truncated entry is recompiled, never loaded.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::device::LoadedKernel;
+use super::RuntimeError;
+
+/// Everything that changes a compiled binary.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    /// Full arch name with features (`gfx90a:sramecc+:xnack-`, `sm_90`).
+    pub arch: String,
+    pub wave_size: u32,
+    /// Compiler and driver versions.
+    pub toolchain: String,
+    pub options: Vec<String>,
+    pub entry: String,
+    pub source: String,
+}
+
+impl CacheKey {
+    /// A stable 128-bit digest of the key, rocmforge's version included.
+    pub fn digest(&self) -> String {
+        let text = format!(
+            "rocmforge {}\n{}\n{}\n{}\n{}\n{}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            self.arch,
+            self.wave_size,
+            self.toolchain,
+            self.options.join(" "),
+            self.entry,
+            self.source
+        );
+        format!(
+            "{:016x}{:016x}",
+            fnv1a(text.as_bytes(), 0xcbf2_9ce4_8422_2325),
+            fnv1a(text.as_bytes(), 0x6c62_272e_07bb_0142)
+        )
+    }
+}
+
+fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
+    bytes.iter().fold(seed, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+type Cell = Arc<OnceLock<Result<Arc<LoadedKernel>, RuntimeError>>>;
+
+pub struct KernelCache {
+    cells: Mutex<HashMap<CacheKey, Cell>>,
+    compiles: AtomicUsize,
+    disk_hits: AtomicUsize,
+    disk: Option<DiskCache>,
+}
+
+impl KernelCache {
+    /// A cache with the disk store of [`DiskCache::default_dir`] (none if it cannot be used).
+    pub fn from_env() -> KernelCache {
+        KernelCache::with_disk(DiskCache::default_dir().map(DiskCache::new))
+    }
+
+    pub fn with_disk(disk: Option<DiskCache>) -> KernelCache {
+        KernelCache {
+            cells: Mutex::new(HashMap::new()),
+            compiles: AtomicUsize::new(0),
+            disk_hits: AtomicUsize::new(0),
+            disk,
+        }
+    }
+
+    /// Kernels compiled by this cache (not loaded from memory or disk).
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::SeqCst)
+    }
+
+    pub fn disk_hits(&self) -> usize {
+        self.disk_hits.load(Ordering::SeqCst)
+    }
+
+    /// The loaded kernel for `key`: from memory, else from disk, else compiled (once).
+    pub fn get(
+        &self,
+        key: &CacheKey,
+        compile: impl FnOnce() -> Result<Vec<u8>, RuntimeError>,
+        load: impl Fn(&[u8]) -> Result<LoadedKernel, RuntimeError>,
+    ) -> Result<Arc<LoadedKernel>, RuntimeError> {
+        let cell = {
+            let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(cells.entry(key.clone()).or_default())
+        };
+        cell.get_or_init(|| {
+            if let Some(disk) = &self.disk {
+                if let Some(image) = disk.read(key) {
+                    if let Ok(k) = load(&image) {
+                        self.disk_hits.fetch_add(1, Ordering::SeqCst);
+                        return Ok(Arc::new(k));
+                    }
+                }
+            }
+            self.compiles.fetch_add(1, Ordering::SeqCst);
+            let image = compile()?;
+            let kernel = load(&image)?;
+            if let Some(disk) = &self.disk {
+                // A cache that cannot be written only costs a recompile next time.
+                let _ = disk.write(key, &image);
+            }
+            Ok(Arc::new(kernel))
+        })
+        .clone()
+    }
+}
+
+/// One cache entry on disk, as `rocmforge cache ls` shows it.
+#[derive(Clone, Debug)]
+pub struct CacheEntryInfo {
+    pub file: PathBuf,
+    pub bytes: u64,
+    pub arch: String,
+    pub entry: String,
+    pub valid: bool,
+}
+
+const MAGIC: &[u8; 8] = b"RFKCACHE";
+
+pub struct DiskCache {
+    dir: PathBuf,
+}
+
+impl DiskCache {
+    pub fn new(dir: PathBuf) -> DiskCache {
+        DiskCache { dir }
+    }
+
+    /// `ROCMFORGE_CACHE_DIR`, else `$XDG_CACHE_HOME/rocmforge`, else `~/.cache/rocmforge`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        env("ROCMFORGE_CACHE_DIR")
+            .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("rocmforge")))
+            .or_else(|| env("HOME").map(|p| p.join(".cache/rocmforge")))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &CacheKey) -> PathBuf {
+        self.dir.join(format!("{}.bin", key.digest()))
+    }
+
+    /// File layout: magic, checksum of the rest (u64), header length (u32), header (arch, entry,
+    /// digest; one per line), payload.
+    fn encode(key: &CacheKey, payload: &[u8]) -> Vec<u8> {
+        let header = format!("{}\n{}\n{}", key.arch, key.entry, key.digest());
+        let mut body = Vec::with_capacity(4 + header.len() + payload.len());
+        body.extend((header.len() as u32).to_le_bytes());
+        body.extend(header.as_bytes());
+        body.extend(payload);
+        let mut out = MAGIC.to_vec();
+        out.extend(fnv1a(&body, 0xcbf2_9ce4_8422_2325).to_le_bytes());
+        out.extend(body);
+        out
+    }
+
+    /// Header lines and payload of a well-formed entry.
+    fn decode(bytes: &[u8]) -> Option<(Vec<String>, &[u8])> {
+        let rest = bytes.strip_prefix(MAGIC)?;
+        let (sum, body) = rest.split_at_checked(8)?;
+        if u64::from_le_bytes(sum.try_into().ok()?) != fnv1a(body, 0xcbf2_9ce4_8422_2325) {
+            return None;
+        }
+        let (len, body) = body.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (header, payload) = body.split_at_checked(len)?;
+        Some((
+            String::from_utf8_lossy(header)
+                .lines()
+                .map(str::to_string)
+                .collect(),
+            payload,
+        ))
+    }
+
+    pub fn read(&self, key: &CacheKey) -> Option<Vec<u8>> {
+        let bytes = std::fs::read(self.path(key)).ok()?;
+        let (header, payload) = DiskCache::decode(&bytes)?;
+        (header.get(2).map(String::as_str) == Some(key.digest().as_str())).then(|| payload.to_vec())
+    }
+
+    pub fn write(&self, key: &CacheKey, payload: &[u8]) -> Result<(), RuntimeError> {
+        let err = |e: std::io::Error| RuntimeError::Cache {
+            path: self.dir.display().to_string(),
+            message: e.to_string(),
+        };
+        std::fs::create_dir_all(&self.dir).map_err(err)?;
+        let tmp = self.dir.join(format!(
+            ".tmp-{}-{:?}-{}",
+            std::process::id(),
+            std::thread::current().id(),
+            key.digest()
+        ));
+        std::fs::write(&tmp, DiskCache::encode(key, payload)).map_err(err)?;
+        std::fs::rename(&tmp, self.path(key)).map_err(err)
+    }
+
+    pub fn entries(&self) -> Vec<CacheEntryInfo> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return vec![];
+        };
+        let mut out: Vec<CacheEntryInfo> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .map(|file| {
+                let bytes = std::fs::read(&file).unwrap_or_default();
+                let decoded = DiskCache::decode(&bytes);
+                let field = |i: usize| {
+                    decoded
+                        .as_ref()
+                        .and_then(|(h, _)| h.get(i).cloned())
+                        .unwrap_or_else(|| "?".into())
+                };
+                CacheEntryInfo {
+                    bytes: bytes.len() as u64,
+                    arch: field(0),
+                    entry: field(1),
+                    valid: decoded.is_some(),
+                    file,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.file.cmp(&b.file));
+        out
+    }
+
+    /// Removes every entry; returns how many.
+    pub fn clear(&self) -> Result<usize, RuntimeError> {
+        let entries = self.entries();
+        for e in &entries {
+            std::fs::remove_file(&e.file).map_err(|err| RuntimeError::Cache {
+                path: e.file.display().to_string(),
+                message: err.to_string(),
+            })?;
+        }
+        Ok(entries.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(src: &str) -> CacheKey {
+        CacheKey {
+            arch: "gfx90a:sramecc+:xnack-".into(),
+            wave_size: 64,
+            toolchain: "t".into(),
+            options: vec!["-O3".into()],
+            entry: "k".into(),
+            source: src.into(),
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_and_corruption_is_detected() {
+        let dir = std::env::temp_dir().join(format!("rocmforge-cache-unit-{}", std::process::id()));
+        let disk = DiskCache::new(dir.clone());
+        disk.write(&key("a"), b"payload").unwrap();
+        assert_eq!(disk.read(&key("a")).as_deref(), Some(&b"payload"[..]));
+        assert_eq!(disk.read(&key("b")), None);
+        let path = disk.path(&key("a"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(disk.read(&key("a")), None, "a flipped bit is refused");
+        std::fs::write(&path, &bytes[..10]).unwrap();
+        assert_eq!(disk.read(&key("a")), None, "a truncated entry is refused");
+        assert_eq!(disk.entries().len(), 1);
+        assert!(!disk.entries()[0].valid);
+        assert_eq!(disk.clear().unwrap(), 1);
+        std::fs::remove_dir_all(&dir).ok();
+        assert_ne!(key("a").digest(), key("b").digest());
+    }
+}

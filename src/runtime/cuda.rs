@@ -1,0 +1,184 @@
+//! NVIDIA GPUs through cudarc (driver API and NVRTC, both loaded at run time). cudarc panics when
+//! it cannot find its libraries, so both are probed first and a missing one is a typed error.
+//! Kernels are the same HIP source as on AMD, compiled with the NVIDIA prelude.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::RuntimeError;
+
+fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Cuda(e.to_string())
+}
+
+/// Library files that must load for the NVIDIA path: `ROCMFORGE_CUDA_LIBRARY` and
+/// `ROCMFORGE_NVRTC_LIBRARY` replace the search (point them at nothing to force the CPU).
+fn probe(env: &str, lib: &str) -> Result<(), String> {
+    let candidates = match std::env::var(env) {
+        Ok(path) if !path.is_empty() => vec![path],
+        _ => cudarc::get_lib_name_candidates(lib),
+    };
+    for c in &candidates {
+        // SAFETY: loading the NVIDIA driver or NVRTC runs their initialisers, which are safe;
+        // the handle is dropped at once (cudarc loads its own).
+        if unsafe { libloading::Library::new(c) }.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "lib{lib} not found (tried {})",
+        candidates.join(", ")
+    ))
+}
+
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    pub name: String,
+    /// `sm_XY`
+    pub arch: String,
+    pub driver_version: i32,
+    pub nvrtc_version: (i32, i32),
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaDevice({}, {})", self.name, self.arch)
+    }
+}
+
+impl CudaDevice {
+    pub fn open(ordinal: usize) -> Result<CudaDevice, RuntimeError> {
+        let spec = format!("cuda:{ordinal}");
+        let no = |reason: String| RuntimeError::NoDevice {
+            spec: spec.clone(),
+            reason,
+        };
+        probe("ROCMFORGE_CUDA_LIBRARY", "cuda").map_err(no)?;
+        probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc").map_err(no)?;
+        let count =
+            CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
+        if ordinal as i32 >= count {
+            return Err(no(format!("{count} NVIDIA GPU(s) present")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| no(e.to_string()))?;
+        let name = ctx.name().map_err(cuda_err)?;
+        let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
+        let mut driver_version = 0;
+        // SAFETY: libcuda was probed and initialised by CudaContext::new; the out-pointer is valid.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
+        let (mut major_rtc, mut minor_rtc) = (0, 0);
+        // SAFETY: libnvrtc was probed above; both out-pointers are valid.
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major_rtc, &mut minor_rtc) };
+        let nvrtc_version = (major_rtc, minor_rtc);
+        Ok(CudaDevice {
+            ctx,
+            name,
+            arch: format!("sm_{major}{minor}"),
+            driver_version,
+            nvrtc_version,
+        })
+    }
+
+    /// Compiles a kernel to PTX for this device's arch.
+    pub fn compile(
+        &self,
+        source: &str,
+        entry: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let opts = CompileOptions {
+            arch: Some(Box::leak(self.arch.clone().into_boxed_str())),
+            options: options.to_vec(),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
+            RuntimeError::Nvrtc {
+                kernel: entry.to_string(),
+                target: self.arch.clone(),
+                log: e.to_string(),
+            }
+        })?;
+        Ok(ptx.to_src().into_bytes())
+    }
+
+    pub fn load(&self, image: &[u8], entry: &str) -> Result<CudaFunction, RuntimeError> {
+        let ptx = Ptx::from_src(String::from_utf8_lossy(image).into_owned());
+        let module = self.ctx.load_module(ptx).map_err(cuda_err)?;
+        module.load_function(entry).map_err(cuda_err)
+    }
+
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, RuntimeError> {
+        self.ctx.new_stream().map_err(cuda_err)
+    }
+
+    /// `bytes` of device memory on `stream`, filled with 0xFF (NaN in every float dtype) when
+    /// `poison`, else zeros.
+    pub fn alloc(
+        &self,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+        poison: bool,
+    ) -> Result<CudaSlice<u8>, RuntimeError> {
+        let mut s = stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cuda_err)?;
+        if poison {
+            stream
+                .memcpy_htod(&vec![0xFFu8; bytes.max(1)], &mut s)
+                .map_err(cuda_err)?;
+        }
+        Ok(s)
+    }
+
+    pub fn upload(
+        &self,
+        stream: &Arc<CudaStream>,
+        data: &[u8],
+    ) -> Result<CudaSlice<u8>, RuntimeError> {
+        if data.is_empty() {
+            return stream.alloc_zeros::<u8>(1).map_err(cuda_err);
+        }
+        stream.clone_htod(data).map_err(cuda_err)
+    }
+
+    pub fn download(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        bytes: usize,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let mut v = stream.clone_dtoh(buf).map_err(cuda_err)?;
+        v.truncate(bytes);
+        Ok(v)
+    }
+
+    /// Launches `f` on `stream` with device pointers `args`.
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: &CudaFunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[&CudaSlice<u8>],
+    ) -> Result<(), RuntimeError> {
+        let mut b = stream.launch_builder(f);
+        for a in args {
+            b.arg(*a);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid[0], grid[1], grid[2]),
+            block_dim: (block[0], block[1], block[2]),
+            shared_mem_bytes: shared,
+        };
+        // SAFETY: every kernel takes exactly one device pointer per binding, in binding order,
+        // and each buffer holds the element count its type says (checked when planned).
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda_err)
+    }
+
+    pub fn sync(&self, stream: &Arc<CudaStream>) -> Result<(), RuntimeError> {
+        stream.synchronize().map_err(cuda_err)
+    }
+}

@@ -1,0 +1,331 @@
+//! Devices, buffers and streams. A `Device` is a cheap handle (`Send + Sync`) to one GPU or the
+//! CPU, with its own kernel cache and memory counter. Buffers own their memory and are never
+//! `Clone`; each execution makes its own `Stream` and synchronises only that stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
+
+use super::cache::KernelCache;
+use super::cuda::CudaDevice;
+use super::hiprtc::HIPRTC_LIBRARIES;
+use super::{MemoryCounter, RuntimeError};
+use crate::codegen::Target;
+
+pub enum DeviceKind {
+    /// The reference interpreter.
+    Cpu,
+    Cuda(CudaDevice),
+}
+
+struct Inner {
+    kind: DeviceKind,
+    spec: String,
+    label: String,
+    target: Option<Target>,
+    cache: KernelCache,
+    memory: MemoryCounter,
+}
+
+#[derive(Clone)]
+pub struct Device(Arc<Inner>);
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.0.label)
+    }
+}
+
+impl Device {
+    fn new(
+        kind: DeviceKind,
+        spec: String,
+        label: String,
+        target: Option<Target>,
+        cache: KernelCache,
+    ) -> Device {
+        Device(Arc::new(Inner {
+            kind,
+            spec,
+            label,
+            target,
+            cache,
+            memory: MemoryCounter::default(),
+        }))
+    }
+
+    pub fn cpu() -> Device {
+        let threads = rayon::current_num_threads();
+        Device::new(
+            DeviceKind::Cpu,
+            "cpu".into(),
+            format!("cpu (reference interpreter, {threads} threads)"),
+            None,
+            KernelCache::with_disk(None),
+        )
+    }
+
+    /// A device by name: `cpu`, `cuda:N`, `hip:N`.
+    pub fn open(spec: &str) -> Result<Device, RuntimeError> {
+        Device::open_with_cache(spec, KernelCache::from_env())
+    }
+
+    /// As [`Device::open`], with a kernel cache of the caller's (e.g. without a disk store).
+    pub fn open_with_cache(spec: &str, cache: KernelCache) -> Result<Device, RuntimeError> {
+        let bad = |reason: String| RuntimeError::NoDevice {
+            spec: spec.to_string(),
+            reason,
+        };
+        let (kind, idx) = spec.split_once(':').unwrap_or((spec, "0"));
+        let ordinal: usize = idx
+            .parse()
+            .map_err(|_| bad(format!("`{idx}` is not a device number")))?;
+        match kind {
+            "cpu" => Ok(Device::cpu()),
+            "cuda" => {
+                let d = CudaDevice::open(ordinal)?;
+                let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
+                let label = format!(
+                    "cuda:{ordinal} {} ({}, driver {}, NVRTC {}.{})",
+                    d.name, d.arch, d.driver_version, d.nvrtc_version.0, d.nvrtc_version.1
+                );
+                Ok(Device::new(
+                    DeviceKind::Cuda(d),
+                    format!("cuda:{ordinal}"),
+                    label,
+                    Some(target),
+                    cache,
+                ))
+            }
+            "hip" => Err(bad(hip_status())),
+            _ => Err(bad("expected cpu, cuda:N or hip:N".into())),
+        }
+    }
+
+    /// The best device here: `ROCMFORGE_DEVICE` if set, else HIP, then NVIDIA, then the CPU.
+    /// Returns the device and, for every device passed over, why.
+    pub fn best() -> (Device, Vec<String>) {
+        let mut notes = Vec::new();
+        if let Ok(spec) = std::env::var("ROCMFORGE_DEVICE") {
+            if !spec.is_empty() {
+                match Device::open(&spec) {
+                    Ok(d) => return (d, notes),
+                    Err(e) => notes.push(format!("ROCMFORGE_DEVICE={spec}: {e}")),
+                }
+            }
+        }
+        notes.push(format!("hip: {}", hip_status()));
+        match Device::open("cuda:0") {
+            Ok(d) => return (d, notes),
+            Err(e) => notes.push(e.to_string()),
+        }
+        (Device::cpu(), notes)
+    }
+
+    pub fn kind(&self) -> &DeviceKind {
+        &self.0.kind
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        !matches!(self.0.kind, DeviceKind::Cpu)
+    }
+
+    /// `cpu`, `cuda:0`, …
+    pub fn spec(&self) -> &str {
+        &self.0.spec
+    }
+
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+
+    /// The codegen target of a GPU.
+    pub fn target(&self) -> Option<&Target> {
+        self.0.target.as_ref()
+    }
+
+    pub fn cache(&self) -> &KernelCache {
+        &self.0.cache
+    }
+
+    pub fn memory(&self) -> &MemoryCounter {
+        &self.0.memory
+    }
+
+    /// Compiler and driver versions, part of every cache key.
+    pub fn toolchain(&self) -> String {
+        match &self.0.kind {
+            DeviceKind::Cpu => "cpu".into(),
+            DeviceKind::Cuda(d) => format!(
+                "nvrtc {}.{} driver {}",
+                d.nvrtc_version.0, d.nvrtc_version.1, d.driver_version
+            ),
+        }
+    }
+
+    /// Compiles kernel source for this device (PTX on NVIDIA).
+    pub fn compile_source(
+        &self,
+        source: &str,
+        entry: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, RuntimeError> {
+        match &self.0.kind {
+            DeviceKind::Cpu => Err(RuntimeError::NoDevice {
+                spec: "cpu".into(),
+                reason: "the CPU runs the interpreter, not kernels".into(),
+            }),
+            DeviceKind::Cuda(d) => d.compile(source, entry, options),
+        }
+    }
+
+    pub fn load_kernel(&self, image: &[u8], entry: &str) -> Result<LoadedKernel, RuntimeError> {
+        match &self.0.kind {
+            DeviceKind::Cpu => Err(RuntimeError::NoDevice {
+                spec: "cpu".into(),
+                reason: "no kernels on the CPU".into(),
+            }),
+            DeviceKind::Cuda(d) => Ok(LoadedKernel::Cuda(d.load(image, entry)?)),
+        }
+    }
+
+    pub fn new_stream(&self) -> Result<Stream, RuntimeError> {
+        match &self.0.kind {
+            DeviceKind::Cpu => Err(RuntimeError::NoDevice {
+                spec: "cpu".into(),
+                reason: "no streams on the CPU".into(),
+            }),
+            DeviceKind::Cuda(d) => Ok(Stream {
+                device: self.clone(),
+                inner: StreamInner::Cuda(d.new_stream()?),
+            }),
+        }
+    }
+}
+
+/// Why the HIP path is not used here.
+fn hip_status() -> String {
+    let found = HIPRTC_LIBRARIES
+        .iter()
+        .filter(|l| l.starts_with("libamdhip64"))
+        .find(|l| {
+            // SAFETY: loading the HIP runtime runs its initialisers, which are safe; the handle is
+            // dropped at once.
+            unsafe { libloading::Library::new(l) }.is_ok()
+        });
+    match found {
+        None => "no HIP runtime (libamdhip64) found".into(),
+        Some(lib) => format!("{lib} is present, but this build runs kernels on NVIDIA GPUs and the CPU only (the HIP launch path is not built yet)"),
+    }
+}
+
+/// A kernel loaded on a device. Shared read-only by every execution.
+pub enum LoadedKernel {
+    Cuda(CudaFunction),
+}
+
+enum StreamInner {
+    Cuda(Arc<CudaStream>),
+}
+
+/// One execution's queue of work; synchronising it waits for that work only.
+pub struct Stream {
+    device: Device,
+    inner: StreamInner,
+}
+
+impl Stream {
+    fn cuda(&self) -> (&CudaDevice, &Arc<CudaStream>) {
+        match (&self.device.0.kind, &self.inner) {
+            (DeviceKind::Cuda(d), StreamInner::Cuda(s)) => (d, s),
+            (DeviceKind::Cpu, _) => unreachable!("CPU devices make no streams"),
+        }
+    }
+
+    /// A fresh buffer of `bytes`, poisoned with a NaN pattern when `poison`.
+    pub fn alloc(&self, bytes: usize, poison: bool) -> Result<DeviceBuffer, RuntimeError> {
+        self.device.memory().reserve(bytes)?;
+        let (d, s) = self.cuda();
+        match d.alloc(s, bytes, poison) {
+            Ok(mem) => Ok(DeviceBuffer {
+                device: self.device.clone(),
+                bytes,
+                mem: BufferMem::Cuda(mem),
+            }),
+            Err(e) => {
+                self.device.memory().release(bytes);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn upload(&self, data: &[u8]) -> Result<DeviceBuffer, RuntimeError> {
+        self.device.memory().reserve(data.len())?;
+        let (d, s) = self.cuda();
+        match d.upload(s, data) {
+            Ok(mem) => Ok(DeviceBuffer {
+                device: self.device.clone(),
+                bytes: data.len(),
+                mem: BufferMem::Cuda(mem),
+            }),
+            Err(e) => {
+                self.device.memory().release(data.len());
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies a buffer to the host; the copy is complete when this returns.
+    pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
+        let (d, s) = self.cuda();
+        let BufferMem::Cuda(mem) = &buf.mem;
+        d.download(s, mem, buf.bytes)
+    }
+
+    pub fn launch(
+        &self,
+        kernel: &LoadedKernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[&DeviceBuffer],
+    ) -> Result<(), RuntimeError> {
+        let (d, s) = self.cuda();
+        let LoadedKernel::Cuda(f) = kernel;
+        let slices: Vec<&CudaSlice<u8>> = args
+            .iter()
+            .map(|b| match &b.mem {
+                BufferMem::Cuda(m) => m,
+            })
+            .collect();
+        d.launch(s, f, grid, block, shared, &slices)
+    }
+
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        let (d, s) = self.cuda();
+        d.sync(s)
+    }
+}
+
+enum BufferMem {
+    Cuda(CudaSlice<u8>),
+}
+
+/// Device memory owned by this value: freed (and un-counted) on drop. Deliberately not `Clone`.
+pub struct DeviceBuffer {
+    device: Device,
+    bytes: usize,
+    mem: BufferMem,
+}
+
+impl DeviceBuffer {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        self.device.memory().release(self.bytes);
+    }
+}

@@ -1,0 +1,29 @@
+//! Errors of devices, buffers, kernel compilation and the kernel cache.
+
+use thiserror::Error;
+
+use super::hiprtc::HiprtcError;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RuntimeError {
+    #[error("no device `{spec}`: {reason}")]
+    NoDevice { spec: String, reason: String },
+    #[error(transparent)]
+    Hiprtc(#[from] HiprtcError),
+    #[error("NVRTC could not compile kernel `{kernel}` for {target}:\n{log}")]
+    Nvrtc {
+        kernel: String,
+        target: String,
+        log: String,
+    },
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    #[error("device memory budget exceeded: {requested} bytes requested with {in_use} of {budget} in use")]
+    OverBudget {
+        requested: usize,
+        in_use: usize,
+        budget: usize,
+    },
+    #[error("kernel cache at {path}: {message}")]
+    Cache { path: String, message: String },
+}

@@ -1,0 +1,491 @@
+//! GPU tests: every example graph, the op zoo and random attention shapes against the
+//! interpreter within the dtype tolerances; concurrency stress; a planted bug caught by
+//! poisoning; memory back to its baseline; the disk cache across processes. They run under the
+//! default parallel harness. Where no GPU is found, each is reported ignored, with the reason.
+
+#[path = "common/attention_graphs.rs"]
+mod attention_graphs;
+#[path = "common/op_zoo.rs"]
+mod op_zoo;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use attention_graphs::{build, Mask, Scale, Spec};
+use libtest_mimic::{Arguments, Failed, Trial};
+use rocmforge::compile::CompileOptions;
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::{format, DType, Graph, Tensor};
+use rocmforge::runtime::{Device, DiskCache, KernelCache};
+
+/// Held shared by every trial, exclusively by the memory check: device-wide memory is only
+/// measured while nothing else runs.
+static MEMORY: RwLock<()> = RwLock::new(());
+
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 2e-3,
+        DType::BF16 => 1e-2,
+        _ => 1e-5,
+    }
+}
+
+fn options() -> CompileOptions {
+    CompileOptions {
+        poison: true,
+        progress: false,
+        ..CompileOptions::default()
+    }
+}
+
+/// Relative L2 error of `got` against `want`; NaN must sit exactly where the reference has it,
+/// and an output still holding the poison where the reference is finite fails.
+fn compare(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
+    if got.ty() != want.ty() {
+        return Err(format!("{what}: {} vs {}", got.ty(), want.ty()).into());
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        match (a.is_nan(), b.is_nan()) {
+            (true, true) => continue,
+            (true, false) => {
+                return Err(
+                    format!("{what}: element {i} is NaN (unwritten or wrong), want {b}").into(),
+                )
+            }
+            (false, true) => return Err(format!("{what}: element {i} is {a}, want NaN").into()),
+            _ => {}
+        }
+        if a.is_infinite() || b.is_infinite() {
+            if a != b {
+                return Err(format!("{what}: element {i} is {a}, want {b}").into());
+            }
+            continue;
+        }
+        num += (a - b).powi(2);
+        den += b * b;
+    }
+    Ok(if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    })
+}
+
+fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
+        .map_err(|e| e.to_string())?;
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let mut wb = b.clone();
+    for id in g.node_ids() {
+        if let rocmforge::ir::Op::Weight { init, .. } = g.op(id) {
+            let n = g.node(id);
+            wb.weights.insert(
+                n.name.clone(),
+                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0),
+            );
+        }
+    }
+    let want = run(g, &wb).map_err(|e| e.to_string())?;
+    for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
+        let what = format!(
+            "{} %{} ({})",
+            g.name,
+            g.node(*o).name,
+            if fuse { "fused" } else { "unfused" }
+        );
+        let err = compare(gt, wt, &what)?;
+        let tol = tolerance(wt.dtype());
+        if err > tol {
+            return Err(format!("{what}: relative L2 {err:e} > {tol:e}").into());
+        }
+    }
+    Ok(())
+}
+
+/// Fused low-precision attention against the f32 graph on the same rounded inputs.
+fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = build(&spec);
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let reference = build(&Spec {
+        dtype: DType::F32,
+        cast_softmax: false,
+        ..spec
+    });
+    let mut rb = Bindings::default();
+    for (n, t) in &b.inputs {
+        rb.inputs.insert(
+            n.clone(),
+            if t.dtype().is_float() {
+                t.cast(DType::F32)
+            } else {
+                t.clone()
+            },
+        );
+    }
+    let want = run(&reference, &rb).map_err(|e| e.to_string())?.remove(0);
+    let err = compare(&got.cast(DType::F32), &want, &format!("{spec:?}"))?;
+    if err > tolerance(spec.dtype) {
+        return Err(format!("{spec:?}: relative L2 {err:e}").into());
+    }
+    Ok(())
+}
+
+fn graph_files() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+    v.sort();
+    v
+}
+
+fn stress(device_spec: &str) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    // A device of its own, no disk store: every key it needs is compiled here, once.
+    let device = Device::open_with_cache(device_spec, KernelCache::with_disk(None))
+        .map_err(|e| e.to_string())?;
+    let mix: Vec<Graph> = [
+        "attention_causal",
+        "gqa_attention",
+        "llama_block",
+        "attention_padding_mask",
+    ]
+    .iter()
+    .map(|n| {
+        format::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("graphs/{n}.json")))
+            .unwrap()
+    })
+    .collect();
+    let single: Vec<Vec<Tensor>> = mix
+        .iter()
+        .map(|g| {
+            Graph::compile_with(g, &device, &options())
+                .and_then(|c| c.run(&Bindings::random(g, 5)))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let unique = device.cache().compiles();
+    let mix = Arc::new(mix);
+    let single = Arc::new(single);
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let (device, mix, single) = (device.clone(), Arc::clone(&mix), Arc::clone(&single));
+            std::thread::spawn(move || -> Result<(), String> {
+                for it in 0..25 {
+                    let k = (t + it) % mix.len();
+                    let c = Graph::compile_with(&mix[k], &device, &options())
+                        .map_err(|e| e.to_string())?;
+                    let out = c
+                        .run(&Bindings::random(&mix[k], 5))
+                        .map_err(|e| e.to_string())?;
+                    if out != single[k] {
+                        return Err(format!(
+                            "thread {t} iteration {it}: {} differs from the single-threaded run",
+                            mix[k].name
+                        ));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| "a stress thread panicked")??;
+    }
+    if device.cache().compiles() != unique {
+        return Err(format!("{} compiles for {unique} keys", device.cache().compiles()).into());
+    }
+    Ok(())
+}
+
+fn planted_bug_is_caught(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let mut g = Graph::new("planted");
+    let x = g.input("x", DType::F32, &[1000]).unwrap();
+    let y = g.tanh(x).unwrap();
+    g.add_output(y).unwrap();
+    // The planted bug: the bounds check stops one element early.
+    let rewrite: rocmforge::compile::KernelRewrite = Arc::new(|k| {
+        k.body = k
+            .body
+            .replace("if (i >= 1000LL) return;", "if (i >= 999LL) return;");
+    });
+    let c = Graph::compile_with(
+        &g,
+        device,
+        &CompileOptions {
+            rewrite_kernels: Some(rewrite),
+            ..options()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let out = c
+        .run(&Bindings::random(&g, 1))
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let v = out.as_f32().unwrap();
+    if !v[999].is_nan() || v[..999].iter().any(|x| x.is_nan()) {
+        return Err(format!(
+            "poison did not expose the skipped element: last = {}",
+            v[999]
+        )
+        .into());
+    }
+    let want = run(&g, &Bindings::random(&g, 1)).unwrap().remove(0);
+    if compare(&out, &want, "planted").is_ok() {
+        return Err("the comparison accepted an unwritten element".into());
+    }
+    Ok(())
+}
+
+fn memory_returns_to_baseline(device: &Device) -> Result<(), Failed> {
+    let _exclusive = MEMORY.write().unwrap_or_else(|p| p.into_inner());
+    let before = device.memory().in_use();
+    {
+        let g = format::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json"))
+            .unwrap();
+        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+        c.run(&Bindings::random(&g, 2)).map_err(|e| e.to_string())?;
+        if device.memory().in_use() <= before {
+            return Err("the compiled model holds no device memory?".into());
+        }
+        // An over-budget allocation is a typed error and leaves the model usable.
+        device
+            .memory()
+            .set_budget(Some(device.memory().in_use() + 1024));
+        let refused = c.run(&Bindings::random(&g, 2));
+        device.memory().set_budget(None);
+        if !matches!(
+            refused,
+            Err(rocmforge::compile::CompileError::Runtime(
+                rocmforge::runtime::RuntimeError::OverBudget { .. }
+            ))
+        ) {
+            return Err(
+                format!("a run past the budget was not refused: {:?}", refused.err()).into(),
+            );
+        }
+        c.run(&Bindings::random(&g, 2))
+            .map_err(|e| format!("unusable after a refused run: {e}"))?;
+    }
+    let after = device.memory().in_use();
+    if after != before {
+        return Err(format!("device memory {before} B before, {after} B after").into());
+    }
+    Ok(())
+}
+
+/// In a child process: compile one graph with the disk cache at ROCMFORGE_CACHE_DIR and print
+/// how many kernels were compiled and how many came from disk.
+fn child_compile() {
+    let spec = std::env::var("ROCMFORGE_GPU_CHILD_DEVICE").unwrap();
+    let device = Device::open(&spec).unwrap();
+    let g = format::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/llama_block.json"))
+        .unwrap();
+    let c = Graph::compile_with(&g, &device, &options()).unwrap();
+    println!("compiled={} disk={}", c.stats.compiled, c.stats.from_disk);
+}
+
+fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
+    let dir = std::env::temp_dir().join(format!("rocmforge-gpu-cache-{}", std::process::id()));
+    let child = || -> Result<(usize, usize), Failed> {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .env("ROCMFORGE_GPU_CHILD_DEVICE", spec)
+            .env("ROCMFORGE_CACHE_DIR", &dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("compiled="))
+            .ok_or(format!(
+                "child said: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            ))?;
+        let nums: Vec<usize> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        Ok((nums[0], nums[1]))
+    };
+    let (c1, d1) = child()?;
+    let (c2, d2) = child()?;
+    if c1 == 0 || d1 != 0 || c2 != 0 || d2 != c1 {
+        return Err(format!(
+            "first process compiled {c1} (disk {d1}); second compiled {c2} (disk {d2})"
+        )
+        .into());
+    }
+    // Corrupt one entry: it is rebuilt, the others load.
+    let entries = DiskCache::new(dir.clone()).entries();
+    let victim = &entries[0].file;
+    let bytes = std::fs::read(victim).map_err(|e| e.to_string())?;
+    std::fs::write(victim, &bytes[..bytes.len() / 2]).map_err(|e| e.to_string())?;
+    let (c3, d3) = child()?;
+    std::fs::remove_dir_all(&dir).ok();
+    if c3 != 1 || d3 != c1 - 1 {
+        return Err(
+            format!("after corrupting one entry: compiled {c3}, disk {d3} (of {c1})").into(),
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    if std::env::var("ROCMFORGE_GPU_CHILD_DEVICE").is_ok() {
+        child_compile();
+        return;
+    }
+    let args = Arguments::from_args();
+    let (device, notes) = Device::best();
+    let ignored = if device.is_gpu() {
+        None
+    } else {
+        Some(format!("no GPU: {}", notes.join("; ")))
+    };
+    let mut trials: Vec<Trial> = Vec::new();
+    let mut add = |name: String, f: Box<dyn FnOnce() -> Result<(), Failed> + Send>| {
+        let t = match &ignored {
+            None => Trial::test(name, f),
+            Some(why) => Trial::test(name, || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(format!("ignored: {why}")),
+        };
+        trials.push(t);
+    };
+    for path in graph_files() {
+        for fuse in [true, false] {
+            let (d, p) = (device.clone(), path.clone());
+            let name = format!(
+                "graph::{}::{}",
+                p.file_stem().unwrap().to_string_lossy(),
+                if fuse { "fused" } else { "unfused" }
+            );
+            add(
+                name,
+                Box::new(move || {
+                    check_graph(&d, &format::load(&p).map_err(|e| e.to_string())?, fuse, 3)
+                }),
+            );
+        }
+    }
+    for g in op_zoo::zoo() {
+        let d = device.clone();
+        add(
+            format!("zoo::{}", g.name),
+            Box::new(move || check_graph(&d, &g, true, 4)),
+        );
+    }
+    let shapes = [
+        (1, 1, 1, 1, 1, 1, DType::F32, Mask::None, Scale::MulScores),
+        (
+            2,
+            6,
+            2,
+            17,
+            33,
+            64,
+            DType::F32,
+            Mask::Causal,
+            Scale::DivScores,
+        ),
+        (3, 4, 4, 9, 9, 32, DType::F16, Mask::Padding, Scale::OnQ),
+        (
+            1,
+            9,
+            3,
+            128,
+            128,
+            64,
+            DType::F16,
+            Mask::Causal,
+            Scale::MulScores,
+        ),
+        (
+            2,
+            2,
+            1,
+            31,
+            47,
+            128,
+            DType::BF16,
+            Mask::BoolNegInf,
+            Scale::SqrtOnBoth,
+        ),
+        (2, 3, 3, 5, 70, 16, DType::BF16, Mask::Dense2d, Scale::None),
+        (
+            1,
+            8,
+            2,
+            100,
+            100,
+            80,
+            DType::F32,
+            Mask::BoolMin,
+            Scale::MulScoresLeft,
+        ),
+        (
+            4,
+            2,
+            2,
+            64,
+            64,
+            64,
+            DType::F16,
+            Mask::CausalTril,
+            Scale::MulScores,
+        ),
+    ];
+    for (i, (b, hq, hkv, sq, sk, d, dtype, mask, scale)) in shapes.into_iter().enumerate() {
+        let spec = Spec {
+            b,
+            hq,
+            hkv,
+            sq,
+            sk,
+            d,
+            dtype,
+            mask,
+            scale,
+            cast_softmax: dtype != DType::F32,
+            offset: if sq < sk { (sk - sq) as i64 } else { 0 },
+            ..Spec::new(b, hq, sq, d)
+        };
+        let dev = device.clone();
+        add(
+            format!("attention::{i}::{dtype}::{mask:?}"),
+            Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
+        );
+    }
+    let spec = device.spec().to_string();
+    let s2 = spec.clone();
+    add(
+        "stress::16_threads_x_25_iterations".into(),
+        Box::new(move || stress(&s2)),
+    );
+    let d = device.clone();
+    add(
+        "poison::planted_bug_is_caught".into(),
+        Box::new(move || planted_bug_is_caught(&d)),
+    );
+    let d = device.clone();
+    add(
+        "memory::returns_to_baseline".into(),
+        Box::new(move || memory_returns_to_baseline(&d)),
+    );
+    add(
+        "cache::disk_across_processes".into(),
+        Box::new(move || disk_cache_across_processes(&spec)),
+    );
+    libtest_mimic::run(&args, trials).exit();
+}
