@@ -251,36 +251,50 @@ fn planted_bug_is_caught(device: &Device) -> Result<(), Failed> {
 fn memory_returns_to_baseline(device: &Device) -> Result<(), Failed> {
     let _exclusive = MEMORY.write().unwrap_or_else(|p| p.into_inner());
     let before = device.memory().in_use();
-    {
-        let g = format::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json"))
-            .unwrap();
-        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-        c.run(&Bindings::random(&g, 2)).map_err(|e| e.to_string())?;
-        if device.memory().in_use() <= before {
-            return Err("the compiled model holds no device memory?".into());
+    // Every example graph and every zoo graph: compiled, run, dropped, and back to baseline.
+    let mut graphs: Vec<Graph> = graph_files()
+        .iter()
+        .map(|p| format::load(p).unwrap())
+        .collect();
+    graphs.extend(op_zoo::zoo());
+    for g in &graphs {
+        {
+            let c = Graph::compile_with(g, device, &options()).map_err(|e| e.to_string())?;
+            c.run(&Bindings::random(g, 2)).map_err(|e| e.to_string())?;
         }
-        // An over-budget allocation is a typed error and leaves the model usable.
-        device
-            .memory()
-            .set_budget(Some(device.memory().in_use() + 1024));
-        let refused = c.run(&Bindings::random(&g, 2));
-        device.memory().set_budget(None);
-        if !matches!(
-            refused,
-            Err(rocmforge::compile::CompileError::Runtime(
-                rocmforge::runtime::RuntimeError::OverBudget { .. }
-            ))
-        ) {
-            return Err(
-                format!("a run past the budget was not refused: {:?}", refused.err()).into(),
-            );
+        let after = device.memory().in_use();
+        if after != before {
+            return Err(format!(
+                "{}: device memory {before} B before, {after} B after",
+                g.name
+            )
+            .into());
         }
-        c.run(&Bindings::random(&g, 2))
-            .map_err(|e| format!("unusable after a refused run: {e}"))?;
     }
-    let after = device.memory().in_use();
-    if after != before {
-        return Err(format!("device memory {before} B before, {after} B after").into());
+    // An over-budget allocation is a typed error and leaves the model usable.
+    let g = &graphs
+        .iter()
+        .find(|g| g.name == "bert_layer")
+        .expect("bert_layer.json");
+    let c = Graph::compile_with(*g, device, &options()).map_err(|e| e.to_string())?;
+    device
+        .memory()
+        .set_budget(Some(device.memory().in_use() + 1024));
+    let refused = c.run(&Bindings::random(g, 2));
+    device.memory().set_budget(None);
+    if !matches!(
+        refused,
+        Err(rocmforge::compile::CompileError::Runtime(
+            rocmforge::runtime::RuntimeError::OverBudget { .. }
+        ))
+    ) {
+        return Err(format!("a run past the budget was not refused: {:?}", refused.err()).into());
+    }
+    c.run(&Bindings::random(g, 2))
+        .map_err(|e| format!("unusable after a refused run: {e}"))?;
+    drop(c);
+    if device.memory().in_use() != before {
+        return Err("memory not back to baseline after the budget check".into());
     }
     Ok(())
 }
