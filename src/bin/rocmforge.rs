@@ -16,6 +16,30 @@ use rocmforge::runtime::{
     parse_code_object, report_table, Device, DiskCache, Hiprtc, KernelResources,
 };
 
+/// `println!` that ends the program quietly when stdout is closed (`rocmforge ... | head`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
+/// `print!` with the same behaviour.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "rocmforge",
@@ -124,14 +148,14 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
     match action {
         CacheAction::Ls => {
             let entries = disk.entries();
-            println!("{} ({} entries)", dir.display(), entries.len());
+            outln!("{} ({} entries)", dir.display(), entries.len());
             for e in entries {
                 let name = e
                     .file
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                println!(
+                outln!(
                     "  {name}  {:>8} B  {:<24} {}{}",
                     e.bytes,
                     e.arch,
@@ -144,7 +168,7 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
                 );
             }
         }
-        CacheAction::Clear => println!(
+        CacheAction::Clear => outln!(
             "removed {} entries from {}",
             disk.clear().map_err(|e| e.to_string())?,
             dir.display()
@@ -195,13 +219,13 @@ fn cmd_run(
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
     let bindings = Bindings::random(&graph, seed);
-    println!(
+    outln!(
         "graph:  {} ({} nodes, {} after passes)",
         graph.name,
         graph.node_count(),
         compiled.graph.node_count()
     );
-    println!("device: {}", device.label());
+    outln!("device: {}", device.label());
     let s = &compiled.stats;
     let how = if !device.is_gpu() {
         "no kernels".to_string()
@@ -216,11 +240,12 @@ fn cmd_run(
             s.kernels, s.compiled, s.from_disk
         )
     };
-    println!("compile: {:.3} ms ({how})", s.time.as_secs_f64() * 1e3);
+    outln!("compile: {:.3} ms ({how})", s.time.as_secs_f64() * 1e3);
     if let Some(m) = &compiled.memory {
-        println!(
+        outln!(
             "memory: {} B planned for intermediates ({} B without reuse)",
-            m.planned_bytes, m.unplanned_bytes
+            m.planned_bytes,
+            m.unplanned_bytes
         );
     }
     let start = Instant::now();
@@ -231,7 +256,7 @@ fn cmd_run(
         (compiled.run(&bindings).map_err(|e| e.to_string())?, None)
     };
     let elapsed = start.elapsed();
-    println!(
+    outln!(
         "time:   {:.3} ms{}",
         elapsed.as_secs_f64() * 1e3,
         if verify { " (run + interpreter)" } else { "" }
@@ -244,8 +269,8 @@ fn cmd_run(
             .take(values)
             .map(|x| format!("{x:.6}"))
             .collect();
-        println!("output {}: {}", graph.node(id).name, t.ty());
-        println!(
+        outln!("output {}: {}", graph.node(id).name, t.ty());
+        outln!(
             "  mean {mean:.6}  std {std:.6}{}",
             if nans > 0 {
                 format!("  NaN {nans}")
@@ -253,13 +278,11 @@ fn cmd_run(
                 String::new()
             }
         );
-        println!("  first [{}]", head.join(", "));
+        outln!("  first [{}]", head.join(", "));
     }
     if let Some(v) = check {
         for (name, err) in &v.outputs {
-            println!(
-                "verify {name}: relative L2 error {err:.3e} against the interpreter (unfused)"
-            );
+            outln!("verify {name}: relative L2 error {err:.3e} against the interpreter (unfused)");
         }
     }
     Ok(())
@@ -288,20 +311,20 @@ fn cmd_compile(
     let reports = manager
         .run_observed(&mut graph, |report, g| {
             if dump && report.changed() {
-                println!("// after {}", report.pass);
-                print!("{}", ir::to_text(g).unwrap_or_else(|e| e.to_string()));
-                println!();
+                outln!("// after {}", report.pass);
+                out!("{}", ir::to_text(g).unwrap_or_else(|e| e.to_string()));
+                outln!();
             }
         })
         .map_err(|e| e.to_string())?;
     if explain {
-        print!("{}", explain_text(&reports));
+        out!("{}", explain_text(&reports));
     }
     if let Some(arch) = cg.target {
         return codegen_for(&graph, arch, no_fuse, cg.report, cg.emit_dir);
     }
     if !dump {
-        print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
+        out!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     }
     let fused = graph
         .node_ids()
@@ -345,7 +368,7 @@ fn codegen_for(
     }
     if !report {
         if emit_dir.is_none() {
-            print!("{}", plan.listing());
+            out!("{}", plan.listing());
         }
         return Ok(());
     }
@@ -393,18 +416,23 @@ fn codegen_for(
         eprintln!();
     }
     let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    println!(
+    outln!(
         "{} on {} ({}, hiprtc {}.{} from {})",
-        graph.name, target, total, rtc.version.0, rtc.version.1, rtc.library
+        graph.name,
+        target,
+        total,
+        rtc.version.0,
+        rtc.version.1,
+        rtc.library
     );
-    print!("{}", report_table(&rows));
+    out!("{}", report_table(&rows));
     let spilling: Vec<&str> = rows
         .iter()
         .filter(|(_, r)| r.spills())
         .map(|(_, r)| r.name.as_str())
         .collect();
     if !spilling.is_empty() {
-        println!(
+        outln!(
             "warning: {} kernel(s) spill: {}",
             spilling.len(),
             spilling.join(", ")
@@ -420,7 +448,7 @@ fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> 
             .run(&mut graph)
             .map_err(|e| e.to_string())?;
     }
-    print!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
+    out!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
     if let Some(path) = dot {
         let text = ir::to_dot(&graph).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;

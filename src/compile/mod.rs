@@ -140,6 +140,81 @@ pub struct Compiled {
     pub stats: CompileStats,
 }
 
+/// A run's stream and buffers (GPU), or its bindings (CPU).
+pub struct Prepared<'a> {
+    compiled: &'a Compiled,
+    gpu: Option<GpuRun>,
+    bindings: Bindings,
+}
+
+struct GpuRun {
+    // Field order is drop order: buffers go before their stream.
+    slots: Vec<DeviceBuffer>,
+    uploaded: HashMap<usize, DeviceBuffer>,
+    stream: crate::runtime::Stream,
+}
+
+impl Prepared<'_> {
+    fn buffer(&self, id: usize) -> &DeviceBuffer {
+        let (c, run) = (self.compiled, self.gpu.as_ref().expect("GPU run"));
+        let plan = c.plan.as_ref().expect("GPU plan");
+        match plan.buffers[id].role {
+            BufferRole::Computed => {
+                &run.slots[c.memory.as_ref().expect("memory plan").slot_of[&id]]
+            }
+            BufferRole::Input(_) => &run.uploaded[&id],
+            BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
+        }
+    }
+
+    /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
+    pub fn launch(&self) -> Result<(), CompileError> {
+        let Some(run) = &self.gpu else {
+            interp::run(&self.compiled.graph, &self.bindings)?;
+            return Ok(());
+        };
+        let plan = self.compiled.plan.as_ref().expect("GPU plan");
+        for (k, loaded) in plan.kernels.iter().zip(&self.compiled.kernels) {
+            let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
+            run.stream.launch(
+                loaded,
+                k.launch.grid,
+                k.launch.block,
+                k.launch.shared_bytes,
+                &args,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Waits for this run's stream (and nothing else).
+    pub fn synchronize(&self) -> Result<(), CompileError> {
+        if let Some(run) = &self.gpu {
+            run.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The outputs of the last launch, copied to the host.
+    pub fn outputs(&self) -> Result<Vec<Tensor>, CompileError> {
+        let Some(run) = &self.gpu else {
+            return Ok(interp::run(&self.compiled.graph, &self.bindings)?);
+        };
+        let plan = self.compiled.plan.as_ref().expect("GPU plan");
+        let mut outs = Vec::with_capacity(plan.outputs.len());
+        for o in &plan.outputs {
+            let bytes = run.stream.download(self.buffer(o.buffer))?;
+            let n = o.ty.shape.numel() * o.ty.dtype.size_bytes();
+            outs.push(
+                Tensor::from_bytes(&o.ty, &bytes[..n.min(bytes.len())])
+                    .map_err(|e| RuntimeError::Cuda(e.to_string()))?,
+            );
+        }
+        run.stream.synchronize()?;
+        Ok(outs)
+    }
+}
+
 impl Graph {
     /// Compiles `model` for the best device with default options.
     pub fn compile(model: impl Model) -> Result<Compiled, CompileError> {
@@ -319,8 +394,23 @@ impl Compiled {
     /// Runs on the device and returns the outputs in order. Each call has its own stream and
     /// buffers, so calls from many threads at once are independent.
     pub fn run(&self, inputs: &Bindings) -> Result<Vec<Tensor>, CompileError> {
-        let (Some(plan), Some(memory)) = (&self.plan, &self.memory) else {
+        if self.plan.is_none() {
             return Ok(interp::run(&self.graph, &self.with_weights(inputs))?);
+        }
+        let prepared = self.prepare(inputs)?;
+        prepared.launch()?;
+        prepared.outputs()
+    }
+
+    /// Allocates a run's buffers on a stream of its own and uploads `inputs`, for launching the
+    /// kernels again and again (benchmarks time `launch` between stream synchronisations).
+    pub fn prepare(&self, inputs: &Bindings) -> Result<Prepared<'_>, CompileError> {
+        let (Some(plan), Some(memory)) = (&self.plan, &self.memory) else {
+            return Ok(Prepared {
+                compiled: self,
+                gpu: None,
+                bindings: self.with_weights(inputs),
+            });
         };
         inputs.check_against(&self.source)?;
         let stream = self.device.new_stream()?;
@@ -350,35 +440,15 @@ impl Compiled {
                 uploaded.insert(b.id, stream.upload(&t.to_bytes())?);
             }
         }
-        let buffer = |id: usize| -> &DeviceBuffer {
-            match plan.buffers[id].role {
-                BufferRole::Computed => &slots[memory.slot_of[&id]],
-                BufferRole::Input(_) => &uploaded[&id],
-                BufferRole::Weight(_) | BufferRole::Constant(_) => &self.resident[&id],
-            }
-        };
-        for (k, loaded) in plan.kernels.iter().zip(&self.kernels) {
-            let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| buffer(a)).collect();
-            stream.launch(
-                loaded,
-                k.launch.grid,
-                k.launch.block,
-                k.launch.shared_bytes,
-                &args,
-            )?;
-        }
-        let mut outs = Vec::with_capacity(plan.outputs.len());
-        for o in &plan.outputs {
-            let ty = &o.ty;
-            let bytes = stream.download(buffer(o.buffer))?;
-            let n = ty.shape.numel() * ty.dtype.size_bytes();
-            outs.push(
-                Tensor::from_bytes(ty, &bytes[..n.min(bytes.len())])
-                    .map_err(|e| RuntimeError::Cuda(e.to_string()))?,
-            );
-        }
-        stream.synchronize()?;
-        Ok(outs)
+        Ok(Prepared {
+            compiled: self,
+            gpu: Some(GpuRun {
+                stream,
+                slots,
+                uploaded,
+            }),
+            bindings: Bindings::default(),
+        })
     }
 
     /// Runs, and runs the interpreter on the unfused graph; reports the error per output.

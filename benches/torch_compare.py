@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""rocmforge attention against PyTorch's scaled_dot_product_attention, on the same GPU, in one run.
+
+Runs rocmforge's attention bench (the staged executable, or `cargo bench`), then SDPA with each
+backend (FLASH, CUDNN, EFFICIENT, MATH) on the same shapes, and prints one table: shape, ours
+fused, ours unfused, each torch backend, and the ratios.
+
+    python3 benches/torch_compare.py --bench .gpu/bin/attention-bench     # on the GPU machine
+    python3 benches/torch_compare.py                                        # here: cargo bench
+
+Inputs are random normal, never zeros. Times are CUDA-event medians.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def run_ours(bench):
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    env = dict(os.environ, ROCMFORGE_BENCH_JSON=out, ROCMFORGE_BENCH_TABLE_ONLY="1")
+    cmd = [bench, "--bench"] if bench else ["cargo", "bench", "--bench", "attention"]
+    subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
+    with open(out) as f:
+        return json.load(f)
+
+
+def time_torch(torch, fn, iters=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def torch_backends(torch, case):
+    m = re.match(r"B(\d+)_H(\d+)_S(\d+)_D(\d+)_(\w+?)(_causal)?$", case)
+    b, h, s, d = (int(x) for x in m.group(1, 2, 3, 4))
+    dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[m.group(5)]
+    causal = m.group(6) is not None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    out = {}
+    for name in ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]:
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            out[name] = None
+            continue
+        try:
+            with sdpa_kernel(backend):
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                out[name] = time_torch(torch, fn)
+        except RuntimeError:
+            out[name] = None  # the backend does not support this shape or dtype
+        torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", help="rocmforge's staged attention bench executable (default: cargo bench)")
+    args = ap.parse_args()
+    import torch
+
+    ours = run_ours(args.bench)
+    print(f"rocmforge device: {ours['device']}")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    cols = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+    fmt = lambda x: f"{x:9.3f}" if x is not None else "      n/a"
+    print(f"{'shape':<32} {'fused ms':>9} {'unfus ms':>9} {'flash':>9} {'cudnn':>9} {'effic':>9} {'math':>9} {'fused/unf':>9} {'vs flash':>9} {'fused TF':>9}")
+    for row in ours["rows"]:
+        t = torch_backends(torch, row["case"])
+        f, u = row["fused_ms"], row["unfused_ms"]
+        flash = t.get("FLASH_ATTENTION")
+        vs_flash = f"{flash / f:8.3f}x" if flash else "      n/a"
+        tflops = row["flops"] / (f * 1e-3) / 1e12
+        print(f"{row['case']:<32} {f:9.3f} {u:9.3f} " + " ".join(fmt(t[c]) for c in cols) + f" {u / f:8.2f}x {vs_flash} {tflops:9.2f}")
+    print("fused/unf: ours fused is this many times faster than ours unfused; vs flash: fraction of torch FLASH's speed (1.0 = equal).")
+
+
+if __name__ == "__main__":
+    main()
