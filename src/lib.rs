@@ -5,6 +5,7 @@
 
 pub mod codegen;
 pub mod compile;
+pub mod frontend;
 pub mod interp;
 pub mod ir;
 pub mod passes;

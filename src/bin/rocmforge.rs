@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::CompileOptions;
+use rocmforge::frontend::BertEncoder;
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, Graph, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
@@ -81,6 +82,24 @@ enum Command {
         /// Compile without fusion (the baseline).
         #[arg(long)]
         no_fuse: bool,
+    },
+    /// Sentence embeddings with a BERT-class model directory (all-MiniLM-L6-v2: scripts/fetch-models).
+    ///
+    /// Prints each embedding (first values and norm) and the cosine similarity matrix. Texts of
+    /// different lengths are padded and masked in one batch.
+    Embed {
+        /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json).
+        #[arg(long, value_name = "DIR", default_value_os_t = default_model_dir())]
+        model: PathBuf,
+        /// Device: cpu, cuda:N or hip:N (default: the best one found).
+        #[arg(long)]
+        device: Option<String>,
+        /// How many leading values of each embedding to print.
+        #[arg(long, default_value_t = 6)]
+        values: usize,
+        /// The texts.
+        #[arg(required = true)]
+        texts: Vec<String>,
     },
     /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge).
     Cache {
@@ -173,6 +192,101 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
             disk.clear().map_err(|e| e.to_string())?,
             dir.display()
         ),
+    }
+    Ok(())
+}
+
+fn default_model_dir() -> PathBuf {
+    let base = std::env::var_os("ROCMFORGE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default()
+                .join(".cache/rocmforge/models")
+        });
+    base.join("all-MiniLM-L6-v2")
+}
+
+fn pick_device(spec: Option<&str>) -> Result<Device, String> {
+    match spec {
+        Some(spec) => Device::open(spec).map_err(|e| e.to_string()),
+        None => {
+            let (d, notes) = Device::best();
+            if !d.is_gpu() {
+                for n in notes {
+                    eprintln!("note: {n}");
+                }
+                eprintln!("note: no GPU available; running on the CPU interpreter");
+            }
+            Ok(d)
+        }
+    }
+}
+
+fn cmd_embed(
+    model: &Path,
+    device: Option<&str>,
+    values: usize,
+    texts: &[String],
+) -> Result<(), String> {
+    let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
+    let device = pick_device(device)?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batch = enc.tokenize(&refs).map_err(|e| e.to_string())?;
+    let graph = enc
+        .graph(texts.len(), batch.seq_len)
+        .map_err(|e| e.to_string())?;
+    let weights = enc.weights_for(&graph).map_err(|e| e.to_string())?;
+    let options = CompileOptions {
+        weights,
+        ..CompileOptions::default()
+    };
+    let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
+    let mut bindings = Bindings::default();
+    for (n, t) in enc.inputs(&batch) {
+        bindings.inputs.insert(n, t);
+    }
+    let start = Instant::now();
+    let out = compiled
+        .run(&bindings)
+        .map_err(|e| e.to_string())?
+        .remove(0)
+        .to_f64_vec();
+    outln!(
+        "model:  {} ({} layers, hidden {})",
+        model.display(),
+        enc.config.num_hidden_layers,
+        enc.config.hidden_size
+    );
+    outln!("device: {}", device.label());
+    outln!(
+        "batch:  {} texts, {} tokens each after padding; {:.3} ms",
+        texts.len(),
+        batch.seq_len,
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    let h = enc.config.hidden_size;
+    let rows: Vec<&[f64]> = out.chunks(h).collect();
+    for (i, (t, e)) in texts.iter().zip(&rows).enumerate() {
+        let norm = e.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let head: Vec<String> = e.iter().take(values).map(|x| format!("{x:.6}")).collect();
+        outln!("[{i}] {t:?}");
+        outln!("    norm {norm:.6}  first [{}]", head.join(", "));
+    }
+    outln!("cosine similarity:");
+    for a in &rows {
+        let line: Vec<String> = rows
+            .iter()
+            .map(|b| {
+                let dot: f64 = a.iter().zip(b.iter()).map(|(x, y)| x * y).sum();
+                let n = (a.iter().map(|x| x * x).sum::<f64>()
+                    * b.iter().map(|x| x * x).sum::<f64>())
+                .sqrt();
+                format!("{:7.4}", dot / n.max(1e-30))
+            })
+            .collect();
+        outln!("  {}", line.join(" "));
     }
     Ok(())
 }
@@ -469,6 +583,12 @@ fn main() -> ExitCode {
             no_fuse,
         } => cmd_run(file, *seed, *values, device.as_deref(), *verify, *no_fuse),
         Command::Cache { action } => cmd_cache(action),
+        Command::Embed {
+            model,
+            device,
+            values,
+            texts,
+        } => cmd_embed(model, device.as_deref(), *values, texts),
         Command::Compile {
             file,
             dump_passes,

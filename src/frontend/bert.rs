@@ -1,0 +1,497 @@
+//! BERT-class encoders (all-MiniLM-L6-v2 and its family) lowered to the IR the way Hugging Face's
+//! `BertModel` computes them, attention written out (QKᵀ / √d + the additive padding mask,
+//! softmax, ·V) so the fusion pass must find it; then sentence-transformers' pooling.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ModelError, SafeTensors};
+use crate::ir::{DType, Graph, GraphError, Init, NodeId, ReduceOp, Sample, Tensor, UnaryOp};
+
+/// config.json of a BERT model. Unknown fields are refused, so a config this code does not
+/// understand is an error naming the field rather than a silently different model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BertConfig {
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    pub hidden_act: String,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    pub type_vocab_size: usize,
+    pub layer_norm_eps: f64,
+    #[serde(default = "absolute")]
+    pub position_embedding_type: String,
+    pub model_type: Option<String>,
+    // Fields that do not change inference.
+    pub architectures: Option<Vec<String>>,
+    pub attention_probs_dropout_prob: Option<f64>,
+    pub hidden_dropout_prob: Option<f64>,
+    pub classifier_dropout: Option<f64>,
+    pub gradient_checkpointing: Option<bool>,
+    pub initializer_range: Option<f64>,
+    pub pad_token_id: Option<i64>,
+    pub transformers_version: Option<String>,
+    pub use_cache: Option<bool>,
+    pub torch_dtype: Option<String>,
+    pub dtype: Option<String>,
+    #[serde(rename = "_name_or_path")]
+    pub name_or_path: Option<String>,
+}
+
+fn absolute() -> String {
+    "absolute".into()
+}
+
+/// Sentence-transformers pooling (1_Pooling/config.json); only mean pooling is supported.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Pooling {
+    pub word_embedding_dimension: usize,
+    #[serde(default)]
+    pub pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pub pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pub pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pub pooling_mode_mean_sqrt_len_tokens: bool,
+}
+
+/// A tokenized batch, padded on the right to its longest sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    pub input_ids: Vec<Vec<i64>>,
+    pub attention_mask: Vec<Vec<i64>>,
+    pub seq_len: usize,
+}
+
+pub struct BertEncoder {
+    pub dir: PathBuf,
+    pub config: BertConfig,
+    pub pooling: Pooling,
+    pub normalize: bool,
+    pub max_seq_length: usize,
+    weights: SafeTensors,
+    prefix: String,
+    tokenizer: tokenizers::Tokenizer,
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, file: &str) -> Result<T, ModelError> {
+    let path = dir.join(file);
+    if !path.exists() {
+        return Err(ModelError::MissingFile {
+            dir: dir.display().to_string(),
+            file: file.into(),
+        });
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        let msg = e.to_string();
+        // serde names the offending field in its message; surface config errors as such.
+        if file == "config.json" {
+            let field = msg.split('`').nth(1).unwrap_or("?").to_string();
+            ModelError::Config { field, reason: msg }
+        } else {
+            ModelError::Json {
+                file: file.into(),
+                message: msg,
+            }
+        }
+    })
+}
+
+impl BertEncoder {
+    /// Reads a Hugging Face model directory: config.json, model.safetensors (mapped, not read),
+    /// tokenizer.json, and sentence-transformers' 1_Pooling/config.json and modules.json.
+    pub fn load(dir: &Path) -> Result<BertEncoder, ModelError> {
+        let config: BertConfig = read_json(dir, "config.json")?;
+        let bad = |field: &str, reason: String| {
+            Err(ModelError::Config {
+                field: field.into(),
+                reason,
+            })
+        };
+        if config.model_type.as_deref().is_some_and(|t| t != "bert") {
+            return bad(
+                "model_type",
+                format!(
+                    "`{}` is not a BERT model",
+                    config.model_type.clone().unwrap_or_default()
+                ),
+            );
+        }
+        if !matches!(
+            config.hidden_act.as_str(),
+            "gelu" | "gelu_new" | "gelu_pytorch_tanh"
+        ) {
+            return bad(
+                "hidden_act",
+                format!(
+                    "`{}` is not supported (gelu, gelu_new, gelu_pytorch_tanh)",
+                    config.hidden_act
+                ),
+            );
+        }
+        if config.position_embedding_type != "absolute" {
+            return bad(
+                "position_embedding_type",
+                format!(
+                    "`{}` is not supported (absolute)",
+                    config.position_embedding_type
+                ),
+            );
+        }
+        if config.num_attention_heads == 0
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+        {
+            return bad(
+                "num_attention_heads",
+                format!(
+                    "{} heads do not divide hidden_size {}",
+                    config.num_attention_heads, config.hidden_size
+                ),
+            );
+        }
+        let pooling: Pooling = if dir.join("1_Pooling/config.json").exists() {
+            read_json(dir, "1_Pooling/config.json")?
+        } else {
+            Pooling {
+                word_embedding_dimension: config.hidden_size,
+                pooling_mode_cls_token: false,
+                pooling_mode_mean_tokens: true,
+                pooling_mode_max_tokens: false,
+                pooling_mode_mean_sqrt_len_tokens: false,
+            }
+        };
+        if !pooling.pooling_mode_mean_tokens
+            || pooling.pooling_mode_cls_token
+            || pooling.pooling_mode_max_tokens
+            || pooling.pooling_mode_mean_sqrt_len_tokens
+        {
+            return Err(ModelError::Json {
+                file: "1_Pooling/config.json".into(),
+                message: "only mean pooling is supported".into(),
+            });
+        }
+        let normalize = std::fs::read_to_string(dir.join("modules.json"))
+            .map(|m| m.contains("Normalize"))
+            .unwrap_or(false);
+        let max_seq_length = std::fs::read_to_string(dir.join("sentence_bert_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("max_seq_length").and_then(serde_json::Value::as_u64))
+            .map_or(config.max_position_embeddings, |v| v as usize)
+            .min(config.max_position_embeddings);
+        let st = dir.join("model.safetensors");
+        if !st.exists() {
+            return Err(ModelError::MissingFile {
+                dir: dir.display().to_string(),
+                file: "model.safetensors".into(),
+            });
+        }
+        let weights = SafeTensors::open(&st)?;
+        let prefix = if weights.info("embeddings.word_embeddings.weight").is_some() {
+            ""
+        } else {
+            "bert."
+        }
+        .to_string();
+        let tok = dir.join("tokenizer.json");
+        if !tok.exists() {
+            return Err(ModelError::MissingFile {
+                dir: dir.display().to_string(),
+                file: "tokenizer.json".into(),
+            });
+        }
+        let mut tokenizer = tokenizers::Tokenizer::from_file(&tok)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        // Padding and truncation are the batch's business (tokenize), whatever tokenizer.json says.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let enc = BertEncoder {
+            dir: dir.to_path_buf(),
+            config,
+            pooling,
+            normalize,
+            max_seq_length,
+            weights,
+            prefix,
+            tokenizer,
+        };
+        // Every weight the graph will read exists with the shape the config implies.
+        let g = enc.graph(1, 1)?;
+        for id in g.node_ids() {
+            if let crate::ir::Op::Weight { .. } = g.op(id) {
+                let n = g.node(id);
+                let info = enc
+                    .weights
+                    .info(&n.name)
+                    .ok_or_else(|| ModelError::MissingTensor {
+                        path: st.display().to_string(),
+                        name: n.name.clone(),
+                    })?;
+                if info.shape != n.ty.shape.dims() {
+                    return Err(ModelError::TensorShape {
+                        name: n.name.clone(),
+                        expected: n.ty.shape.dims().to_vec(),
+                        found: info.shape.clone(),
+                    });
+                }
+                if !info.dtype.is_float() {
+                    return Err(ModelError::TensorDType {
+                        name: n.name.clone(),
+                        found: info.dtype,
+                    });
+                }
+            }
+        }
+        Ok(enc)
+    }
+
+    /// Token ids with [CLS]/[SEP], truncated to the model's max sequence length, right-padded.
+    pub fn tokenize(&self, texts: &[&str]) -> Result<Encoded, ModelError> {
+        let mut ids = Vec::with_capacity(texts.len());
+        for t in texts {
+            let e = self
+                .tokenizer
+                .encode(*t, true)
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+            let mut v: Vec<i64> = e.get_ids().iter().map(|&i| i64::from(i)).collect();
+            if v.len() > self.max_seq_length {
+                let sep = *v.last().expect("non-empty");
+                v.truncate(self.max_seq_length - 1);
+                v.push(sep);
+            }
+            ids.push(v);
+        }
+        let seq_len = ids.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        let mask = ids
+            .iter()
+            .map(|v| (0..seq_len).map(|i| i64::from(i < v.len())).collect())
+            .collect();
+        let input_ids = ids
+            .into_iter()
+            .map(|mut v| {
+                v.resize(seq_len, 0);
+                v
+            })
+            .collect();
+        Ok(Encoded {
+            input_ids,
+            attention_mask: mask,
+            seq_len,
+        })
+    }
+
+    fn w(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// `x · Wᵀ + b` for a PyTorch Linear stored `[out, in]`.
+    fn linear(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        name: &str,
+        din: usize,
+        dout: usize,
+    ) -> Result<NodeId, GraphError> {
+        let w = g.weight(&self.w(&format!("{name}.weight")), DType::F32, &[dout, din])?;
+        let wt = g.permute(w, &[1, 0])?;
+        let y = g.matmul(x, wt)?;
+        let b = g.weight(&self.w(&format!("{name}.bias")), DType::F32, &[dout])?;
+        g.add(y, b)
+    }
+
+    fn layer_norm(&self, g: &mut Graph, x: NodeId, name: &str) -> Result<NodeId, GraphError> {
+        let h = self.config.hidden_size;
+        let w = g.weight_init(
+            &self.w(&format!("{name}.weight")),
+            DType::F32,
+            &[h],
+            Init::Ones,
+        )?;
+        let b = g.weight_init(
+            &self.w(&format!("{name}.bias")),
+            DType::F32,
+            &[h],
+            Init::Zeros,
+        )?;
+        g.layer_norm(x, w, b, self.config.layer_norm_eps)
+    }
+
+    /// The encoder for a batch of `b` sequences of `s` tokens: inputs `input_ids` (i64 [b, s]),
+    /// `token_type_ids` (i64 [b, s]) and `attention_mask` (f32 [b, s], 1 for tokens, 0 for
+    /// padding); output `embeddings` [b, hidden] (pooled, normalised when modules.json says so).
+    pub fn graph(&self, b: usize, s: usize) -> Result<Graph, GraphError> {
+        let c = &self.config;
+        let (hd, heads) = (c.hidden_size, c.num_attention_heads);
+        let d = hd / heads;
+        let mut g = Graph::new("bert_encoder");
+        g.description = format!(
+            "{} ({} layers, hidden {hd}, {heads} heads)",
+            self.dir.display(),
+            c.num_hidden_layers
+        );
+        let ids = g.input_sampled(
+            "input_ids",
+            DType::I64,
+            &[b, s],
+            Sample::Range {
+                low: 0,
+                high: c.vocab_size as i64,
+            },
+        )?;
+        let types = g.input_sampled(
+            "token_type_ids",
+            DType::I64,
+            &[b, s],
+            Sample::Range { low: 0, high: 1 },
+        )?;
+        let mask = g.input_sampled("attention_mask", DType::F32, &[b, s], Sample::PaddingMask)?;
+
+        let we = g.weight(
+            &self.w("embeddings.word_embeddings.weight"),
+            DType::F32,
+            &[c.vocab_size, hd],
+        )?;
+        let pe = g.weight(
+            &self.w("embeddings.position_embeddings.weight"),
+            DType::F32,
+            &[c.max_position_embeddings, hd],
+        )?;
+        let te = g.weight(
+            &self.w("embeddings.token_type_embeddings.weight"),
+            DType::F32,
+            &[c.type_vocab_size, hd],
+        )?;
+        let words = g.gather(we, ids)?;
+        let positions = g.slice(pe, 0, 0, s as i64)?;
+        let tt = g.gather(te, types)?;
+        let e = g.add(words, positions)?;
+        let e = g.add(e, tt)?;
+        let mut x = self.layer_norm(&mut g, e, "embeddings.LayerNorm")?;
+
+        // HF's extended attention mask: (1 − mask) · min(f32), added to the scores.
+        let m4 = g.reshape(mask, &[b as i64, 1, 1, s as i64])?;
+        let one = g.scalar(1.0, DType::F32)?;
+        let inv = g.sub(one, m4)?;
+        let min = g.scalar(DType::F32.min_value(), DType::F32)?;
+        let ext = g.mul(inv, min)?;
+        let root = g.scalar((d as f64).sqrt(), DType::F32)?;
+        let split = |g: &mut Graph, t: NodeId| -> Result<NodeId, GraphError> {
+            let r = g.reshape(t, &[b as i64, s as i64, heads as i64, d as i64])?;
+            g.permute(r, &[0, 2, 1, 3])
+        };
+        for l in 0..c.num_hidden_layers {
+            let p = format!("encoder.layer.{l}.");
+            let q = self.linear(&mut g, x, &format!("{p}attention.self.query"), hd, hd)?;
+            let k = self.linear(&mut g, x, &format!("{p}attention.self.key"), hd, hd)?;
+            let v = self.linear(&mut g, x, &format!("{p}attention.self.value"), hd, hd)?;
+            let (q, k, v) = (split(&mut g, q)?, split(&mut g, k)?, split(&mut g, v)?);
+            let kt = g.permute(k, &[0, 1, 3, 2])?;
+            let scores = g.matmul(q, kt)?;
+            let scaled = g.div(scores, root)?;
+            let masked = g.add(scaled, ext)?;
+            let probs = g.softmax(masked, -1)?;
+            let ctx = g.matmul(probs, v)?;
+            let ctx = g.permute(ctx, &[0, 2, 1, 3])?;
+            let ctx = g.reshape(ctx, &[b as i64, s as i64, hd as i64])?;
+            let o = self.linear(&mut g, ctx, &format!("{p}attention.output.dense"), hd, hd)?;
+            let r = g.add(o, x)?;
+            let h = self.layer_norm(&mut g, r, &format!("{p}attention.output.LayerNorm"))?;
+            let up = self.linear(
+                &mut g,
+                h,
+                &format!("{p}intermediate.dense"),
+                hd,
+                c.intermediate_size,
+            )?;
+            let act = g.unary(
+                if c.hidden_act == "gelu" {
+                    UnaryOp::Gelu
+                } else {
+                    UnaryOp::GeluTanh
+                },
+                up,
+            )?;
+            let down = self.linear(
+                &mut g,
+                act,
+                &format!("{p}output.dense"),
+                c.intermediate_size,
+                hd,
+            )?;
+            let r = g.add(down, h)?;
+            x = self.layer_norm(&mut g, r, &format!("{p}output.LayerNorm"))?;
+        }
+        g.rename(x, "last_hidden_state")?;
+
+        // Mean over tokens where attention_mask = 1 (sentence-transformers clamps the count).
+        let m3 = g.reshape(mask, &[b as i64, s as i64, 1])?;
+        let kept = g.mul(x, m3)?;
+        let summed = g.reduce(ReduceOp::Sum, kept, &[1], false)?;
+        let count = g.reduce(ReduceOp::Sum, m3, &[1], false)?;
+        let floor = g.scalar(1e-9, DType::F32)?;
+        let count = g.maximum(count, floor)?;
+        let mut pooled = g.div(summed, count)?;
+        if self.normalize {
+            // F.normalize(p=2, eps=1e-12)
+            let sq = g.mul(pooled, pooled)?;
+            let ss = g.reduce(ReduceOp::Sum, sq, &[-1], true)?;
+            let norm = g.sqrt(ss)?;
+            let eps = g.scalar(1e-12, DType::F32)?;
+            let norm = g.maximum(norm, eps)?;
+            pooled = g.div(pooled, norm)?;
+        }
+        g.rename(pooled, "embeddings")?;
+        g.set_outputs(&[pooled])?;
+        Ok(g)
+    }
+
+    /// The weights `graph` reads, read from the mapped file now (that is, when needed).
+    pub fn weights_for(&self, graph: &Graph) -> Result<HashMap<String, Tensor>, ModelError> {
+        let mut out = HashMap::new();
+        for id in graph.node_ids() {
+            if let crate::ir::Op::Weight { .. } = graph.op(id) {
+                let n = graph.node(id);
+                out.insert(
+                    n.name.clone(),
+                    self.weights.tensor(&n.name, n.ty.shape.dims())?,
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// The graph inputs for a tokenized batch, by name.
+    pub fn inputs(&self, enc: &Encoded) -> Vec<(String, Tensor)> {
+        let b = enc.input_ids.len();
+        let flat = |v: &Vec<Vec<i64>>| v.iter().flatten().copied().collect::<Vec<i64>>();
+        let ids = Tensor::from_i64(DType::I64, vec![b, enc.seq_len], flat(&enc.input_ids))
+            .expect("b×s ids");
+        let types = Tensor::from_i64(DType::I64, vec![b, enc.seq_len], vec![0; b * enc.seq_len])
+            .expect("b×s");
+        let mask: Vec<f32> = flat(&enc.attention_mask)
+            .iter()
+            .map(|&m| m as f32)
+            .collect();
+        let mask = Tensor::from_f32(DType::F32, vec![b, enc.seq_len], mask).expect("b×s mask");
+        vec![
+            ("input_ids".into(), ids),
+            ("token_type_ids".into(), types),
+            ("attention_mask".into(), mask),
+        ]
+    }
+}

