@@ -355,6 +355,86 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+fn minilm_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("ROCMFORGE_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
+        })?;
+    Some(base.join("all-MiniLM-L6-v2")).filter(|d| d.join("model.safetensors").exists())
+}
+
+/// all-MiniLM-L6-v2 compiled for the GPU, the reference sentences in one padded batch, against
+/// PyTorch's embeddings: cosine ≥ 0.9999 (f32).
+fn minilm_matches_reference(device: &Device, dir: &Path) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let enc = rocmforge::frontend::BertEncoder::load(dir).map_err(|e| e.to_string())?;
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/minilm/reference.json"),
+        )
+        .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let cases = r["cases"].as_array().ok_or("reference cases")?;
+    let texts: Vec<&str> = cases
+        .iter()
+        .map(|c| c["text"].as_str().unwrap_or_default())
+        .collect();
+    let batch = enc.tokenize(&texts).map_err(|e| e.to_string())?;
+    let g = enc
+        .graph(texts.len(), batch.seq_len)
+        .map_err(|e| e.to_string())?;
+    let weights = enc.weights_for(&g).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(
+        &g,
+        device,
+        &CompileOptions {
+            weights,
+            ..options()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let fa = c
+        .graph
+        .node_ids()
+        .filter(|&id| matches!(c.graph.op(id), rocmforge::ir::Op::FlashAttention(_)))
+        .count();
+    if fa != 6 {
+        return Err(format!("{fa} fused attention layers, expected 6").into());
+    }
+    let mut b = Bindings::default();
+    for (n, t) in enc.inputs(&batch) {
+        b.inputs.insert(n, t);
+    }
+    let out = c.run(&b).map_err(|e| e.to_string())?.remove(0).to_f64_vec();
+    for (i, case) in cases.iter().enumerate() {
+        let want: Vec<f64> =
+            serde_json::from_value(case["embedding"].clone()).map_err(|e| e.to_string())?;
+        let got = &out[i * want.len()..(i + 1) * want.len()];
+        let dot: f64 = got.iter().zip(&want).map(|(a, b)| a * b).sum();
+        let cos = dot
+            / (got.iter().map(|a| a * a).sum::<f64>().sqrt()
+                * want.iter().map(|b| b * b).sum::<f64>().sqrt());
+        if cos.is_nan() || cos < 0.9999 {
+            return Err(format!("{:?}: cosine {cos}", texts[i]).into());
+        }
+    }
+    Ok(())
+}
+
+type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
+
+/// A trial, or the same trial marked ignored with `ignored` as the reason.
+fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
+    trials.push(match ignored {
+        None => Trial::test(name, f),
+        Some(why) => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {why}")),
+    });
+}
+
 fn main() {
     if std::env::var("ROCMFORGE_GPU_CHILD_DEVICE").is_ok() {
         child_compile();
@@ -368,15 +448,6 @@ fn main() {
         Some(format!("no GPU: {}", notes.join("; ")))
     };
     let mut trials: Vec<Trial> = Vec::new();
-    let mut add = |name: String, f: Box<dyn FnOnce() -> Result<(), Failed> + Send>| {
-        let t = match &ignored {
-            None => Trial::test(name, f),
-            Some(why) => Trial::test(name, || Ok(()))
-                .with_ignored_flag(true)
-                .with_kind(format!("ignored: {why}")),
-        };
-        trials.push(t);
-    };
     for path in graph_files() {
         for fuse in [true, false] {
             let (d, p) = (device.clone(), path.clone());
@@ -385,7 +456,9 @@ fn main() {
                 p.file_stem().unwrap().to_string_lossy(),
                 if fuse { "fused" } else { "unfused" }
             );
-            add(
+            push(
+                &mut trials,
+                &ignored,
                 name,
                 Box::new(move || {
                     check_graph(&d, &format::load(&p).map_err(|e| e.to_string())?, fuse, 3)
@@ -395,7 +468,9 @@ fn main() {
     }
     for g in op_zoo::zoo() {
         let d = device.clone();
-        add(
+        push(
+            &mut trials,
+            &ignored,
             format!("zoo::{}", g.name),
             Box::new(move || check_graph(&d, &g, true, 4)),
         );
@@ -476,28 +551,62 @@ fn main() {
             ..Spec::new(b, hq, sq, d)
         };
         let dev = device.clone();
-        add(
+        push(
+            &mut trials,
+            &ignored,
             format!("attention::{i}::{dtype}::{mask:?}"),
             Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
         );
     }
+    match minilm_dir() {
+        Some(dir) => {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &ignored,
+                "minilm::f32_matches_pytorch".into(),
+                Box::new(move || minilm_matches_reference(&d, &dir)),
+            );
+        }
+        None if ignored.is_none() => trials.push(
+            Trial::test("minilm::f32_matches_pytorch", || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(
+                    "ignored: all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models)",
+                ),
+        ),
+        None => push(
+            &mut trials,
+            &ignored,
+            "minilm::f32_matches_pytorch".into(),
+            Box::new(|| Ok(())),
+        ),
+    }
     let spec = device.spec().to_string();
     let s2 = spec.clone();
-    add(
+    push(
+        &mut trials,
+        &ignored,
         "stress::16_threads_x_25_iterations".into(),
         Box::new(move || stress(&s2)),
     );
     let d = device.clone();
-    add(
+    push(
+        &mut trials,
+        &ignored,
         "poison::planted_bug_is_caught".into(),
         Box::new(move || planted_bug_is_caught(&d)),
     );
     let d = device.clone();
-    add(
+    push(
+        &mut trials,
+        &ignored,
         "memory::returns_to_baseline".into(),
         Box::new(move || memory_returns_to_baseline(&d)),
     );
-    add(
+    push(
+        &mut trials,
+        &ignored,
         "cache::disk_across_processes".into(),
         Box::new(move || disk_cache_across_processes(&spec)),
     );
