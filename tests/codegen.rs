@@ -2,31 +2,16 @@
 //! and unfused, for gfx90a, gfx1030 and sm_90, and of each platform's prelude. A template change
 //! shows up as a diff to review.
 
-use std::path::{Path, PathBuf};
+#[path = "common/files.rs"]
+mod files;
+
+use std::path::Path;
 
 use rocmforge::codegen::{generate_with, prelude, CodegenError, CodegenOptions, Target};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
-
-fn settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path(Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshots"));
-    s.set_prepend_module_to_snapshot(false);
-    s
-}
-
-fn graph_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-    files.sort();
-    files
-}
 
 /// The graph as compiled: the default pipeline, or clean-up only without epilogues (unfused).
 fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
@@ -47,7 +32,7 @@ fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
 
 #[test]
 fn kernels_of_every_graph_fused_and_unfused_for_every_target() {
-    for path in graph_files() {
+    for path in files::graph_files() {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         for fused in [true, false] {
             let (g, options) = compiled(&path, fused);
@@ -65,7 +50,7 @@ fn kernels_of_every_graph_fused_and_unfused_for_every_target() {
                     assert!(k.launch.grid.iter().all(|&d| d > 0) && k.launch.block[0] > 0);
                 }
                 let mode = if fused { "fused" } else { "unfused" };
-                settings().bind(|| {
+                files::snapshot_settings().bind(|| {
                     insta::assert_snapshot!(
                         format!("kernels__{name}__{mode}__{arch}"),
                         plan.listing()
@@ -82,7 +67,7 @@ fn preludes_per_target() {
         let t = Target::parse(arch).unwrap();
         let p = prelude(&t);
         assert!(p.contains(&format!("#define RF_WAVE {}", t.wave_size)));
-        settings().bind(|| insta::assert_snapshot!(format!("prelude__{arch}"), p));
+        files::snapshot_settings().bind(|| insta::assert_snapshot!(format!("prelude__{arch}"), p));
     }
 }
 

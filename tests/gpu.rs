@@ -3,6 +3,9 @@
 //! poisoning; memory back to its baseline; the disk cache across processes. They run under the
 //! default parallel harness. Where no GPU is found, each is reported ignored, with the reason.
 
+#[path = "common/files.rs"]
+mod files;
+
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
 #[path = "common/op_zoo.rs"]
@@ -138,17 +141,6 @@ fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed>
     Ok(())
 }
 
-fn graph_files() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-    v.sort();
-    v
-}
-
 fn stress(device_spec: &str) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     // A device of its own, no disk store: every key it needs is compiled here, once.
@@ -252,7 +244,7 @@ fn memory_returns_to_baseline(device: &Device) -> Result<(), Failed> {
     let _exclusive = MEMORY.write().unwrap_or_else(|p| p.into_inner());
     let before = device.memory().in_use();
     // Every example graph and every zoo graph: compiled, run, dropped, and back to baseline.
-    let mut graphs: Vec<Graph> = graph_files()
+    let mut graphs: Vec<Graph> = files::graph_files()
         .iter()
         .map(|p| format::load(p).unwrap())
         .collect();
@@ -448,7 +440,7 @@ fn main() {
         Some(format!("no GPU: {}", notes.join("; ")))
     };
     let mut trials: Vec<Trial> = Vec::new();
-    for path in graph_files() {
+    for path in files::graph_files() {
         for fuse in [true, false] {
             let (d, p) = (device.clone(), path.clone());
             let name = format!(

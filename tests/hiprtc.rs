@@ -6,8 +6,11 @@
 //! Without hiprtc these tests are reported as ignored, with the reason. `ROCMFORGE_REQUIRE_HIPRTC=1`
 //! (set by `.ci/run`) turns that into a failure, so CI always compiles them.
 
+#[path = "common/files.rs"]
+mod files;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -24,23 +27,6 @@ const AMD_TARGETS: [&str; 2] = ["gfx90a", "gfx1030"];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn graph_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("graphs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path(root().join("snapshots"));
-    s.set_prepend_module_to_snapshot(false);
-    s
 }
 
 /// Compiles every kernel of every graph for one target (unique sources once); returns
@@ -114,7 +100,7 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
     let mode = if fused { "fused" } else { "unfused" };
     let table = report_table(&rows);
     let result = std::panic::catch_unwind(|| {
-        settings()
+        files::snapshot_settings()
             .bind(|| insta::assert_snapshot!(format!("resources__{name}__{mode}__{arch}"), table))
     });
     result.map_err(|_| {
@@ -198,7 +184,7 @@ fn main() {
                 .with_ignored_flag(true)
                 .with_kind(format!("ignored: {e}")),
         });
-        for path in graph_files() {
+        for path in files::graph_files() {
             for fused in [true, false] {
                 let name = format!(
                     "compile::{arch}::{}::{}",

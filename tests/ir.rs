@@ -3,21 +3,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::files::graph_files;
+
+use std::path::Path;
 
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{self, format, DType, Graph, GraphError};
-
-fn graph_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-    files.sort();
-    files
-}
 
 #[test]
 fn the_required_example_graphs_exist() {
