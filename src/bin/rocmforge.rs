@@ -313,19 +313,7 @@ fn cmd_run(
     no_fuse: bool,
 ) -> Result<(), String> {
     let graph = load(file)?;
-    let device = match device {
-        Some(spec) => Device::open(spec).map_err(|e| e.to_string())?,
-        None => {
-            let (d, notes) = Device::best();
-            if !d.is_gpu() {
-                for n in notes {
-                    eprintln!("note: {n}");
-                }
-                eprintln!("note: no GPU available; running on the CPU interpreter");
-            }
-            d
-        }
-    };
+    let device = pick_device(device)?;
     let options = CompileOptions {
         fuse: !no_fuse,
         seed,
