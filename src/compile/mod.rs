@@ -46,6 +46,8 @@ pub struct CompileOptions {
     /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
     pub poison: bool,
     /// Refuse device allocations past this many bytes (a typed error; the model stays usable).
+    /// This sets the device's budget, shared by every model on it; `None` leaves it as it is
+    /// (`device.memory().set_budget(None)` lifts it).
     pub memory_budget: Option<usize>,
     /// Seed for weights the model does not supply.
     pub seed: u64,
@@ -170,7 +172,7 @@ impl Prepared<'_> {
     /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
     pub fn launch(&self) -> Result<(), CompileError> {
         let Some(run) = &self.gpu else {
-            interp::run(&self.compiled.graph, &self.bindings)?;
+            interp::run_with_weights(&self.compiled.graph, &self.bindings, &self.compiled.weights)?;
             return Ok(());
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
@@ -198,7 +200,11 @@ impl Prepared<'_> {
     /// The outputs of the last launch, copied to the host.
     pub fn outputs(&self) -> Result<Vec<Tensor>, CompileError> {
         let Some(run) = &self.gpu else {
-            return Ok(interp::run(&self.compiled.graph, &self.bindings)?);
+            return Ok(interp::run_with_weights(
+                &self.compiled.graph,
+                &self.bindings,
+                &self.compiled.weights,
+            )?);
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
         let mut outs = Vec::with_capacity(plan.outputs.len());
@@ -262,7 +268,11 @@ fn compile(
         PassManager::cleanup()
     };
     pm.run(&mut graph)?;
-    device.memory().set_budget(options.memory_budget);
+    // The budget belongs to the device, shared by every model on it: compiling with no budget
+    // must not clear one that was set.
+    if options.memory_budget.is_some() {
+        device.memory().set_budget(options.memory_budget);
+    }
     // Every weight gets its data now: supplied, or drawn from the seed.
     let mut weights = HashMap::new();
     for id in source.node_ids() {
@@ -382,20 +392,15 @@ impl Compiled {
         &self.device
     }
 
-    /// The bindings the interpreter needs for `inputs`: the same weights as the device has.
-    fn with_weights(&self, inputs: &Bindings) -> Bindings {
-        let mut b = inputs.clone();
-        for (k, v) in &self.weights {
-            b.weights.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        b
-    }
-
     /// Runs on the device and returns the outputs in order. Each call has its own stream and
     /// buffers, so calls from many threads at once are independent.
     pub fn run(&self, inputs: &Bindings) -> Result<Vec<Tensor>, CompileError> {
         if self.plan.is_none() {
-            return Ok(interp::run(&self.graph, &self.with_weights(inputs))?);
+            return Ok(interp::run_with_weights(
+                &self.graph,
+                inputs,
+                &self.weights,
+            )?);
         }
         let prepared = self.prepare(inputs)?;
         prepared.launch()?;
@@ -409,7 +414,7 @@ impl Compiled {
             return Ok(Prepared {
                 compiled: self,
                 gpu: None,
-                bindings: self.with_weights(inputs),
+                bindings: inputs.clone(),
             });
         };
         inputs.check_against(&self.source)?;
@@ -454,7 +459,7 @@ impl Compiled {
     /// Runs, and runs the interpreter on the unfused graph; reports the error per output.
     pub fn verify(&self, inputs: &Bindings) -> Result<(Vec<Tensor>, Verification), CompileError> {
         let got = self.run(inputs)?;
-        let want = interp::run(&self.source, &self.with_weights(inputs))?;
+        let want = interp::run_with_weights(&self.source, inputs, &self.weights)?;
         let names = self
             .source
             .outputs()

@@ -101,6 +101,16 @@ impl Bindings {
 
 /// Runs `graph` and returns its outputs in order.
 pub fn run(graph: &Graph, bindings: &Bindings) -> Result<Vec<Tensor>, InterpError> {
+    run_with_weights(graph, bindings, &HashMap::new())
+}
+
+/// As [`run`], with weights not in `bindings` looked up in `weights` (a compiled model's own,
+/// borrowed rather than copied into every run's bindings).
+pub fn run_with_weights(
+    graph: &Graph,
+    bindings: &Bindings,
+    weights: &HashMap<String, Tensor>,
+) -> Result<Vec<Tensor>, InterpError> {
     bindings.check_against(graph)?;
     let order = graph.topo_order()?;
     let mut remaining: HashMap<NodeId, usize> = order
@@ -111,7 +121,7 @@ pub fn run(graph: &Graph, bindings: &Bindings) -> Result<Vec<Tensor>, InterpErro
     for id in order {
         let operands = graph.operands(id);
         let args: Vec<&Tensor> = operands.iter().map(|o| &values[o]).collect();
-        let value = eval(graph.node(id), &args, bindings)?;
+        let value = eval(graph.node(id), &args, bindings, weights)?;
         debug_assert_eq!(
             value.ty(),
             graph.node(id).ty,
@@ -147,7 +157,12 @@ fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tenso
 }
 
 /// Evaluates one node on its operand values.
-fn eval(node: &Node, args: &[&Tensor], bindings: &Bindings) -> Result<Tensor, InterpError> {
+fn eval(
+    node: &Node,
+    args: &[&Tensor],
+    bindings: &Bindings,
+    weights: &HashMap<String, Tensor>,
+) -> Result<Tensor, InterpError> {
     let ty = &node.ty;
     let axis =
         |a: i64| normalize_axis(a, args[0].shape().rank()).expect("checked by shape inference");
@@ -160,7 +175,14 @@ fn eval(node: &Node, args: &[&Tensor], bindings: &Bindings) -> Result<Tensor, In
                 }
             })?
         }
-        Op::Weight { init, .. } => match bound(&node.name, ty, bindings.weights.get(&node.name))? {
+        Op::Weight { init, .. } => match bound(
+            &node.name,
+            ty,
+            bindings
+                .weights
+                .get(&node.name)
+                .or_else(|| weights.get(&node.name)),
+        )? {
             Some(t) => t,
             None => random_weight(&node.name, ty, init, bindings.seed),
         },
