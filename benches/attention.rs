@@ -10,8 +10,10 @@
 
 #[path = "../tests/common/attention_graphs.rs"]
 mod attention_graphs;
+#[path = "common/timing.rs"]
+mod timing;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use attention_graphs::{build, Mask, Scale, Spec};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -19,6 +21,7 @@ use rocmforge::compile::{CompileOptions, Compiled};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{DType, Graph};
 use rocmforge::runtime::Device;
+use timing::time_runs;
 
 struct Case {
     b: usize,
@@ -97,19 +100,6 @@ fn cases(gpu: bool) -> Vec<Case> {
         }
     }
     out
-}
-
-/// Seconds per run: `iters` launches, then one stream synchronisation.
-fn time_runs(c: &Compiled, inputs: &Bindings, iters: u64) -> Duration {
-    let p = c.prepare(inputs).expect("prepare");
-    p.launch().expect("warm-up launch");
-    p.synchronize().expect("sync");
-    let t = Instant::now();
-    for _ in 0..iters {
-        p.launch().expect("launch");
-    }
-    p.synchronize().expect("sync");
-    t.elapsed()
 }
 
 struct Row {

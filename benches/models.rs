@@ -1,14 +1,18 @@
 //! The example models compiled for the best device: per-iteration latency of `bert_layer.json`
 //! and `llama_block.json`, fused and unfused. Time is taken between stream synchronisations.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rocmforge::compile::CompileOptions;
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{format, Graph};
 use rocmforge::runtime::Device;
+use timing::time_runs;
 
 fn bench(c: &mut Criterion) {
     let (device, _) = Device::best();
@@ -34,17 +38,7 @@ fn bench(c: &mut Criterion) {
             let compiled = Graph::compile_with(&g, &device, &options).expect("compile");
             let variant = if fuse { "fused" } else { "unfused" };
             group.bench_with_input(BenchmarkId::new(variant, name), &(), |b, _| {
-                b.iter_custom(|iters| {
-                    let p = compiled.prepare(&inputs).expect("prepare");
-                    p.launch().expect("launch");
-                    p.synchronize().expect("sync");
-                    let t = Instant::now();
-                    for _ in 0..iters {
-                        p.launch().expect("launch");
-                    }
-                    p.synchronize().expect("sync");
-                    t.elapsed()
-                })
+                b.iter_custom(|iters| time_runs(&compiled, &inputs, iters))
             });
         }
     }

@@ -3,9 +3,16 @@
 use std::process::Command;
 
 fn rocmforge(args: &[&str]) -> (bool, String, String) {
+    rocmforge_with(args, &[])
+}
+
+/// Runs the CLI from the repository root with `env` set (and no ROCMFORGE_DEVICE from outside).
+fn rocmforge_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs(env.iter().copied())
+        .env_remove("ROCMFORGE_DEVICE")
         .output()
         .expect("run rocmforge");
     (
@@ -224,19 +231,14 @@ fn compile_report_prints_resources_when_hiprtc_is_present() {
 
 #[test]
 fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
-        .args(["run", "graphs/attention.json", "--verify"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
-        .env("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so")
-        .env_remove("ROCMFORGE_DEVICE")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (ok, stdout, stderr) = rocmforge_with(
+        &["run", "graphs/attention.json", "--verify"],
+        &[
+            ("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+            ("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so"),
+        ],
     );
-    assert!(out.status.success(), "{stderr}");
+    assert!(ok, "{stderr}");
     assert!(
         stderr.contains("libcuda not found") && stderr.contains("running on the CPU interpreter"),
         "{stderr}"
