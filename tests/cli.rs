@@ -236,11 +236,14 @@ fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
         &[
             ("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
             ("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so"),
+            ("ROCMFORGE_HIP_LIBRARY", "/nonexistent/libamdhip64.so"),
         ],
     );
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("libcuda not found") && stderr.contains("running on the CPU interpreter"),
+        stderr.contains("libcuda not found")
+            && stderr.contains("no HIP runtime found (tried /nonexistent/libamdhip64.so)")
+            && stderr.contains("running on the CPU interpreter"),
         "{stderr}"
     );
     assert!(

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 use super::cache::KernelCache;
 use super::cuda::CudaDevice;
-use super::hiprtc::HIPRTC_LIBRARIES;
+use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
 use super::{MemoryCounter, RuntimeError};
 use crate::codegen::Target;
 
@@ -16,6 +16,7 @@ pub enum DeviceKind {
     /// The reference interpreter.
     Cpu,
     Cuda(CudaDevice),
+    Hip(HipDevice),
 }
 
 struct Inner {
@@ -97,7 +98,25 @@ impl Device {
                     cache,
                 ))
             }
-            "hip" => Err(bad(hip_status())),
+            "hip" => {
+                let d = HipDevice::open(ordinal)?;
+                let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
+                let label = format!(
+                    "hip:{ordinal} {} ({}, HIP runtime {}, driver {}, {})",
+                    d.name,
+                    d.arch,
+                    d.runtime_version,
+                    d.driver_version,
+                    d.library()
+                );
+                Ok(Device::new(
+                    DeviceKind::Hip(d),
+                    format!("hip:{ordinal}"),
+                    label,
+                    Some(target),
+                    cache,
+                ))
+            }
             _ => Err(bad("expected cpu, cuda:N or hip:N".into())),
         }
     }
@@ -114,7 +133,10 @@ impl Device {
                 }
             }
         }
-        notes.push(format!("hip: {}", hip_status()));
+        match Device::open("hip:0") {
+            Ok(d) => return (d, notes),
+            Err(e) => notes.push(e.to_string()),
+        }
         match Device::open("cuda:0") {
             Ok(d) => return (d, notes),
             Err(e) => notes.push(e.to_string()),
@@ -160,6 +182,14 @@ impl Device {
                 "nvrtc {}.{} driver {}",
                 d.nvrtc_version.0, d.nvrtc_version.1, d.driver_version
             ),
+            DeviceKind::Hip(d) => format!(
+                "hiprtc {}.{} ({}) HIP runtime {} driver {}",
+                d.hiprtc().version.0,
+                d.hiprtc().version.1,
+                d.hiprtc().library,
+                d.runtime_version,
+                d.driver_version
+            ),
         }
     }
 
@@ -176,6 +206,7 @@ impl Device {
                 reason: "the CPU runs the interpreter, not kernels".into(),
             }),
             DeviceKind::Cuda(d) => d.compile(source, entry, options),
+            DeviceKind::Hip(d) => d.compile(source, entry, options),
         }
     }
 
@@ -186,6 +217,7 @@ impl Device {
                 reason: "no kernels on the CPU".into(),
             }),
             DeviceKind::Cuda(d) => Ok(LoadedKernel::Cuda(d.load(image, entry)?)),
+            DeviceKind::Hip(d) => Ok(LoadedKernel::Hip(d.load(image, entry)?)),
         }
     }
 
@@ -199,33 +231,29 @@ impl Device {
                 device: self.clone(),
                 inner: StreamInner::Cuda(d.new_stream()?),
             }),
+            DeviceKind::Hip(d) => Ok(Stream {
+                device: self.clone(),
+                inner: StreamInner::Hip(d.new_stream()?),
+            }),
         }
-    }
-}
-
-/// Why the HIP path is not used here.
-fn hip_status() -> String {
-    let found = HIPRTC_LIBRARIES
-        .iter()
-        .filter(|l| l.starts_with("libamdhip64"))
-        .find(|l| {
-            // SAFETY: loading the HIP runtime runs its initialisers, which are safe; the handle is
-            // dropped at once.
-            unsafe { libloading::Library::new(l) }.is_ok()
-        });
-    match found {
-        None => "no HIP runtime (libamdhip64) found".into(),
-        Some(lib) => format!("{lib} is present, but this build runs kernels on NVIDIA GPUs and the CPU only (the HIP launch path is not built yet)"),
     }
 }
 
 /// A kernel loaded on a device. Shared read-only by every execution.
 pub enum LoadedKernel {
     Cuda(CudaFunction),
+    Hip(HipFunction),
 }
 
 enum StreamInner {
     Cuda(Arc<CudaStream>),
+    Hip(Arc<HipStream>),
+}
+
+/// The device and stream of one backend, checked to belong together.
+enum Backend<'a> {
+    Cuda(&'a CudaDevice, &'a Arc<CudaStream>),
+    Hip(&'a HipDevice, &'a Arc<HipStream>),
 }
 
 /// One execution's queue of work; synchronising it waits for that work only.
@@ -235,22 +263,25 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn cuda(&self) -> (&CudaDevice, &Arc<CudaStream>) {
+    fn backend(&self) -> Backend<'_> {
         match (&self.device.0.kind, &self.inner) {
-            (DeviceKind::Cuda(d), StreamInner::Cuda(s)) => (d, s),
+            (DeviceKind::Cuda(d), StreamInner::Cuda(s)) => Backend::Cuda(d, s),
+            (DeviceKind::Hip(d), StreamInner::Hip(s)) => Backend::Hip(d, s),
             (DeviceKind::Cpu, _) => unreachable!("CPU devices make no streams"),
+            _ => unreachable!("a stream is made by its own device"),
         }
     }
 
-    /// A fresh buffer of `bytes`, poisoned with a NaN pattern when `poison`.
-    pub fn alloc(&self, bytes: usize, poison: bool) -> Result<DeviceBuffer, RuntimeError> {
-        self.device.memory().reserve(bytes)?;
-        let (d, s) = self.cuda();
-        match d.alloc(s, bytes, poison) {
+    fn owned(
+        &self,
+        bytes: usize,
+        mem: Result<BufferMem, RuntimeError>,
+    ) -> Result<DeviceBuffer, RuntimeError> {
+        match mem {
             Ok(mem) => Ok(DeviceBuffer {
                 device: self.device.clone(),
                 bytes,
-                mem: BufferMem::Cuda(mem),
+                mem,
             }),
             Err(e) => {
                 self.device.memory().release(bytes);
@@ -259,27 +290,32 @@ impl Stream {
         }
     }
 
+    /// A fresh buffer of `bytes`, poisoned with a NaN pattern when `poison`.
+    pub fn alloc(&self, bytes: usize, poison: bool) -> Result<DeviceBuffer, RuntimeError> {
+        self.device.memory().reserve(bytes)?;
+        let mem = match self.backend() {
+            Backend::Cuda(d, s) => d.alloc(s, bytes, poison).map(BufferMem::Cuda),
+            Backend::Hip(d, s) => d.alloc(s, bytes, poison).map(BufferMem::Hip),
+        };
+        self.owned(bytes, mem)
+    }
+
     pub fn upload(&self, data: &[u8]) -> Result<DeviceBuffer, RuntimeError> {
         self.device.memory().reserve(data.len())?;
-        let (d, s) = self.cuda();
-        match d.upload(s, data) {
-            Ok(mem) => Ok(DeviceBuffer {
-                device: self.device.clone(),
-                bytes: data.len(),
-                mem: BufferMem::Cuda(mem),
-            }),
-            Err(e) => {
-                self.device.memory().release(data.len());
-                Err(e)
-            }
-        }
+        let mem = match self.backend() {
+            Backend::Cuda(d, s) => d.upload(s, data).map(BufferMem::Cuda),
+            Backend::Hip(d, s) => d.upload(s, data).map(BufferMem::Hip),
+        };
+        self.owned(data.len(), mem)
     }
 
     /// Copies a buffer to the host; the copy is complete when this returns.
     pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
-        let (d, s) = self.cuda();
-        let BufferMem::Cuda(mem) = &buf.mem;
-        d.download(s, mem, buf.bytes)
+        match (self.backend(), &buf.mem) {
+            (Backend::Cuda(d, s), BufferMem::Cuda(m)) => d.download(s, m, buf.bytes),
+            (Backend::Hip(d, s), BufferMem::Hip(m)) => d.download(s, m, buf.bytes),
+            _ => Err(foreign()),
+        }
     }
 
     pub fn launch(
@@ -290,25 +326,49 @@ impl Stream {
         shared: u32,
         args: &[&DeviceBuffer],
     ) -> Result<(), RuntimeError> {
-        let (d, s) = self.cuda();
-        let LoadedKernel::Cuda(f) = kernel;
-        let slices: Vec<&CudaSlice<u8>> = args
-            .iter()
-            .map(|b| match &b.mem {
-                BufferMem::Cuda(m) => m,
-            })
-            .collect();
-        d.launch(s, f, grid, block, shared, &slices)
+        match (self.backend(), kernel) {
+            (Backend::Cuda(d, s), LoadedKernel::Cuda(f)) => {
+                let slices = args
+                    .iter()
+                    .map(|b| match &b.mem {
+                        BufferMem::Cuda(m) => Ok(m),
+                        _ => Err(foreign()),
+                    })
+                    .collect::<Result<Vec<&CudaSlice<u8>>, _>>()?;
+                d.launch(s, f, grid, block, shared, &slices)
+            }
+            (Backend::Hip(d, s), LoadedKernel::Hip(f)) => {
+                let bufs = args
+                    .iter()
+                    .map(|b| match &b.mem {
+                        BufferMem::Hip(m) => Ok(m),
+                        _ => Err(foreign()),
+                    })
+                    .collect::<Result<Vec<&HipBuffer>, _>>()?;
+                d.launch(s, f, grid, block, shared, &bufs)
+            }
+            _ => Err(foreign()),
+        }
     }
 
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
-        let (d, s) = self.cuda();
-        d.sync(s)
+        match self.backend() {
+            Backend::Cuda(d, s) => d.sync(s),
+            Backend::Hip(d, s) => d.sync(s),
+        }
+    }
+}
+
+fn foreign() -> RuntimeError {
+    RuntimeError::NoDevice {
+        spec: "mixed".into(),
+        reason: "a buffer or kernel of another kind of device was passed to this stream".into(),
     }
 }
 
 enum BufferMem {
     Cuda(CudaSlice<u8>),
+    Hip(HipBuffer),
 }
 
 /// Device memory owned by this value: freed (and un-counted) on drop. Deliberately not `Clone`.

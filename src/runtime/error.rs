@@ -18,6 +18,8 @@ pub enum RuntimeError {
     },
     #[error("CUDA: {0}")]
     Cuda(String),
+    #[error("HIP: {0}")]
+    Hip(String),
     #[error("device memory budget exceeded: {requested} bytes requested with {in_use} of {budget} in use")]
     OverBudget {
         requested: usize,

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod cuda;
 pub mod device;
 mod error;
+pub mod hip;
 pub mod hiprtc;
 mod memory;
 

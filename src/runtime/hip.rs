@@ -1,0 +1,540 @@
+//! AMD GPUs through the HIP runtime (`libamdhip64`), loaded at run time like hiprtc, so neither
+//! building nor running rocmforge needs ROCm. Kernels are compiled by hiprtc to code objects for
+//! the device's full target id and loaded with the module API.
+//!
+//! HIP keeps the current device per host thread, so every call first binds this device on the
+//! calling thread. Memory is allocated and freed stream-ordered (`hipMallocAsync`) where the
+//! runtime has it: `hipFree` would synchronise the whole device.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ptr;
+use std::sync::Arc;
+
+use libloading::Library;
+
+use super::hiprtc::Hiprtc;
+use super::RuntimeError;
+
+/// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
+/// nothing to keep rocmforge off AMD GPUs).
+pub const HIP_LIBRARIES: [&str; 4] = [
+    "libamdhip64.so.7",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+    "libamdhip64.so",
+];
+
+type Err = c_int;
+type Handle = *mut c_void;
+
+/// hipStreamNonBlocking: our streams never wait on the legacy null stream.
+const STREAM_NON_BLOCKING: c_uint = 1;
+
+/// The entry points rocmforge uses, with the signatures of `hip_runtime_api.h`.
+struct Api {
+    init: unsafe extern "C" fn(c_uint) -> Err,
+    get_device_count: unsafe extern "C" fn(*mut c_int) -> Err,
+    set_device: unsafe extern "C" fn(c_int) -> Err,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Err,
+    get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> Err,
+    driver_get_version: unsafe extern "C" fn(*mut c_int) -> Err,
+    runtime_get_version: unsafe extern "C" fn(*mut c_int) -> Err,
+    error_string: unsafe extern "C" fn(Err) -> *const c_char,
+    stream_create_with_flags: unsafe extern "C" fn(*mut Handle, c_uint) -> Err,
+    stream_destroy: unsafe extern "C" fn(Handle) -> Err,
+    stream_synchronize: unsafe extern "C" fn(Handle) -> Err,
+    malloc: unsafe extern "C" fn(*mut Handle, usize) -> Err,
+    free: unsafe extern "C" fn(Handle) -> Err,
+    /// hipMallocAsync and hipFreeAsync, where the runtime has both.
+    #[allow(clippy::type_complexity)]
+    stream_ordered: Option<(
+        unsafe extern "C" fn(*mut Handle, usize, Handle) -> Err,
+        unsafe extern "C" fn(Handle, Handle) -> Err,
+    )>,
+    memset_async: unsafe extern "C" fn(Handle, c_int, usize, Handle) -> Err,
+    memcpy_htod_async: unsafe extern "C" fn(Handle, *const c_void, usize, Handle) -> Err,
+    memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, Handle, usize, Handle) -> Err,
+    module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
+    module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
+    module_unload: unsafe extern "C" fn(Handle) -> Err,
+    #[allow(clippy::type_complexity)]
+    module_launch_kernel: unsafe extern "C" fn(
+        Handle,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Handle,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> Err,
+}
+
+/// The loaded runtime; the function pointers in `api` live as long as `_lib`.
+struct Runtime {
+    api: Api,
+    _lib: Library,
+    library: String,
+}
+
+// SAFETY: the HIP runtime is thread-safe; the struct holds only function pointers and the library.
+unsafe impl Send for Runtime {}
+unsafe impl Sync for Runtime {}
+
+impl Runtime {
+    fn load() -> Result<Runtime, String> {
+        let candidates: Vec<String> = match std::env::var("ROCMFORGE_HIP_LIBRARY") {
+            Ok(path) if !path.is_empty() => vec![path],
+            _ => HIP_LIBRARIES.iter().map(|s| s.to_string()).collect(),
+        };
+        for name in &candidates {
+            // SAFETY: loading the HIP runtime runs its initialisers, which are safe.
+            let Ok(lib) = (unsafe { Library::new(name) }) else {
+                continue;
+            };
+            return Runtime::bind(lib, name);
+        }
+        Err(format!(
+            "no HIP runtime found (tried {})",
+            candidates.join(", ")
+        ))
+    }
+
+    fn bind(lib: Library, name: &str) -> Result<Runtime, String> {
+        fn sym<T: Copy>(lib: &Library, symbol: &str) -> Option<T> {
+            // SAFETY: each symbol is looked up with the signature hip_runtime_api.h gives it.
+            unsafe { lib.get::<T>(symbol.as_bytes()) }.ok().map(|s| *s)
+        }
+        let need = |symbol: &str| format!("{name} has no symbol {symbol}");
+        macro_rules! req {
+            ($s:literal) => {
+                sym(&lib, $s).ok_or_else(|| need($s))?
+            };
+        }
+        let api = Api {
+            init: req!("hipInit"),
+            get_device_count: req!("hipGetDeviceCount"),
+            set_device: req!("hipSetDevice"),
+            device_get_name: req!("hipDeviceGetName"),
+            // ROCm 6 renamed the current layout; the scan in `arch_of` reads either.
+            get_device_properties: sym(&lib, "hipGetDevicePropertiesR0600")
+                .or_else(|| sym(&lib, "hipGetDeviceProperties"))
+                .ok_or_else(|| need("hipGetDeviceProperties"))?,
+            driver_get_version: req!("hipDriverGetVersion"),
+            runtime_get_version: req!("hipRuntimeGetVersion"),
+            error_string: req!("hipGetErrorString"),
+            stream_create_with_flags: req!("hipStreamCreateWithFlags"),
+            stream_destroy: req!("hipStreamDestroy"),
+            stream_synchronize: req!("hipStreamSynchronize"),
+            malloc: req!("hipMalloc"),
+            free: req!("hipFree"),
+            stream_ordered: sym(&lib, "hipMallocAsync").zip(sym(&lib, "hipFreeAsync")),
+            memset_async: req!("hipMemsetAsync"),
+            memcpy_htod_async: req!("hipMemcpyHtoDAsync"),
+            memcpy_dtoh_async: req!("hipMemcpyDtoHAsync"),
+            module_load_data: req!("hipModuleLoadData"),
+            module_get_function: req!("hipModuleGetFunction"),
+            module_unload: req!("hipModuleUnload"),
+            module_launch_kernel: req!("hipModuleLaunchKernel"),
+        };
+        Ok(Runtime {
+            api,
+            _lib: lib,
+            library: name.to_string(),
+        })
+    }
+
+    fn message(&self, code: Err) -> String {
+        // SAFETY: hipGetErrorString returns a static NUL-terminated string (or null) for any code.
+        let p = unsafe { (self.api.error_string)(code) };
+        if p.is_null() {
+            format!("error {code}")
+        } else {
+            // SAFETY: non-null results are static NUL-terminated strings.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    }
+
+    fn check(&self, call: &str, code: Err) -> Result<(), RuntimeError> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(RuntimeError::Hip(format!("{call}: {}", self.message(code))))
+        }
+    }
+}
+
+/// The full target id (`gfx90a:sramecc+:xnack-`) from the device properties. Their layout
+/// changed between ROCm releases, so the struct is read into an oversized zeroed buffer and the
+/// `gcnArchName` field found by its content: the only NUL-terminated string starting with `gfx`.
+fn arch_of(props: &[u8]) -> Option<String> {
+    props
+        .split(|&b| b == 0)
+        .filter_map(|s| std::str::from_utf8(s).ok())
+        .find(|s| s.starts_with("gfx") && s.len() > 3 && s.len() < 64)
+        .map(str::to_string)
+}
+
+fn count(rt: &Runtime) -> Result<usize, String> {
+    // SAFETY: hipInit takes flags 0; hipGetDeviceCount writes one int through a valid pointer.
+    let code = unsafe { (rt.api.init)(0) };
+    if code != 0 {
+        return Err(format!(
+            "{} loaded, but hipInit failed: {} (no AMD GPU or no amdgpu driver)",
+            rt.library,
+            rt.message(code)
+        ));
+    }
+    let mut n = 0;
+    let code = unsafe { (rt.api.get_device_count)(&mut n) };
+    if code != 0 || n <= 0 {
+        return Err(format!("{}: no AMD GPU found", rt.library));
+    }
+    Ok(n as usize)
+}
+
+pub struct HipDevice {
+    rt: Arc<Runtime>,
+    rtc: Hiprtc,
+    ordinal: c_int,
+    pub name: String,
+    /// The full target id, features included.
+    pub arch: String,
+    pub runtime_version: i32,
+    pub driver_version: i32,
+}
+
+impl std::fmt::Debug for HipDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HipDevice({}, {})", self.name, self.arch)
+    }
+}
+
+impl HipDevice {
+    pub fn open(ordinal: usize) -> Result<HipDevice, RuntimeError> {
+        let spec = format!("hip:{ordinal}");
+        let no = |reason: String| RuntimeError::NoDevice {
+            spec: spec.clone(),
+            reason,
+        };
+        let rt = Runtime::load().map_err(no)?;
+        let n = count(&rt).map_err(no)?;
+        if ordinal >= n {
+            return Err(no(format!("{n} AMD GPU(s) present")));
+        }
+        let rtc = Hiprtc::load().map_err(|e| no(e.to_string()))?;
+        let ord = ordinal as c_int;
+        // SAFETY: `ord` is a valid device number (checked above).
+        rt.check("hipSetDevice", unsafe { (rt.api.set_device)(ord) })?;
+        let mut name = vec![0u8; 256];
+        // SAFETY: the buffer holds the 256 bytes the call is told it has.
+        rt.check("hipDeviceGetName", unsafe {
+            (rt.api.device_get_name)(name.as_mut_ptr().cast(), 256, ord)
+        })?;
+        let name = CStr::from_bytes_until_nul(&name)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // Several times the largest hipDeviceProp_t of any ROCm release.
+        let mut props = vec![0u8; 16 * 1024];
+        // SAFETY: the buffer is larger than the struct the runtime writes.
+        rt.check("hipGetDeviceProperties", unsafe {
+            (rt.api.get_device_properties)(props.as_mut_ptr().cast(), ord)
+        })?;
+        let arch = arch_of(&props)
+            .ok_or_else(|| no("the HIP runtime reported no gfx target for this GPU".into()))?;
+        let (mut runtime_version, mut driver_version) = (0, 0);
+        // SAFETY: both out-pointers are valid.
+        unsafe {
+            (rt.api.runtime_get_version)(&mut runtime_version);
+            (rt.api.driver_get_version)(&mut driver_version);
+        }
+        Ok(HipDevice {
+            rt: Arc::new(rt),
+            rtc,
+            ordinal: ord,
+            name,
+            arch,
+            runtime_version,
+            driver_version,
+        })
+    }
+
+    pub fn library(&self) -> &str {
+        &self.rt.library
+    }
+
+    pub fn hiprtc(&self) -> &Hiprtc {
+        &self.rtc
+    }
+
+    /// HIP's current device is per host thread: bind ours before every call.
+    fn bind(&self) -> Result<(), RuntimeError> {
+        // SAFETY: the ordinal was checked when the device was opened.
+        self.rt.check("hipSetDevice", unsafe {
+            (self.rt.api.set_device)(self.ordinal)
+        })
+    }
+
+    /// Compiles a kernel to a code object for this device's target id.
+    pub fn compile(
+        &self,
+        source: &str,
+        entry: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, RuntimeError> {
+        Ok(self.rtc.compile(source, entry, &self.arch, options)?)
+    }
+
+    pub fn load(&self, image: &[u8], entry: &str) -> Result<HipFunction, RuntimeError> {
+        self.bind()?;
+        let mut module: Handle = ptr::null_mut();
+        // SAFETY: `image` is a complete code object (hiprtc output or a checksummed cache entry).
+        self.rt.check("hipModuleLoadData", unsafe {
+            (self.rt.api.module_load_data)(&mut module, image.as_ptr().cast())
+        })?;
+        let module = Arc::new(HipModule {
+            rt: self.rt.clone(),
+            handle: module,
+        });
+        let name = CString::new(entry).map_err(|_| RuntimeError::Hip("NUL in entry".into()))?;
+        let mut f: Handle = ptr::null_mut();
+        // SAFETY: the module is live and `name` NUL-terminated.
+        self.rt.check("hipModuleGetFunction", unsafe {
+            (self.rt.api.module_get_function)(&mut f, module.handle, name.as_ptr())
+        })?;
+        Ok(HipFunction {
+            _module: module,
+            handle: f,
+        })
+    }
+
+    pub fn new_stream(&self) -> Result<Arc<HipStream>, RuntimeError> {
+        self.bind()?;
+        let mut s: Handle = ptr::null_mut();
+        // SAFETY: `s` receives a new stream on the bound device.
+        self.rt.check("hipStreamCreateWithFlags", unsafe {
+            (self.rt.api.stream_create_with_flags)(&mut s, STREAM_NON_BLOCKING)
+        })?;
+        Ok(Arc::new(HipStream {
+            rt: self.rt.clone(),
+            ordinal: self.ordinal,
+            handle: s,
+        }))
+    }
+
+    /// `bytes` of device memory, ordered on `stream`, filled with 0xFF (NaN in every float
+    /// dtype) when `poison`, else zeros.
+    pub fn alloc(
+        &self,
+        stream: &Arc<HipStream>,
+        bytes: usize,
+        poison: bool,
+    ) -> Result<HipBuffer, RuntimeError> {
+        self.bind()?;
+        let n = bytes.max(1);
+        let api = &self.rt.api;
+        let mut p: Handle = ptr::null_mut();
+        // Memory pools are optional on some GPUs: hipMallocAsync may answer "not supported".
+        // SAFETY: `p` receives `n` bytes of device memory on the bound device.
+        let stream_ordered = api.stream_ordered.is_some_and(
+            |(malloc_async, _)| unsafe { malloc_async(&mut p, n, stream.handle) } == 0,
+        );
+        if !stream_ordered {
+            // SAFETY: as above.
+            self.rt
+                .check("hipMalloc", unsafe { (api.malloc)(&mut p, n) })?;
+        }
+        let buf = HipBuffer {
+            stream: stream.clone(),
+            ptr: p,
+            stream_ordered,
+        };
+        let fill = if poison { 0xFF } else { 0 };
+        // SAFETY: `p` holds `n` bytes; the fill is ordered on the same stream as every use.
+        self.rt.check("hipMemsetAsync", unsafe {
+            (api.memset_async)(p, fill, n, stream.handle)
+        })?;
+        Ok(buf)
+    }
+
+    /// A device copy of `data`. The host bytes may be freed as soon as this returns: the stream
+    /// is synchronised after the copy (HIP may read pageable memory after an async call returns).
+    pub fn upload(&self, stream: &Arc<HipStream>, data: &[u8]) -> Result<HipBuffer, RuntimeError> {
+        let buf = self.alloc(stream, data.len(), false)?;
+        if !data.is_empty() {
+            // SAFETY: the buffer holds `data.len()` bytes; `data` lives until the sync below.
+            self.rt.check("hipMemcpyHtoDAsync", unsafe {
+                (self.rt.api.memcpy_htod_async)(
+                    buf.ptr,
+                    data.as_ptr().cast(),
+                    data.len(),
+                    stream.handle,
+                )
+            })?;
+            self.sync(stream)?;
+        }
+        Ok(buf)
+    }
+
+    /// Copies `bytes` of `buf` to the host; complete when this returns.
+    pub fn download(
+        &self,
+        stream: &Arc<HipStream>,
+        buf: &HipBuffer,
+        bytes: usize,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        self.bind()?;
+        let mut out = vec![0u8; bytes];
+        if bytes > 0 {
+            // SAFETY: `out` holds `bytes` bytes and the buffer at least as many; the host reads
+            // `out` only after the stream is synchronised.
+            self.rt.check("hipMemcpyDtoHAsync", unsafe {
+                (self.rt.api.memcpy_dtoh_async)(
+                    out.as_mut_ptr().cast(),
+                    buf.ptr,
+                    bytes,
+                    stream.handle,
+                )
+            })?;
+        }
+        self.sync(stream)?;
+        Ok(out)
+    }
+
+    /// Launches `f` on `stream` with device pointers `args`.
+    pub fn launch(
+        &self,
+        stream: &Arc<HipStream>,
+        f: &HipFunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[&HipBuffer],
+    ) -> Result<(), RuntimeError> {
+        self.bind()?;
+        let mut ptrs: Vec<Handle> = args.iter().map(|b| b.ptr).collect();
+        let mut params: Vec<*mut c_void> =
+            ptrs.iter_mut().map(|p| (p as *mut Handle).cast()).collect();
+        // SAFETY: every kernel takes exactly one device pointer per binding, in binding order;
+        // `params` points at those pointers, which live until the call returns (HIP copies them).
+        self.rt.check("hipModuleLaunchKernel", unsafe {
+            (self.rt.api.module_launch_kernel)(
+                f.handle,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                stream.handle,
+                params.as_mut_ptr(),
+                ptr::null_mut(),
+            )
+        })
+    }
+
+    pub fn sync(&self, stream: &Arc<HipStream>) -> Result<(), RuntimeError> {
+        // SAFETY: the stream is live (held by the Arc).
+        self.rt.check("hipStreamSynchronize", unsafe {
+            (self.rt.api.stream_synchronize)(stream.handle)
+        })
+    }
+}
+
+/// A loaded code object, unloaded when its last function is dropped.
+struct HipModule {
+    rt: Arc<Runtime>,
+    handle: Handle,
+}
+
+// SAFETY: HIP modules may be used from any thread.
+unsafe impl Send for HipModule {}
+unsafe impl Sync for HipModule {}
+
+impl Drop for HipModule {
+    fn drop(&mut self) {
+        // SAFETY: loaded once by hipModuleLoadData, unloaded once here.
+        unsafe { (self.rt.api.module_unload)(self.handle) };
+    }
+}
+
+/// A kernel of a loaded module; launching it from several threads at once is allowed.
+pub struct HipFunction {
+    _module: Arc<HipModule>,
+    handle: Handle,
+}
+
+// SAFETY: hipFunction_t is an immutable handle; HIP allows launches from any thread.
+unsafe impl Send for HipFunction {}
+unsafe impl Sync for HipFunction {}
+
+/// One execution's stream, destroyed when its last buffer is gone.
+pub struct HipStream {
+    rt: Arc<Runtime>,
+    ordinal: c_int,
+    handle: Handle,
+}
+
+// SAFETY: HIP streams may be used from any thread.
+unsafe impl Send for HipStream {}
+unsafe impl Sync for HipStream {}
+
+impl Drop for HipStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream was created on `ordinal` and is destroyed once, here, after every
+        // buffer ordered on it (they hold this Arc).
+        unsafe {
+            (self.rt.api.set_device)(self.ordinal);
+            (self.rt.api.stream_destroy)(self.handle);
+        }
+    }
+}
+
+/// Device memory owned by this value, freed on its stream when dropped.
+pub struct HipBuffer {
+    stream: Arc<HipStream>,
+    ptr: Handle,
+    /// Allocated with hipMallocAsync, so freed with hipFreeAsync.
+    stream_ordered: bool,
+}
+
+// SAFETY: device pointers may be used from any thread; the buffer is freed exactly once.
+unsafe impl Send for HipBuffer {}
+unsafe impl Sync for HipBuffer {}
+
+impl Drop for HipBuffer {
+    fn drop(&mut self) {
+        let s = &self.stream;
+        let api = &s.rt.api;
+        // SAFETY: `ptr` came from hipMalloc(Async) on this device and is freed once, here;
+        // stream-ordered, so work queued on the stream that uses it finishes first.
+        unsafe {
+            (api.set_device)(s.ordinal);
+            match api.stream_ordered {
+                Some((_, free_async)) if self.stream_ordered => free_async(self.ptr, s.handle),
+                _ => (api.free)(self.ptr),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_is_found_in_any_property_layout() {
+        let mut props = vec![0u8; 2048];
+        props[..18].copy_from_slice(b"AMD Instinct MI210");
+        props[396..418].copy_from_slice(b"gfx90a:sramecc+:xnack-");
+        assert_eq!(arch_of(&props).as_deref(), Some("gfx90a:sramecc+:xnack-"));
+        let mut other = vec![0u8; 2048];
+        other[1200..1207].copy_from_slice(b"gfx1030");
+        assert_eq!(arch_of(&other).as_deref(), Some("gfx1030"));
+        assert_eq!(arch_of(&[0u8; 64]), None);
+    }
+}
