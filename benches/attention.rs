@@ -6,7 +6,8 @@
 //!
 //! `cargo bench --bench attention`; `ROCMFORGE_BENCH_JSON=FILE` also writes the summary table as
 //! JSON (benches/torch_compare.py reads it), and `ROCMFORGE_BENCH_TABLE_ONLY=1` skips criterion's
-//! sampling and prints only the summary table (what the comparison script needs).
+//! sampling and prints only the summary table (what the comparison script needs);
+//! `ROCMFORGE_BENCH_FILTER=S2048_D128_f16` runs only the cases whose name contains it.
 
 #[path = "../tests/common/attention_graphs.rs"]
 mod attention_graphs;
@@ -131,7 +132,11 @@ fn bench(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
+    let only = std::env::var("ROCMFORGE_BENCH_FILTER").unwrap_or_default();
     for case in cases(device.is_gpu()) {
+        if !case.name().contains(&only) {
+            continue;
+        }
         let g = build(&case.spec());
         let inputs = Bindings::random(&g, 1);
         let fused = Graph::compile_with(&g, &device, &options).expect("compile fused");

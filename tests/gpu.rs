@@ -526,6 +526,22 @@ fn main() {
             Mask::CausalTril,
             Scale::MulScores,
         ),
+        // Tensor-core kernel (f16/bf16, D a multiple of 16): several key tiles, a partial last
+        // tile and partial query blocks, masks, causal offsets, GQA and single-row decode.
+        (2, 4, 4, 200, 200, 128, DType::F16, Mask::Padding, Scale::OnQ),
+        (
+            1,
+            6,
+            2,
+            77,
+            300,
+            64,
+            DType::BF16,
+            Mask::Causal,
+            Scale::MulScores,
+        ),
+        (3, 8, 1, 1, 129, 32, DType::F16, Mask::None, Scale::DivScores),
+        (1, 2, 2, 130, 65, 96, DType::F16, Mask::BoolMin, Scale::MulScores),
     ];
     for (i, (b, hq, hkv, sq, sk, d, dtype, mask, scale)) in shapes.into_iter().enumerate() {
         let spec = Spec {

@@ -132,7 +132,7 @@ pub(crate) fn generate(
         if node.ty.shape.numel() == 0 {
             continue;
         }
-        let kernels = lower_node(g, id, &buf, epi.get(&id).copied())?;
+        let kernels = lower_node(g, id, &buf, epi.get(&id).copied(), target)?;
         plan.kernels.extend(kernels);
     }
     plan.outputs = g
@@ -152,6 +152,7 @@ fn lower_node(
     id: NodeId,
     buf: &HashMap<NodeId, BufferId>,
     epilogue_of: Option<NodeId>,
+    target: &Target,
 ) -> Result<Vec<Kernel>, CodegenError> {
     let node = g.node(id);
     let ops = g.operands(id);
@@ -328,7 +329,7 @@ fn lower_node(
             )?
         }
         Op::MatMul => matmul(g, id, None, buf)?,
-        Op::FlashAttention(att) => flash(g, id, att, &ops, buf)?,
+        Op::FlashAttention(att) => flash(g, id, att, &ops, buf, target)?,
     };
     Ok(vec![k])
 }
@@ -563,6 +564,7 @@ fn flash(
     att: &Attention,
     ops: &[NodeId],
     buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
 ) -> Result<Kernel, CodegenError> {
     let (q, k, v) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]));
     let [b, hq, sq, d] = q.shape.dims()[..] else {
@@ -599,6 +601,48 @@ fn flash(
         }
     };
     let mc = ctype(mask_t);
+    // Tensor cores where the target has mma.sync for this dtype and the head sizes fit its tiles
+    // (and the fragments fit in registers).
+    let mma = match q.dtype {
+        DType::F16 => Some(("rf_mma_f16", "rf_pack_f16x2")),
+        DType::BF16 => Some(("rf_mma_bf16", "rf_pack_bf16x2")),
+        _ => None,
+    }
+    .filter(|_| {
+        target.nvidia_sm().is_some_and(|sm| sm >= 80)
+            && d % 16 == 0
+            && dv % 16 == 0
+            && d <= 128
+            && dv <= 128
+    });
+    if let Some((mma, pack)) = mma {
+        let warps = 4;
+        let block_m = 16 * warps;
+        let block_n = 64;
+        let ctx = json!({
+            "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
+            "warps": warps, "block_m": block_m, "block_n": block_n, "threads": 32 * warps,
+            "dtype": q.dtype.to_string(), "mma": mma, "pack": pack,
+            "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal, "offset": att.causal_offset,
+            "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
+            "ctype": c.storage, "store_pre": c.store_pre, "store_post": c.store_post,
+        });
+        let launch = Launch {
+            grid: [(b * hq) as u32, sq.div_ceil(block_m) as u32, 1],
+            block: [(32 * warps) as u32, 1, 1],
+            shared_bytes: 0,
+        };
+        let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
+        args.push(buf[&id]);
+        return finish(
+            "flash_attention",
+            "flash_attention_mma.hip",
+            ctx,
+            launch,
+            args,
+            &g.node(id).name,
+        );
+    }
     let ctx = json!({
         "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
         "tpr": tpr, "block_m": block_m, "block_n": block_n, "threads": block_m * tpr, "dper": d.div_ceil(tpr), "dvper": dv.div_ceil(tpr),

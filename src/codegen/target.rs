@@ -75,6 +75,17 @@ impl Target {
     }
 }
 
+impl Target {
+    /// The compute capability of an NVIDIA target as one number (`sm_90a` → 90).
+    pub fn nvidia_sm(&self) -> Option<u32> {
+        self.processor
+            .strip_prefix("sm_")?
+            .trim_end_matches(['a', 'f'])
+            .parse()
+            .ok()
+    }
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} (wave {})", self.arch, self.wave_size)
@@ -97,6 +108,9 @@ mod tests {
         assert_eq!(t("gfx942").unwrap().1, 64);
         assert_eq!(t("sm_90").unwrap(), (Platform::Nvidia, 32, "sm_90".into()));
         assert_eq!(t("sm_90a").unwrap().0, Platform::Nvidia);
+        assert_eq!(Target::parse("sm_90a").unwrap().nvidia_sm(), Some(90));
+        assert_eq!(Target::parse("sm_120").unwrap().nvidia_sm(), Some(120));
+        assert_eq!(Target::parse("gfx90a").unwrap().nvidia_sm(), None);
         for bad in [
             "",
             "gfx",

@@ -7,7 +7,7 @@ use minijinja::Environment;
 
 use super::CodegenError;
 
-const TEMPLATES: [(&str, &str); 14] = [
+const TEMPLATES: [(&str, &str); 15] = [
     (
         "prelude_amd.hip",
         include_str!("../../kernel_templates/prelude_amd.hip"),
@@ -57,6 +57,10 @@ const TEMPLATES: [(&str, &str); 14] = [
     (
         "flash_attention.hip",
         include_str!("../../kernel_templates/flash_attention.hip"),
+    ),
+    (
+        "flash_attention_mma.hip",
+        include_str!("../../kernel_templates/flash_attention_mma.hip"),
     ),
 ];
 
