@@ -3,7 +3,8 @@
 // scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset }}){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), 16 per warp; each warp keeps its
 // Q rows as mma fragments in registers for the whole kernel. Key/value tiles of {{ block_n }} rows are staged
-// in shared memory (rows padded by 8 halves so that fragment loads hit distinct banks). Per tile a warp
+// in shared memory (rows padded by 8 halves so that fragment loads hit distinct banks), loaded by cp.async one
+// tile ahead of use. Per tile a warp
 // computes S = Q·Kᵀ (16 × {{ block_n }}) in registers, applies scale and masks, updates the online softmax in
 // the log2 domain, and multiplies P — converted to {{ dtype }} where the S accumulator already holds it in the
 // A-fragment layout, so P never touches shared memory — by V, read with ldmatrix.trans.
@@ -39,28 +40,41 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const long long end_ll = last_row + ({{ offset }}LL) + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
 {% else %}    const int key_end = {{ sk }};
-{% endif %}    for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
-        __syncthreads();
+{% endif %}    // K and V tiles arrive by cp.async in separate commit groups, one tile ahead: the next K
+    // loads while this tile's P·V runs, the next V while the next S is computed.
+    auto load_k = [&](int j0) {
         for (int t = threadIdx.x; t < {{ block_n * d // 8 }}; t += {{ threads }}) {
             const int r = t / {{ d // 8 }}, c = (t % {{ d // 8 }}) * 8;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (j0 + r < {{ sk }}) val = *(const uint4*)(k + k_base + (long long)(j0 + r) * {{ d }} + c);
-            *(uint4*)&Ks[r][c] = val;
+            const bool ok = j0 + r < {{ sk }};
+            rf_cp_async16(&Ks[r][c], k + k_base + (long long)(ok ? j0 + r : 0) * {{ d }} + c, ok);
         }
+        rf_cp_async_commit();
+    };
+    auto load_v = [&](int j0) {
         for (int t = threadIdx.x; t < {{ block_n * dv // 8 }}; t += {{ threads }}) {
             const int r = t / {{ dv // 8 }}, c = (t % {{ dv // 8 }}) * 8;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (j0 + r < {{ sk }}) val = *(const uint4*)(v + v_base + (long long)(j0 + r) * {{ dv }} + c);
-            *(uint4*)&Vs[r][c] = val;
+            const bool ok = j0 + r < {{ sk }};
+            rf_cp_async16(&Vs[r][c], v + v_base + (long long)(ok ? j0 + r : 0) * {{ dv }} + c, ok);
         }
+        rf_cp_async_commit();
+    };
+    if (key_end > 0) {
+        load_k(0);
+        load_v(0);
+    }
+    for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
+        rf_cp_async_wait_one();  // K(j0) has landed; V(j0) may still be in flight
         __syncthreads();
         float s[{{ block_n // 8 }}][4];
-        for (int n = 0; n < {{ block_n // 8 }}; ++n) {
+        for (int n = 0; n < {{ block_n // 8 }}; ++n)
             for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+        for (int n = 0; n < {{ block_n // 8 }}; n += 2) {
             for (int kk = 0; kk < {{ d // 16 }}; ++kk) {
-                const unsigned b0 = *(const unsigned*)&Ks[n * 8 + g][kk * 16 + t4 * 2];
-                const unsigned b1 = *(const unsigned*)&Ks[n * 8 + g][kk * 16 + 8 + t4 * 2];
-                {{ mma }}(s[n], qf[kk], b0, b1);
+                // K fragments of key tiles n and n + 1: B[k][key] = K[key][k], read as rows of K.
+                unsigned kb[4];
+                rf_ldsm_x4(kb, &Ks[n * 8 + (lane >> 4) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
+                {{ mma }}(s[n], qf[kk], kb[0], kb[1]);
+                {{ mma }}(s[n + 1], qf[kk], kb[2], kb[3]);
             }
         }
         float mx[2] = {-INFINITY, -INFINITY};
@@ -96,6 +110,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
                 l[e >> 1] += s[n][e];
             }
         }
+        __syncthreads();  // every warp is done with Ks
+        if (j0 + {{ block_n }} < key_end) load_k(j0 + {{ block_n }});
+        else rf_cp_async_commit();  // an empty group keeps the count of groups in flight fixed
+        rf_cp_async_wait_one();     // V(j0) has landed
+        __syncthreads();
         for (int kk = 0; kk < {{ block_n // 16 }}; ++kk) {
             unsigned pa[4];
             pa[0] = {{ pack }}(s[2 * kk][0], s[2 * kk][1]);
@@ -109,6 +128,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
                 {{ mma }}(o[2 * n2 + 1], pa, vb[2], vb[3]);
             }
         }
+        __syncthreads();  // every warp is done with Vs
+        if (j0 + {{ block_n }} < key_end) load_v(j0 + {{ block_n }});
+        else rf_cp_async_commit();
     }
     for (int r = 0; r < 2; ++r) {
         l[r] += rf_shfl_xor(l[r], 1);

@@ -49,12 +49,27 @@ RF_INLINE unsigned rf_pack_bf16x2(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-// Four 8x8 b16 matrices from shared memory, transposed; lane L gives the address of row L % 8 of
-// matrix L / 8.
+// Four 8x8 b16 matrices from shared memory, one register each; lane L gives the address of row
+// L % 8 of matrix L / 8. The transposed form gives each thread a column pair instead of a row pair.
+RF_INLINE void rf_ldsm_x4(unsigned* r, const void* smem) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 RF_INLINE void rf_ldsm_x4_trans(unsigned* r, const void* smem) {
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+// 16 bytes global -> shared without passing through registers; `valid` false fills zeros (the
+// source address is then not read). Completion is tracked in commit groups.
+RF_INLINE void rf_cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(gmem), "r"(valid ? 16 : 0));
+}
+RF_INLINE void rf_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most one committed group is still in flight.
+RF_INLINE void rf_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 {% endraw %}
