@@ -1,48 +1,169 @@
-//! The example models compiled for the best device: per-iteration latency of `bert_layer.json`
-//! and `llama_block.json`, fused and unfused. Time is taken between stream synchronisations.
+//! Models compiled for the best device, fused and unfused: per-iteration latency of the example
+//! graphs `bert_layer.json` and `llama_block.json`, and of all-MiniLM-L6-v2 (when
+//! `scripts/fetch-models` has put it in the model cache) at sequence 128, batch 1 and 32, f32 and
+//! f16 (batch 1, f32 only on the CPU interpreter). Time is taken between stream
+//! synchronisations.
+//!
+//! Same environment as the attention bench: `ROCMFORGE_BENCH_JSON=FILE` writes the summary table
+//! (benches/torch_compare.py --models reads it), `ROCMFORGE_BENCH_TABLE_ONLY=1` skips criterion's
+//! sampling, `ROCMFORGE_BENCH_FILTER=minilm` keeps only the cases whose name contains it.
 
 #[path = "common/timing.rs"]
 mod timing;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rocmforge::compile::CompileOptions;
+use rocmforge::compile::{CompileOptions, Compiled};
+use rocmforge::frontend::BertEncoder;
 use rocmforge::interp::Bindings;
-use rocmforge::ir::{format, Graph};
+use rocmforge::ir::{format, DType, Graph, Tensor};
 use rocmforge::runtime::Device;
 use timing::time_runs;
+
+/// One model to time: its graph, weights (empty for the example graphs) and inputs.
+struct Case {
+    name: String,
+    graph: Graph,
+    weights: std::collections::HashMap<String, Tensor>,
+    inputs: Bindings,
+}
+
+fn minilm_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("ROCMFORGE_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
+        })?;
+    Some(base.join("all-MiniLM-L6-v2")).filter(|d| d.join("model.safetensors").exists())
+}
+
+fn cases(gpu: bool) -> Vec<Case> {
+    let mut out = Vec::new();
+    for name in ["bert_layer", "llama_block"] {
+        let graph = format::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("graphs/{name}.json")),
+        )
+        .expect("example graph");
+        let inputs = Bindings::random(&graph, 1);
+        out.push(Case {
+            name: name.into(),
+            graph,
+            weights: Default::default(),
+            inputs,
+        });
+    }
+    let Some(dir) = minilm_dir() else {
+        eprintln!("all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models): not timed");
+        return out;
+    };
+    let enc = BertEncoder::load(&dir).expect("all-MiniLM-L6-v2");
+    let configs: &[(usize, DType)] = if gpu {
+        &[
+            (1, DType::F32),
+            (32, DType::F32),
+            (1, DType::F16),
+            (32, DType::F16),
+        ]
+    } else {
+        &[(1, DType::F32)]
+    };
+    for &(batch, dtype) in configs {
+        let graph = enc.graph_typed(batch, 128, dtype).expect("MiniLM graph");
+        let weights = enc.weights_for(&graph).expect("MiniLM weights");
+        // Random token ids, every position a token (no padding): what the PyTorch side runs.
+        let mut inputs = Bindings::random(&graph, 1);
+        inputs.inputs.insert(
+            "attention_mask".into(),
+            Tensor::from_f32(DType::F32, vec![batch, 128], vec![1.0; batch * 128]).unwrap(),
+        );
+        out.push(Case {
+            name: format!("minilm_B{batch}_S128_{dtype}"),
+            graph,
+            weights,
+            inputs,
+        });
+    }
+    out
+}
+
+struct Row {
+    case: String,
+    fused_s: f64,
+    unfused_s: f64,
+}
 
 fn bench(c: &mut Criterion) {
     let (device, _) = Device::best();
     println!("device: {}", device.label());
+    let table_only = std::env::var("ROCMFORGE_BENCH_TABLE_ONLY").is_ok_and(|v| v == "1");
+    let only = std::env::var("ROCMFORGE_BENCH_FILTER").unwrap_or_default();
     let mut group = c.benchmark_group("models");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
-    for name in ["bert_layer", "llama_block"] {
-        let g = format::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("graphs/{name}.json")),
-        )
-        .expect("example graph");
-        let inputs = Bindings::random(&g, 1);
-        for fuse in [true, false] {
+    let mut rows = Vec::new();
+    for case in cases(device.is_gpu()) {
+        if !case.name.contains(&only) {
+            continue;
+        }
+        let compile = |fuse: bool| {
             let options = CompileOptions {
                 fuse,
                 poison: false,
                 progress: false,
+                weights: case.weights.clone(),
                 ..CompileOptions::default()
             };
-            let compiled = Graph::compile_with(&g, &device, &options).expect("compile");
-            let variant = if fuse { "fused" } else { "unfused" };
-            group.bench_with_input(BenchmarkId::new(variant, name), &(), |b, _| {
-                b.iter_custom(|iters| time_runs(&compiled, &inputs, iters))
+            Graph::compile_with(&case.graph, &device, &options).expect("compile")
+        };
+        let (fused, unfused) = (compile(true), compile(false));
+        for (variant, compiled) in [("fused", &fused), ("unfused", &unfused)]
+            .into_iter()
+            .filter(|_| !table_only)
+        {
+            group.bench_with_input(BenchmarkId::new(variant, &case.name), &(), |b, _| {
+                b.iter_custom(|iters| time_runs(compiled, &case.inputs, iters))
             });
         }
+        let iters = if device.is_gpu() { 10 } else { 1 };
+        let best = |c: &Compiled| {
+            (0..3)
+                .map(|_| time_runs(c, &case.inputs, iters).as_secs_f64() / iters as f64)
+                .fold(f64::INFINITY, f64::min)
+        };
+        rows.push(Row {
+            case: case.name.clone(),
+            fused_s: best(&fused),
+            unfused_s: best(&unfused),
+        });
     }
     group.finish();
+    println!("\nmodels on {}", device.label());
+    println!(
+        "{:<26} {:>10} {:>11} {:>8}",
+        "case", "fused ms", "unfused ms", "speedup"
+    );
+    for r in &rows {
+        println!(
+            "{:<26} {:>10.3} {:>11.3} {:>7.2}x",
+            r.case,
+            r.fused_s * 1e3,
+            r.unfused_s * 1e3,
+            r.unfused_s / r.fused_s
+        );
+    }
+    if let Ok(path) = std::env::var("ROCMFORGE_BENCH_JSON") {
+        let json: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3}))
+            .collect();
+        let doc = serde_json::json!({"device": device.label(), "rows": json});
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap())
+            .expect("write ROCMFORGE_BENCH_JSON");
+    }
 }
 
 criterion_group!(benches, bench);

@@ -8,6 +8,13 @@ fused, ours unfused, each torch backend, and the ratios.
     python3 benches/torch_compare.py --bench .gpu/bin/attention-bench     # on the GPU machine
     python3 benches/torch_compare.py                                        # here: cargo bench
 
+With --models, the models bench instead, and all-MiniLM-L6-v2 (the rows named minilm_B*_S128_*)
+against Hugging Face transformers' BertModel loaded from the same directory, with the
+sentence-transformers pooling (mean over the mask, L2 normalisation): eager attention, SDPA
+attention, and SDPA under torch.compile.
+
+    python3 benches/torch_compare.py --models --bench .gpu/bin/models-bench --model DIR
+
 Inputs are random normal, never zeros. Times are CUDA-event medians.
 """
 import argparse
@@ -19,10 +26,10 @@ import sys
 import tempfile
 
 
-def run_ours(bench):
+def run_ours(bench, name="attention"):
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
     env = dict(os.environ, ROCMFORGE_BENCH_JSON=out, ROCMFORGE_BENCH_TABLE_ONLY="1")
-    cmd = [bench, "--bench"] if bench else ["cargo", "bench", "--bench", "attention"]
+    cmd = [bench, "--bench"] if bench else ["cargo", "bench", "--bench", name]
     subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
     with open(out) as f:
         return json.load(f)
@@ -71,12 +78,67 @@ def torch_backends(torch, case):
     return out
 
 
+def bert_variants(torch, model_dir, case):
+    """BertModel + pooling in eager, SDPA and compiled SDPA form, timed on `case`'s shape."""
+    from transformers import BertModel
+
+    m = re.match(r"minilm_B(\d+)_S(\d+)_(\w+)$", case)
+    b, s = int(m.group(1)), int(m.group(2))
+    dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[m.group(3)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = {}
+    for name, attn, compiled in [("eager", "eager", False), ("sdpa", "sdpa", False), ("compile", "sdpa", True)]:
+        model = BertModel.from_pretrained(model_dir, attn_implementation=attn).to(device="cuda", dtype=dtype).eval()
+        ids = torch.randint(0, model.config.vocab_size, (b, s), device="cuda", generator=gen)
+        mask = torch.ones(b, s, device="cuda", dtype=torch.long)
+
+        def embed(ids=ids, mask=mask, model=model):
+            h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            mf = mask.unsqueeze(-1).float()
+            pooled = (h * mf).sum(1) / mf.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+        fn = torch.compile(embed) if compiled else embed
+        with torch.inference_mode():
+            try:
+                out[name] = time_torch(torch, fn)
+            except Exception as e:  # a backend that cannot run here is reported, not fatal
+                print(f"{case} {name}: {type(e).__name__}: {e}", file=sys.stderr)
+                out[name] = None
+        del model
+        torch.cuda.empty_cache()
+    return out
+
+
+def models_table(torch, args):
+    ours = run_ours(args.bench, "models")
+    print(f"rocmforge device: {ours['device']}")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    fmt = lambda x: f"{x:9.3f}" if x is not None else "      n/a"
+    ratio = lambda t, f: f"{t / f:8.2f}x" if t is not None else "      n/a"
+    print(f"{'case':<22} {'fused ms':>9} {'unfus ms':>9} {'eager':>9} {'sdpa':>9} {'compile':>9} {'vs eager':>9} {'vs sdpa':>9} {'vs comp':>9}")
+    for row in ours["rows"]:
+        f, u = row["fused_ms"], row["unfused_ms"]
+        if not row["case"].startswith("minilm_"):
+            print(f"{row['case']:<22} {f:9.3f} {u:9.3f}")
+            continue
+        t = bert_variants(torch, args.model, row["case"])
+        print(f"{row['case']:<22} {f:9.3f} {u:9.3f} " + " ".join(fmt(t[c]) for c in ["eager", "sdpa", "compile"])
+              + " " + " ".join(ratio(t[c], f) for c in ["eager", "sdpa", "compile"]))
+    print("vs X: torch X's time over ours fused (above 1: ours is faster).")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench", help="rocmforge's staged attention bench executable (default: cargo bench)")
+    ap.add_argument("--bench", help="rocmforge's staged bench executable (default: cargo bench)")
+    ap.add_argument("--models", action="store_true", help="the models bench and MiniLM against BertModel")
+    ap.add_argument("--model", help="the all-MiniLM-L6-v2 directory (with --models)",
+                    default=os.path.expanduser("~/.cache/rocmforge/models/all-MiniLM-L6-v2"))
     args = ap.parse_args()
     import torch
 
+    if args.models:
+        return models_table(torch, args)
     ours = run_ours(args.bench)
     print(f"rocmforge device: {ours['device']}")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")

@@ -356,9 +356,14 @@ fn minilm_dir() -> Option<PathBuf> {
     Some(base.join("all-MiniLM-L6-v2")).filter(|d| d.join("model.safetensors").exists())
 }
 
-/// all-MiniLM-L6-v2 compiled for the GPU, the reference sentences in one padded batch, against
-/// PyTorch's embeddings: cosine ≥ 0.9999 (f32).
-fn minilm_matches_reference(device: &Device, dir: &Path) -> Result<(), Failed> {
+/// all-MiniLM-L6-v2 compiled for the GPU in `dtype`, the reference sentences in one padded batch,
+/// against PyTorch's f32 embeddings: cosine ≥ `min_cos` (0.9999 for f32, 0.999 for f16).
+fn minilm_matches_reference(
+    device: &Device,
+    dir: &Path,
+    dtype: DType,
+    min_cos: f64,
+) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let enc = rocmforge::frontend::BertEncoder::load(dir).map_err(|e| e.to_string())?;
     let r: serde_json::Value = serde_json::from_str(
@@ -375,7 +380,7 @@ fn minilm_matches_reference(device: &Device, dir: &Path) -> Result<(), Failed> {
         .collect();
     let batch = enc.tokenize(&texts).map_err(|e| e.to_string())?;
     let g = enc
-        .graph(texts.len(), batch.seq_len)
+        .graph_typed(texts.len(), batch.seq_len, dtype)
         .map_err(|e| e.to_string())?;
     let weights = enc.weights_for(&g).map_err(|e| e.to_string())?;
     let c = Graph::compile_with(
@@ -408,8 +413,8 @@ fn minilm_matches_reference(device: &Device, dir: &Path) -> Result<(), Failed> {
         let cos = dot
             / (got.iter().map(|a| a * a).sum::<f64>().sqrt()
                 * want.iter().map(|b| b * b).sum::<f64>().sqrt());
-        if cos.is_nan() || cos < 0.9999 {
-            return Err(format!("{:?}: cosine {cos}", texts[i]).into());
+        if cos.is_nan() || cos < min_cos {
+            return Err(format!("{dtype} {:?}: cosine {cos}", texts[i]).into());
         }
     }
     Ok(())
@@ -528,7 +533,17 @@ fn main() {
         ),
         // Tensor-core kernel (f16/bf16, D a multiple of 16): several key tiles, a partial last
         // tile and partial query blocks, masks, causal offsets, GQA and single-row decode.
-        (2, 4, 4, 200, 200, 128, DType::F16, Mask::Padding, Scale::OnQ),
+        (
+            2,
+            4,
+            4,
+            200,
+            200,
+            128,
+            DType::F16,
+            Mask::Padding,
+            Scale::OnQ,
+        ),
         (
             1,
             6,
@@ -540,8 +555,28 @@ fn main() {
             Mask::Causal,
             Scale::MulScores,
         ),
-        (3, 8, 1, 1, 129, 32, DType::F16, Mask::None, Scale::DivScores),
-        (1, 2, 2, 130, 65, 96, DType::F16, Mask::BoolMin, Scale::MulScores),
+        (
+            3,
+            8,
+            1,
+            1,
+            129,
+            32,
+            DType::F16,
+            Mask::None,
+            Scale::DivScores,
+        ),
+        (
+            1,
+            2,
+            2,
+            130,
+            65,
+            96,
+            DType::F16,
+            Mask::BoolMin,
+            Scale::MulScores,
+        ),
     ];
     for (i, (b, hq, hkv, sq, sk, d, dtype, mask, scale)) in shapes.into_iter().enumerate() {
         let spec = Spec {
@@ -566,30 +601,29 @@ fn main() {
             Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
         );
     }
-    match minilm_dir() {
-        Some(dir) => {
-            let d = device.clone();
-            push(
-                &mut trials,
-                &ignored,
-                "minilm::f32_matches_pytorch".into(),
-                Box::new(move || minilm_matches_reference(&d, &dir)),
-            );
+    for (dtype, min_cos) in [(DType::F32, 0.9999), (DType::F16, 0.999)] {
+        let name = format!("minilm::{dtype}_matches_pytorch");
+        match minilm_dir() {
+            Some(dir) => {
+                let d = device.clone();
+                push(
+                    &mut trials,
+                    &ignored,
+                    name,
+                    Box::new(move || minilm_matches_reference(&d, &dir, dtype, min_cos)),
+                );
+            }
+            None if ignored.is_none() => trials.push(
+                Trial::test(name, || Ok(()))
+                    .with_ignored_flag(true)
+                    .with_kind(
+                        "ignored: all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models)",
+                    ),
+            ),
+            None => push(&mut trials, &ignored, name, Box::new(|| Ok(()))),
         }
-        None if ignored.is_none() => trials.push(
-            Trial::test("minilm::f32_matches_pytorch", || Ok(()))
-                .with_ignored_flag(true)
-                .with_kind(
-                    "ignored: all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models)",
-                ),
-        ),
-        None => push(
-            &mut trials,
-            &ignored,
-            "minilm::f32_matches_pytorch".into(),
-            Box::new(|| Ok(())),
-        ),
     }
+
     let spec = device.spec().to_string();
     let s2 = spec.clone();
     push(

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rocmforge::frontend::{BertEncoder, ModelError};
 use rocmforge::interp::{run, Bindings};
-use rocmforge::ir::Op;
+use rocmforge::ir::{DType, Op};
 use rocmforge::passes::optimize;
 use serde_json::Value;
 
@@ -46,8 +46,12 @@ fn reference() -> Value {
 }
 
 fn embed(enc: &BertEncoder, texts: &[&str]) -> Vec<Vec<f64>> {
+    embed_typed(enc, texts, DType::F32)
+}
+
+fn embed_typed(enc: &BertEncoder, texts: &[&str], dtype: DType) -> Vec<Vec<f64>> {
     let batch = enc.tokenize(texts).unwrap();
-    let g = enc.graph(texts.len(), batch.seq_len).unwrap();
+    let g = enc.graph_typed(texts.len(), batch.seq_len, dtype).unwrap();
     let mut b = Bindings {
         weights: enc.weights_for(&g).unwrap(),
         ..Bindings::default()
@@ -85,6 +89,33 @@ fn token_ids_and_embeddings_match_the_reference() {
         let got = embed(&enc, &[text]).remove(0);
         let cos = cosine(&got, &want);
         assert!(cos >= 0.99999, "{text:?}: cosine {cos}");
+    }
+}
+
+/// The model in f16 and bf16 (weights converted on load, the mask at the dtype's minimum), run
+/// by the interpreter, which rounds every intermediate to the dtype: one padded batch of the
+/// reference sentences, every attention still fused.
+#[test]
+fn half_precision_embeddings_match_the_reference() {
+    let Some(dir) = model_dir() else { return };
+    let enc = BertEncoder::load(&dir).unwrap();
+    let r = reference();
+    let cases = r["cases"].as_array().unwrap();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    for (dtype, min_cos) in [(DType::F16, 0.999), (DType::BF16, 0.99)] {
+        let g = enc.graph_typed(2, 16, dtype).unwrap();
+        let (fused, _) = optimize(&g).unwrap();
+        let fa = fused
+            .node_ids()
+            .filter(|&id| matches!(fused.op(id), Op::FlashAttention(_)))
+            .count();
+        assert_eq!(fa, 6, "{dtype}");
+        let got = embed_typed(&enc, &texts, dtype);
+        for (case, got) in cases.iter().zip(&got) {
+            let want: Vec<f64> = serde_json::from_value(case["embedding"].clone()).unwrap();
+            let cos = cosine(got, &want);
+            assert!(cos >= min_cos, "{dtype} {:?}: cosine {cos}", case["text"]);
+        }
     }
 }
 

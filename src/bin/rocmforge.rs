@@ -11,7 +11,7 @@ use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::CompileOptions;
 use rocmforge::frontend::BertEncoder;
 use rocmforge::interp::Bindings;
-use rocmforge::ir::{self, format, Graph, Tensor};
+use rocmforge::ir::{self, format, DType, Graph, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
 use rocmforge::runtime::{
     parse_code_object, report_table, Device, DiskCache, Hiprtc, KernelResources,
@@ -97,6 +97,10 @@ enum Command {
         /// How many leading values of each embedding to print.
         #[arg(long, default_value_t = 6)]
         values: usize,
+        /// Compute dtype: f32, or f16/bf16 as after PyTorch's `model.to(dtype)` (weights converted
+        /// on load; pooling and normalisation stay f32). f16 runs on tensor cores on NVIDIA sm_80+.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
         /// The texts.
         #[arg(required = true)]
         texts: Vec<String>,
@@ -228,14 +232,16 @@ fn cmd_embed(
     model: &Path,
     device: Option<&str>,
     values: usize,
+    dtype: &str,
     texts: &[String],
 ) -> Result<(), String> {
+    let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
     let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
     let device = pick_device(device)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let batch = enc.tokenize(&refs).map_err(|e| e.to_string())?;
     let graph = enc
-        .graph(texts.len(), batch.seq_len)
+        .graph_typed(texts.len(), batch.seq_len, dtype)
         .map_err(|e| e.to_string())?;
     let weights = enc.weights_for(&graph).map_err(|e| e.to_string())?;
     let options = CompileOptions {
@@ -260,6 +266,7 @@ fn cmd_embed(
         enc.config.hidden_size
     );
     outln!("device: {}", device.label());
+    outln!("dtype:  {dtype}");
     outln!(
         "batch:  {} texts, {} tokens each after padding; {:.3} ms",
         texts.len(),
@@ -575,8 +582,9 @@ fn main() -> ExitCode {
             model,
             device,
             values,
+            dtype,
             texts,
-        } => cmd_embed(model, device.as_deref(), *values, texts),
+        } => cmd_embed(model, device.as_deref(), *values, dtype, texts),
         Command::Compile {
             file,
             dump_passes,

@@ -306,28 +306,25 @@ impl BertEncoder {
         name: &str,
         din: usize,
         dout: usize,
+        dt: DType,
     ) -> Result<NodeId, GraphError> {
-        let w = g.weight(&self.w(&format!("{name}.weight")), DType::F32, &[dout, din])?;
+        let w = g.weight(&self.w(&format!("{name}.weight")), dt, &[dout, din])?;
         let wt = g.permute(w, &[1, 0])?;
         let y = g.matmul(x, wt)?;
-        let b = g.weight(&self.w(&format!("{name}.bias")), DType::F32, &[dout])?;
+        let b = g.weight(&self.w(&format!("{name}.bias")), dt, &[dout])?;
         g.add(y, b)
     }
 
-    fn layer_norm(&self, g: &mut Graph, x: NodeId, name: &str) -> Result<NodeId, GraphError> {
+    fn layer_norm(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        name: &str,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
         let h = self.config.hidden_size;
-        let w = g.weight_init(
-            &self.w(&format!("{name}.weight")),
-            DType::F32,
-            &[h],
-            Init::Ones,
-        )?;
-        let b = g.weight_init(
-            &self.w(&format!("{name}.bias")),
-            DType::F32,
-            &[h],
-            Init::Zeros,
-        )?;
+        let w = g.weight_init(&self.w(&format!("{name}.weight")), dt, &[h], Init::Ones)?;
+        let b = g.weight_init(&self.w(&format!("{name}.bias")), dt, &[h], Init::Zeros)?;
         g.layer_norm(x, w, b, self.config.layer_norm_eps)
     }
 
@@ -335,10 +332,22 @@ impl BertEncoder {
     /// `token_type_ids` (i64 [b, s]) and `attention_mask` (f32 [b, s], 1 for tokens, 0 for
     /// padding); output `embeddings` [b, hidden] (pooled, normalised when modules.json says so).
     pub fn graph(&self, b: usize, s: usize) -> Result<Graph, GraphError> {
+        self.graph_typed(b, s, DType::F32)
+    }
+
+    /// As [`BertEncoder::graph`], computing in `dtype` (f32, f16 or bf16) as PyTorch does after
+    /// `model.to(dtype)`: weights are converted when read, the padding mask uses `dtype`'s most
+    /// negative value, and pooling and normalisation run in f32 on the cast last hidden state.
+    pub fn graph_typed(&self, b: usize, s: usize, dtype: DType) -> Result<Graph, GraphError> {
         let c = &self.config;
+        let dt = dtype;
         let (hd, heads) = (c.hidden_size, c.num_attention_heads);
         let d = hd / heads;
-        let mut g = Graph::new("bert_encoder");
+        let mut g = Graph::new(if dt == DType::F32 {
+            "bert_encoder".to_string()
+        } else {
+            format!("bert_encoder_{dt}")
+        });
         g.description = format!(
             "{} ({} layers, hidden {hd}, {heads} heads)",
             self.dir.display(),
@@ -363,17 +372,17 @@ impl BertEncoder {
 
         let we = g.weight(
             &self.w("embeddings.word_embeddings.weight"),
-            DType::F32,
+            dt,
             &[c.vocab_size, hd],
         )?;
         let pe = g.weight(
             &self.w("embeddings.position_embeddings.weight"),
-            DType::F32,
+            dt,
             &[c.max_position_embeddings, hd],
         )?;
         let te = g.weight(
             &self.w("embeddings.token_type_embeddings.weight"),
-            DType::F32,
+            dt,
             &[c.type_vocab_size, hd],
         )?;
         let words = g.gather(we, ids)?;
@@ -381,24 +390,29 @@ impl BertEncoder {
         let tt = g.gather(te, types)?;
         let e = g.add(words, positions)?;
         let e = g.add(e, tt)?;
-        let mut x = self.layer_norm(&mut g, e, "embeddings.LayerNorm")?;
+        let mut x = self.layer_norm(&mut g, e, "embeddings.LayerNorm", dt)?;
 
-        // HF's extended attention mask: (1 − mask) · min(f32), added to the scores.
+        // HF's extended attention mask: (1 − mask) · min(dtype), added to the scores.
         let m4 = g.reshape(mask, &[b as i64, 1, 1, s as i64])?;
-        let one = g.scalar(1.0, DType::F32)?;
+        let m4 = if dt == DType::F32 {
+            m4
+        } else {
+            g.cast(m4, dt)?
+        };
+        let one = g.scalar(1.0, dt)?;
         let inv = g.sub(one, m4)?;
-        let min = g.scalar(DType::F32.min_value(), DType::F32)?;
+        let min = g.scalar(dt.min_value(), dt)?;
         let ext = g.mul(inv, min)?;
-        let root = g.scalar((d as f64).sqrt(), DType::F32)?;
+        let root = g.scalar((d as f64).sqrt(), dt)?;
         let split = |g: &mut Graph, t: NodeId| -> Result<NodeId, GraphError> {
             let r = g.reshape(t, &[b as i64, s as i64, heads as i64, d as i64])?;
             g.permute(r, &[0, 2, 1, 3])
         };
         for l in 0..c.num_hidden_layers {
             let p = format!("encoder.layer.{l}.");
-            let q = self.linear(&mut g, x, &format!("{p}attention.self.query"), hd, hd)?;
-            let k = self.linear(&mut g, x, &format!("{p}attention.self.key"), hd, hd)?;
-            let v = self.linear(&mut g, x, &format!("{p}attention.self.value"), hd, hd)?;
+            let q = self.linear(&mut g, x, &format!("{p}attention.self.query"), hd, hd, dt)?;
+            let k = self.linear(&mut g, x, &format!("{p}attention.self.key"), hd, hd, dt)?;
+            let v = self.linear(&mut g, x, &format!("{p}attention.self.value"), hd, hd, dt)?;
             let (q, k, v) = (split(&mut g, q)?, split(&mut g, k)?, split(&mut g, v)?);
             let kt = g.permute(k, &[0, 1, 3, 2])?;
             let scores = g.matmul(q, kt)?;
@@ -408,15 +422,23 @@ impl BertEncoder {
             let ctx = g.matmul(probs, v)?;
             let ctx = g.permute(ctx, &[0, 2, 1, 3])?;
             let ctx = g.reshape(ctx, &[b as i64, s as i64, hd as i64])?;
-            let o = self.linear(&mut g, ctx, &format!("{p}attention.output.dense"), hd, hd)?;
+            let o = self.linear(
+                &mut g,
+                ctx,
+                &format!("{p}attention.output.dense"),
+                hd,
+                hd,
+                dt,
+            )?;
             let r = g.add(o, x)?;
-            let h = self.layer_norm(&mut g, r, &format!("{p}attention.output.LayerNorm"))?;
+            let h = self.layer_norm(&mut g, r, &format!("{p}attention.output.LayerNorm"), dt)?;
             let up = self.linear(
                 &mut g,
                 h,
                 &format!("{p}intermediate.dense"),
                 hd,
                 c.intermediate_size,
+                dt,
             )?;
             let act = g.unary(
                 if c.hidden_act == "gelu" {
@@ -432,11 +454,15 @@ impl BertEncoder {
                 &format!("{p}output.dense"),
                 c.intermediate_size,
                 hd,
+                dt,
             )?;
             let r = g.add(down, h)?;
-            x = self.layer_norm(&mut g, r, &format!("{p}output.LayerNorm"))?;
+            x = self.layer_norm(&mut g, r, &format!("{p}output.LayerNorm"), dt)?;
         }
         g.rename(x, "last_hidden_state")?;
+        if dt != DType::F32 {
+            x = g.cast(x, DType::F32)?;
+        }
 
         // Mean over tokens where attention_mask = 1 (sentence-transformers clamps the count).
         let m3 = g.reshape(mask, &[b as i64, s as i64, 1])?;
@@ -466,10 +492,13 @@ impl BertEncoder {
         for id in graph.node_ids() {
             if let crate::ir::Op::Weight { .. } = graph.op(id) {
                 let n = graph.node(id);
-                out.insert(
-                    n.name.clone(),
-                    self.weights.tensor(&n.name, n.ty.shape.dims())?,
-                );
+                let t = self.weights.tensor(&n.name, n.ty.shape.dims())?;
+                let t = if t.dtype() == n.ty.dtype {
+                    t
+                } else {
+                    t.cast(n.ty.dtype)
+                };
+                out.insert(n.name.clone(), t);
             }
         }
         Ok(out)
