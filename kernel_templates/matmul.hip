@@ -40,7 +40,7 @@
             if (row >= {{ m }} || col >= {{ n }}) continue;
             const long long i = bz * {{ m * n }}LL + (long long)row * {{ n }} + col;
             const float acc_v = acc[y][x];
-{% if epilogue %}{% if axes %}            long long r = i{% for e in extra %}, o{{ e.index }} = 0{% endfor %};
+{% if epilogue %}{% if axes or broadcast %}            long long r = i{% for e in extra %}, o{{ e.index }} = 0{% endfor %};
 {% for ax in axes %}            { const long long c = r % {{ ax.size }}LL; r /= {{ ax.size }}LL;{% for s in ax.strides %}{% if s.stride != 0 %} o{{ s.index }} += c * {{ s.stride }}LL;{% endif %}{% endfor %} }
 {% endfor %}{% endif %}{% for e in extra %}            const {{ e.vtype }} x{{ e.index }} = {{ e.load }};
 {% endfor %}{% endif %}            C[i] = {{ store }};

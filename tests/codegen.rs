@@ -2,13 +2,16 @@
 //! and unfused, for gfx90a, gfx1030 and sm_90, and of each platform's prelude. A template change
 //! shows up as a diff to review.
 
+#[path = "common/attention_graphs.rs"]
+mod attention_graphs;
 #[path = "common/files.rs"]
 mod files;
 
 use std::path::Path;
 
+use attention_graphs::{build, Mask, Spec};
 use rocmforge::codegen::{generate_with, prelude, CodegenError, CodegenOptions, Target};
-use rocmforge::ir::{format, Graph};
+use rocmforge::ir::{format, DType, Graph};
 use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
@@ -97,4 +100,51 @@ fn unfused_attention_has_its_own_kernels() {
     let (g, options) = compiled(&path, true);
     let plan = generate_with(&g, &Target::parse("gfx90a").unwrap(), &options).unwrap();
     assert!(plan.kernels.iter().any(|k| k.family == "flash_attention"));
+}
+
+/// f16/bf16 attention with head sizes in multiples of 16 runs on tensor cores where the target
+/// has mma.sync (NVIDIA sm_80+); every other case keeps the scalar kernel. The f16 kernel is
+/// snapshotted for review like the others.
+#[test]
+fn tensor_core_attention_only_where_the_target_has_it() {
+    let family = |dtype: DType, d: usize, arch: &str| -> String {
+        let mut g = build(&Spec {
+            dtype,
+            mask: Mask::Padding,
+            cast_softmax: dtype != DType::F32,
+            ..Spec::new(2, 4, 100, d)
+        });
+        PassManager::default_pipeline().run(&mut g).unwrap();
+        let plan = generate_with(
+            &g,
+            &Target::parse(arch).unwrap(),
+            &CodegenOptions::default(),
+        )
+        .unwrap();
+        let k = plan
+            .kernels
+            .iter()
+            .find(|k| k.family == "flash_attention")
+            .expect("fused attention");
+        if arch == "sm_90" && dtype == DType::F16 && d == 64 {
+            files::snapshot_settings().bind(|| {
+                insta::assert_snapshot!("kernels__tensor_core_attention_f16__sm_90", k.body)
+            });
+        }
+        if k.body.contains("rf_mma_f16(") {
+            "mma f16".into()
+        } else if k.body.contains("rf_mma_bf16(") {
+            "mma bf16".into()
+        } else {
+            "scalar".into()
+        }
+    };
+    assert_eq!(family(DType::F16, 64, "sm_90"), "mma f16");
+    assert_eq!(family(DType::BF16, 128, "sm_80"), "mma bf16");
+    assert_eq!(family(DType::F16, 64, "sm_75"), "scalar");
+    assert_eq!(family(DType::F16, 80, "sm_90"), "mma f16");
+    assert_eq!(family(DType::F16, 72, "sm_90"), "scalar");
+    assert_eq!(family(DType::F16, 256, "sm_90"), "scalar");
+    assert_eq!(family(DType::F32, 64, "sm_90"), "scalar");
+    assert_eq!(family(DType::F16, 64, "gfx90a"), "scalar");
 }

@@ -397,7 +397,7 @@ fn elementwise(
     let ctx = json!({
         "what": format!("{} = {expr}", g.node(id).name).replace("{", "(").replace("}", ")"),
         "n": out.shape.numel(), "out_shape": out.shape.to_string(), "out_ctype": oc.storage, "args": args_json,
-        "axes": if needs_axes { axes_json(&out.shape, &strides) } else { vec![] },
+        "axes": if needs_axes { axes_json(&out.shape, &strides) } else { vec![] }, "broadcast": needs_axes,
         "store": format!("{}{code}{}", oc.store_pre, oc.store_post),
     });
     let mut all: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
@@ -453,6 +453,9 @@ fn matmul(
         epilogue.map_or(mm, |(e, ..)| e),
     );
     let store;
+    // Some epilogue operand is broadcast, so its offset must be declared even when every axis of
+    // the output has size 1 (and no axis loop is emitted).
+    let mut broadcast = false;
     let oc = ctype(g.ty(out_id).dtype);
     match epilogue {
         None => store = format!("{}acc_v{}", oc.store_pre, oc.store_post),
@@ -492,6 +495,7 @@ fn matmul(
                 } else {
                     t.shape.broadcast_strides(out_shape)
                 };
+                broadcast |= t.shape != *out_shape;
                 strides_list.push((i, s));
             }
             axes = (0..out_shape.rank())
@@ -506,7 +510,7 @@ fn matmul(
         "batch": nb, "m": m, "k": k, "n": n, "batch_axes": batch_axes,
         "a_t": ac.storage, "b_t": bc.storage, "c_t": oc.storage,
         "a_load_pre": ac.load_pre, "a_load_post": ac.load_post, "b_load_pre": bc.load_pre, "b_load_post": bc.load_post,
-        "epilogue": epilogue.is_some(), "epilogue_text": text, "extra": extra, "axes": axes, "store": store,
+        "epilogue": epilogue.is_some(), "epilogue_text": text, "extra": extra, "axes": axes, "store": store, "broadcast": broadcast,
     });
     let launch = Launch {
         grid: [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32],

@@ -136,5 +136,16 @@ pub fn zoo() -> Vec<Graph> {
         out(&mut g, &outs);
         graphs.push(g);
     }
+    // Outputs whose every axis has size 1, fed by broadcast scalars: the kernels still declare
+    // the broadcast operands' offsets (MiniLM's pooled count at batch 1 once did not compile).
+    let mut g = Graph::new("single_element_broadcast");
+    let x = g.input("x", DType::F32, &[1, 1]).unwrap();
+    let floor = g.weight("floor", DType::F32, &[]).unwrap();
+    let a = g.input("a", DType::F32, &[1, 1, 4]).unwrap();
+    let w = g.weight("w", DType::F32, &[4, 1]).unwrap();
+    let mm = g.matmul(a, w).unwrap();
+    let outs = vec![g.maximum(x, floor).unwrap(), g.add(mm, floor).unwrap()];
+    out(&mut g, &outs);
+    graphs.push(g);
     graphs
 }
