@@ -4,13 +4,13 @@
 //! (half for causal). On a CPU-only machine the same bench runs smaller shapes through the
 //! interpreter.
 //!
-//! `cargo bench --bench attention`; `ROCMFORGE_BENCH_JSON=FILE` also writes the summary table as
-//! JSON (benches/torch_compare.py reads it), and `ROCMFORGE_BENCH_TABLE_ONLY=1` skips criterion's
-//! sampling and prints only the summary table (what the comparison script needs);
-//! `ROCMFORGE_BENCH_FILTER=S2048_D128_f16` runs only the cases whose name contains it.
+//! `cargo bench --bench attention`; `ROCMFORGE_BENCH_FILTER`, `ROCMFORGE_BENCH_TABLE_ONLY` and
+//! `ROCMFORGE_BENCH_JSON` as described in benches/common/summary.rs.
 
 #[path = "../tests/common/attention_graphs.rs"]
 mod attention_graphs;
+#[path = "common/summary.rs"]
+mod summary;
 #[path = "common/timing.rs"]
 mod timing;
 
@@ -132,9 +132,8 @@ fn bench(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
-    let only = std::env::var("ROCMFORGE_BENCH_FILTER").unwrap_or_default();
     for case in cases(device.is_gpu()) {
-        if !case.name().contains(&only) {
+        if !summary::selected(&case.name()) {
             continue;
         }
         let g = build(&case.spec());
@@ -155,10 +154,9 @@ fn bench(c: &mut Criterion) {
             }
         };
         group.throughput(Throughput::Elements(case.flops() as u64));
-        let table_only = std::env::var("ROCMFORGE_BENCH_TABLE_ONLY").is_ok_and(|v| v == "1");
         for (variant, compiled) in [("fused", &fused), ("unfused", &unfused)]
             .into_iter()
-            .filter(|_| !table_only)
+            .filter(|_| !summary::table_only())
         {
             group.bench_with_input(BenchmarkId::new(variant, case.name()), &(), |bch, _| {
                 bch.iter_custom(|iters| time_runs(compiled, &inputs, iters))
@@ -210,15 +208,11 @@ fn print_table(device: &Device, rows: &[Row]) {
             r.unfused_bytes as f64 / 1e6
         );
     }
-    if let Ok(path) = std::env::var("ROCMFORGE_BENCH_JSON") {
-        let json: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| serde_json::json!({"case": r.case, "flops": r.flops, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3, "fused_bytes": r.fused_bytes, "unfused_bytes": r.unfused_bytes}))
-            .collect();
-        let doc = serde_json::json!({"device": device.label(), "rows": json});
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap())
-            .expect("write ROCMFORGE_BENCH_JSON");
-    }
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| serde_json::json!({"case": r.case, "flops": r.flops, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3, "fused_bytes": r.fused_bytes, "unfused_bytes": r.unfused_bytes}))
+        .collect();
+    summary::write_json(device, json);
 }
 
 criterion_group!(benches, bench);

@@ -4,19 +4,20 @@
 //! f16 (batch 1, f32 only on the CPU interpreter). Time is taken between stream
 //! synchronisations.
 //!
-//! Same environment as the attention bench: `ROCMFORGE_BENCH_JSON=FILE` writes the summary table
-//! (benches/torch_compare.py --models reads it), `ROCMFORGE_BENCH_TABLE_ONLY=1` skips criterion's
-//! sampling, `ROCMFORGE_BENCH_FILTER=minilm` keeps only the cases whose name contains it.
+//! Same environment as the attention bench (benches/common/summary.rs); torch_compare.py --models
+//! reads its JSON.
 
+#[path = "common/summary.rs"]
+mod summary;
 #[path = "common/timing.rs"]
 mod timing;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rocmforge::compile::{CompileOptions, Compiled};
-use rocmforge::frontend::BertEncoder;
+use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{format, DType, Graph, Tensor};
 use rocmforge::runtime::Device;
@@ -28,15 +29,6 @@ struct Case {
     graph: Graph,
     weights: std::collections::HashMap<String, Tensor>,
     inputs: Bindings,
-}
-
-fn minilm_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("ROCMFORGE_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
-        })?;
-    Some(base.join("all-MiniLM-L6-v2")).filter(|d| d.join("model.safetensors").exists())
 }
 
 fn cases(gpu: bool) -> Vec<Case> {
@@ -54,10 +46,11 @@ fn cases(gpu: bool) -> Vec<Case> {
             inputs,
         });
     }
-    let Some(dir) = minilm_dir() else {
+    let dir = frontend::model_cache_dir(frontend::MINILM);
+    if !dir.join("model.safetensors").exists() {
         eprintln!("all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models): not timed");
         return out;
-    };
+    }
     let enc = BertEncoder::load(&dir).expect("all-MiniLM-L6-v2");
     let configs: &[(usize, DType)] = if gpu {
         &[
@@ -97,8 +90,6 @@ struct Row {
 fn bench(c: &mut Criterion) {
     let (device, _) = Device::best();
     println!("device: {}", device.label());
-    let table_only = std::env::var("ROCMFORGE_BENCH_TABLE_ONLY").is_ok_and(|v| v == "1");
-    let only = std::env::var("ROCMFORGE_BENCH_FILTER").unwrap_or_default();
     let mut group = c.benchmark_group("models");
     group
         .sample_size(10)
@@ -106,7 +97,7 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2));
     let mut rows = Vec::new();
     for case in cases(device.is_gpu()) {
-        if !case.name.contains(&only) {
+        if !summary::selected(&case.name) {
             continue;
         }
         let compile = |fuse: bool| {
@@ -122,7 +113,7 @@ fn bench(c: &mut Criterion) {
         let (fused, unfused) = (compile(true), compile(false));
         for (variant, compiled) in [("fused", &fused), ("unfused", &unfused)]
             .into_iter()
-            .filter(|_| !table_only)
+            .filter(|_| !summary::table_only())
         {
             group.bench_with_input(BenchmarkId::new(variant, &case.name), &(), |b, _| {
                 b.iter_custom(|iters| time_runs(compiled, &case.inputs, iters))
@@ -155,15 +146,11 @@ fn bench(c: &mut Criterion) {
             r.unfused_s / r.fused_s
         );
     }
-    if let Ok(path) = std::env::var("ROCMFORGE_BENCH_JSON") {
-        let json: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3}))
-            .collect();
-        let doc = serde_json::json!({"device": device.label(), "rows": json});
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap())
-            .expect("write ROCMFORGE_BENCH_JSON");
-    }
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3}))
+        .collect();
+    summary::write_json(&device, json);
 }
 
 criterion_group!(benches, bench);

@@ -348,12 +348,8 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
 }
 
 fn minilm_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("ROCMFORGE_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
-        })?;
-    Some(base.join("all-MiniLM-L6-v2")).filter(|d| d.join("model.safetensors").exists())
+    let dir = rocmforge::frontend::model_cache_dir(rocmforge::frontend::MINILM);
+    dir.join("model.safetensors").exists().then_some(dir)
 }
 
 /// all-MiniLM-L6-v2 compiled for the GPU in `dtype`, the reference sentences in one padded batch,

@@ -16,15 +16,7 @@ use serde_json::Value;
 fn model_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("ROCMFORGE_MINILM")
         .map(PathBuf::from)
-        .or_else(|| {
-            let base = std::env::var_os("ROCMFORGE_MODELS")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME")
-                        .map(|h| PathBuf::from(h).join(".cache/rocmforge/models"))
-                })?;
-            Some(base.join("all-MiniLM-L6-v2"))
-        })?;
+        .unwrap_or_else(|| rocmforge::frontend::model_cache_dir(rocmforge::frontend::MINILM));
     if dir.join("config.json").exists() {
         return Some(dir);
     }

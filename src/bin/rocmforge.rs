@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::CompileOptions;
-use rocmforge::frontend::BertEncoder;
+use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, DType, Graph, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
@@ -89,7 +89,7 @@ enum Command {
     /// different lengths are padded and masked in one batch.
     Embed {
         /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json).
-        #[arg(long, value_name = "DIR", default_value_os_t = default_model_dir())]
+        #[arg(long, value_name = "DIR", default_value_os_t = frontend::model_cache_dir(frontend::MINILM))]
         model: PathBuf,
         /// Device: cpu, cuda:N or hip:N (default: the best one found).
         #[arg(long)]
@@ -198,18 +198,6 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         ),
     }
     Ok(())
-}
-
-fn default_model_dir() -> PathBuf {
-    let base = std::env::var_os("ROCMFORGE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default()
-                .join(".cache/rocmforge/models")
-        });
-    base.join("all-MiniLM-L6-v2")
 }
 
 fn pick_device(spec: Option<&str>) -> Result<Device, String> {

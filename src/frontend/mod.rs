@@ -4,12 +4,31 @@
 mod bert;
 mod safetensors;
 
+use std::path::PathBuf;
+
 use thiserror::Error;
 
 use crate::ir::{DType, GraphError};
 
 pub use bert::{BertConfig, BertEncoder, Encoded, Pooling};
 pub use safetensors::{SafeTensors, TensorInfo};
+
+/// The sentence-embedding model `scripts/fetch-models` installs and `rocmforge embed` uses.
+pub const MINILM: &str = "all-MiniLM-L6-v2";
+
+/// Where `scripts/fetch-models` puts model `name`: `$ROCMFORGE_MODELS/name`, else
+/// `~/.cache/rocmforge/models/name`.
+pub fn model_cache_dir(name: &str) -> PathBuf {
+    std::env::var_os("ROCMFORGE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default()
+                .join(".cache/rocmforge/models")
+        })
+        .join(name)
+}
 
 #[derive(Debug, Error)]
 pub enum ModelError {
