@@ -578,10 +578,6 @@ fn flash(
         unreachable!()
     };
     let dv = v.shape.dims()[3];
-    let tpr = d.div_ceil(8).next_power_of_two().clamp(1, 16);
-    let block_m = 256 / tpr;
-    // K and V tiles in f32 within 48 KiB of shared memory.
-    let block_n = (12288 / (d + dv + 2)).clamp(1, 32);
     let c = ctype(q.dtype);
     let (mask_kind, mask_t, ms) = match (att.mask, ops.get(3)) {
         (MaskKind::None, _) | (_, None) => ("", DType::F32, vec![0usize; 4]),
@@ -605,6 +601,12 @@ fn flash(
         }
     };
     let mc = ctype(mask_t);
+    let mut ctx = json!({
+        "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
+        "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal, "offset": att.causal_offset,
+        "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
+        "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post,
+    });
     // Tensor cores where the target has mma.sync for this dtype and the head sizes fit its tiles
     // (and the fragments fit in registers).
     let mma = match q.dtype {
@@ -619,54 +621,45 @@ fn flash(
             && d <= 128
             && dv <= 128
     });
-    if let Some((mma, pack)) = mma {
-        let warps = 4;
-        let block_m = 16 * warps;
-        let block_n = 64;
-        let ctx = json!({
-            "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
-            "warps": warps, "block_m": block_m, "block_n": block_n, "threads": 32 * warps,
-            "dtype": q.dtype.to_string(), "mma": mma, "pack": pack,
-            "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal, "offset": att.causal_offset,
-            "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
-            "ctype": c.storage, "store_pre": c.store_pre, "store_post": c.store_post,
-        });
-        let launch = Launch {
-            grid: [(b * hq) as u32, sq.div_ceil(block_m) as u32, 1],
-            block: [(32 * warps) as u32, 1, 1],
-            shared_bytes: 0,
-        };
-        let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
-        args.push(buf[&id]);
-        return finish(
-            "flash_attention",
-            "flash_attention_mma.hip",
-            ctx,
-            launch,
-            args,
-            &g.node(id).name,
-        );
-    }
-    let ctx = json!({
-        "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
-        "tpr": tpr, "block_m": block_m, "block_n": block_n, "threads": block_m * tpr, "dper": d.div_ceil(tpr), "dvper": dv.div_ceil(tpr),
-        "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal, "offset": att.causal_offset,
-        "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
-        "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post,
-    });
+    let (template, block_m, threads) = match mma {
+        Some((mma, pack)) => {
+            let warps = 4;
+            let tile = json!({"warps": warps, "block_m": 16 * warps, "block_n": 64, "threads": 32 * warps,
+                "dtype": q.dtype.to_string(), "mma": mma, "pack": pack});
+            merge(&mut ctx, tile);
+            ("flash_attention_mma.hip", 16 * warps, 32 * warps)
+        }
+        None => {
+            let tpr = d.div_ceil(8).next_power_of_two().clamp(1, 16);
+            let block_m = 256 / tpr;
+            // K and V tiles in f32 within 48 KiB of shared memory.
+            let block_n = (12288 / (d + dv + 2)).clamp(1, 32);
+            let tile = json!({"tpr": tpr, "block_m": block_m, "block_n": block_n, "threads": block_m * tpr,
+                "dper": d.div_ceil(tpr), "dvper": dv.div_ceil(tpr)});
+            merge(&mut ctx, tile);
+            ("flash_attention.hip", block_m, block_m * tpr)
+        }
+    };
     let launch = Launch {
         grid: [(b * hq) as u32, sq.div_ceil(block_m) as u32, 1],
-        block: [(block_m * tpr) as u32, 1, 1],
+        block: [threads as u32, 1, 1],
         shared_bytes: 0,
     };
     let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
     finish(
         "flash_attention",
-        "flash_attention.hip",
+        template,
         ctx,
         launch,
         args,
         &g.node(id).name,
     )
+}
+
+/// Adds the keys of `extra` (a JSON object) to `ctx`.
+fn merge(ctx: &mut Value, extra: Value) {
+    if let (Some(c), Value::Object(e)) = (ctx.as_object_mut(), extra) {
+        c.extend(e);
+    }
 }

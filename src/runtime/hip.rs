@@ -325,14 +325,8 @@ impl HipDevice {
         }))
     }
 
-    /// `bytes` of device memory, ordered on `stream`, filled with 0xFF (NaN in every float
-    /// dtype) when `poison`, else zeros.
-    pub fn alloc(
-        &self,
-        stream: &Arc<HipStream>,
-        bytes: usize,
-        poison: bool,
-    ) -> Result<HipBuffer, RuntimeError> {
+    /// `bytes` of device memory (at least one), ordered on `stream`, with whatever it held.
+    fn raw_alloc(&self, stream: &Arc<HipStream>, bytes: usize) -> Result<HipBuffer, RuntimeError> {
         self.bind()?;
         let n = bytes.max(1);
         let api = &self.rt.api;
@@ -347,15 +341,27 @@ impl HipDevice {
             self.rt
                 .check("hipMalloc", unsafe { (api.malloc)(&mut p, n) })?;
         }
-        let buf = HipBuffer {
+        Ok(HipBuffer {
             stream: stream.clone(),
             ptr: p,
             stream_ordered,
-        };
+        })
+    }
+
+    /// `bytes` of device memory, ordered on `stream`, filled with 0xFF (NaN in every float
+    /// dtype) when `poison`, else zeros.
+    pub fn alloc(
+        &self,
+        stream: &Arc<HipStream>,
+        bytes: usize,
+        poison: bool,
+    ) -> Result<HipBuffer, RuntimeError> {
+        let buf = self.raw_alloc(stream, bytes)?;
         let fill = if poison { 0xFF } else { 0 };
-        // SAFETY: `p` holds `n` bytes; the fill is ordered on the same stream as every use.
+        // SAFETY: the buffer holds max(bytes, 1) bytes; the fill is ordered on the same stream
+        // as every use.
         self.rt.check("hipMemsetAsync", unsafe {
-            (api.memset_async)(p, fill, n, stream.handle)
+            (self.rt.api.memset_async)(buf.ptr, fill, bytes.max(1), stream.handle)
         })?;
         Ok(buf)
     }
@@ -363,7 +369,8 @@ impl HipDevice {
     /// A device copy of `data`. The host bytes may be freed as soon as this returns: the stream
     /// is synchronised after the copy (HIP may read pageable memory after an async call returns).
     pub fn upload(&self, stream: &Arc<HipStream>, data: &[u8]) -> Result<HipBuffer, RuntimeError> {
-        let buf = self.alloc(stream, data.len(), false)?;
+        // Every byte is written by the copy, so no fill first.
+        let buf = self.raw_alloc(stream, data.len())?;
         if !data.is_empty() {
             // SAFETY: the buffer holds `data.len()` bytes; `data` lives until the sync below.
             self.rt.check("hipMemcpyHtoDAsync", unsafe {
