@@ -333,7 +333,10 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
         .into());
     }
     // Corrupt one entry: it is rebuilt, the others load.
-    let entries = DiskCache::new(dir.clone()).entries();
+    let entries = DiskCache::new(dir.clone())
+        .list()
+        .map_err(|e| e.to_string())?
+        .entries;
     let victim = &entries[0].file;
     let bytes = std::fs::read(victim).map_err(|e| e.to_string())?;
     std::fs::write(victim, &bytes[..bytes.len() / 2]).map_err(|e| e.to_string())?;
@@ -434,7 +437,11 @@ fn main() {
         return;
     }
     let args = Arguments::from_args();
-    let (device, notes) = Device::best();
+    // A ROCMFORGE_DEVICE that cannot be opened fails the run rather than skipping every trial.
+    let (device, notes) = Device::best().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1)
+    });
     let ignored = if device.is_gpu() {
         None
     } else {

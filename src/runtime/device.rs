@@ -31,6 +31,44 @@ struct Inner {
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
 
+/// A device name, parsed: `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N` (N a decimal device number
+/// that fits the drivers' `int`; no sign, spaces or other text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+    Hip(usize),
+}
+
+impl DeviceSpec {
+    pub fn parse(spec: &str) -> Result<DeviceSpec, RuntimeError> {
+        let bad = |reason: String| RuntimeError::DeviceSpec {
+            spec: spec.to_string(),
+            reason,
+        };
+        let (kind, index) = match spec.split_once(':') {
+            Some((k, i)) => (k, Some(i)),
+            None => (spec, None),
+        };
+        let ordinal = match index {
+            None => 0,
+            Some(i) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => i
+                .parse::<i32>()
+                .ok()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad(format!("device number {i} is past {}", i32::MAX)))?,
+            Some(i) => return Err(bad(format!("`{i}` is not a device number"))),
+        };
+        match kind {
+            "cpu" if index.is_none() => Ok(DeviceSpec::Cpu),
+            "cpu" => Err(bad("the CPU has no device number".into())),
+            "cuda" => Ok(DeviceSpec::Cuda(ordinal)),
+            "hip" => Ok(DeviceSpec::Hip(ordinal)),
+            other => Err(bad(format!("unknown kind of device `{other}`"))),
+        }
+    }
+}
+
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Device({})", self.0.label)
@@ -66,24 +104,21 @@ impl Device {
         )
     }
 
-    /// A device by name: `cpu`, `cuda:N`, `hip:N`.
+    /// A device by name: `cpu`, `cuda:N`, `hip:N` (see [`DeviceSpec::parse`]).
     pub fn open(spec: &str) -> Result<Device, RuntimeError> {
         Device::open_with_cache(spec, KernelCache::from_env())
     }
 
     /// As [`Device::open`], with a kernel cache of the caller's (e.g. without a disk store).
     pub fn open_with_cache(spec: &str, cache: KernelCache) -> Result<Device, RuntimeError> {
+        let parsed = DeviceSpec::parse(spec)?;
         let bad = |reason: String| RuntimeError::NoDevice {
             spec: spec.to_string(),
             reason,
         };
-        let (kind, idx) = spec.split_once(':').unwrap_or((spec, "0"));
-        let ordinal: usize = idx
-            .parse()
-            .map_err(|_| bad(format!("`{idx}` is not a device number")))?;
-        match kind {
-            "cpu" => Ok(Device::cpu()),
-            "cuda" => {
+        match parsed {
+            DeviceSpec::Cpu => Ok(Device::cpu()),
+            DeviceSpec::Cuda(ordinal) => {
                 let d = CudaDevice::open(ordinal)?;
                 let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
                 let label = format!(
@@ -98,7 +133,7 @@ impl Device {
                     cache,
                 ))
             }
-            "hip" => {
+            DeviceSpec::Hip(ordinal) => {
                 let d = HipDevice::open(ordinal)?;
                 let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
                 let label = format!(
@@ -117,31 +152,31 @@ impl Device {
                     cache,
                 ))
             }
-            _ => Err(bad("expected cpu, cuda:N or hip:N".into())),
         }
     }
 
-    /// The best device here: `ROCMFORGE_DEVICE` if set, else HIP, then NVIDIA, then the CPU.
-    /// Returns the device and, for every device passed over, why.
-    pub fn best() -> (Device, Vec<String>) {
+    /// The device to use: the one `ROCMFORGE_DEVICE` names if it is set (a malformed or absent
+    /// device is an error, not a quiet fallback: the user asked for that one), else the best
+    /// one here: HIP, then NVIDIA, then the CPU. Returns the device and, for every device
+    /// passed over, why.
+    pub fn best() -> Result<(Device, Vec<String>), RuntimeError> {
+        if let Some(spec) = std::env::var_os("ROCMFORGE_DEVICE").filter(|s| !s.is_empty()) {
+            let spec = spec.to_str().ok_or_else(|| RuntimeError::DeviceSpec {
+                spec: spec.to_string_lossy().into_owned(),
+                reason: "not UTF-8".into(),
+            })?;
+            return Device::open(spec)
+                .map(|d| (d, vec![]))
+                .map_err(|e| e.in_env("ROCMFORGE_DEVICE"));
+        }
         let mut notes = Vec::new();
-        if let Ok(spec) = std::env::var("ROCMFORGE_DEVICE") {
-            if !spec.is_empty() {
-                match Device::open(&spec) {
-                    Ok(d) => return (d, notes),
-                    Err(e) => notes.push(format!("ROCMFORGE_DEVICE={spec}: {e}")),
-                }
+        for spec in ["hip:0", "cuda:0"] {
+            match Device::open(spec) {
+                Ok(d) => return Ok((d, notes)),
+                Err(e) => notes.push(e.to_string()),
             }
         }
-        match Device::open("hip:0") {
-            Ok(d) => return (d, notes),
-            Err(e) => notes.push(e.to_string()),
-        }
-        match Device::open("cuda:0") {
-            Ok(d) => return (d, notes),
-            Err(e) => notes.push(e.to_string()),
-        }
-        (Device::cpu(), notes)
+        Ok((Device::cpu(), notes))
     }
 
     pub fn kind(&self) -> &DeviceKind {

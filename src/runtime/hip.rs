@@ -13,6 +13,7 @@ use std::sync::Arc;
 use libloading::Library;
 
 use super::hiprtc::Hiprtc;
+use super::libraries;
 use super::RuntimeError;
 
 /// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
@@ -85,30 +86,23 @@ unsafe impl Send for Runtime {}
 unsafe impl Sync for Runtime {}
 
 impl Runtime {
+    /// The file `ROCMFORGE_HIP_LIBRARY` names (that one only), else the first of
+    /// [`HIP_LIBRARIES`] that loads; either must export every entry point of [`Api`].
     fn load() -> Result<Runtime, String> {
-        let candidates: Vec<String> = match std::env::var("ROCMFORGE_HIP_LIBRARY") {
-            Ok(path) if !path.is_empty() => vec![path],
-            _ => HIP_LIBRARIES.iter().map(|s| s.to_string()).collect(),
-        };
-        for name in &candidates {
-            // SAFETY: loading the HIP runtime runs its initialisers, which are safe.
-            let Ok(lib) = (unsafe { Library::new(name) }) else {
-                continue;
-            };
-            return Runtime::bind(lib, name);
-        }
-        Err(format!(
-            "no HIP runtime found (tried {})",
-            candidates.join(", ")
-        ))
+        let search = HIP_LIBRARIES.map(String::from);
+        let opened = libraries::open("ROCMFORGE_HIP_LIBRARY", &search)
+            .map_err(|e| e.describe("HIP runtime"))?;
+        let label = opened.label();
+        Runtime::bind(opened.lib, &opened.name, &label)
     }
 
-    fn bind(lib: Library, name: &str) -> Result<Runtime, String> {
+    /// `label` names the library in messages (`ROCMFORGE_HIP_LIBRARY=path` when the user chose).
+    fn bind(lib: Library, name: &str, label: &str) -> Result<Runtime, String> {
         fn sym<T: Copy>(lib: &Library, symbol: &str) -> Option<T> {
             // SAFETY: each symbol is looked up with the signature hip_runtime_api.h gives it.
             unsafe { lib.get::<T>(symbol.as_bytes()) }.ok().map(|s| *s)
         }
-        let need = |symbol: &str| format!("{name} has no symbol {symbol}");
+        let need = |symbol: &str| format!("{label} has no symbol {symbol}");
         macro_rules! req {
             ($s:literal) => {
                 sym(&lib, $s).ok_or_else(|| need($s))?
@@ -245,6 +239,8 @@ impl HipDevice {
         })?;
         let arch = arch_of(&props)
             .ok_or_else(|| no("the HIP runtime reported no gfx target for this GPU".into()))?;
+        // A GPU the compiler cannot target is no device for us (and hiprtc may abort on it).
+        rtc.check_target(&arch).map_err(|e| no(e.to_string()))?;
         let (mut runtime_version, mut driver_version) = (0, 0);
         // SAFETY: both out-pointers are valid.
         unsafe {
