@@ -405,3 +405,163 @@ pub fn read_sentence_settings(
         lower_case: sbert.do_lower_case,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// A tiny BERT config (hidden 8, 2 heads, 2 layers) with `edit` applied to its JSON.
+    fn config(edit: impl FnOnce(&mut serde_json::Value)) -> Result<BertConfig, ModelError> {
+        let mut v = serde_json::json!({
+            "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 16, "hidden_act": "gelu", "vocab_size": 10,
+            "max_position_embeddings": 6, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+            "model_type": "bert"
+        });
+        edit(&mut v);
+        let c: BertConfig = serde_json::from_value(v).unwrap();
+        c.validate().map(|()| c)
+    }
+
+    fn refused(edit: impl FnOnce(&mut serde_json::Value)) -> (String, String) {
+        match config(edit) {
+            Err(ModelError::Config { field, reason }) => (field, reason),
+            other => panic!("{:?}", other.map(|_| "accepted")),
+        }
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_naming_the_field() {
+        assert!(config(|_| {}).is_ok());
+        for (field, value, why) in [
+            ("hidden_size", 1_000_000_000_000u64, "outside 1..=65536"),
+            ("num_attention_heads", 0, "outside 1..=1024"),
+            ("num_hidden_layers", 1_000_000_000, "outside 1..=1024"),
+            ("num_hidden_layers", 0, "outside 1..=1024"),
+            ("vocab_size", 1 << 40, "outside 1..=16777216"),
+            ("intermediate_size", 0, "outside"),
+            ("max_position_embeddings", 0, "outside"),
+            ("type_vocab_size", 1 << 20, "outside"),
+        ] {
+            let (f, reason) = refused(|v| v[field] = value.into());
+            assert_eq!(f, field);
+            assert!(reason.contains(why), "{field}={value}: {reason}");
+        }
+        let (f, reason) = refused(|v| v["num_attention_heads"] = 3.into());
+        assert_eq!(f, "num_attention_heads");
+        assert!(
+            reason.contains("3 heads do not divide hidden_size 8"),
+            "{reason}"
+        );
+        for eps in [0.0, -1.0, 2.0] {
+            assert_eq!(
+                refused(|v| v["layer_norm_eps"] = eps.into()).0,
+                "layer_norm_eps"
+            );
+        }
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rocmforge-cfg-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A safetensors file of zero-filled f32 tensors, ranges tiled in order.
+    fn weights(path: &std::path::Path, tensors: &[(&str, Vec<usize>)]) -> SafeTensors {
+        let mut header = serde_json::Map::new();
+        let mut at = 0usize;
+        for (name, shape) in tensors {
+            let bytes = shape.iter().product::<usize>() * 4;
+            header.insert(
+                (*name).into(),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes]}),
+            );
+            at += bytes;
+        }
+        let text = serde_json::Value::Object(header).to_string();
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend(text.as_bytes());
+        out.resize(out.len() + at, 0);
+        std::fs::write(path, out).unwrap();
+        SafeTensors::open(path).unwrap()
+    }
+
+    fn tiny_tensors(hidden: usize, layers: usize) -> Vec<(String, Vec<usize>)> {
+        let mut t = vec![
+            (
+                "embeddings.word_embeddings.weight".to_string(),
+                vec![10, hidden],
+            ),
+            (
+                "embeddings.position_embeddings.weight".into(),
+                vec![6, hidden],
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![2, hidden],
+            ),
+        ];
+        for l in 0..layers {
+            t.push((
+                format!("encoder.layer.{l}.intermediate.dense.weight"),
+                vec![16, hidden],
+            ));
+        }
+        t
+    }
+
+    fn mismatch(c: &BertConfig, tensors: &[(String, Vec<usize>)], name: &str) -> ModelError {
+        let d = dir(name);
+        let named: Vec<(&str, Vec<usize>)> = tensors
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.clone()))
+            .collect();
+        let st = weights(&d.join("model.safetensors"), &named);
+        let e = c.check_against(&st, "").unwrap_err();
+        std::fs::remove_dir_all(&d).ok();
+        e
+    }
+
+    #[test]
+    fn sizes_that_do_not_match_the_tensors_present_are_refused() {
+        let c = config(|_| {}).unwrap();
+        let d = dir("match");
+        let named: Vec<(String, Vec<usize>)> = tiny_tensors(8, 2);
+        let refs: Vec<(&str, Vec<usize>)> =
+            named.iter().map(|(n, s)| (n.as_str(), s.clone())).collect();
+        assert!(c
+            .check_against(&weights(&d.join("w.safetensors"), &refs), "")
+            .is_ok());
+        std::fs::remove_dir_all(&d).ok();
+        let field = |e: ModelError| match e {
+            ModelError::ConfigMismatch {
+                field,
+                value,
+                found,
+                ..
+            } => (field, value, found),
+            other => panic!("{other}"),
+        };
+        assert_eq!(
+            field(mismatch(&c, &tiny_tensors(12, 2), "hidden")),
+            ("hidden_size".into(), 8, vec![10, 12])
+        );
+        assert_eq!(
+            field(mismatch(&c, &tiny_tensors(8, 3), "layers")),
+            ("num_hidden_layers".into(), 2, vec![3])
+        );
+        let c = config(|v| v["vocab_size"] = 11.into()).unwrap();
+        assert_eq!(
+            field(mismatch(&c, &tiny_tensors(8, 2), "vocab")),
+            ("vocab_size".into(), 11, vec![10, 8])
+        );
+        let c = config(|v| v["intermediate_size"] = 32.into()).unwrap();
+        assert_eq!(
+            field(mismatch(&c, &tiny_tensors(8, 2), "mlp")),
+            ("intermediate_size".into(), 32, vec![16, 8])
+        );
+    }
+}

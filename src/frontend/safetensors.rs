@@ -300,3 +300,134 @@ fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap, ModelError> {
         message: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rocmforge-st-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A safetensors file: the header as given, then `data` bytes.
+    fn write(path: &Path, header: &str, data: usize) {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend((0..data).map(|i| i as u8));
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn reason(path: &Path) -> String {
+        match SafeTensors::open(path) {
+            Err(ModelError::Safetensors { reason, .. }) => reason,
+            Ok(_) => panic!("{}: opened", path.display()),
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+
+    const A: &str = r#""a":{"dtype":"F32","shape":[2],"data_offsets":"#;
+    const B: &str = r#""b":{"dtype":"F16","shape":[4],"data_offsets":"#;
+
+    #[test]
+    fn ranges_that_tile_the_data_open_and_read() {
+        let d = dir("tile");
+        let p = d.join("ok.safetensors");
+        write(
+            &p,
+            &format!(r#"{{"__metadata__":{{"k":"v"}},{A}[0,8]}},{B}[8,16]}}}}"#),
+            16,
+        );
+        let st = SafeTensors::open(&p).unwrap();
+        assert_eq!(st.names().collect::<Vec<_>>(), ["a", "b"]);
+        let a = st.tensor("a", &[2]).unwrap().to_f64_vec();
+        let want = |b: [u8; 4]| f64::from(f32::from_le_bytes(b));
+        assert_eq!(a, [want([0, 1, 2, 3]), want([4, 5, 6, 7])]);
+        // Zero-sized tensors take no bytes anywhere in the tiling.
+        write(
+            &p,
+            &format!(r#"{{{A}[0,8]}},"e":{{"dtype":"F32","shape":[0],"data_offsets":[8,8]}}}}"#),
+            8,
+        );
+        assert!(SafeTensors::open(&p).is_ok());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn overlaps_gaps_and_trailing_bytes_are_refused() {
+        let d = dir("gaps");
+        let p = d.join("bad.safetensors");
+        for (header, data, why) in [
+            (
+                format!(r#"{{{A}[0,8]}},{B}[4,12]}}}}"#),
+                16,
+                "tensor `b` (bytes 4..12) overlaps tensor `a` (bytes 0..8)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}},"c":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}}}"#),
+                8,
+                "overlaps",
+            ),
+            (
+                format!(r#"{{{A}[8,16]}}}}"#),
+                16,
+                "bytes 0..8 of the data belong to no tensor (before `a`)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}},{B}[12,20]}}}}"#),
+                20,
+                "bytes 8..12 of the data belong to no tensor (before `b`)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}}}}"#),
+                12,
+                "bytes 8..12 of the data belong to no tensor (after the last one)",
+            ),
+            (
+                format!(r#"{{{A}[0,12]}}}}"#),
+                12,
+                "12 bytes do not hold a f32[2]",
+            ),
+        ] {
+            write(&p, &header, data);
+            let r = reason(&p);
+            assert!(r.contains(why), "{header}: {r}");
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn a_header_past_the_format_limit_is_refused_unread() {
+        let d = dir("header");
+        let p = d.join("big.safetensors");
+        let mut bytes = ((MAX_HEADER_BYTES + 1) as u64).to_le_bytes().to_vec();
+        bytes.extend(b"{}");
+        std::fs::write(&p, bytes).unwrap();
+        assert!(reason(&p).contains("limit of 100000000"));
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn special_files_are_not_weights() {
+        let d = dir("special");
+        let fifo = d.join("fifo.safetensors");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        for p in [fifo.as_path(), Path::new("/dev/zero"), d.as_path()] {
+            assert!(
+                matches!(
+                    SafeTensors::open(p),
+                    Err(ModelError::File(crate::ir::FileError::NotRegular { .. }))
+                ),
+                "{}",
+                p.display()
+            );
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
+}

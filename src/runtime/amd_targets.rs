@@ -238,6 +238,11 @@ mod comgr {
 
     pub(super) fn probe() -> Option<AmdTargets> {
         let (lib, name) = load()?;
+        // Never unloaded: hiprtc loads this comgr itself, and unloading it would leave its LLVM
+        // command-line options registered in libLLVM (which stays loaded), so hiprtc's own load
+        // would register them again and abort ("Option 'disassemble' registered more than
+        // once").
+        let lib = std::mem::ManuallyDrop::new(lib);
         // SAFETY: each symbol is looked up with the signature amd_comgr.h declares for it.
         let (count, isa_name, metadata, destroy) = unsafe {
             (

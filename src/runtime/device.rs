@@ -424,3 +424,52 @@ impl Drop for DeviceBuffer {
         self.device.memory().release(self.bytes);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_strictly() {
+        assert_eq!(DeviceSpec::parse("cpu"), Ok(DeviceSpec::Cpu));
+        assert_eq!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(DeviceSpec::parse("cuda:3"), Ok(DeviceSpec::Cuda(3)));
+        assert_eq!(DeviceSpec::parse("hip:0"), Ok(DeviceSpec::Hip(0)));
+        assert_eq!(
+            DeviceSpec::parse("hip:2147483647"),
+            Ok(DeviceSpec::Hip(2147483647))
+        );
+        for (bad, why) in [
+            ("tpu", "unknown kind of device `tpu`"),
+            ("", "unknown kind of device ``"),
+            ("CUDA:0", "unknown kind of device `CUDA`"),
+            ("hip:-1", "`-1` is not a device number"),
+            ("cuda:+1", "`+1` is not a device number"),
+            ("cuda: 1", "` 1` is not a device number"),
+            ("cuda:", "`` is not a device number"),
+            ("cuda:1:2", "`1:2` is not a device number"),
+            ("cuda:2147483648", "past 2147483647"),
+            ("cuda:18446744073709551616", "past 2147483647"),
+            ("cpu:0", "the CPU has no device number"),
+        ] {
+            match DeviceSpec::parse(bad) {
+                Err(RuntimeError::DeviceSpec { spec, reason }) => {
+                    assert_eq!(spec, bad);
+                    assert!(reason.contains(why), "{bad:?}: {reason}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_spec_never_reaches_a_driver() {
+        // Device::open parses first: these fail the same way on any machine.
+        for bad in ["cuda:99999999999", "hip:x", "gpu:0"] {
+            assert!(
+                matches!(Device::open(bad), Err(RuntimeError::DeviceSpec { .. })),
+                "{bad}"
+            );
+        }
+    }
+}
