@@ -64,7 +64,6 @@ impl BertEncoder {
     /// and sentence_bert_config.json. Every file must be a regular file within its size limit.
     pub fn load(dir: &Path) -> Result<BertEncoder, ModelError> {
         let config = read_config(dir)?;
-        let settings = read_sentence_settings(dir, &config)?;
         let st = dir.join("model.safetensors");
         let weights = match SafeTensors::open(&st) {
             Err(ModelError::File(FileError::Missing { .. })) => {
@@ -82,6 +81,7 @@ impl BertEncoder {
         }
         .to_string();
         config.check_against(&weights, &prefix)?;
+        let settings = read_sentence_settings(dir, &config)?;
         let tokenizer = read_tokenizer(dir, &config)?;
         let enc = BertEncoder {
             dir: dir.to_path_buf(),
