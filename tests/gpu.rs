@@ -350,6 +350,81 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A graph with an input no kernel reads (the passes remove it): it runs on the device, its
+/// output matches the interpreter, and the unused input is still part of the interface (a run
+/// that leaves it out or binds the wrong type is refused with a typed error).
+fn unused_input_runs(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = format::from_json_str(
+        r#"{"version": 1, "name": "unused_input", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [3, 40]},
+        {"name": "unused", "op": "input", "dtype": "f32", "shape": [7]},
+        {"name": "o", "op": "tanh", "inputs": ["x"]}], "outputs": ["o"]}"#,
+    )
+    .map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 6);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let want = run(&g, &b).map_err(|e| e.to_string())?;
+    let err = compare(&got[0], &want[0], "unused_input %o")?;
+    if err > tolerance(DType::F32) {
+        return Err(format!("unused_input: relative L2 {err:e}").into());
+    }
+    let mut missing = b.clone();
+    missing.inputs.remove("unused");
+    match c.run(&missing) {
+        Err(rocmforge::compile::CompileError::Interp(
+            rocmforge::interp::InterpError::MissingInput { name, .. },
+        )) if name == "unused" => Ok(()),
+        other => Err(format!("run without `unused`: {:?}", other.map(|_| "ran")).into()),
+    }
+}
+
+/// `verify` on the device: NaN and ±inf where the interpreter has them count as equal, and the
+/// error is over the finite values.
+fn verify_with_non_finite_outputs(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = format::from_json_str(
+        r#"{"version": 1, "name": "non_finite", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [5, 64]},
+        {"name": "zero", "op": "constant", "dtype": "f32", "value": 0.0},
+        {"name": "ln", "op": "log", "inputs": ["x"]},
+        {"name": "q", "op": "div", "inputs": ["x", "zero"]}], "outputs": ["ln", "q"]}"#,
+    )
+    .map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 8);
+    let (_, v) = c.verify(&b).map_err(|e| e.to_string())?;
+    let negatives = b.inputs["x"]
+        .to_f64_vec()
+        .iter()
+        .filter(|x| **x < 0.0)
+        .count();
+    let counts: Vec<usize> = v.outputs.iter().map(|o| o.non_finite).collect();
+    if counts != [negatives, 5 * 64] || v.max_error() > tolerance(DType::F32) {
+        return Err(format!(
+            "non-finite counts {counts:?} (want [{negatives}, 320]), error {:e}",
+            v.max_error()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A device number past the last GPU is "no device", not a driver error or a panic.
+fn ordinal_past_the_last_gpu(device: &Device) -> Result<(), Failed> {
+    let kind = device.spec().split(':').next().unwrap_or_default();
+    let spec = format!("{kind}:2147483647");
+    match Device::open(&spec) {
+        Err(rocmforge::runtime::RuntimeError::NoDevice { reason, .. })
+            if reason.contains("GPU(s) present") =>
+        {
+            Ok(())
+        }
+        other => Err(format!("{spec}: {:?}", other.map(|d| d.label().to_string())).into()),
+    }
+}
+
 fn minilm_dir() -> Option<PathBuf> {
     let dir = rocmforge::frontend::model_cache_dir(rocmforge::frontend::MINILM);
     dir.join("model.safetensors").exists().then_some(dir)
@@ -634,6 +709,27 @@ fn main() {
         &ignored,
         "stress::16_threads_x_25_iterations".into(),
         Box::new(move || stress(&s2)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "run::unused_input_is_bound_but_not_uploaded".into(),
+        Box::new(move || unused_input_runs(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "verify::nan_and_inf_at_the_same_places".into(),
+        Box::new(move || verify_with_non_finite_outputs(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "device::ordinal_past_the_last_gpu".into(),
+        Box::new(move || ordinal_past_the_last_gpu(&d)),
     );
     let d = device.clone();
     push(
