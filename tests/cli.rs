@@ -430,7 +430,7 @@ fn malformed_device_names_are_errors() {
         let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json"], &env);
         assert_clean_error(spec, ok, &err);
         assert!(
-            err.contains(&format!("error: ROCMFORGE_DEVICE: ")) && err.contains(why),
+            err.contains("error: ROCMFORGE_DEVICE: ") && err.contains(why),
             "ROCMFORGE_DEVICE={spec}: {err}"
         );
     }
@@ -584,7 +584,11 @@ fn cache_commands_skip_special_entries_and_list_them() {
         .unwrap();
     let unreadable = dir.join("unreadable.bin");
     std::fs::write(&unreadable, b"secret").unwrap();
-    std::fs::set_permissions(&unreadable, std::os::unix::fs::PermissionsExt::from_mode(0)).unwrap();
+    std::fs::set_permissions(
+        &unreadable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .unwrap();
     // root reads a file of mode 000 anyway: then it is an entry (a corrupt one), else skipped.
     let readable = std::fs::File::open(&unreadable).is_ok();
     std::fs::write(dir.join("notes.txt"), b"not a cache file").unwrap();

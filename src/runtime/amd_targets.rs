@@ -35,7 +35,7 @@ pub struct Processor {
 }
 
 /// comgr's answer on ROCm 5.2 (HIP runtime 5.2, comgr 2.4): processor, xnack, sramecc.
-pub const ROCM_5_2: [(&str, bool, bool); 33] = [
+pub const ROCM_5_2: [Row; 33] = [
     ("gfx600", false, false),
     ("gfx601", false, false),
     ("gfx602", false, false),
@@ -71,8 +71,11 @@ pub const ROCM_5_2: [(&str, bool, bool); 33] = [
     ("gfx1036", false, false),
 ];
 
+/// A table row: processor, takes xnack, takes sramecc.
+type Row = (&'static str, bool, bool);
+
 /// Known tables by HIP runtime version (major, minor).
-const TABLES: [((i32, i32), &[(&str, bool, bool)]); 1] = [((5, 2), &ROCM_5_2)];
+const TABLES: [((i32, i32), &[Row]); 1] = [((5, 2), &ROCM_5_2)];
 
 /// The target ids one compiler accepts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +87,7 @@ pub struct AmdTargets {
 }
 
 impl AmdTargets {
-    pub fn from_table(source: &str, table: &[(&str, bool, bool)]) -> AmdTargets {
+    pub fn from_table(source: &str, table: &[Row]) -> AmdTargets {
         AmdTargets {
             source: source.to_string(),
             processors: table

@@ -255,7 +255,7 @@ impl DiskCache {
                 message: e.to_string(),
             })?;
             let file = dirent.path();
-            if !file.extension().is_some_and(|x| x == "bin") {
+            if file.extension().is_none_or(|x| x != "bin") {
                 continue;
             }
             let skip = |reason: String| SkippedEntry {
