@@ -355,9 +355,21 @@ fn malformed_model_directories_give_typed_errors() {
             |e| matches!(e, ModelError::Config { field, .. } if field == "vocab_size"),
         ),
         (
-            "vocab_smaller_than_tokenizer",
+            "vocab_not_matching_embeddings",
             Box::new(set_config("\"vocab_size\": 30522", "\"vocab_size\": 30000")),
             |e| matches!(e, ModelError::ConfigMismatch { field, .. } if field == "vocab_size"),
+        ),
+        (
+            "tokenizer_past_embeddings",
+            Box::new({
+                // One added token past the 30522 rows of the embedding table.
+                let tok = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+                let extra = r#""added_tokens":[{"id":30522,"special":true,"content":"[EXTRA]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false},"#;
+                let edited = tok.replacen(r#""added_tokens":["#, extra, 1);
+                assert_ne!(edited, tok, "tokenizer.json has added_tokens");
+                move |o: &Path| std::fs::write(o.join("tokenizer.json"), &edited).unwrap()
+            }),
+            |e| matches!(e, ModelError::Config { field, reason } if field == "vocab_size" && reason.contains("30523 tokens")),
         ),
         (
             "max_seq_length_zero",

@@ -207,7 +207,7 @@ impl BertConfig {
                     .parse()
                     .ok()
             })
-            .map(|l: usize| l + 1)
+            .map(|l: usize| l.saturating_add(1))
             .max()
             .unwrap_or(0);
         if layers != self.num_hidden_layers {
