@@ -80,11 +80,22 @@ impl Live {
             .collect()
     }
 
+    /// [`Graph::use_count`] over the live graph: operand slots of live nodes that read `id`,
+    /// plus one per graph output it is.
+    pub(crate) fn uses(&self, g: &Graph, id: NodeId) -> usize {
+        let slots: usize = g
+            .consumers(id)
+            .into_iter()
+            .filter(|&c| self.contains(c))
+            .map(|c| g.operands(c).iter().filter(|&&o| o == id).count())
+            .sum();
+        slots + g.outputs().iter().filter(|&&o| o == id).count()
+    }
+
     /// [`only_feeds`] over the live graph: `id` is read by one operand slot of `user`, by no
     /// other live node, and is not a graph output.
     pub(crate) fn only_feeds(&self, g: &Graph, id: NodeId, user: NodeId) -> bool {
-        let slots = g.operands(user).iter().filter(|&&o| o == id).count();
-        slots == 1 && !g.is_output(id) && self.other_consumers(g, id, user).is_empty()
+        self.contains(user) && self.uses(g, id) == 1 && g.consumers(id).contains(&user)
     }
 }
 

@@ -54,6 +54,9 @@ pub struct Spec {
     pub cast_softmax: bool,
     /// The 3-D batched form [B·H, S, D] (no GQA).
     pub rank3: bool,
+    /// The scores viewed in the other rank and back: 3-D scores viewed [B, H, Sq, Sk] around
+    /// the mask (fairseq), 4-D scores viewed [B·H, Sq, Sk] around the scale.
+    pub view: bool,
     /// Causal offset for the causal masks.
     pub offset: i64,
 }
@@ -73,6 +76,7 @@ impl Spec {
             k_pretransposed: false,
             cast_softmax: false,
             rank3: false,
+            view: false,
             offset: 0,
         }
     }
@@ -156,6 +160,11 @@ pub fn build(spec: &Spec) -> Graph {
         g.transpose_last(k).unwrap()
     };
     let mut s = g.matmul(q, kt).unwrap();
+    let (bh, sq, sk) = ((spec.b * spec.hq) as i64, spec.sq as i64, spec.sk as i64);
+    let heads = [spec.b as i64, spec.hq as i64, sq, sk];
+    if spec.view && !spec.rank3 {
+        s = g.reshape(s, &[bh, sq, sk]).unwrap();
+    }
     s = match spec.scale {
         Scale::MulScores => {
             let c = g.scalar(c, dt).unwrap();
@@ -171,11 +180,12 @@ pub fn build(spec: &Spec) -> Graph {
         }
         _ => s,
     };
-    let h = if spec.rank3 {
-        spec.b * spec.hq
-    } else {
-        spec.hq
-    };
+    if spec.view {
+        // Into the 4-D view the masks are written for: back from 3-D, or 3-D scores viewed 4-D.
+        s = g.reshape(s, &heads).unwrap();
+    }
+    let in_4d = !spec.rank3 || spec.view;
+    let h = if in_4d { spec.hq } else { spec.b * spec.hq };
     let ninf = g.scalar(f64::NEG_INFINITY, dt).unwrap();
     s = match spec.mask {
         Mask::None => s,
@@ -201,10 +211,10 @@ pub fn build(spec: &Spec) -> Graph {
             g.add(m, s).unwrap()
         }
         Mask::BoolNegInf | Mask::BoolMin => {
-            let shape = if spec.rank3 {
-                vec![spec.b * spec.hq, spec.sq, spec.sk]
-            } else {
+            let shape = if in_4d {
                 vec![spec.b, 1, spec.sq, spec.sk]
+            } else {
+                vec![spec.b * spec.hq, spec.sq, spec.sk]
             };
             let m = g.input("mask", DType::Bool, &shape).unwrap();
             let fill = if spec.mask == Mask::BoolMin {
@@ -229,6 +239,9 @@ pub fn build(spec: &Spec) -> Graph {
             g.where_(cm, s, ninf).unwrap()
         }
     };
+    if spec.view && spec.rank3 {
+        s = g.reshape(s, &[bh, sq, sk]).unwrap();
+    }
     let p = if spec.cast_softmax {
         let up = g.cast(s, DType::F32).unwrap();
         let p = g.softmax(up, -1).unwrap();
