@@ -8,8 +8,8 @@
 //!   axis; the rest are casts, views (reshapes that only regroup the axes before [Sq, Sk]), the
 //!   scale (`mul`/`div` by a scalar constant, at the value its dtype holds), an additive float
 //!   mask, and `where` masks (−∞ or dtype-minimum fill; a causal one from a CausalMask or a
-//!   constant lower triangle). A cast is only an attention dtype's widening to f32 or the
-//!   narrowing back; a scale above an additive mask or a finite fill would scale the mask.
+//!   constant lower triangle). A cast is only a widening to f32 or the narrowing of f32 back
+//!   to the attention dtype; a scale above an additive mask or a finite fill would scale it.
 //! - `operands`: Q·Kᵀ is a MatMul of Q (optionally scaled) and Kᵀ: a permute swapping K's last
 //!   two axes, the transpose of the head-split K (old GPT-2's `permute(0, 2, 3, 1)`), or K stored
 //!   [.., D, Sk]; K and V expanded over a head-group axis (LLaMA's repeat_kv) are read

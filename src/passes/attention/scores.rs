@@ -2,8 +2,8 @@
 //!
 //! Above the softmax: casts and views of the probabilities. Below it, in any order: casts,
 //! views, scales, one additive or boolean mask and one causal mask. What each link must not be:
-//! - a cast other than the attention dtype's widening to f32 or the narrowing back (f32 → f16 →
-//!   f32 in an f32 attention, f16 ↔ bf16, to an integer or bool change the values);
+//! - a cast other than a widening to f32 or a narrowing of f32 back to the attention dtype
+//!   (f32 → f16 → f32 in an f32 attention, f16 ↔ bf16, to an integer or bool change values);
 //! - a view that moves scores between rows or keys (only the axes before [Sq, Sk] regroup);
 //! - a scale that is not a scalar constant, or that broadcasts the scores to another shape;
 //! - a mask that broadcasts the scores to another shape; a `where` fill other than −∞ or the
@@ -196,24 +196,24 @@ impl Walk<'_> {
         self.links.len()
     }
 
-    /// Widening the attention dtype to f32 is exact; narrowing f32 back to it rounds as the
-    /// attention dtype does anyway. Any other cast changes values the fused op would not.
+    /// Widening a float to f32 is exact; narrowing f32 to the attention dtype rounds as that
+    /// dtype does anyway (the fused op keeps f32 and rounds its result). Any other cast changes
+    /// values the fused op would not.
     fn cast(&self, id: NodeId) -> Result<NodeId, Reason> {
         let (g, t) = (self.g, self.dtype);
         let x = single_operand(g, id);
         let (from, to) = (g.ty(x).dtype, g.ty(id).dtype);
-        let ok = from == to || (from == t && to == DType::F32) || (from == DType::F32 && to == t);
-        if !ok {
+        let widens = from.is_float() && to == DType::F32;
+        if !(from == to || widens || (from == DType::F32 && to == t)) {
             let allowed = if t == DType::F32 {
-                "none".to_string()
+                "widening f16/bf16 to f32".to_string()
             } else {
-                format!("{t} → f32 and f32 → {t}")
+                format!("widening to f32 and narrowing f32 back to {t}")
             };
             return reason(
                 "cast_changes_values",
                 format!(
-                    "{} casts {from} → {to} between the matmuls of a {t} attention, which \
-                     changes values the fused op keeps (casts it reads: {allowed})",
+                    "{} casts {from} → {to} between the matmuls of a {t} attention, which                      changes values the fused op keeps (it reads only {allowed})",
                     self.name(id)
                 ),
             );
