@@ -745,3 +745,12 @@ mod random_chains {
         }
     }
 }
+
+#[test]
+fn attention_without_elements_is_refused() {
+    // Zero heads, zero keys, zero head size: nothing to fuse, and the graph still runs.
+    for dims in [[2, 0, 4, 8], [2, 2, 0, 8], [2, 2, 4, 0]] {
+        let g = Chain::new(F32, dims, vec![scale8(), Softmax(-1)]).build();
+        assert_refuses(&g, &random(&g, 22), "empty");
+    }
+}

@@ -98,6 +98,14 @@ fn find(g: &Graph, live: &Live, pv: NodeId) -> Result<Match, Reason> {
     let scores = scores::read(g, live, pv)?;
     let operands = operands::read(g, live, pv, &scores)?;
     let frame = frame::choose(g, &scores, &operands)?;
+    let parts = [operands.q, operands.k, operands.v, scores.p, pv];
+    if let Some(&x) = parts.iter().find(|&&x| g.ty(x).shape.numel() == 0) {
+        // No elements need no kernel, and zero heads have no fused form (a head count divides).
+        return reason(
+            "empty",
+            format!("%{} {} holds no elements", g.node(x).name, g.ty(x).shape),
+        );
+    }
     let scale = scores.scale * operands.scale;
     if !scale.is_finite() {
         return reason(

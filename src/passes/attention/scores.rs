@@ -330,7 +330,7 @@ impl Walk<'_> {
                 ),
             );
         }
-        self.same_shape(id, s, m)?;
+        self.same_shape(id, s, &[m])?;
         self.mask = Some(AppliedMask {
             source: MaskSource::Additive(m),
             view: g.ty(s).shape.clone(),
@@ -385,7 +385,7 @@ impl Walk<'_> {
                 );
             }
         }
-        self.same_shape(id, s, c)?;
+        self.same_shape(id, s, &[c, fill])?;
         let view = g.ty(s).shape.clone();
         let depth = self.depth();
         let causal = (!negate).then(|| causal_offset(g, c, &view)).flatten();
@@ -427,19 +427,23 @@ impl Walk<'_> {
         Ok(s)
     }
 
-    /// The mask `m` of link `id` over the scores `s` must not broadcast them to another shape.
-    fn same_shape(&self, id: NodeId, s: NodeId, m: NodeId) -> Result<(), Reason> {
+    /// The other operands of link `id` (the mask, a fill) must not broadcast the scores `s`
+    /// to another shape.
+    fn same_shape(&self, id: NodeId, s: NodeId, others: &[NodeId]) -> Result<(), Reason> {
         let g = self.g;
         if g.ty(id).shape == g.ty(s).shape {
             return Ok(());
         }
+        let others: Vec<String> = others
+            .iter()
+            .map(|&o| format!("{} {}", self.name(o), g.ty(o).shape))
+            .collect();
         reason(
             "mask_broadcast",
             format!(
-                "{} with mask {} {} broadcasts the scores {} to {}",
+                "{} with {} broadcasts the scores {} to {}",
                 self.name(id),
-                self.name(m),
-                g.ty(m).shape,
+                others.join(" and "),
                 g.ty(s).shape,
                 g.ty(id).shape
             ),
