@@ -213,7 +213,8 @@ impl Walk<'_> {
             return reason(
                 "cast_changes_values",
                 format!(
-                    "{} casts {from} → {to} between the matmuls of a {t} attention, which                      changes values the fused op keeps (it reads only {allowed})",
+                    "{} casts {from} → {to} between the matmuls of a {t} attention, which \
+                     changes values the fused op keeps (it reads only {allowed})",
                     self.name(id)
                 ),
             );
