@@ -14,7 +14,7 @@ mod op_zoo;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use attention_graphs::{build, Mask, Scale, Spec};
+use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::compile::CompileOptions;
 use rocmforge::interp::{run, Bindings};
@@ -139,6 +139,141 @@ fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed>
         return Err(format!("{spec:?}: relative L2 {err:e}").into());
     }
     Ok(())
+}
+
+/// An attention written step by step must fuse, and the fused kernels must match the
+/// interpreter: the graph itself for f32, the graph computed in f32 for f16/bf16.
+fn check_chain(device: &Device, g: &Graph, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let (fused, _) = rocmforge::passes::optimize(g).map_err(|e| e.to_string())?;
+    if !fused
+        .node_ids()
+        .any(|id| matches!(fused.op(id), rocmforge::ir::Op::FlashAttention(_)))
+    {
+        return Err(format!("{}: did not fuse", g.name).into());
+    }
+    let c = Graph::compile_with(g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let dt = got.dtype();
+    let want = if dt == DType::F32 {
+        run(g, &b).map_err(|e| e.to_string())?.remove(0)
+    } else {
+        let mut wide = Bindings::default();
+        for (n, t) in &b.inputs {
+            let t = if t.dtype().is_float() {
+                t.cast(DType::F32)
+            } else {
+                t.clone()
+            };
+            wide.inputs.insert(n.clone(), t);
+        }
+        run(&promoted_to_f32(g), &wide)
+            .map_err(|e| e.to_string())?
+            .remove(0)
+    };
+    let err = compare(&got.cast(DType::F32), &want, &g.name)?;
+    if err > tolerance(dt) {
+        return Err(format!("{}: relative L2 {err:e}", g.name).into());
+    }
+    Ok(())
+}
+
+/// Attention forms fused since issue 11: fairseq's scores viewed 4-D for the key padding mask,
+/// a split other than [B, H] with a mask over part of it, old GPT-2's head-split K, f16 scale
+/// constants at their f16 value with an f32 mask, a written-out softmax left dead.
+fn chains() -> Vec<(&'static str, Graph)> {
+    use Step::*;
+    let bmm = |dtype: DType, [b, h, s, d]: [usize; 4], steps: Vec<Step>| {
+        let mut c = Chain::new(dtype, [b, h, s, d], steps);
+        c.q = vec![b * h, s, d];
+        c.k = vec![b * h, s, d];
+        c.v = vec![b * h, s, d];
+        c.k_perm = vec![0, 2, 1];
+        c.build()
+    };
+    let (ninf, f32_) = (f64::NEG_INFINITY, DType::F32);
+    vec![
+        (
+            "fairseq_f32",
+            bmm(
+                f32_,
+                [2, 3, 7, 8],
+                vec![
+                    Mul(1.0 / 8f64.sqrt()),
+                    Reshape(vec![2, 3, 7, 7]),
+                    MaskedFill(vec![2, 1, 1, 7], ninf),
+                    Reshape(vec![6, 7, 7]),
+                    Softmax(-1),
+                ],
+            ),
+        ),
+        (
+            "fairseq_f16",
+            bmm(
+                DType::F16,
+                [2, 4, 100, 64],
+                vec![
+                    Mul(0.125),
+                    Reshape(vec![2, 4, 100, 100]),
+                    MaskedFill(vec![2, 1, 1, 100], ninf),
+                    Reshape(vec![8, 100, 100]),
+                    Cast(f32_),
+                    Softmax(-1),
+                    Cast(DType::F16),
+                ],
+            ),
+        ),
+        (
+            "regrouped_view_f32",
+            bmm(
+                f32_,
+                [2, 3, 33, 16],
+                vec![
+                    Mul(0.25),
+                    Reshape(vec![3, 2, 33, 33]),
+                    Add(vec![1, 2, 1, 33]),
+                    Reshape(vec![6, 33, 33]),
+                    Softmax(-1),
+                ],
+            ),
+        ),
+        ("gpt2_head_split_bf16", {
+            let mut c = Chain::new(
+                DType::BF16,
+                [2, 4, 64, 64],
+                vec![
+                    Div(8.0),
+                    Causal(0, ninf),
+                    Cast(f32_),
+                    Softmax(-1),
+                    Cast(DType::BF16),
+                ],
+            );
+            c.k = vec![2, 64, 4, 64];
+            c.k_perm = vec![0, 2, 3, 1];
+            c.build()
+        }),
+        (
+            "f16_scale_held_f32_mask",
+            Chain::new(
+                DType::F16,
+                [2, 4, 33, 80],
+                vec![
+                    Mul(1.0 / 80f64.sqrt()),
+                    Cast(f32_),
+                    Add(vec![2, 1, 1, 33]),
+                    Softmax(-1),
+                    Cast(DType::F16),
+                ],
+            )
+            .build(),
+        ),
+        (
+            "written_softmax_f32",
+            Chain::new(f32_, [2, 2, 16, 32], vec![Mul(0.2), WrittenSoftmax(true)]).build(),
+        ),
+    ]
 }
 
 fn stress(device_spec: &str) -> Result<(), Failed> {
@@ -677,6 +812,15 @@ fn main() {
             &ignored,
             format!("attention::{i}::{dtype}::{mask:?}"),
             Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
+        );
+    }
+    for (i, (name, g)) in chains().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("attention_chain::{name}"),
+            Box::new(move || check_chain(&d, &g, 40 + i as u64)),
         );
     }
     for (dtype, min_cos) in [(DType::F32, 0.9999), (DType::F16, 0.999)] {
