@@ -30,6 +30,9 @@ pub struct Graph {
     g: StableDiGraph<Node, u32>,
     names: HashMap<String, NodeId>,
     outputs: Vec<NodeId>,
+    /// How many times each node appears in `outputs`, so output queries cost O(1) whatever the
+    /// number of outputs (passes ask for every node they visit).
+    output_uses: HashMap<NodeId, usize>,
     next_auto: usize,
 }
 
@@ -113,11 +116,11 @@ impl Graph {
     /// How many uses `id` has: operand slots that read it, plus one per graph output it is.
     pub fn use_count(&self, id: NodeId) -> usize {
         self.g.edges_directed(id, Direction::Outgoing).count()
-            + self.outputs.iter().filter(|&&o| o == id).count()
+            + self.output_uses.get(&id).copied().unwrap_or(0)
     }
 
     pub fn is_output(&self, id: NodeId) -> bool {
-        self.outputs.contains(&id)
+        self.output_uses.contains_key(&id)
     }
 
     /// Nodes in a topological order that keeps insertion order wherever the edges allow, so
@@ -313,6 +316,7 @@ impl Graph {
     pub fn add_output(&mut self, id: NodeId) -> Result<(), GraphError> {
         self.try_node(id)?;
         self.outputs.push(id);
+        *self.output_uses.entry(id).or_insert(0) += 1;
         Ok(())
     }
 
@@ -320,7 +324,11 @@ impl Graph {
         for &id in ids {
             self.try_node(id)?;
         }
-        self.outputs = ids.to_vec();
+        self.outputs.clear();
+        self.output_uses.clear();
+        for &id in ids {
+            self.add_output(id)?;
+        }
         Ok(())
     }
 
@@ -349,10 +357,13 @@ impl Graph {
             self.g.remove_edge(e);
             self.g.add_edge(new, target, slot);
         }
-        for o in &mut self.outputs {
-            if *o == old {
-                *o = new;
+        if let Some(k) = self.output_uses.remove(&old) {
+            for o in &mut self.outputs {
+                if *o == old {
+                    *o = new;
+                }
             }
+            *self.output_uses.entry(new).or_insert(0) += k;
         }
         Ok(())
     }
@@ -361,7 +372,9 @@ impl Graph {
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
         let node = self.g.remove_node(id)?;
         self.names.remove(&node.name);
-        self.outputs.retain(|&o| o != id);
+        if self.output_uses.remove(&id).is_some() {
+            self.outputs.retain(|&o| o != id);
+        }
         Some(node)
     }
 

@@ -3,7 +3,7 @@
 mod dot;
 mod dtype;
 mod error;
-mod expr;
+pub mod expr;
 pub mod format;
 mod graph;
 mod infer;
@@ -24,6 +24,7 @@ pub use op::{Arity, Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, U
 pub use printer::{node_line, to_text};
 pub use random::{random_input, random_weight, seeded_rng};
 pub use shape::{normalize_axis, Shape, TensorType};
-pub use tensor::{Data, Tensor, TensorError};
+pub use scalar::Element;
+pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
 
 pub(crate) use infer::{reduce_axes, slice_bounds};
