@@ -739,7 +739,13 @@ fn element_bits(t: &Tensor) -> Vec<u64> {
     match (t.as_f32(), t.as_i64()) {
         (Some(f), _) => f
             .iter()
-            .map(|x| if x.is_nan() { u64::MAX } else { u64::from(x.to_bits()) })
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    u64::from(x.to_bits())
+                }
+            })
             .collect(),
         (_, Some(i)) => i.iter().map(|&x| x as u64).collect(),
         _ => unreachable!(),
@@ -783,15 +789,14 @@ fn check_fold(
     }
     g.set_outputs(&outs).unwrap();
     let mut folded = g.clone();
-    PassManager::new().with(ConstantFold).run(&mut folded).unwrap();
+    PassManager::new()
+        .with(ConstantFold)
+        .run(&mut folded)
+        .unwrap();
     let want = run(&g, &Bindings::default()).unwrap();
     let got = run(&folded, &Bindings::default()).unwrap();
     for (k, (w, f)) in want.iter().zip(&got).enumerate() {
-        let args: Vec<f64> = combos[k]
-            .iter()
-            .zip(&columns)
-            .map(|(&i, c)| c[i])
-            .collect();
+        let args: Vec<f64> = combos[k].iter().zip(&columns).map(|(&i, c)| c[i]).collect();
         assert_eq!(
             element_bits(f),
             element_bits(w),
@@ -859,7 +864,11 @@ fn casts_follow_the_documented_table() {
     };
     let (inf, nan) = (f64::INFINITY, f64::NAN);
     // Float → integer: toward zero, saturating, NaN → 0.
-    let to_i32 = cast(DType::F32, vec![nan, inf, -inf, 3e9, -3e9, 2.9, -2.9, -0.0], DType::I32);
+    let to_i32 = cast(
+        DType::F32,
+        vec![nan, inf, -inf, 3e9, -3e9, 2.9, -2.9, -0.0],
+        DType::I32,
+    );
     let (max, min) = (i64::from(i32::MAX), i64::from(i32::MIN));
     assert_eq!(to_i32.as_i64().unwrap(), &[0, max, min, max, min, 2, -2, 0]);
     let to_i64 = cast(DType::F16, vec![nan, inf, -inf, -65504.0], DType::I64);
@@ -868,14 +877,22 @@ fn casts_follow_the_documented_table() {
     let to_bool = cast(DType::F32, vec![nan, -0.0, inf, 1e-45], DType::Bool);
     assert_eq!(to_bool.as_i64().unwrap(), &[1, 0, 1, 1]);
     // To f16: nearest, ties to even, overflow to ±∞.
-    let to_f16 = cast(DType::F32, vec![65519.0, 65520.0, -65520.0, 1e-8], DType::F16);
+    let to_f16 = cast(
+        DType::F32,
+        vec![65519.0, 65520.0, -65520.0, 1e-8],
+        DType::F16,
+    );
     assert_eq!(
         to_f16.as_f32().unwrap(),
         &[65504.0, f32::INFINITY, f32::NEG_INFINITY, 0.0]
     );
     // Integer → narrower integer wraps; integer → bf16 goes through f32, as PyTorch does:
     // 2^25 + 2^17 + 1 is 2^25 + 2^17 in f32, a tie that rounds to even 2^25 in bf16.
-    let to_i32 = cast(DType::I64, vec![4294967301.0, 2147483648.0, -2147483649.0], DType::I32);
+    let to_i32 = cast(
+        DType::I64,
+        vec![4294967301.0, 2147483648.0, -2147483649.0],
+        DType::I32,
+    );
     assert_eq!(to_i32.as_i64().unwrap(), &[5, min, max]);
     let to_bf16 = cast(DType::I64, vec![33685505.0], DType::BF16);
     assert_eq!(to_bf16.as_f32().unwrap(), &[33554432.0]);
@@ -898,13 +915,23 @@ fn maximum_and_minimum_order_signed_zeros_and_propagate_nan() {
 
 #[test]
 fn integer_arithmetic_wraps_at_the_dtype_width() {
-    let a = Tensor::from_i64(DType::I32, vec![3], vec![i64::from(i32::MAX), i64::from(i32::MIN), 65536])
-        .unwrap();
+    let a = Tensor::from_i64(
+        DType::I32,
+        vec![3],
+        vec![i64::from(i32::MAX), i64::from(i32::MIN), 65536],
+    )
+    .unwrap();
     let b = Tensor::from_i64(DType::I32, vec![3], vec![1, -1, 65536]).unwrap();
     let add = run_op(&[&a, &b], |g, i| g.add(i[0], i[1]).unwrap());
-    assert_eq!(add.as_i64().unwrap(), &[i64::from(i32::MIN), i64::from(i32::MAX) - 1, 131072]);
+    assert_eq!(
+        add.as_i64().unwrap(),
+        &[i64::from(i32::MIN), i64::from(i32::MAX), 131072]
+    );
     let mul = run_op(&[&a, &b], |g, i| g.mul(i[0], i[1]).unwrap());
-    assert_eq!(mul.as_i64().unwrap(), &[i64::from(i32::MAX), i64::from(i32::MIN), 0]);
+    assert_eq!(
+        mul.as_i64().unwrap(),
+        &[i64::from(i32::MAX), i64::from(i32::MIN), 0]
+    );
     let neg = run_op(&[&a], |g, i| g.neg(i[0]).unwrap());
     assert_eq!(neg.as_i64().unwrap()[1], i64::from(i32::MIN));
     // Comparisons see the wrapped value: i32::MAX + 1 is negative.
@@ -918,7 +945,10 @@ fn integer_arithmetic_wraps_at_the_dtype_width() {
     let s = g.add(x, y).unwrap();
     let lt = g.less(s, z).unwrap();
     g.add_output(lt).unwrap();
-    let out = run_with(&g, vec![("a", a.clone()), ("b", b.clone()), ("c", zero.clone())]);
+    let out = run_with(
+        &g,
+        vec![("a", a.clone()), ("b", b.clone()), ("c", zero.clone())],
+    );
     assert_eq!(out.as_i64().unwrap(), &[1, 0, 0]);
     // Fused, the sum still wraps before the comparison.
     let (fused, _) = rocmforge::passes::optimize(&g).unwrap();
@@ -955,10 +985,14 @@ fn reductions_over_an_empty_axis_follow_pytorch() {
         }
         // Every axis of an empty tensor: a scalar.
         let e = Tensor::from_f32(dt, vec![0, 4], vec![]).unwrap();
-        let mean = run_op(&[&e], |g, i| g.reduce(ReduceOp::Mean, i[0], &[0, 1], false).unwrap());
+        let mean = run_op(&[&e], |g, i| {
+            g.reduce(ReduceOp::Mean, i[0], &[0, 1], false).unwrap()
+        });
         assert!(mean.to_f64_vec()[0].is_nan());
         // A non-empty axis of an empty tensor: an empty result.
-        let sum = run_op(&[&e], |g, i| g.reduce(ReduceOp::Sum, i[0], &[1], false).unwrap());
+        let sum = run_op(&[&e], |g, i| {
+            g.reduce(ReduceOp::Sum, i[0], &[1], false).unwrap()
+        });
         assert_eq!(sum.shape().dims(), &[0]);
     }
 }
@@ -974,40 +1008,110 @@ fn every_op_accepts_zero_size_dimensions() {
     let row = Tensor::from_f32(DType::F32, vec![3], vec![1.0, 2.0, 3.0]).unwrap();
     let shape_of = |t: Tensor| t.shape().dims().to_vec();
     // Elementwise, broadcasting an empty axis.
-    assert_eq!(shape_of(run_op(&[&empty, &row], |g, i| g.add(i[0], i[1]).unwrap())), [0, 3]);
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.exp(i[0]).unwrap())), [0, 3]);
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.cast(i[0], DType::I32).unwrap())), [0, 3]);
+    assert_eq!(
+        shape_of(run_op(&[&empty, &row], |g, i| g.add(i[0], i[1]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.exp(i[0]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.cast(i[0], DType::I32).unwrap())),
+        [0, 3]
+    );
     let cond = Tensor::from_bool(vec![0, 1], &[]).unwrap();
-    let w = run_op(&[&cond, &row, &row], |g, i| g.where_(i[0], i[1], i[2]).unwrap());
+    let w = run_op(&[&cond, &row, &row], |g, i| {
+        g.where_(i[0], i[1], i[2]).unwrap()
+    });
     assert_eq!(shape_of(w), [0, 3]);
     // Layout.
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[3, 0]).unwrap())), [3, 0]);
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[-1, 3]).unwrap())), [0, 3]);
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.permute(i[0], &[1, 0]).unwrap())), [3, 0]);
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[3, 0]).unwrap())),
+        [3, 0]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[-1, 3]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.permute(i[0], &[1, 0]).unwrap())),
+        [3, 0]
+    );
     let one = zeros_f32(&[1, 3]);
-    assert_eq!(shape_of(run_op(&[&one], |g, i| g.expand(i[0], &[0, 3]).unwrap())), [0, 3]);
-    assert_eq!(shape_of(run_op(&[&empty], |g, i| g.slice(i[0], 1, 1, 1).unwrap())), [0, 0]);
-    let (a, b) = (zeros_f32(&[2, 0]), Tensor::from_f32(DType::F32, vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap());
-    let cat = run_op(&[&a, &b, &a], |g, i| g.concat(&[i[0], i[1], i[2]], 1).unwrap());
+    assert_eq!(
+        shape_of(run_op(&[&one], |g, i| g.expand(i[0], &[0, 3]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.slice(i[0], 1, 1, 1).unwrap())),
+        [0, 0]
+    );
+    let (a, b) = (
+        zeros_f32(&[2, 0]),
+        Tensor::from_f32(DType::F32, vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap(),
+    );
+    let cat = run_op(&[&a, &b, &a], |g, i| {
+        g.concat(&[i[0], i[1], i[2]], 1).unwrap()
+    });
     assert_eq!(cat.to_f64_vec(), vec![1.0, 2.0, 3.0, 4.0]);
     let table = zeros_f32(&[5, 0]);
     let idx = Tensor::from_i64(DType::I64, vec![2], vec![4, 0]).unwrap();
-    assert_eq!(shape_of(run_op(&[&table, &idx], |g, i| g.gather(i[0], i[1]).unwrap())), [2, 0]);
+    assert_eq!(
+        shape_of(run_op(&[&table, &idx], |g, i| g
+            .gather(i[0], i[1])
+            .unwrap())),
+        [2, 0]
+    );
     let no_idx = Tensor::from_i64(DType::I64, vec![0], vec![]).unwrap();
-    assert_eq!(shape_of(run_op(&[&b, &no_idx], |g, i| g.gather(i[0], i[1]).unwrap())), [0, 2]);
+    assert_eq!(
+        shape_of(run_op(&[&b, &no_idx], |g, i| g.gather(i[0], i[1]).unwrap())),
+        [0, 2]
+    );
     // Normalisations over an empty axis, and of no rows.
-    assert_eq!(shape_of(run_op(&[&a], |g, i| g.softmax(i[0], -1).unwrap())), [2, 0]);
+    assert_eq!(
+        shape_of(run_op(&[&a], |g, i| g.softmax(i[0], -1).unwrap())),
+        [2, 0]
+    );
     let (w0, b0) = (zeros_f32(&[0]), zeros_f32(&[0]));
-    let ln = run_op(&[&a, &w0, &b0], |g, i| g.layer_norm(i[0], i[1], i[2], 1e-5).unwrap());
+    let ln = run_op(&[&a, &w0, &b0], |g, i| {
+        g.layer_norm(i[0], i[1], i[2], 1e-5).unwrap()
+    });
     assert_eq!(shape_of(ln), [2, 0]);
     let w3 = zeros_f32(&[3]);
-    assert_eq!(shape_of(run_op(&[&empty, &w3], |g, i| g.rms_norm(i[0], i[1], 1e-6).unwrap())), [0, 3]);
-    assert_eq!(shape_of(run_op(&[&zeros_f32(&[2, 0, 4])], |g, i| g.rope(i[0], 1e4, 0).unwrap())), [2, 0, 4]);
+    assert_eq!(
+        shape_of(run_op(&[&empty, &w3], |g, i| g
+            .rms_norm(i[0], i[1], 1e-6)
+            .unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&zeros_f32(&[2, 0, 4])], |g, i| g
+            .rope(i[0], 1e4, 0)
+            .unwrap())),
+        [2, 0, 4]
+    );
     // Matmul: an empty contraction is zeros (as torch.matmul); empty rows or batches are empty.
-    let mm = run_op(&[&a, &zeros_f32(&[0, 3])], |g, i| g.matmul(i[0], i[1]).unwrap());
-    assert_eq!((shape_of(mm.clone()), mm.to_f64_vec()), (vec![2, 3], vec![0.0; 6]));
-    assert_eq!(shape_of(run_op(&[&empty, &zeros_f32(&[3, 4])], |g, i| g.matmul(i[0], i[1]).unwrap())), [0, 4]);
-    assert_eq!(shape_of(run_op(&[&zeros_f32(&[0, 2, 3]), &zeros_f32(&[3, 4])], |g, i| g.matmul(i[0], i[1]).unwrap())), [0, 2, 4]);
+    let mm = run_op(&[&a, &zeros_f32(&[0, 3])], |g, i| {
+        g.matmul(i[0], i[1]).unwrap()
+    });
+    assert_eq!(
+        (shape_of(mm.clone()), mm.to_f64_vec()),
+        (vec![2, 3], vec![0.0; 6])
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty, &zeros_f32(&[3, 4])], |g, i| g
+            .matmul(i[0], i[1])
+            .unwrap())),
+        [0, 4]
+    );
+    assert_eq!(
+        shape_of(run_op(
+            &[&zeros_f32(&[0, 2, 3]), &zeros_f32(&[3, 4])],
+            |g, i| g.matmul(i[0], i[1]).unwrap()
+        )),
+        [0, 2, 4]
+    );
     // Causal masks with no rows or columns.
     let mut g = Graph::new("mask");
     let m = g.causal_mask(0, 4, 0).unwrap();
@@ -1023,18 +1127,39 @@ fn attention(dims: [usize; 6], causal: Option<i64>) -> Tensor {
     let [hq, hkv, sq, sk, d, dv] = dims;
     let ramp = |shape: Vec<usize>| {
         let n: usize = shape.iter().product();
-        Tensor::from_f32(DType::F32, shape, (0..n).map(|i| (i % 7) as f32 - 3.0).collect()).unwrap()
+        Tensor::from_f32(
+            DType::F32,
+            shape,
+            (0..n).map(|i| (i % 7) as f32 - 3.0).collect(),
+        )
+        .unwrap()
     };
-    let (q, k, v) = (ramp(vec![1, hq, sq, d]), ramp(vec![1, hkv, sk, d]), ramp(vec![1, hkv, sk, dv]));
-    run_op(&[&q, &k, &v], |g, i| g.flash_attention(i[0], i[1], i[2], None, 0.5, causal).unwrap())
+    let (q, k, v) = (
+        ramp(vec![1, hq, sq, d]),
+        ramp(vec![1, hkv, sk, d]),
+        ramp(vec![1, hkv, sk, dv]),
+    );
+    run_op(&[&q, &k, &v], |g, i| {
+        g.flash_attention(i[0], i[1], i[2], None, 0.5, causal)
+            .unwrap()
+    })
 }
 
 #[test]
 fn attention_with_no_queries_no_keys_or_no_head_size_is_pytorchs() {
     // No queries, no value columns, no heads: empty results.
-    assert_eq!(attention([2, 1, 0, 4, 8, 8], None).shape().dims(), &[1, 2, 0, 8]);
-    assert_eq!(attention([2, 1, 3, 4, 8, 0], Some(0)).shape().dims(), &[1, 2, 3, 0]);
-    assert_eq!(attention([0, 0, 3, 4, 8, 8], None).shape().dims(), &[1, 0, 3, 8]);
+    assert_eq!(
+        attention([2, 1, 0, 4, 8, 8], None).shape().dims(),
+        &[1, 2, 0, 8]
+    );
+    assert_eq!(
+        attention([2, 1, 3, 4, 8, 0], Some(0)).shape().dims(),
+        &[1, 2, 3, 0]
+    );
+    assert_eq!(
+        attention([0, 0, 3, 4, 8, 8], None).shape().dims(),
+        &[1, 0, 3, 8]
+    );
     // No keys: softmax over nothing weighs nothing, so zeros (P·V with an empty contraction).
     let no_keys = attention([2, 1, 3, 0, 8, 5], None);
     assert_eq!(no_keys.shape().dims(), &[1, 2, 3, 5]);
@@ -1042,7 +1167,9 @@ fn attention_with_no_queries_no_keys_or_no_head_size_is_pytorchs() {
     // Head size 0: every score is 0, so each query averages V's rows.
     let d0 = attention([1, 1, 2, 4, 0, 3], None);
     let v: Vec<f64> = (0..12).map(|i| (i % 7) as f64 - 3.0).collect();
-    let mean: Vec<f64> = (0..3).map(|c| (0..4).map(|j| v[j * 3 + c]).sum::<f64>() / 4.0).collect();
+    let mean: Vec<f64> = (0..3)
+        .map(|c| (0..4).map(|j| v[j * 3 + c]).sum::<f64>() / 4.0)
+        .collect();
     let want: Vec<f64> = mean.iter().chain(&mean).copied().collect();
     assert_close(&d0.to_f64_vec(), &want, DType::F32, "attention with D = 0");
 }
@@ -1061,7 +1188,10 @@ fn causal_offsets_near_the_i64_limits_are_exact() {
     // Attention: an offset past every key is no mask; one before every key masks all (zeros).
     let dims = [2, 1, 3, 4, 8, 5];
     assert_eq!(attention(dims, Some(i64::MAX)), attention(dims, None));
-    assert!(attention(dims, Some(i64::MIN)).to_f64_vec().iter().all(|&x| x == 0.0));
+    assert!(attention(dims, Some(i64::MIN))
+        .to_f64_vec()
+        .iter()
+        .all(|&x| x == 0.0));
 }
 
 #[test]
@@ -1079,6 +1209,8 @@ fn empty_results_of_huge_shapes_are_immediate() {
         let b = rocmforge::interp::Bindings::random(&g, 0);
         let _ = tx.send(rocmforge::interp::run(&g, &b).map(|o| o[0].shape().dims().to_vec()));
     });
-    let got = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("finished in time");
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("finished in time");
     assert_eq!(got, Ok(vec![1, 0, 1 << 21]));
 }

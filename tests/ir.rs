@@ -205,8 +205,11 @@ fn compile_a_million_node_chain(kind: Chain) {
     assert_eq!(ir::to_text(&g).unwrap().lines().count(), g.node_count() + 2);
     assert!(ir::to_dot(&g).unwrap().len() > g.node_count());
     let text = format::to_json_string(&g).unwrap();
-    let back = format::from_json_str(&text).unwrap();
-    assert_eq!(back.node_count(), g.node_count());
+    assert_eq!(
+        format::from_json_str(&text).unwrap().node_count(),
+        g.node_count()
+    );
+    drop(text);
     let options = CompileOptions {
         progress: false,
         ..CompileOptions::default()
@@ -225,13 +228,11 @@ fn compile_a_million_node_chain(kind: Chain) {
     assert_eq!(got, want);
 }
 
+// One test for both chains, one after the other: each graph of a million nodes takes a few
+// hundred MB in its several forms, and tests run in parallel.
 #[test]
-fn a_million_node_elementwise_chain_compiles_without_deep_recursion() {
+fn million_node_chains_compile_without_deep_recursion() {
     compile_a_million_node_chain(Chain::Elementwise);
-}
-
-#[test]
-fn a_million_node_chain_of_ops_that_do_not_fuse_compiles_without_deep_recursion() {
     compile_a_million_node_chain(Chain::Alternating);
 }
 
@@ -290,25 +291,42 @@ fn one_node(node: &str) -> Result<Graph, GraphError> {
 #[test]
 fn fused_expressions_from_files_are_checked() {
     let deep = (0..65).fold(r#""$0""#.to_string(), |e, _| format!(r#"["neg", {e}]"#));
-    let err = one_node(&format!(r#""op": "fused_elementwise", "inputs": ["x"], "expr": {deep}"#));
+    let err = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": ["x"], "expr": {deep}"#
+    ));
     assert_eq!(err.unwrap_err().kind(), "bad_attribute");
-    let wide = (1..17).fold(r#""$0""#.to_string(), |e, i| format!(r#"["add", {e}, "${i}"]"#));
+    let wide = (1..17).fold(r#""$0""#.to_string(), |e, i| {
+        format!(r#"["add", {e}, "${i}"]"#)
+    });
     let inputs = vec![r#""x""#; 17].join(", ");
-    let err = one_node(&format!(r#""op": "fused_elementwise", "inputs": [{inputs}], "expr": {wide}"#));
+    let err = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": [{inputs}], "expr": {wide}"#
+    ));
     assert_eq!(err.unwrap_err().kind(), "bad_attribute");
-    for bad_const in [r#"{"const": 3000000000, "dtype": "i32"}"#, r#"{"const": 0.5, "dtype": "i64"}"#] {
+    for bad_const in [
+        r#"{"const": 3000000000, "dtype": "i32"}"#,
+        r#"{"const": 0.5, "dtype": "i64"}"#,
+    ] {
         let e = format!(r#"["add", ["cast", "i32", "$0"], {bad_const}]"#);
-        let err = one_node(&format!(r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#));
+        let err = one_node(&format!(
+            r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#
+        ));
         assert_eq!(err.unwrap_err().kind(), "bad_attribute", "{bad_const}");
     }
     // An f16 constant holds its f16 value, on every path.
     let e = r#"["mul", ["cast", "f16", "$0"], {"const": 0.1, "dtype": "f16"}]"#;
-    let g = one_node(&format!(r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#)).unwrap();
+    let g = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#
+    ))
+    .unwrap();
     let id = g.find("n").unwrap();
     let ir::Op::FusedElementwise(ir::Expr::Binary(_, _, c)) = g.op(id) else {
         panic!("{:?}", g.op(id))
     };
-    assert_eq!(**c, ir::Expr::Const(f64::from(half::f16::from_f32(0.1).to_f32()), DType::F16));
+    assert_eq!(
+        **c,
+        ir::Expr::Const(f64::from(half::f16::from_f32(0.1).to_f32()), DType::F16)
+    );
 }
 
 // ---- integer arithmetic on user values ---------------------------------------------------
@@ -324,7 +342,7 @@ fn attributes_near_the_integer_limits_are_typed_errors() {
         (format!(r#""op": "concat", "inputs": ["x", "x"], "axis": {min}"#), "bad_attribute"),
         (format!(r#""op": "slice", "inputs": ["x"], "axis": 1, "start": {min}, "end": {max}"#), "bad_attribute"),
         (format!(r#""op": "slice", "inputs": ["x"], "axis": -1, "start": -1, "end": {min}"#), "bad_attribute"),
-        (format!(r#""op": "reshape", "inputs": ["x"], "shape": [{max}, 2]"#), "overflow"),
+        (format!(r#""op": "reshape", "inputs": ["x"], "shape": [{max}, 4]"#), "overflow"),
         (r#""op": "reshape", "inputs": ["y"], "shape": [-1, 0]"#.to_string(), "shape_mismatch"),
         // A zero makes the product zero, whatever the other dimensions: no overflow, no match.
         (r#""op": "reshape", "inputs": ["x"], "shape": [4611686018427387904, 4, 0]"#.to_string(), "shape_mismatch"),
@@ -349,8 +367,11 @@ fn attributes_near_the_integer_limits_are_typed_errors() {
         assert_eq!(err.kind(), kind, "{node}: {err}");
     }
     // Exact results at the limits.
-    let ok = one_node(&format!(r#""op": "constant", "dtype": "i64", "value": {min}"#)).unwrap();
-    let out = run(&ok, &Bindings::default()).unwrap();
+    let ok = one_node(&format!(
+        r#""op": "constant", "dtype": "i64", "value": {min}"#
+    ))
+    .unwrap();
+    let out = run(&ok, &Bindings::random(&ok, 0)).unwrap();
     assert_eq!(out[0].as_i64().unwrap(), &[min]);
     let full = format!(
         r#""op": "input", "dtype": "i64", "shape": [64], "sample": {{"range": {{"low": {min}, "high": {max}}}}}"#
@@ -360,7 +381,11 @@ fn attributes_near_the_integer_limits_are_typed_errors() {
     assert!(b.inputs["n"].as_i64().unwrap().iter().any(|&v| v > 1 << 53));
     let small = one_node(r#""op": "input", "dtype": "i32", "shape": [256], "sample": {"range": {"low": -2147483648, "high": -2147483646}}"#).unwrap();
     let b = Bindings::random(&small, 7);
-    assert!(b.inputs["n"].as_i64().unwrap().iter().all(|&v| v == -2147483648 || v == -2147483647));
+    assert!(b.inputs["n"]
+        .as_i64()
+        .unwrap()
+        .iter()
+        .all(|&v| v == -2147483648 || v == -2147483647));
 }
 
 #[test]
@@ -386,7 +411,10 @@ fn declared_huge_tensors_get_typed_errors_not_allocation_aborts() {
     g.add_output(n).unwrap();
     let err = Bindings::try_random(&g, 0).unwrap_err();
     assert!(too_large(&err), "{err}");
-    assert!(err.to_string().contains("`x`") && err.to_string().contains("MAX_HOST_ELEMENTS"), "{err}");
+    assert!(
+        err.to_string().contains("`x`") && err.to_string().contains("MAX_HOST_ELEMENTS"),
+        "{err}"
+    );
     let err = run(&g, &Bindings::random(&g, 0)).unwrap_err();
     assert!(too_large(&err), "{err}");
     // A weight, a splat constant and an expand: the interpreter and Graph::compile on the CPU.
@@ -394,12 +422,16 @@ fn declared_huge_tensors_get_typed_errors_not_allocation_aborts() {
     let p = w.weight("p", DType::F16, &[huge]).unwrap();
     w.add_output(p).unwrap();
     let mut c = Graph::new("huge_constant");
-    let k = c.constant(DType::F32, &[1 << 20, 1 << 20], vec![1.0]).unwrap();
+    let k = c
+        .constant(DType::F32, &[1 << 20, 1 << 20], vec![1.0])
+        .unwrap();
     c.add_output(k).unwrap();
     let mut e = Graph::new("huge_expand");
     let one = e.input("one", DType::F32, &[1]).unwrap();
     let big = e.expand(one, &[huge]).unwrap();
-    let s = e.reduce(rocmforge::ir::ReduceOp::Sum, big, &[0], false).unwrap();
+    let s = e
+        .reduce(rocmforge::ir::ReduceOp::Sum, big, &[0], false)
+        .unwrap();
     e.add_output(s).unwrap();
     for g in [&w, &c, &e] {
         let err = run(g, &Bindings::random(g, 0)).unwrap_err();

@@ -278,15 +278,16 @@ fn compile(
     for id in source.node_ids() {
         let node = source.node(id);
         if let Op::Weight { init, .. } = &node.op {
-            let t = match options.weights.get(&node.name) {
-                Some(t) => t.clone(),
-                None => random_weight(&node.name, &node.ty, init, options.seed).map_err(
-                    |source| InterpError::Host {
-                        node: node.name.clone(),
-                        source,
-                    },
-                )?,
-            };
+            let t =
+                match options.weights.get(&node.name) {
+                    Some(t) => t.clone(),
+                    None => random_weight(&node.name, &node.ty, init, options.seed).map_err(
+                        |source| InterpError::Host {
+                            node: node.name.clone(),
+                            source,
+                        },
+                    )?,
+                };
             weights.insert(node.name.clone(), t);
         }
     }

@@ -2,7 +2,9 @@
 
 use rayon::prelude::*;
 
-use crate::ir::{try_collect, Attention, Element, MaskKind, Shape, Tensor, TensorError, TensorType};
+use crate::ir::{
+    try_collect, Attention, Element, MaskKind, Shape, Tensor, TensorError, TensorType,
+};
 
 /// Whether key `k` is visible from query `q` under a causal offset: `k ≤ q + offset`, compared
 /// exactly (in i128) for every offset, so an offset near the i64 limits neither wraps nor
@@ -13,8 +15,14 @@ pub(crate) fn visible(q: usize, k: usize, offset: i64) -> bool {
 }
 
 pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Result<Tensor, TensorError> {
-    let values = (0..sq).flat_map(|q| (0..sk).map(move |k| Element::Int(i64::from(visible(q, k, offset)))));
-    Tensor::from_elements(crate::ir::DType::Bool, Shape::new(vec![sq, sk]), sq * sk, values)
+    let values =
+        (0..sq).flat_map(|q| (0..sk).map(move |k| Element::Int(i64::from(visible(q, k, offset)))));
+    Tensor::from_elements(
+        crate::ir::DType::Bool,
+        Shape::new(vec![sq, sk]),
+        sq * sk,
+        values,
+    )
 }
 
 /// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
@@ -75,7 +83,8 @@ pub fn flash_attention(
                         .sum::<f64>() as f32;
                     let mut x = f64::from(dot * att.scale as f32);
                     if let Some((mv, ms)) = &mask_view {
-                        let mval = match mv.element(bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]) {
+                        let mval = match mv.element(bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3])
+                        {
                             Element::Float(f) => f64::from(f),
                             Element::Int(b) => b as f64,
                         };

@@ -26,7 +26,10 @@ pub fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Result<Tensor, Tensor
         b.as_f32().expect("float operands"),
     );
 
-    let mut c = try_collect(out.shape.numel(), std::iter::repeat_n(0.0f32, out.shape.numel()))?;
+    let mut c = try_collect(
+        out.shape.numel(),
+        std::iter::repeat_n(0.0f32, out.shape.numel()),
+    )?;
     if m * n == 0 {
         return Tensor::from_f32(out.dtype, out.shape.clone(), c);
     }

@@ -15,7 +15,7 @@ use thiserror::Error;
 
 use crate::ir::{
     check_host_size, normalize_axis, random_input, random_weight, reduce_axes, Graph, GraphError,
-    Node, NodeId, Op, Tensor, TensorError, TensorType,
+    Node, NodeMap, Op, Tensor, TensorError, TensorType,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -73,7 +73,10 @@ impl Bindings {
         let b = Bindings::random(graph, seed);
         match b.undrawn.into_iter().next() {
             Some((node, source)) => Err(InterpError::Host { node, source }),
-            None => Ok(Bindings { undrawn: vec![], ..b }),
+            None => Ok(Bindings {
+                undrawn: vec![],
+                ..b
+            }),
         }
     }
 
@@ -145,11 +148,11 @@ pub fn run_with_weights(
 ) -> Result<Vec<Tensor>, InterpError> {
     bindings.check_against(graph)?;
     let order = graph.topo_order()?;
-    let mut remaining: HashMap<NodeId, usize> = order
+    let mut remaining: NodeMap<usize> = order
         .iter()
         .map(|&id| (id, graph.consumers(id).len()))
         .collect();
-    let mut values: HashMap<NodeId, Tensor> = HashMap::new();
+    let mut values: NodeMap<Tensor> = NodeMap::default();
     for id in order {
         let node = graph.node(id);
         let host = |source| InterpError::Host {
@@ -176,7 +179,7 @@ pub fn run_with_weights(
         }
     }
     // Each output's value moves out at its last mention; an output listed twice is copied.
-    let mut mentions: HashMap<NodeId, usize> = HashMap::new();
+    let mut mentions: NodeMap<usize> = NodeMap::default();
     for &o in graph.outputs() {
         *mentions.entry(o).or_insert(0) += 1;
     }

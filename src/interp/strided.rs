@@ -66,7 +66,12 @@ pub(crate) fn pick(
     offsets: impl ExactSizeIterator<Item = usize>,
 ) -> Result<Tensor, TensorError> {
     let n = offsets.len();
-    Tensor::from_elements(out.dtype, out.shape.clone(), n, offsets.map(|o| x.element(o)))
+    Tensor::from_elements(
+        out.dtype,
+        out.shape.clone(),
+        n,
+        offsets.map(|o| x.element(o)),
+    )
 }
 
 /// The elements of `x` read as if broadcast to `out`.

@@ -36,10 +36,10 @@ pub enum Expr {
 
 impl Expr {
     /// A constant holding `v` as `dtype` holds it (`ir::scalar::constant`): an f16 constant
-    /// 0.1 holds 0.0999755859375, so every path reads the same value from it.
+    /// 0.1 holds 0.0999755859375, so a kernel's literal is the interpreter's value. (An f32
+    /// constant keeps its f64 as written: every path reads it as `v as f32`.)
     pub fn constant(v: f64, dtype: DType) -> Expr {
-        let held = scalar::constant(dtype, v).exact_f64();
-        Expr::Const(held.filter(|_| dtype.is_float()).unwrap_or(v), dtype)
+        Expr::Const(narrowed(v, dtype), dtype)
     }
 
     /// Every node of the expression, parents before children, walked with an explicit stack.
@@ -62,11 +62,10 @@ impl Expr {
                 Expr::Input(i) => reads = reads.max(i.saturating_add(1)),
                 Expr::Const(v, dt) => {
                     scalar::check_constant(*dt, *v)?;
-                    let held = scalar::constant(*dt, *v).exact_f64();
-                    if !(held == Some(*v) || (v.is_nan() && dt.is_float())) {
+                    let held = narrowed(*v, *dt);
+                    if held.to_bits() != v.to_bits() && !v.is_nan() {
                         return Err(format!(
-                            "constant {v} is not a value of {dt} (it holds {})",
-                            held.unwrap_or(f64::NAN)
+                            "constant {v} is not a value of {dt} (it holds {held})"
                         ));
                     }
                 }
@@ -159,7 +158,7 @@ impl Expr {
             Expr::Input(i) => Value::String(format!("${i}")),
             Expr::Const(v, dt) => {
                 let num = if v.is_finite() {
-                    serde_json::Number::from_f64(shortest(*v, *dt))
+                    serde_json::Number::from_f64(*v)
                         .map(Value::Number)
                         .unwrap_or(Value::Null)
                 } else if v.is_nan() {
@@ -252,14 +251,11 @@ impl Expr {
     }
 }
 
-/// The shortest decimal that reads back as the same float constant: a float constant holds an
-/// f32 value (of its dtype), which prints as `0.044715` rather than as the f64 digits of that
-/// f32. Integer constants are printed as they are.
-fn shortest(v: f64, dtype: DType) -> f64 {
-    if dtype.is_float() && v.is_finite() {
-        (v as f32).to_string().parse().unwrap_or(v)
-    } else {
-        v
+/// `v` as an f16/bf16 constant holds it; other dtypes' constants are kept as written.
+fn narrowed(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => scalar::constant(dtype, v).exact_f64().unwrap_or(v),
+        DType::F32 | DType::I32 | DType::I64 | DType::Bool => v,
     }
 }
 
@@ -268,7 +264,6 @@ impl fmt::Display for Expr {
         match self {
             Expr::Input(i) => write!(f, "${i}"),
             Expr::Const(v, dt) => {
-                let v = shortest(*v, *dt);
                 let a = v.abs();
                 if a != 0.0 && a.is_finite() && !(1e-4..1e6).contains(&a) {
                     write!(f, "{v:e}")?;

@@ -757,7 +757,9 @@ impl<'a> AttrReader<'a> {
             None => Err(OpParseError::Attribute(format!(
                 "missing attribute `{key}`"
             ))),
-            Some(Value::Array(items)) => items.iter().map(|v| parse_number(v).map_err(bad)).collect(),
+            Some(Value::Array(items)) => {
+                items.iter().map(|v| parse_number(v).map_err(bad)).collect()
+            }
             Some(v) => Ok(vec![parse_number(v).map_err(bad)?]),
         }
     }

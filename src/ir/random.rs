@@ -31,10 +31,12 @@ pub fn random_input(
     seed: u64,
 ) -> Result<Tensor, TensorError> {
     let n = check_host_size(ty)?;
-    sample.check(ty.dtype).map_err(|reason| TensorError::Sample {
-        ty: ty.clone(),
-        reason,
-    })?;
+    sample
+        .check(ty.dtype)
+        .map_err(|reason| TensorError::Sample {
+            ty: ty.clone(),
+            reason,
+        })?;
     let mut rng = seeded_rng(seed, name);
     let (dt, shape) = (ty.dtype, ty.shape.clone());
     match sample {
@@ -95,7 +97,8 @@ pub fn random_weight(
             } else {
                 0.02
             };
-            let draw = (0..n).map(|_| scalar::constant(dt, std * rng.sample::<f64, _>(StandardNormal)));
+            let draw =
+                (0..n).map(|_| scalar::constant(dt, std * rng.sample::<f64, _>(StandardNormal)));
             Tensor::from_elements(dt, shape, n, draw)
         }
     }

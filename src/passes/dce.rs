@@ -1,9 +1,7 @@
 //! Dead-code elimination: removes every node no graph output depends on.
 
-use std::collections::HashSet;
-
 use super::{Pass, PassReport};
-use crate::ir::Graph;
+use crate::ir::{Graph, NodeSet};
 
 pub struct DeadCode;
 
@@ -14,7 +12,7 @@ impl Pass for DeadCode {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let mut live = HashSet::new();
+        let mut live = NodeSet::default();
         let mut stack: Vec<_> = g.outputs().to_vec();
         while let Some(id) = stack.pop() {
             if live.insert(id) {

@@ -10,12 +10,12 @@
 //! Growing walks a worklist, not the call stack, so a chain of a million ops fuses into groups
 //! without deep recursion; building a group's expression recurses at most `MAX_OPS` deep.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use super::matchers::{only_feeds, replace_node, scalar_value};
 use super::{Pass, PassReport};
 use crate::ir::expr::{MAX_INPUTS, MAX_OPS};
-use crate::ir::{Expr, Graph, NodeId, Op};
+use crate::ir::{Expr, Graph, NodeId, NodeSet, Op};
 
 pub struct FuseElementwise;
 
@@ -37,7 +37,7 @@ impl Pass for FuseElementwise {
             return report;
         };
         order.reverse();
-        let mut absorbed: HashSet<NodeId> = HashSet::new();
+        let mut absorbed = NodeSet::default();
         for root in order {
             if absorbed.contains(&root) || !g.contains(root) || !is_elementwise(g.op(root)) {
                 continue;
@@ -83,9 +83,9 @@ fn is_operand(g: &Graph, id: NodeId) -> bool {
 
 /// The ops fused with `root`: breadth first through operands that feed only the group, while
 /// the group stays within `MAX_OPS` ops and `MAX_INPUTS` distinct operands.
-fn group(g: &Graph, root: NodeId) -> HashSet<NodeId> {
-    let mut members = HashSet::from([root]);
-    let mut leaves: HashSet<NodeId> = g
+fn group(g: &Graph, root: NodeId) -> NodeSet {
+    let mut members = NodeSet::from_iter([root]);
+    let mut leaves: NodeSet = g
         .operands(root)
         .into_iter()
         .filter(|&o| is_operand(g, o))
@@ -122,7 +122,7 @@ fn group(g: &Graph, root: NodeId) -> HashSet<NodeId> {
 
 /// The expression computing `id` from the group `members`, numbering operands in the order
 /// they are first read. Recursion is bounded by the group's size (at most `MAX_OPS`).
-fn build(g: &Graph, id: NodeId, members: &HashSet<NodeId>, inputs: &mut Vec<NodeId>) -> Expr {
+fn build(g: &Graph, id: NodeId, members: &NodeSet, inputs: &mut Vec<NodeId>) -> Expr {
     if !members.contains(&id) {
         if !is_operand(g, id) {
             if let (Some(v), Op::Constant { dtype, .. }) = (scalar_value(g, id), g.op(id)) {
