@@ -89,7 +89,7 @@ fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), 
             let n = g.node(id);
             wb.weights.insert(
                 n.name.clone(),
-                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0),
+                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0).map_err(|e| e.to_string())?,
             );
         }
     }

@@ -356,11 +356,16 @@ fn compile(
     for id in source.node_ids() {
         let node = source.node(id);
         if let Op::Weight { init, .. } = &node.op {
-            let t = options
-                .weights
-                .get(&node.name)
-                .cloned()
-                .unwrap_or_else(|| random_weight(&node.name, &node.ty, init, options.seed));
+            let t =
+                match options.weights.get(&node.name) {
+                    Some(t) => t.clone(),
+                    None => random_weight(&node.name, &node.ty, init, options.seed).map_err(
+                        |source| InterpError::Host {
+                            node: node.name.clone(),
+                            source,
+                        },
+                    )?,
+                };
             weights.insert(node.name.clone(), t);
         }
     }
@@ -437,17 +442,12 @@ fn compile(
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
-            BufferRole::Constant(values) => {
-                let n = b.ty.shape.numel();
-                let full: Vec<f64> = if values.len() == n {
-                    values.clone()
-                } else {
-                    vec![values[0]; n]
-                };
-                Tensor::from_f64(b.ty.dtype, b.ty.shape.clone(), &full)
-                    .expect("constant values match")
-                    .to_bytes()
-            }
+            BufferRole::Constant(values) => Tensor::constant(&b.ty, values)
+                .map_err(|source| InterpError::Host {
+                    node: b.name.clone(),
+                    source,
+                })?
+                .to_bytes(),
             BufferRole::Input(_) | BufferRole::Computed => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);

@@ -1,8 +1,6 @@
 //! Structural checks shared by the rewrites.
 
-use std::collections::HashSet;
-
-use crate::ir::{BinaryOp, Graph, NodeId, Op, Shape};
+use crate::ir::{BinaryOp, Graph, NodeId, NodeSet, Op, Shape};
 
 /// The value of a constant holding a single value (a scalar, or a splat of any shape).
 pub(crate) fn splat_value(g: &Graph, id: NodeId) -> Option<f64> {
@@ -54,11 +52,11 @@ pub(crate) fn only_feeds(g: &Graph, id: NodeId, user: NodeId) -> bool {
 /// until `dead_code` runs (a recognised softmax leaves its exp, max and sum); a matcher that
 /// counted those as consumers would refuse what the live graph allows, and name nodes that feed
 /// nothing.
-pub(crate) struct Live(HashSet<NodeId>);
+pub(crate) struct Live(NodeSet);
 
 impl Live {
     pub(crate) fn of(g: &Graph) -> Live {
-        let mut live = HashSet::new();
+        let mut live = NodeSet::default();
         let mut stack: Vec<NodeId> = g.outputs().to_vec();
         while let Some(id) = stack.pop() {
             if live.insert(id) {
