@@ -267,6 +267,14 @@ fn scale_constants_are_used_at_the_value_their_dtype_holds() {
             1.0 / held(dt, 80f64.sqrt()),
             "{dt}"
         );
+        // And the whole pipeline keeps it: canonicalisation must not turn the divisor into a
+        // reciprocal rounded to the dtype.
+        let (f, _) = optimize(&g).unwrap();
+        assert_eq!(
+            attention_nodes(&f)[0].0.scale,
+            1.0 / held(dt, 80f64.sqrt()),
+            "{dt}: through the pipeline"
+        );
     }
 }
 
