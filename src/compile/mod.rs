@@ -153,6 +153,9 @@ struct GpuRun {
     // Field order is drop order: buffers go before their stream.
     slots: Vec<DeviceBuffer>,
     uploaded: HashMap<usize, DeviceBuffer>,
+    /// Status buffers of the plan's index checks, zeroed once: a run's inputs do not change
+    /// between its launches, so neither does what the checks find.
+    status: HashMap<usize, DeviceBuffer>,
     stream: crate::runtime::Stream,
 }
 
@@ -166,7 +169,26 @@ impl Prepared<'_> {
             }
             BufferRole::Input(_) => &run.uploaded[&id],
             BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
+            BufferRole::Status => &run.status[&id],
         }
+    }
+
+    /// The interpreter's error for the first gather (in plan order, the order the interpreter
+    /// runs them) whose kernel found an index outside its table.
+    fn check_indices(&self, run: &GpuRun) -> Result<(), CompileError> {
+        let plan = self.compiled.plan.as_ref().expect("GPU plan");
+        for check in &plan.checks {
+            let bytes = run.stream.download(&run.status[&check.status])?;
+            if let Some(index) = check.failed_index(&bytes) {
+                return Err(InterpError::IndexOutOfRange {
+                    node: check.node.clone(),
+                    index,
+                    size: check.table_rows,
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
@@ -217,6 +239,7 @@ impl Prepared<'_> {
             );
         }
         run.stream.synchronize()?;
+        self.check_indices(run)?;
         Ok(outs)
     }
 }
@@ -370,7 +393,7 @@ fn compile(
                     .expect("constant values match")
                     .to_bytes()
             }
-            BufferRole::Input(_) | BufferRole::Computed => continue,
+            BufferRole::Input(_) | BufferRole::Computed | BufferRole::Status => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }
@@ -425,6 +448,11 @@ impl Compiled {
             .map(|&b| stream.alloc(b, self.poison))
             .collect::<Result<_, _>>()?;
         let mut uploaded: HashMap<usize, DeviceBuffer> = HashMap::new();
+        let status = plan
+            .checks
+            .iter()
+            .map(|c| Ok((c.status, stream.alloc(codegen::STATUS_BYTES, false)?)))
+            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
         for b in &plan.buffers {
             if let BufferRole::Input(_) = b.role {
                 let t = inputs
@@ -451,6 +479,7 @@ impl Compiled {
                 stream,
                 slots,
                 uploaded,
+                status,
             }),
             bindings: Bindings::default(),
         })
