@@ -186,6 +186,9 @@ struct GpuRun {
     // Field order is drop order: buffers go before their stream.
     slots: Vec<DeviceBuffer>,
     uploaded: HashMap<usize, DeviceBuffer>,
+    /// Status buffers of the plan's index checks, zeroed once: a run's inputs do not change
+    /// between its launches, so neither does what the checks find.
+    status: HashMap<usize, DeviceBuffer>,
     stream: crate::runtime::Stream,
 }
 
@@ -199,7 +202,26 @@ impl Prepared<'_> {
             }
             BufferRole::Input(_) => &run.uploaded[&id],
             BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
+            BufferRole::Status => &run.status[&id],
         }
+    }
+
+    /// The interpreter's error for the first gather (in plan order, the order the interpreter
+    /// runs them) whose kernel found an index outside its table.
+    fn check_indices(&self, run: &GpuRun) -> Result<(), CompileError> {
+        let plan = self.compiled.plan.as_ref().expect("GPU plan");
+        for check in &plan.checks {
+            let bytes = run.stream.download(&run.status[&check.status])?;
+            if let Some(index) = check.failed_index(&bytes) {
+                return Err(InterpError::IndexOutOfRange {
+                    node: check.node.clone(),
+                    index,
+                    size: check.table_rows,
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
@@ -250,6 +272,7 @@ impl Prepared<'_> {
             );
         }
         run.stream.synchronize()?;
+        self.check_indices(run)?;
         Ok(outs)
     }
 }
@@ -448,7 +471,7 @@ fn compile(
                     source,
                 })?
                 .to_bytes(),
-            BufferRole::Input(_) | BufferRole::Computed => continue,
+            BufferRole::Input(_) | BufferRole::Computed | BufferRole::Status => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }
@@ -536,6 +559,11 @@ impl Compiled {
             .map(|&b| stream.alloc(b, self.poison))
             .collect::<Result<_, _>>()?;
         let mut uploaded: HashMap<usize, DeviceBuffer> = HashMap::new();
+        let status = plan
+            .checks
+            .iter()
+            .map(|c| Ok((c.status, stream.alloc(codegen::STATUS_BYTES, false)?)))
+            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
         for b in &plan.buffers {
             if let BufferRole::Input(_) = b.role {
                 // Checked by bind_inputs: every input the plan reads is bound with its type.
@@ -555,6 +583,7 @@ impl Compiled {
                 stream,
                 slots,
                 uploaded,
+                status,
             }),
             bindings: Bindings::default(),
         })

@@ -2,7 +2,7 @@
 //! it cannot find its libraries, so both are probed first and a missing one is a typed error.
 //! Kernels are the same HIP source as on AMD, compiled with the NVIDIA prelude.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
@@ -11,6 +11,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::libraries;
 use super::RuntimeError;
+use crate::codegen::LaunchLimits;
 
 fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Cuda(e.to_string())
@@ -128,6 +129,8 @@ pub struct CudaDevice {
     pub arch: String,
     pub driver_version: i32,
     pub nvrtc_version: (i32, i32),
+    /// Queried at the first launch.
+    limits: OnceLock<LaunchLimits>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -177,6 +180,44 @@ impl CudaDevice {
             arch: format!("sm_{major}{minor}"),
             driver_version,
             nvrtc_version,
+            limits: OnceLock::new(),
+        })
+    }
+
+    /// The launch limits the driver reports for this GPU, queried once; any the driver does not
+    /// answer are the limits every target shares.
+    pub fn launch_limits(&self) -> LaunchLimits {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        *self.limits.get_or_init(|| {
+            let p = LaunchLimits::PORTABLE;
+            let q = |a: A, fallback: u32| {
+                self.ctx
+                    .attribute(a)
+                    .ok()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .filter(|&v| v > 0)
+                    .unwrap_or(fallback)
+            };
+            LaunchLimits {
+                grid: [
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, p.grid[0]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, p.grid[1]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, p.grid[2]),
+                ],
+                block: [
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, p.block[0]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, p.block[1]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, p.block[2]),
+                ],
+                block_threads: q(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                    p.block_threads,
+                ),
+                shared_bytes: q(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+                    p.shared_bytes,
+                ),
+            }
         })
     }
 

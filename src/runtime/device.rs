@@ -10,7 +10,7 @@ use super::cache::KernelCache;
 use super::cuda::CudaDevice;
 use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
 use super::{MemoryCounter, RuntimeError};
-use crate::codegen::Target;
+use crate::codegen::{LaunchLimits, Target};
 
 pub enum DeviceKind {
     /// The reference interpreter.
@@ -361,6 +361,11 @@ impl Stream {
         shared: u32,
         args: &[&DeviceBuffer],
     ) -> Result<(), RuntimeError> {
+        let limits = match self.backend() {
+            Backend::Cuda(d, _) => d.launch_limits(),
+            Backend::Hip(d, _) => d.launch_limits(),
+        };
+        check_launch(&limits, grid, block, shared)?;
         match (self.backend(), kernel) {
             (Backend::Cuda(d, s), LoadedKernel::Cuda(f)) => {
                 let slices = args
@@ -391,6 +396,46 @@ impl Stream {
             Backend::Cuda(d, s) => d.sync(s),
             Backend::Hip(d, s) => d.sync(s),
         }
+    }
+}
+
+/// Refuses a launch the device cannot run as asked: an empty or oversized grid or block, too
+/// many threads, too much shared memory.
+fn check_launch(
+    limits: &LaunchLimits,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+) -> Result<(), RuntimeError> {
+    const GRID: [&str; 3] = ["grid.x", "grid.y", "grid.z"];
+    const BLOCK: [&str; 3] = ["block.x", "block.y", "block.z"];
+    let over = |what, requested: u64, limit: u64| {
+        (requested > limit || requested == 0).then_some(RuntimeError::LaunchLimit {
+            what,
+            requested,
+            limit,
+        })
+    };
+    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+    let checks = (0..3)
+        .map(|a| over(GRID[a], u64::from(grid[a]), u64::from(limits.grid[a])))
+        .chain((0..3).map(|a| over(BLOCK[a], u64::from(block[a]), u64::from(limits.block[a]))))
+        .chain([
+            over(
+                "threads per block",
+                threads,
+                u64::from(limits.block_threads),
+            ),
+            // Zero shared memory is a launch like any other.
+            over(
+                "shared memory bytes",
+                u64::from(shared).max(1),
+                u64::from(limits.shared_bytes),
+            ),
+        ]);
+    match checks.flatten().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -470,6 +515,25 @@ mod tests {
                 matches!(Device::open(bad), Err(RuntimeError::DeviceSpec { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn launches_past_the_device_limits_are_refused() {
+        let lim = LaunchLimits::PORTABLE;
+        assert!(check_launch(&lim, [i32::MAX as u32, 65535, 65535], [1024, 1, 1], 0).is_ok());
+        for (grid, block, shared, what) in [
+            ([1u32 << 31, 1, 1], [256u32, 1, 1], 0u32, "grid.x"),
+            ([1, 65536, 1], [256, 1, 1], 0, "grid.y"),
+            ([1, 1, 0], [256, 1, 1], 0, "grid.z"),
+            ([1, 1, 1], [2048, 1, 1], 0, "block.x"),
+            ([1, 1, 1], [64, 32, 1], 0, "threads per block"),
+            ([1, 1, 1], [256, 1, 1], 1 << 20, "shared memory bytes"),
+        ] {
+            match check_launch(&lim, grid, block, shared) {
+                Err(RuntimeError::LaunchLimit { what: w, .. }) => assert_eq!(w, what),
+                other => panic!("{grid:?} {block:?} {shared}: {other:?}"),
+            }
         }
     }
 }

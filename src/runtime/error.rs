@@ -33,6 +33,14 @@ pub enum RuntimeError {
         in_use: usize,
         budget: usize,
     },
+    /// A launch past what the device reports it can run (checked before the launch, so a grid
+    /// is never cut short by the driver).
+    #[error("kernel launch needs {what} = {requested}, past this device's limit of {limit}")]
+    LaunchLimit {
+        what: &'static str,
+        requested: u64,
+        limit: u64,
+    },
     #[error("kernel cache at {path}: {message}")]
     Cache { path: String, message: String },
 }

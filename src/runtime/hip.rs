@@ -8,13 +8,14 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use libloading::Library;
 
 use super::hiprtc::Hiprtc;
 use super::libraries;
 use super::RuntimeError;
+use crate::codegen::LaunchLimits;
 
 /// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
 /// nothing to keep rocmforge off AMD GPUs).
@@ -58,6 +59,8 @@ struct Api {
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
     module_unload: unsafe extern "C" fn(Handle) -> Err,
+    /// hipDeviceGetAttribute, for the launch limits (optional: without it, the portable ones).
+    device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Err>,
     #[allow(clippy::type_complexity)]
     module_launch_kernel: unsafe extern "C" fn(
         Handle,
@@ -132,6 +135,7 @@ impl Runtime {
             module_load_data: req!("hipModuleLoadData"),
             module_get_function: req!("hipModuleGetFunction"),
             module_unload: req!("hipModuleUnload"),
+            device_get_attribute: sym(&lib, "hipDeviceGetAttribute"),
             module_launch_kernel: req!("hipModuleLaunchKernel"),
         };
         Ok(Runtime {
@@ -199,6 +203,8 @@ pub struct HipDevice {
     pub arch: String,
     pub runtime_version: i32,
     pub driver_version: i32,
+    /// Queried at the first launch.
+    limits: OnceLock<LaunchLimits>,
 }
 
 impl std::fmt::Debug for HipDevice {
@@ -255,6 +261,39 @@ impl HipDevice {
             arch,
             runtime_version,
             driver_version,
+            limits: OnceLock::new(),
+        })
+    }
+
+    /// The launch limits the runtime reports for this GPU, queried once; any it does not answer
+    /// (or answers with a non-positive value) are the limits every target shares.
+    pub fn launch_limits(&self) -> LaunchLimits {
+        // hipDeviceAttribute_t values (hip_runtime_api.h, the CUDA-compatible block that
+        // starts at 0 and has kept its order since ROCm 5.0).
+        const MAX_BLOCK_DIM: [c_int; 3] = [26, 27, 28];
+        const MAX_GRID_DIM: [c_int; 3] = [29, 30, 31];
+        const MAX_THREADS_PER_BLOCK: c_int = 56;
+        const MAX_SHARED_MEMORY_PER_BLOCK: c_int = 74;
+        *self.limits.get_or_init(|| {
+            let p = LaunchLimits::PORTABLE;
+            let q = |attr: c_int, fallback: u32| -> u32 {
+                let Some(get) = self.rt.api.device_get_attribute else {
+                    return fallback;
+                };
+                let mut v: c_int = 0;
+                // SAFETY: `v` receives one int; the ordinal was checked when the device opened.
+                let code = unsafe { get(&mut v, attr, self.ordinal) };
+                u32::try_from(v)
+                    .ok()
+                    .filter(|&v| code == 0 && v > 0)
+                    .unwrap_or(fallback)
+            };
+            LaunchLimits {
+                grid: [0, 1, 2].map(|i| q(MAX_GRID_DIM[i], p.grid[i])),
+                block: [0, 1, 2].map(|i| q(MAX_BLOCK_DIM[i], p.block[i])),
+                block_threads: q(MAX_THREADS_PER_BLOCK, p.block_threads),
+                shared_bytes: q(MAX_SHARED_MEMORY_PER_BLOCK, p.shared_bytes),
+            }
         })
     }
 
