@@ -124,7 +124,7 @@ pub fn elementwise_edges() -> Vec<Case> {
 }
 
 fn c(v: f64, dt: DType) -> Box<Expr> {
-    Box::new(Expr::Const(v, dt))
+    Box::new(Expr::constant(v, dt))
 }
 fn input(i: usize) -> Box<Expr> {
     Box::new(Expr::Input(i))
