@@ -219,6 +219,30 @@ impl BertEncoder {
         tokenizer
             .with_truncation(None)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        // The graph is built (below) before its weights are checked against the file, one block
+        // of nodes per layer: a layer count the file cannot back would build for ever.
+        let layer_prefix = format!("{prefix}encoder.layer.");
+        let layers_in_file = weights
+            .names()
+            .filter_map(|n| {
+                n.strip_prefix(&layer_prefix)?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect::<std::collections::BTreeSet<usize>>()
+            .len();
+        if config.num_hidden_layers > layers_in_file {
+            return bad(
+                "num_hidden_layers",
+                format!(
+                    "{} layers, but {} holds weights for {layers_in_file}",
+                    config.num_hidden_layers,
+                    st.display()
+                ),
+            );
+        }
         let enc = BertEncoder {
             dir: dir.to_path_buf(),
             config,

@@ -39,6 +39,10 @@ pub fn flash_attention(
     });
 
     let mut o = vec![0.0f32; b * hq * sq * dv];
+    // No query rows or no value columns: nothing to compute (and rayon refuses empty chunks).
+    if sq * dv == 0 {
+        return Tensor::from_f32(out.dtype, out.shape.clone(), o).expect("output shape");
+    }
     o.par_chunks_mut(sq * dv)
         .enumerate()
         .for_each(|(bh, out_bh)| {
