@@ -141,6 +141,16 @@ fn worker(args: &Args, name: &str) -> ExitCode {
     };
     let report = fuzz::run(&mut *target, &opts, |n| println!("PROGRESS {n}"));
     print!("{report}");
+    // Every outcome, rare ones included (the report shows the most frequent), for tuning.
+    let all: String = report
+        .outcomes
+        .iter()
+        .map(|(label, n)| format!("{n:>9}  {label}\n"))
+        .collect();
+    let outcomes = opts.crash_dir.join(format!("../outcomes-{name}.txt"));
+    if let Err(e) = std::fs::write(&outcomes, all) {
+        eprintln!("{}: {e}", outcomes.display());
+    }
     println!("DONE {}", report.iterations);
     if report.findings.is_empty() {
         ExitCode::SUCCESS

@@ -43,14 +43,24 @@ pub fn random_input(name: &str, ty: &TensorType, sample: &Sample, seed: u64) -> 
             v.truncate(n);
             v
         }
+        // `high` is exclusive; an empty range draws `low`. Both come from the file, so `low`
+        // may be i64::MAX: no `low + 1`, and integers are drawn from the inclusive range
+        // (which rand draws exactly as `low..high`).
         Sample::Range { low, high } => {
-            let (lo, hi) = (*low, (*high).max(*low + 1));
             if ty.dtype.is_float() {
+                let (lo, hi) = (*low as f64, (*high).max(low.saturating_add(1)) as f64);
                 (0..n)
-                    .map(|_| rng.random_range(lo as f64..hi as f64))
+                    .map(|_| {
+                        if lo < hi {
+                            rng.random_range(lo..hi)
+                        } else {
+                            lo
+                        }
+                    })
                     .collect()
             } else {
-                (0..n).map(|_| rng.random_range(lo..hi) as f64).collect()
+                let hi = high.saturating_sub(1).max(*low);
+                (0..n).map(|_| rng.random_range(*low..=hi) as f64).collect()
             }
         }
     };

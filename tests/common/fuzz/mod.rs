@@ -277,6 +277,45 @@ fn save_finding(
     Ok(file)
 }
 
+/// What went wrong with one input, before it is saved as a finding.
+struct Problem {
+    kind: FindingKind,
+    /// What tells this problem from others: the panic's location, or the broken promise.
+    key: String,
+    message: String,
+    backtrace: Option<std::backtrace::Backtrace>,
+}
+
+impl Problem {
+    /// Saves the input and the details (with the backtrace, resolved now) beside it.
+    fn save(self, opts: &Options, target: &'static str, iteration: u64, input: &[u8]) -> Finding {
+        let what = match self.kind {
+            FindingKind::Panic => "panic",
+            FindingKind::Wrong => "wrong",
+        };
+        let file = save_finding(opts, target, what, input, |file| {
+            let backtrace = self.backtrace.map(|b| format!("backtrace:\n{b}\n"));
+            format!(
+                "target {target}, seed {}, iteration {iteration}\n{}\nreplay: {}\n{}",
+                opts.seed,
+                self.message,
+                replay_command(target, file),
+                backtrace.unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|e| panic!("saving a finding: {e}"));
+        Finding {
+            target,
+            kind: self.kind,
+            seed: opts.seed,
+            iteration,
+            file,
+            message: self.message,
+            count: 1,
+        }
+    }
+}
+
 /// Replays a saved input: `cargo run --release --example fuzz -- --target T --replay FILE`.
 pub fn replay_command(target: &str, file: &Path) -> String {
     format!(
@@ -329,63 +368,46 @@ pub fn run(target: &mut dyn Target, opts: &Options, mut progress: impl FnMut(u64
         flight.begin(i);
         let result = guard::catch(|| target.run(&input, &path));
         flight.end();
-        let (kind, message) = match result {
+        let problem = match result {
             Ok(Ok(label)) => {
                 let first = !report.outcomes.contains_key(&label);
-                *report.outcomes.entry(label.clone()).or_default() += 1;
                 if first && corpus.len() < seeds.len() + CORPUS_GROWTH {
-                    corpus.add(input, !label.contains("err"));
+                    corpus.add(input.clone(), !label.contains("err"));
                 }
-                i += 1;
-                if opts.progress_every > 0 && i.is_multiple_of(opts.progress_every) {
-                    progress(i);
-                }
-                continue;
+                *report.outcomes.entry(label).or_default() += 1;
+                None
             }
-            Ok(Err(wrong)) => (FindingKind::Wrong, (message_label(&wrong), wrong, None)),
-            Err(caught) => (
-                FindingKind::Panic,
-                (caught.location, caught.message, caught.backtrace),
-            ),
+            // Findings are told apart by what promise broke, or where they panicked.
+            Ok(Err(wrong)) => Some(Problem {
+                kind: FindingKind::Wrong,
+                key: message_label(&wrong),
+                message: wrong,
+                backtrace: None,
+            }),
+            Err(caught) => Some(Problem {
+                kind: FindingKind::Panic,
+                key: caught.location,
+                message: caught.message,
+                backtrace: caught.backtrace,
+            }),
         };
-        // Findings are told apart by where they panicked, or by what promise broke.
-        let (key, message, backtrace) = message;
-        let key = (kind, key);
-        *report
-            .outcomes
-            .entry(format!("FINDING {kind:?}"))
-            .or_default() += 1;
-        match seen.get(&key) {
-            Some(&k) => report.findings[k].count += 1,
-            None => {
-                let what = if kind == FindingKind::Panic {
-                    "panic"
-                } else {
-                    "wrong"
-                };
-                let file = save_finding(opts, name, what, &input, |file| {
-                    let backtrace = backtrace.map(|b| format!("backtrace:\n{b}\n"));
-                    format!(
-                        "target {name}, seed {}, iteration {i}\n{message}\nreplay: {}\n{}",
-                        opts.seed,
-                        replay_command(name, file),
-                        backtrace.unwrap_or_default()
-                    )
-                })
-                .unwrap_or_else(|e| panic!("saving a finding: {e}"));
-                seen.insert(key, report.findings.len());
-                report.findings.push(Finding {
-                    target: name,
-                    kind,
-                    seed: opts.seed,
-                    iteration: i,
-                    file,
-                    message,
-                    count: 1,
-                });
+        if let Some(p) = problem {
+            *report
+                .outcomes
+                .entry(format!("FINDING {:?}", p.kind))
+                .or_default() += 1;
+            match seen.get(&(p.kind, p.key.clone())) {
+                Some(&k) => report.findings[k].count += 1,
+                None => {
+                    seen.insert((p.kind, p.key.clone()), report.findings.len());
+                    report.findings.push(p.save(opts, name, i, &input));
+                }
             }
         }
         i += 1;
+        if opts.progress_every > 0 && i.is_multiple_of(opts.progress_every) {
+            progress(i);
+        }
     }
     report.iterations = i;
     report.corpus = corpus.len();
@@ -412,52 +434,28 @@ pub fn fresh_seed() -> u64 {
     rand::rng().random()
 }
 
-/// An error message as an outcome label: quoted names and values, bracketed shapes and JSON,
-/// and numbers blanked out, so inputs that fail the same check share a label whatever they
-/// are called.
+/// An error message as an outcome label, so that inputs failing the same check share a label
+/// whatever they hold: everything from the first quote to the last (parsers quote what they
+/// read in backticks or double quotes, and what they read may itself hold quotes), bracketed
+/// shapes and JSON cut off, and numbers blanked out.
 pub fn message_label(message: &str) -> String {
-    // Parsers quote what they read in backticks or (escaped) double quotes; a quoted name may
-    // itself hold a backtick, so one closes the quote only where a word does not go on.
     let message = message.split(" at line ").next().unwrap_or(message);
-    let chars: Vec<char> = message.chars().collect();
-    let mut out = String::new();
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
-    let mut brackets = 0usize;
-    for (i, &c) in chars.iter().enumerate() {
-        if quote.is_none() {
-            match c {
-                '[' | '{' => {
-                    if brackets == 0 {
-                        out.push_str("[]");
-                    }
-                    brackets += 1;
-                    continue;
-                }
-                ']' | '}' if brackets > 0 => {
-                    brackets -= 1;
-                    continue;
-                }
-                _ if brackets > 0 => continue,
-                _ => {}
-            }
+    let quote = |c: char| c == '`' || c == '"';
+    let message = match (message.find(quote), message.rfind(quote)) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}_{}", &message[..first], &message[last + 1..])
         }
-        let word_goes_on = chars
-            .get(i + 1)
-            .is_some_and(|n| n.is_alphanumeric() || *n == '_');
-        match (c, quote) {
-            ('`' | '"', None) => {
-                quote = Some(c);
-                out.push('_');
-            }
-            (_, Some('"')) if escaped => escaped = false,
-            ('\\', Some('"')) => escaped = true,
-            ('"', Some('"')) => quote = None,
-            ('`', Some('`')) if !word_goes_on => quote = None,
-            (_, Some(_)) => {}
-            ('0'..='9', None) if out.ends_with('#') => {}
-            ('0'..='9', None) => out.push('#'),
-            (_, None) => out.push(c),
+        _ => message.to_string(),
+    };
+    let mut out = String::new();
+    for c in message.chars() {
+        match c {
+            // Shapes and JSON values come last in a message; what follows says nothing new.
+            '[' | ']' | '{' | '}' => break,
+            // A number, or a list of them, is one `#`.
+            '0'..='9' | '.' | ',' | '-' | '+' | 'e' | 'E' if out.ends_with('#') => {}
+            '0'..='9' => out.push('#'),
+            _ => out.push(c),
         }
     }
     out.chars().take(80).collect()
