@@ -229,10 +229,7 @@ fn a_config_with_more_layers_than_its_weights_is_refused_at_once() {
     match &err {
         ModelError::Config { field, reason } => {
             assert_eq!(field, "num_hidden_layers");
-            assert!(
-                reason.contains("2147483647 layers") && reason.contains("weights for 2"),
-                "{reason}"
-            );
+            assert!(reason.contains("2147483647"), "{reason}");
         }
         other => panic!("expected a config error, got {other:?}"),
     }

@@ -75,7 +75,39 @@ impl Target {
     }
 }
 
+/// What one kernel launch may ask of a device: grid and block dimensions, threads per block,
+/// shared memory. Codegen checks every kernel against its target's; the runtime checks every
+/// launch again against the limits the device itself reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchLimits {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub block_threads: u32,
+    pub shared_bytes: u32,
+}
+
+impl LaunchLimits {
+    /// Limits every target here shares: CUDA's grid of 2³¹−1 × 65535 × 65535 blocks of at
+    /// most 1024 threads (HIP documents the same), and 48 KiB of shared memory per block
+    /// without opting in.
+    pub const PORTABLE: LaunchLimits = LaunchLimits {
+        grid: [i32::MAX as u32, 65535, 65535],
+        block: [1024, 1024, 64],
+        block_threads: 1024,
+        shared_bytes: 48 * 1024,
+    };
+}
+
 impl Target {
+    /// The launch limits kernels for this target are generated within.
+    pub fn limits(&self) -> LaunchLimits {
+        match self.platform {
+            // AMD GPUs take larger grids in y and z, but kernels are generated to run on
+            // either vendor's limits, so a plan never depends on which one it was made for.
+            Platform::Amd | Platform::Nvidia => LaunchLimits::PORTABLE,
+        }
+    }
+
     /// The compute capability of an NVIDIA target as one number (`sm_90a` → 90).
     pub fn nvidia_sm(&self) -> Option<u32> {
         self.processor
