@@ -123,6 +123,15 @@ pub fn elementwise_edges() -> Vec<Case> {
     cases
 }
 
+/// The least value of an integer dtype, as a constant holds it.
+fn int_min(dt: DType) -> f64 {
+    if dt == DType::I32 {
+        f64::from(i32::MIN)
+    } else {
+        i64::MIN as f64
+    }
+}
+
 fn c(v: f64, dt: DType) -> Box<Expr> {
     Box::new(Expr::constant(v, dt))
 }
@@ -215,16 +224,32 @@ pub fn fused_edges() -> Vec<Case> {
                 )),
                 &[x, y],
             ),
-            // 3e9 as an i32 constant is its wrapped value; i64::MIN must stay signed.
-            fused(&mut g, bin(BinaryOp::Greater, input(0), c(3e9, dt)), &[x]),
+            // The largest i32 as a constant (an integer constant out of its dtype's range is a
+            // graph error, see ir::scalar::check_constant); i64::MIN must stay signed.
             fused(
                 &mut g,
-                bin(BinaryOp::Greater, input(0), c(i64::MIN as f64, dt)),
+                bin(BinaryOp::Greater, input(0), c(f64::from(i32::MAX), dt)),
+                &[x],
+            ),
+            fused(
+                &mut g,
+                bin(
+                    BinaryOp::Greater,
+                    input(0),
+                    c(
+                        if dt == DType::I32 {
+                            f64::from(i32::MIN)
+                        } else {
+                            i64::MIN as f64
+                        },
+                        dt,
+                    ),
+                ),
                 &[y],
             ),
             fused(
                 &mut g,
-                bin(BinaryOp::Sub, c(i64::MIN as f64, dt), input(0)),
+                bin(BinaryOp::Sub, c(int_min(dt), dt), input(0)),
                 &[y],
             ),
             fused(&mut g, Box::new(Expr::Cast(DType::F16, sum())), &[x, y]),

@@ -90,6 +90,7 @@ impl Target for ConfigTarget {
             inputs: enc.inputs(&batch).into_iter().collect(),
             weights,
             seed: 0,
+            undrawn: Vec::new(),
         };
         let out = interp::run(&g, &bindings).map_err(|e| format!("interpreting the model: {e}"))?;
         if out
