@@ -332,6 +332,15 @@ impl Graph {
             None => self.fresh_name(op.name()),
         };
         let ty = self.infer_for(&name, &op, operands)?;
+        // Slots are numbered in u32 (no file can list 2^32 operands, but say so if one does).
+        if u32::try_from(operands.len()).is_err() {
+            return Err(GraphError::Arity {
+                node: name,
+                op: op.name().to_string(),
+                expected: format!("at most {}", u32::MAX),
+                got: operands.len(),
+            });
+        }
         let id = self.g.add_node(Slot {
             node: Node {
                 name: name.clone(),
