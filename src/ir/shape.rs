@@ -113,7 +113,7 @@ fn dim_from_right(s: &Shape, from_right: usize) -> usize {
 pub fn normalize_axis(axis: i64, rank: usize) -> Option<usize> {
     let r = i64::try_from(rank).ok()?;
     let a = if axis < 0 { axis.checked_add(r)? } else { axis };
-    (0..r).contains(&a).then(|| a as usize)
+    (0..r).contains(&a).then_some(a as usize)
 }
 
 impl fmt::Display for Shape {
