@@ -7,7 +7,7 @@ use minijinja::Environment;
 
 use super::CodegenError;
 
-const TEMPLATES: [(&str, &str); 15] = [
+const TEMPLATES: [(&str, &str); 16] = [
     (
         "prelude_amd.hip",
         include_str!("../../kernel_templates/prelude_amd.hip"),
@@ -61,6 +61,10 @@ const TEMPLATES: [(&str, &str); 15] = [
     (
         "flash_attention_mma.hip",
         include_str!("../../kernel_templates/flash_attention_mma.hip"),
+    ),
+    (
+        "mma_probe.hip",
+        include_str!("../../kernel_templates/mma_probe.hip"),
     ),
 ];
 

@@ -1,6 +1,7 @@
 //! The runtime: devices, run-time compilation, the per-device kernel cache, buffers and
 //! streams. The only home of `unsafe` FFI; every unsafe block says why it holds.
 
+pub mod amd_clang;
 pub mod amd_metadata;
 pub mod cache;
 pub mod cuda;
@@ -10,6 +11,7 @@ pub mod hip;
 pub mod hiprtc;
 mod memory;
 
+pub use amd_clang::{occupancy_table, AmdClang, AmdClangError, ClangOutput};
 pub use amd_metadata::{
     parse_code_object, report_table, CodeObjectInfo, KernelResources, MetadataError,
 };
