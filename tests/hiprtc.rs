@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::codegen::{generate_with, CodegenOptions, Target};
+use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions, Target};
 use rocmforge::ir::format;
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError};
@@ -110,6 +110,25 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
     })
 }
 
+/// The MMA probe kernel of every matrix atom of `arch` (the fragment helpers generated into its
+/// prelude) compiles with hiprtc without spilling.
+fn mma_probes(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    for atom in target.caps.mma {
+        let probe = mma_probe_kernel(&target, atom).map_err(|e| e.to_string())?;
+        let code = rtc
+            .compile(&probe.source, &probe.entry, arch, &["-O3".to_string()])
+            .map_err(|e| e.to_string())?;
+        let info = parse_code_object(&code).map_err(|e| e.to_string())?;
+        match info.kernels.iter().find(|k| k.name == probe.entry) {
+            Some(k) if !k.spills() => {}
+            Some(k) => return Err(format!("{} spills on {arch}: {k:?}", probe.entry).into()),
+            None => return Err(format!("{} not in its code object", probe.entry).into()),
+        }
+    }
+    Ok(())
+}
+
 fn metadata_reader_on_real_and_corrupt_input() -> Result<(), Failed> {
     let bytes = std::fs::read(root().join("tests/data/code_objects/add_gfx90a.co"))
         .map_err(|e| e.to_string())?;
@@ -163,18 +182,13 @@ fn main() {
     let args = Arguments::from_args();
     let required = std::env::var("ROCMFORGE_REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
     let rtc = Hiprtc::load().map(Arc::new);
-    let mut trials = vec![Trial::test(
-        "metadata_reader_on_real_and_corrupt_input",
-        metadata_reader_on_real_and_corrupt_input,
-    )];
-    for arch in AMD_TARGETS {
-        let name = format!("compile::{arch}::every_op_and_dtype");
-        trials.push(match &rtc {
+    type Body = Box<dyn FnOnce(&Hiprtc) -> Result<(), Failed> + Send>;
+    // A trial that needs hiprtc: run, failed (hiprtc required but missing) or ignored.
+    let trial = |name: String, body: Body| -> Trial {
+        match &rtc {
             Ok(rtc) => {
                 let rtc = Arc::clone(rtc);
-                Trial::test(name, move || {
-                    compile_all(&rtc, &op_zoo::zoo(), true, arch).map(|_| ())
-                })
+                Trial::test(name, move || body(&rtc))
             }
             Err(e) if required => {
                 let msg = format!("ROCMFORGE_REQUIRE_HIPRTC=1 but {e}");
@@ -183,7 +197,23 @@ fn main() {
             Err(e) => Trial::test(name, || Ok(()))
                 .with_ignored_flag(true)
                 .with_kind(format!("ignored: {e}")),
-        });
+        }
+    };
+    let mut trials = vec![
+        Trial::test(
+            "metadata_reader_on_real_and_corrupt_input",
+            metadata_reader_on_real_and_corrupt_input,
+        ),
+        trial(
+            "compile::gfx90a::mma_probes".into(),
+            Box::new(|rtc| mma_probes(rtc, "gfx90a")),
+        ),
+    ];
+    for arch in AMD_TARGETS {
+        trials.push(trial(
+            format!("compile::{arch}::every_op_and_dtype"),
+            Box::new(move |rtc| compile_all(rtc, &op_zoo::zoo(), true, arch).map(|_| ())),
+        ));
         for path in files::graph_files() {
             for fused in [true, false] {
                 let name = format!(
@@ -191,20 +221,11 @@ fn main() {
                     path.file_stem().unwrap().to_string_lossy(),
                     if fused { "fused" } else { "unfused" }
                 );
-                let trial = match &rtc {
-                    Ok(rtc) => {
-                        let (rtc, path) = (Arc::clone(rtc), path.clone());
-                        Trial::test(name, move || compile_graph(&rtc, &path, fused, arch))
-                    }
-                    Err(e) if required => {
-                        let msg = format!("ROCMFORGE_REQUIRE_HIPRTC=1 but {e}");
-                        Trial::test(name, move || Err(msg.clone().into()))
-                    }
-                    Err(e) => Trial::test(name, || Ok(()))
-                        .with_ignored_flag(true)
-                        .with_kind(format!("ignored: {e}")),
-                };
-                trials.push(trial);
+                let path = path.clone();
+                trials.push(trial(
+                    name,
+                    Box::new(move |rtc| compile_graph(rtc, &path, fused, arch)),
+                ));
             }
         }
     }

@@ -611,9 +611,8 @@ fn flash(
     // Tensor cores where the target's table has an atom the kernel is written for (see
     // `tensor_core_atom`), the head sizes are whole atoms (D in K steps, Dv in pairs of N
     // tiles) and the fragments fit in registers (up to 128).
-    let mma = tensor_core_atom(target, q.dtype).filter(|a| {
-        d % a.k as usize == 0 && dv % (2 * a.n as usize) == 0 && d <= 128 && dv <= 128
-    });
+    let mma = tensor_core_atom(target, q.dtype)
+        .filter(|a| d % a.k as usize == 0 && dv % (2 * a.n as usize) == 0 && d <= 128 && dv <= 128);
     let (template, block_m, threads) = match mma {
         Some(atom) => {
             let warps = 4;

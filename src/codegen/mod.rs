@@ -15,8 +15,8 @@ use thiserror::Error;
 
 use crate::ir::{Graph, GraphError};
 
-pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 pub use mma_probe::mma_probe_kernel;
+pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 pub use target::{Arch, AsyncCopy, Platform, Target};
 
 #[derive(Debug, Error, Clone, PartialEq)]

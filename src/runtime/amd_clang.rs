@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use thiserror::Error;
 
-use super::amd_metadata::KernelResources;
+use super::amd_metadata::{parse_code_object, KernelResources};
 use super::cache::DiskCache;
 use crate::codegen::{Platform, Target};
 
@@ -47,7 +47,9 @@ pub const ROCM_ROOTS: [&str; 2] = ["/usr", "/opt/rocm"];
 pub enum AmdClangError {
     #[error("no clang for AMD GPUs: {reason}; install Debian's clang-19, lld-19, rocm-device-libs and libamdhip64-dev, or set ROCMFORGE_CLANG")]
     NotFound { reason: String },
-    #[error("{clang} is clang {found}; the offline AMD compiler needs clang {MIN_CLANG_MAJOR} or later")]
+    #[error(
+        "{clang} is clang {found}; the offline AMD compiler needs clang {MIN_CLANG_MAJOR} or later"
+    )]
     TooOld { clang: String, found: String },
     #[error("{clang} has no ld.lld beside it (install the matching lld, e.g. lld-19)")]
     NoLinker { clang: String },
@@ -71,8 +73,12 @@ pub enum AmdClangError {
     },
     #[error("cannot run {program}: {message}")]
     Run { program: String, message: String },
-    #[error("clang reported no resource usage for kernel `{kernel}` on {target}")]
-    NoRemarks { kernel: String, target: String },
+    #[error("clang's output for {target} lacks kernel `{kernel}`: {what}")]
+    Missing {
+        kernel: String,
+        target: String,
+        what: String,
+    },
 }
 
 /// A located clang with everything it needs for HIP device code.
@@ -120,7 +126,11 @@ pub fn parse_clang_version(text: &str) -> Option<(u32, u32, u32)> {
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<u32>().ok());
-    Some((nums.next()??, nums.next()??, nums.next().flatten().unwrap_or(0)))
+    Some((
+        nums.next()??,
+        nums.next()??,
+        nums.next().flatten().unwrap_or(0),
+    ))
 }
 
 impl AmdClang {
@@ -274,7 +284,14 @@ impl AmdClang {
         );
         std::fs::write(&ll, ir).map_err(|e| e.to_string())?;
         let out = Command::new(&self.clang)
-            .args(["-x", "ir", "--target=amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm"])
+            .args([
+                "-x",
+                "ir",
+                "--target=amdgcn-amd-amdhsa",
+                "-nogpulib",
+                "-c",
+                "-emit-llvm",
+            ])
             .arg(&ll)
             .arg("-o")
             .arg(&tmp)
@@ -290,26 +307,83 @@ impl AmdClang {
     }
 
     /// Compiles HIP source for `target` (an AMD target) into a code object, with LLVM's
-    /// occupancy of every kernel in it.
+    /// occupancy of every kernel in it. `name` names the file and errors.
     pub fn compile(
         &self,
         source: &str,
-        kernel: &str,
+        name: &str,
         target: &Target,
         options: &[String],
     ) -> Result<ClangOutput, AmdClangError> {
-        let (code, log) = self.invoke(source, kernel, target, options, false)?;
-        let occupancy = parse_occupancy(&log);
-        if !occupancy.iter().any(|(k, _)| k == kernel) {
-            return Err(AmdClangError::NoRemarks {
-                kernel: kernel.to_string(),
-                target: target.arch.clone(),
-            });
-        }
+        let (code, log) = self.invoke(source, name, target, options, false)?;
         Ok(ClangOutput {
             code_object: code,
-            occupancy,
+            occupancy: parse_occupancy(&log),
         })
+    }
+
+    /// Compiles kernels `(entry, body)` that share one prelude as one translation unit (an
+    /// entry names one body: kernels are named by the hash of their bodies), and returns each
+    /// kernel's resources and occupancy in order. Each clang run spends most of its time on the HIP headers and the
+    /// device libraries, whatever the kernels, so a batch costs about what one kernel does.
+    /// When the batch does not compile, the kernels are compiled one by one so that the error
+    /// names the kernel at fault.
+    pub fn compile_batch(
+        &self,
+        prelude: &str,
+        kernels: &[(&str, &str)],
+        target: &Target,
+        options: &[String],
+    ) -> Result<Vec<(KernelResources, u32)>, AmdClangError> {
+        let Some(&(first, _)) = kernels.first() else {
+            return Ok(Vec::new());
+        };
+        // A kernel twice in the list (the same layer twice in a graph) is defined once.
+        let mut source = prelude.to_string();
+        let mut seen: Vec<&str> = Vec::new();
+        for &(entry, body) in kernels {
+            if !seen.contains(&entry) {
+                seen.push(entry);
+                source.push('\n');
+                source.push_str(body);
+            }
+        }
+        let out = match self.compile(&source, first, target, options) {
+            Ok(out) => out,
+            Err(AmdClangError::Compile { .. }) if kernels.len() > 1 => {
+                return kernels
+                    .iter()
+                    .map(|k| {
+                        self.compile_batch(prelude, std::slice::from_ref(k), target, options)
+                            .map(|mut rows| rows.remove(0))
+                    })
+                    .collect();
+            }
+            Err(e) => return Err(e),
+        };
+        let missing = |kernel: &str, what: String| AmdClangError::Missing {
+            kernel: kernel.to_string(),
+            target: target.arch.clone(),
+            what,
+        };
+        let info = parse_code_object(&out.code_object)
+            .map_err(|e| missing(first, format!("unreadable code object: {e}")))?;
+        kernels
+            .iter()
+            .map(|&(entry, _)| {
+                let res = info
+                    .kernels
+                    .iter()
+                    .find(|k| k.name == entry)
+                    .ok_or_else(|| missing(entry, "not in the code object".into()))?;
+                let occupancy = out
+                    .occupancy
+                    .iter()
+                    .find(|(k, _)| k == entry)
+                    .ok_or_else(|| missing(entry, "no resource-usage remark".into()))?;
+                Ok((res.clone(), occupancy.1))
+            })
+            .collect()
     }
 
     /// The assembly listing of the same compile (to check which instructions a kernel uses).
@@ -348,7 +422,13 @@ impl AmdClang {
         // The kernel name is ours (rf_<family>_<hash>), but keep the file name plain anyway.
         let stem: String = kernel
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let src = work.join(format!("{stem}.hip"));
         let out = work.join(format!("{stem}.{}", if assembly { "s" } else { "co" }));
@@ -500,7 +580,10 @@ mod tests {
             parse_clang_version("clang version 17.0.0git (https://github.com/llvm)"),
             Some((17, 0, 0))
         );
-        assert_eq!(parse_clang_version("AMD clang version 18.0.0"), Some((18, 0, 0)));
+        assert_eq!(
+            parse_clang_version("AMD clang version 18.0.0"),
+            Some((18, 0, 0))
+        );
         assert_eq!(parse_clang_version("gcc (Debian 12.2.0-14) 12.2.0"), None);
         assert_eq!(parse_clang_version("clang version"), None);
     }

@@ -87,7 +87,10 @@ pub fn fragment_helpers(atom: &MmaAtom) -> String {
     for (what, combine) in [("max", "fmaxf(v, o)"), ("sum", "v + o")] {
         let _ = write!(w, "RF_INLINE float {p}_c_row_{what}(float v) {{");
         for mask in atom.c.row_lane_masks() {
-            let _ = write!(w, " {{ const float o = rf_shfl_xor(v, {mask}); v = {combine}; }}");
+            let _ = write!(
+                w,
+                " {{ const float o = rf_shfl_xor(v, {mask}); v = {combine}; }}"
+            );
         }
         let _ = writeln!(w, " return v; }}");
     }
@@ -96,8 +99,20 @@ pub fn fragment_helpers(atom: &MmaAtom) -> String {
     }
     if let Some(l) = ldmatrix_pairs(atom) {
         for (form, row, col, ldsm, storage) in [
-            ("nk", &l.nk_row, &l.nk_col, "rf_ldsm_x4", "B transposed (row n at t + n*ld, k contiguous)"),
-            ("kn", &l.kn_row, &l.kn_col, "rf_ldsm_x4_trans", "B as is (row k at t + k*ld, n contiguous)"),
+            (
+                "nk",
+                &l.nk_row,
+                &l.nk_col,
+                "rf_ldsm_x4",
+                "B transposed (row n at t + n*ld, k contiguous)",
+            ),
+            (
+                "kn",
+                &l.kn_row,
+                &l.kn_col,
+                "rf_ldsm_x4_trans",
+                "B as is (row k at t + k*ld, n contiguous)",
+            ),
         ] {
             let _ = writeln!(
                 w,
@@ -149,7 +164,11 @@ fn types(w: &mut String, atom: &MmaAtom, p: &str) {
 /// the stored matrix, the stored row being the layout's row (`false`) or column (`true`),
 /// offset by `row0` rows where the helper takes one.
 fn address(p: &str, op: &str, transposed: bool, e: &str, row0: bool) -> String {
-    let (r, c) = if transposed { ("col", "row") } else { ("row", "col") };
+    let (r, c) = if transposed {
+        ("col", "row")
+    } else {
+        ("row", "col")
+    };
     let row = if row0 {
         format!("(row0 + {p}_{op}_{r}(lane, {e}))")
     } else {
@@ -168,9 +187,30 @@ fn pairs_adjacent(layout: &Layout, transposed: bool) -> bool {
 fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
     // (helper, operand, layout, stored transposed, bounded rows, what it reads)
     let forms = [
-        ("load_a", "a", &atom.a, false, true, "A[m][k] = t[(row0 + m)*ld + k]; rows at or past `rows` read as 0"),
-        ("load_b_nk", "b", &atom.b, true, false, "B[k][n] = t[n*ld + k]"),
-        ("load_b_kn", "b", &atom.b, false, false, "B[k][n] = t[k*ld + n]"),
+        (
+            "load_a",
+            "a",
+            &atom.a,
+            false,
+            true,
+            "A[m][k] = t[(row0 + m)*ld + k]; rows at or past `rows` read as 0",
+        ),
+        (
+            "load_b_nk",
+            "b",
+            &atom.b,
+            true,
+            false,
+            "B[k][n] = t[n*ld + k]",
+        ),
+        (
+            "load_b_kn",
+            "b",
+            &atom.b,
+            false,
+            false,
+            "B[k][n] = t[k*ld + n]",
+        ),
     ];
     for (name, op, layout, transposed, bounded, doc) in forms {
         let elems = format!("{p}_{}_ELEMS", op.to_uppercase());
@@ -200,7 +240,11 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
                 );
             }
             MmaKind::MmaSync => {
-                let read = format!("((unsigned)t[{}] | ((unsigned)t[{}] << 16))", at("e"), at("e + 1"));
+                let read = format!(
+                    "((unsigned)t[{}] | ((unsigned)t[{}] << 16))",
+                    at("e"),
+                    at("e + 1")
+                );
                 let _ = writeln!(
                     w,
                     "    for (int e = 0; e < {elems}; e += 2) x[e >> 1] = {};\n}}",
@@ -213,7 +257,10 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
                     DType::BF16 => format!("(short){v}"),
                     _ => format!("__builtin_bit_cast(_Float16, (unsigned short){v})"),
                 };
-                let _ = writeln!(w, "    for (int e = 0; e < {elems}; ++e) x[e] = {conv};\n}}");
+                let _ = writeln!(
+                    w,
+                    "    for (int e = 0; e < {elems}; ++e) x[e] = {conv};\n}}"
+                );
             }
         }
     }
@@ -263,7 +310,10 @@ fn mma(w: &mut String, atom: &MmaAtom, p: &str) {
 /// For each A element slot, the C tile (of the `k / n` tiles side by side) and slot holding the
 /// same (row, column) in the same lane; `None` where some slot has no such partner.
 pub(crate) fn c_to_a(atom: &MmaAtom) -> Option<Vec<(u32, u32)>> {
-    if atom.k % atom.n != 0 || atom.a.rows != atom.c.rows || atom.a.lanes() != atom.c.lanes() {
+    if !atom.k.is_multiple_of(atom.n)
+        || atom.a.rows != atom.c.rows
+        || atom.a.lanes() != atom.c.lanes()
+    {
         return None;
     }
     (0..atom.a.elems())

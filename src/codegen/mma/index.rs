@@ -107,11 +107,7 @@ impl Linear {
     }
 
     pub fn eval(&self, lane: u32, e: u32) -> u32 {
-        self.fields
-            .iter()
-            .map(|f| f.eval(lane, e))
-            .sum::<u32>()
-            + self.constant
+        self.fields.iter().map(|f| f.eval(lane, e)).sum::<u32>() + self.constant
     }
 
     /// The expression in C (an `int` of `lane` and `e`).

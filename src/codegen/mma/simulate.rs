@@ -68,7 +68,12 @@ fn every_layout_is_the_documented_one_and_covers_its_matrix() {
             for l in 0..atom.lanes {
                 for e in 0..layout.elems() {
                     let at = layout.coord(l, e);
-                    assert_eq!(at, documented(atom, op, l, e), "{} lane {l} elem {e}", atom.name);
+                    assert_eq!(
+                        at,
+                        documented(atom, op, l, e),
+                        "{} lane {l} elem {e}",
+                        atom.name
+                    );
                     assert!(at.0 < rows && at.1 < cols, "{}", atom.name);
                     held[(at.0 * cols + at.1) as usize] += 1;
                 }
@@ -199,9 +204,8 @@ fn a_wrong_layout_is_caught() {
         lane_bits: &[Col(2), Col(1), Row(0), Row(1), Row(2)],
         ..wrong.c
     };
-    let differs = (0..32).any(|l| {
-        (0..4).any(|e| wrong.c.coord(l, e) != documented(&wrong, Operand::C, l, e))
-    });
+    let differs = (0..32)
+        .any(|l| (0..4).any(|e| wrong.c.coord(l, e) != documented(&wrong, Operand::C, l, e)));
     assert!(differs);
     let (m, n, k) = (16, 8, 32);
     let a = small_ints(m * k, 3);
@@ -218,7 +222,12 @@ fn a_wrong_layout_is_caught() {
 fn accumulators_become_an_a_operand_in_place_only_where_the_layouts_line_up() {
     for atom in ALL {
         let map = c_to_a(atom);
-        assert_eq!(map.is_some(), atom.kind == MmaKind::MmaSync, "{}", atom.name);
+        assert_eq!(
+            map.is_some(),
+            atom.kind == MmaKind::MmaSync,
+            "{}",
+            atom.name
+        );
         let Some(map) = map else { continue };
         // P (M x K) held as K/N accumulator tiles; the A fragment built from them must be
         // exactly what load_a of P gives.
@@ -229,7 +238,12 @@ fn accumulators_become_an_a_operand_in_place_only_where_the_layouts_line_up() {
                 let (r, c) = documented(atom, Operand::C, l, ec);
                 let from_c = p[(r * k + tile * atom.n + c) as usize];
                 let (ar, ac) = documented(atom, Operand::A, l, ea as u32);
-                assert_eq!(from_c, p[(ar * k + ac) as usize], "{} lane {l} slot {ea}", atom.name);
+                assert_eq!(
+                    from_c,
+                    p[(ar * k + ac) as usize],
+                    "{} lane {l} slot {ea}",
+                    atom.name
+                );
             }
         }
     }
@@ -240,11 +254,16 @@ fn accumulators_become_an_a_operand_in_place_only_where_the_layouts_line_up() {
 fn ldmatrix_pairs_load_the_documented_b_fragments() {
     for atom in ALL {
         let pairs = ldmatrix_pairs(atom);
-        assert_eq!(pairs.is_some(), atom.kind == MmaKind::MmaSync, "{}", atom.name);
+        assert_eq!(
+            pairs.is_some(),
+            atom.kind == MmaKind::MmaSync,
+            "{}",
+            atom.name
+        );
         let Some(pairs) = pairs else { continue };
         let (k, n2) = (atom.k, 2 * atom.n);
         let ld = 24; // a padded row, as in shared memory
-        // B (k x 2N); stored transposed (nk: row n) and as is (kn: row k).
+                     // B (k x 2N); stored transposed (nk: row n) and as is (kn: row k).
         let b = small_ints((k * n2) as usize, 5);
         let mut nk = vec![f64::NAN; (n2 * ld) as usize];
         let mut kn = vec![f64::NAN; (k * ld.max(n2)) as usize];
@@ -347,7 +366,9 @@ fn generated_helpers_spell_the_instruction_and_the_layouts() {
     assert!(nv.contains("rf_shfl_xor(v, 1)") && nv.contains("rf_shfl_xor(v, 2)"));
     let mfma = fragment_helpers(&super::atoms::MFMA_32X32X8_BF16);
     assert!(mfma.contains("c = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a, b, c, 0, 0, 0);"));
-    assert!(mfma.contains("typedef float rf_mfma_32x32x8_bf16_c __attribute__((ext_vector_type(16)));"));
+    assert!(
+        mfma.contains("typedef float rf_mfma_32x32x8_bf16_c __attribute__((ext_vector_type(16)));")
+    );
     assert!(!mfma.contains("c_to_a") && !mfma.contains("ldsm"));
     for atom in ALL {
         let h = fragment_helpers(atom);

@@ -43,7 +43,15 @@ const fn amd(
 }
 
 /// MI50/MI60: no matrix cores (dot-product instructions only).
-pub static GFX906: Arch = amd("gfx906", "GCN5 (Vega 20)", 64, &[], XNACK_SRAMECC, (9, 0, 6), (2, 0));
+pub static GFX906: Arch = amd(
+    "gfx906",
+    "GCN5 (Vega 20)",
+    64,
+    &[],
+    XNACK_SRAMECC,
+    (9, 0, 6),
+    (2, 0),
+);
 /// MI100: MFMA for f16; its bf16 MFMA (`32x32x4bf16`, two values per lane) predates the `_1k`
 /// forms and has no atom here.
 pub static GFX908: Arch = amd(
@@ -60,7 +68,12 @@ pub static GFX90A: Arch = amd(
     "gfx90a",
     "CDNA2",
     64,
-    &[&MFMA_32X32X8_F16, &MFMA_16X16X16_F16, &MFMA_32X32X8_BF16, &MFMA_16X16X16_BF16],
+    &[
+        &MFMA_32X32X8_F16,
+        &MFMA_16X16X16_F16,
+        &MFMA_32X32X8_BF16,
+        &MFMA_16X16X16_BF16,
+    ],
     XNACK_SRAMECC,
     (9, 0, 10),
     (4, 5),
@@ -70,7 +83,12 @@ pub static GFX942: Arch = amd(
     "gfx942",
     "CDNA3",
     64,
-    &[&MFMA_32X32X8_F16, &MFMA_16X16X16_F16, &MFMA_32X32X8_BF16, &MFMA_16X16X16_BF16],
+    &[
+        &MFMA_32X32X8_F16,
+        &MFMA_16X16X16_F16,
+        &MFMA_32X32X8_BF16,
+        &MFMA_16X16X16_BF16,
+    ],
     XNACK_SRAMECC,
     (9, 4, 2),
     (6, 0),
@@ -93,6 +111,5 @@ pub static GFX1200: Arch = amd("gfx1200", "RDNA4", 32, RDNA4_MMA, &[], (12, 0, 0
 pub static GFX1201: Arch = amd("gfx1201", "RDNA4", 32, RDNA4_MMA, &[], (12, 0, 1), (6, 4));
 
 pub static AMD: &[&Arch] = &[
-    &GFX906, &GFX908, &GFX90A, &GFX942, &GFX1030, &GFX1100, &GFX1101, &GFX1102, &GFX1200,
-    &GFX1201,
+    &GFX906, &GFX908, &GFX90A, &GFX942, &GFX1030, &GFX1100, &GFX1101, &GFX1102, &GFX1200, &GFX1201,
 ];

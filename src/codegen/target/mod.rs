@@ -140,7 +140,10 @@ mod tests {
         assert_eq!(t("gfx1100").unwrap().1, 32);
         assert_eq!(t("gfx1201").unwrap().1, 32);
         assert_eq!(t("sm_90").unwrap(), (Platform::Nvidia, 32, "sm_90".into()));
-        assert_eq!(t("sm_90a").unwrap(), (Platform::Nvidia, 32, "sm_90a".into()));
+        assert_eq!(
+            t("sm_90a").unwrap(),
+            (Platform::Nvidia, 32, "sm_90a".into())
+        );
         assert_eq!(Target::parse("sm_90a").unwrap().caps.name, "sm_90");
         assert_eq!(Target::parse("sm_120f").unwrap().caps.name, "sm_120");
         for bad in [
@@ -181,7 +184,10 @@ mod tests {
         for n in ["sm_80", "sm_89", "sm_90"] {
             assert_eq!(
                 kinds(n),
-                [(MmaKind::MmaSync, DType::F16), (MmaKind::MmaSync, DType::BF16)]
+                [
+                    (MmaKind::MmaSync, DType::F16),
+                    (MmaKind::MmaSync, DType::BF16)
+                ]
             );
             assert!(row(n).async_copy.has_cp_async());
             assert_eq!(row(n).static_shared_bytes, 48 * 1024);
@@ -198,11 +204,17 @@ mod tests {
         }
         assert_eq!(
             kinds("gfx1100"),
-            [(MmaKind::WmmaGfx11, DType::F16), (MmaKind::WmmaGfx11, DType::BF16)]
+            [
+                (MmaKind::WmmaGfx11, DType::F16),
+                (MmaKind::WmmaGfx11, DType::BF16)
+            ]
         );
         assert_eq!(
             kinds("gfx1201"),
-            [(MmaKind::WmmaGfx12, DType::F16), (MmaKind::WmmaGfx12, DType::BF16)]
+            [
+                (MmaKind::WmmaGfx12, DType::F16),
+                (MmaKind::WmmaGfx12, DType::BF16)
+            ]
         );
         assert!(row("gfx1030").mma.is_empty() && row("gfx906").mma.is_empty());
         assert_eq!(kinds("gfx908"), [(MmaKind::Mfma, DType::F16); 2]);
@@ -219,7 +231,11 @@ mod tests {
                 "{}",
                 a.name
             );
-            assert!(a.static_shared_bytes <= a.shared_bytes_per_block, "{}", a.name);
+            assert!(
+                a.static_shared_bytes <= a.shared_bytes_per_block,
+                "{}",
+                a.name
+            );
             assert!(a.mma.iter().all(|m| m.lanes == a.wave_size), "{}", a.name);
             assert_eq!(a.platform == Platform::Amd, a.isa_version.is_some());
         }
