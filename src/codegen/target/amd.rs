@@ -2,7 +2,9 @@
 //! "Local data share" and the matrix chapters) and LLVM's AMDGPUUsage processor table.
 //! LDS is what one workgroup may allocate (64 KiB on all of these; an RDNA WGP has 128 KiB
 //! but a workgroup still sees 64). The matrix atoms are listed where the ISA has them for
-//! f16/bf16 inputs with f32 accumulation (see `codegen::mma`).
+//! f16/bf16 inputs with f32 accumulation (see `codegen::mma`). `hiprtc_since_rocm` is the ROCm
+//! release that lists the processor as supported; where unsure we give the later release, which
+//! only means the offline clang is used where an older hiprtc might also have worked.
 
 use super::arch::{Arch, AsyncCopy};
 use super::Platform;
