@@ -113,7 +113,10 @@ struct Row {
 }
 
 fn bench(c: &mut Criterion) {
-    let (device, notes) = Device::best();
+    let (device, notes) = Device::best().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2)
+    });
     if !device.is_gpu() {
         eprintln!(
             "no GPU ({}): benchmarking the interpreter on small shapes",

@@ -88,7 +88,10 @@ struct Row {
 }
 
 fn bench(c: &mut Criterion) {
-    let (device, _) = Device::best();
+    let (device, _) = Device::best().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2)
+    });
     println!("device: {}", device.label());
     let mut group = c.benchmark_group("models");
     group

@@ -13,6 +13,37 @@ RF_INLINE float rf_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.797884
 RF_INLINE float rf_max(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
 RF_INLINE float rf_min(float a, float b) { return (a != a || b != b) ? NAN : fminf(a, b); }
 
+// Integer semantics of ir::scalar. Sums, differences, products and negation wrap (two's
+// complement): they are computed in unsigned arithmetic, where overflow is defined, because
+// compilers assume signed overflow away.
+#define RF_LL_MIN (-9223372036854775807LL - 1LL)
+RF_INLINE long long rf_u2ll(unsigned long long u) {
+    return (u >> 63) ? (long long)(u & 0x7fffffffffffffffULL) + RF_LL_MIN : (long long)u;
+}
+RF_INLINE long long rf_add_ll(long long a, long long b) { return rf_u2ll((unsigned long long)a + (unsigned long long)b); }
+RF_INLINE long long rf_sub_ll(long long a, long long b) { return rf_u2ll((unsigned long long)a - (unsigned long long)b); }
+RF_INLINE long long rf_mul_ll(long long a, long long b) { return rf_u2ll((unsigned long long)a * (unsigned long long)b); }
+RF_INLINE long long rf_neg_ll(long long a) { return rf_u2ll(0ULL - (unsigned long long)a); }
+RF_INLINE long long rf_abs_ll(long long a) { return a < 0 ? rf_neg_ll(a) : a; }
+// Division by zero, and the one quotient that overflows (MIN / -1), give 0 (`checked_div`).
+RF_INLINE long long rf_div_ll(long long a, long long b) { return (b == 0 || (b == -1 && a == RF_LL_MIN)) ? 0LL : a / b; }
+// To i32 keeps the low 32 bits, as Rust's `as i32` does.
+RF_INLINE long long rf_wrap_i32(long long x) {
+    const unsigned long long u = (unsigned long long)x & 0xffffffffULL;
+    return u >= 0x80000000ULL ? (long long)u - 0x100000000LL : (long long)u;
+}
+// Float to integer saturates at the type's limits and sends NaN to 0, as Rust's `as` does (C
+// leaves out-of-range conversions undefined).
+RF_INLINE int rf_f2i(float x) {
+    return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x;
+}
+RF_INLINE long long rf_f2ll(float x) {
+    return x != x ? 0LL : x >= 9223372036854775808.0f ? 9223372036854775807LL : x <= -9223372036854775808.0f ? RF_LL_MIN : (long long)x;
+}
+RF_INLINE long long rf_d2ll(double x) {
+    return x != x ? 0LL : x >= 9223372036854775808.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? RF_LL_MIN : (long long)x;
+}
+
 // Reductions over a block of RF_BLOCK threads: within each wave by shuffles, then across waves
 // through shared memory. Every thread of the block must call them.
 #define RF_BLOCK 256

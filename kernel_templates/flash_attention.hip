@@ -1,4 +1,4 @@
-// FlashAttention: q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset }}){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
+// FlashAttention: q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block takes {{ block_m }} query rows of one (batch, head); {{ tpr }} threads share a row, each holding
 // {{ dper }} of its D columns. Key/value tiles of {{ block_n }} rows are staged in shared memory, and the
 // softmax is computed online in f32: a running max and sum per row, the accumulator rescaled when the
@@ -25,16 +25,16 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     float m = -INFINITY, l = 0.0f;
 {% if causal %}    // Keys after the last visible key of this block's last row are never needed.
     const long long last_row = min((long long)blockIdx.y * {{ block_m }} + {{ block_m - 1 }}, {{ sq - 1 }}LL);
-    const long long end_ll = last_row + ({{ offset }}LL) + 1;
+    const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
 {% else %}    const int key_end = {{ sk }};
 {% endif %}    for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
         __syncthreads();
-        for (int t = threadIdx.x; t < {{ block_n * d }}; t += {{ threads }}) {
+{% if d > 0 %}        for (int t = threadIdx.x; t < {{ block_n * d }}; t += {{ threads }}) {
             const int r = t / {{ d }}, c = t % {{ d }};
             Ks[r][c] = j0 + r < {{ sk }} ? {{ load_pre }}k[k_base + (long long)(j0 + r) * {{ d }} + c]{{ load_post }} : 0.0f;
         }
-        for (int t = threadIdx.x; t < {{ block_n * dv }}; t += {{ threads }}) {
+{% endif %}        for (int t = threadIdx.x; t < {{ block_n * dv }}; t += {{ threads }}) {
             const int r = t / {{ dv }}, c = t % {{ dv }};
             Vs[r][c] = j0 + r < {{ sk }} ? {{ load_pre }}v[v_base + (long long)(j0 + r) * {{ dv }} + c]{{ load_post }} : 0.0f;
         }
@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             float x = part * {{ scale_f }};
 {% if mask == "additive" %}            x = x + {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }};
 {% elif mask == "boolean" %}            if (!mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
-{% endif %}{% if causal %}            if ((long long)j > (long long)i + ({{ offset }}LL)) x = -INFINITY;
+{% endif %}{% if causal %}            if ((long long)j > (long long)i + {{ offset }}) x = -INFINITY;
 {% endif %}            const float m_new = fmaxf(m, x);
             if (m_new != -INFINITY) {
                 const float corr = expf(m - m_new), p = expf(x - m_new);

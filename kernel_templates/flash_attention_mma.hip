@@ -1,6 +1,6 @@
 // FlashAttention on tensor cores ({{ dtype }}, the {{ p }} matrix atom with f32 accumulation, where the
 // target's table has it; every other target uses flash_attention.hip): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}],
-// scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset }}){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
+// scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), {{ am }} per warp; each warp keeps its
 // Q rows as mma fragments in registers for the whole kernel. Key/value tiles of {{ block_n }} rows are staged
 // in shared memory (rows padded by 8 halves so that fragment loads hit distinct banks), loaded by cp.async one
@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     }
 {% if causal %}    // Keys after the last visible key of this block's last row are never needed.
     const long long last_row = min((long long)blockIdx.y * {{ block_m }} + {{ block_m - 1 }}, {{ sq - 1 }}LL);
-    const long long end_ll = last_row + ({{ offset }}LL) + 1;
+    const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
 {% else %}    const int key_end = {{ sk }};
 {% endif %}    // K and V tiles arrive by cp.async in separate commit groups, one tile ahead: the next K
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
                 float x = s[n][e] * {{ scale_f }};
 {% if mask == "additive" %}                if (j < {{ sk }}) x += {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)min(i, {{ sq - 1 }}) * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }};
 {% elif mask == "boolean" %}                if (j < {{ sk }} && !mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)min(i, {{ sq - 1 }}) * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
-{% endif %}{% if causal %}                if ((long long)j > (long long)i + ({{ offset }}LL)) x = -INFINITY;
+{% endif %}{% if causal %}                if ((long long)j > (long long)i + {{ offset }}) x = -INFINITY;
 {% endif %}                if (j >= {{ sk }}) x = -INFINITY;
                 s[n][e] = x * LOG2E;
                 mx[{{ p }}_c_row_slot(e)] = fmaxf(mx[{{ p }}_c_row_slot(e)], s[n][e]);

@@ -38,11 +38,12 @@
         for (int x = 0; x < 4; ++x) {
             const int row = row0 + ty + 16 * y, col = col0 + tx + 16 * x;
             if (row >= {{ m }} || col >= {{ n }}) continue;
-            const long long i = bz * {{ m * n }}LL + (long long)row * {{ n }} + col;
-            const float acc_v = acc[y][x];
+            const long long i = bz * {{ mn }}LL + (long long)row * {{ n }} + col;
+            const float acc_v = {{ acc }};
 {% if epilogue %}{% if axes or broadcast %}            long long r = i{% for e in extra %}, o{{ e.index }} = 0{% endfor %};
 {% for ax in axes %}            { const long long c = r % {{ ax.size }}LL; r /= {{ ax.size }}LL;{% for s in ax.strides %}{% if s.stride != 0 %} o{{ s.index }} += c * {{ s.stride }}LL;{% endif %}{% endfor %} }
 {% endfor %}{% endif %}{% for e in extra %}            const {{ e.vtype }} x{{ e.index }} = {{ e.load }};
+{% endfor %}{% for l in lines %}            {{ l }}
 {% endfor %}{% endif %}            C[i] = {{ store }};
         }
     }

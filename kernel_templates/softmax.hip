@@ -3,7 +3,7 @@
 extern "C" __global__ void __launch_bounds__(RF_BLOCK) {{ entry }}(const {{ ctype }}* __restrict__ x, {{ ctype }}* __restrict__ y) {
     __shared__ float scratch[RF_BLOCK / RF_WAVE];
     const long long row = blockIdx.x;
-    const long long base = (row / {{ inner }}) * {{ len * inner }}LL + (row % {{ inner }});
+    const long long base = (row / {{ inner }}) * {{ row_span }}LL + (row % {{ inner }});
     float m = -INFINITY;
     for (int j = threadIdx.x; j < {{ len }}; j += RF_BLOCK) m = fmaxf(m, {{ load_pre }}x[base + (long long)j * {{ inner }}]{{ load_post }});
     m = rf_block_max(m, scratch);

@@ -1,25 +1,86 @@
-//! The command line as a user drives it.
+//! The command line as a user drives it. Every run has a time limit, so a regression that
+//! blocks (on a FIFO, an endless stream) fails instead of hanging the suite; stdin is a pipe
+//! that stays open and empty, as a terminal waiting for input would.
 
-use std::process::Command;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longer than any command here takes on a loaded machine, far shorter than a hang.
+const LIMIT: Duration = Duration::from_secs(180);
 
 fn rocmforge(args: &[&str]) -> (bool, String, String) {
     rocmforge_with(args, &[])
 }
 
-/// Runs the CLI from the repository root with `env` set (and no ROCMFORGE_DEVICE from outside).
+/// Runs the CLI from the repository root with `env` set (and no ROCMFORGE_DEVICE from outside),
+/// killing it and failing the test if it runs past [`LIMIT`].
 fn rocmforge_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .envs(env.iter().copied())
         .env_remove("ROCMFORGE_DEVICE")
-        .output()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run rocmforge");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    // Drained on threads, so a chatty child never blocks on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = Vec::new();
+            r.read_to_end(&mut s).ok();
+            String::from_utf8_lossy(&s).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let _stdin = child.stdin.take();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > LIMIT {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("rocmforge {args:?} still running after {LIMIT:?}: it blocked");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.success(), out.join().unwrap(), err.join().unwrap())
+}
+
+/// A failure as the CLI must report one: a non-zero exit (not a signal) and one paragraph
+/// starting `error: `, no panic.
+fn assert_clean_error(what: &str, ok: bool, err: &str) {
+    assert!(!ok, "{what}: succeeded");
+    let body = err.trim_end();
+    let error_line = body
+        .lines()
+        .position(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{what}: no `error: ` line in:\n{err}"));
+    assert_eq!(
+        error_line + 1,
+        body.lines().count(),
+        "{what}: the error is not one last paragraph:\n{err}"
+    );
+    assert!(!err.contains("panicked"), "{what}: {err}");
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rocmforge-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn mkfifo(path: &Path) {
+    let ok = Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
 }
 
 #[test]
@@ -91,7 +152,10 @@ fn bad_files_fail_with_a_message_not_a_panic() {
     assert!(err.starts_with("error: ") && err.contains("cycle"), "{err}");
     assert!(!err.contains("panicked"));
     let (ok, _, err) = rocmforge(&["show", "no/such/file.json"]);
-    assert!(!ok && err.contains("cannot read"), "{err}");
+    assert!(
+        !ok && err.contains("cannot read no/such/file.json: no such file"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -241,8 +305,8 @@ fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
     );
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("libcuda not found")
-            && stderr.contains("no HIP runtime found (tried /nonexistent/libamdhip64.so)")
+        stderr.contains("ROCMFORGE_CUDA_LIBRARY=/nonexistent/libcuda.so.1: No such file")
+            && stderr.contains("ROCMFORGE_HIP_LIBRARY=/nonexistent/libamdhip64.so: No such file")
             && stderr.contains("running on the CPU interpreter"),
         "{stderr}"
     );
@@ -251,4 +315,364 @@ fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
         "{stdout}"
     );
     assert!(!stderr.contains("panicked"));
+}
+
+/// Graph files that are not regular files are refused without being read: a FIFO (whose
+/// `open` would block), endless streams, a directory, a symlink loop; every command that reads
+/// a graph says so in one paragraph.
+#[test]
+fn special_files_are_refused_without_hanging() {
+    let dir = scratch("special");
+    let fifo = dir.join("graph.json");
+    mkfifo(&fifo);
+    let looped = dir.join("loop.json");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    let dirpath = dir.join("adir.json");
+    std::fs::create_dir(&dirpath).unwrap();
+    let cases: [(&Path, &str); 5] = [
+        (&fifo, "is a FIFO, not a regular file"),
+        (
+            Path::new("/dev/zero"),
+            "is a character device, not a regular file",
+        ),
+        // stdin is an open pipe nobody writes: reading it would never end.
+        (Path::new("/dev/stdin"), "is a FIFO, not a regular file"),
+        (&dirpath, "is a directory, not a regular file"),
+        (&looped, "cannot read"),
+    ];
+    for (path, why) in cases {
+        let p = path.to_str().unwrap();
+        for args in [
+            vec!["run", p, "--device", "cpu"],
+            vec!["show", p],
+            vec!["compile", p],
+            vec!["compile", p, "--target", "gfx90a"],
+        ] {
+            let (ok, _, err) = rocmforge(&args);
+            assert_clean_error(&format!("{args:?}"), ok, &err);
+            assert!(err.contains(why), "{args:?}: {err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A graph whose inputs are not all read (the passes remove the unused one) runs and verifies;
+/// bindings are checked against the graph as written.
+#[test]
+fn a_graph_with_an_unused_input_runs_and_verifies() {
+    let dir = scratch("unused");
+    let file = dir.join("unused.json");
+    std::fs::write(
+        &file,
+        r#"{"version": 1, "name": "unused", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [2, 3]},
+        {"name": "y", "op": "input", "dtype": "f32", "shape": [4]},
+        {"name": "o", "op": "exp", "inputs": ["x"]}], "outputs": ["o"]}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = rocmforge(&["run", file.to_str().unwrap(), "--device", "cpu", "--verify"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("graph:  unused (3 nodes, 2 after passes)")
+            && out.contains("verify o: relative L2 error 0.000e0"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// NaN and ±inf at the same places in the run and the interpreter are equal; the error figure
+/// is over the finite values (here exactly 0), and the statistics say how many are not finite.
+#[test]
+fn verify_treats_nan_and_inf_at_the_same_places_as_equal() {
+    let dir = scratch("nonfinite");
+    let file = dir.join("nonfinite.json");
+    std::fs::write(
+        &file,
+        r#"{"version": 1, "name": "nonfinite", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [4, 8]},
+        {"name": "zero", "op": "constant", "dtype": "f32", "value": 0.0},
+        {"name": "ln", "op": "log", "inputs": ["x"]},
+        {"name": "q", "op": "div", "inputs": ["x", "zero"]}], "outputs": ["ln", "q"]}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = rocmforge(&["run", file.to_str().unwrap(), "--device", "cpu", "--verify"]);
+    assert!(ok, "{err}");
+    for line in [
+        "verify ln: relative L2 error 0.000e0 against the interpreter (unfused) over the finite values; ",
+        "verify q: relative L2 error 0.000e0 against the interpreter (unfused) over the finite values; 32 NaN/±inf at the same places",
+        "  no finite values  ±inf 32",
+    ] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Malformed device names are errors, from `--device` and from ROCMFORGE_DEVICE alike (not a
+/// quiet fall back to the CPU).
+#[test]
+fn malformed_device_names_are_errors() {
+    let hide = [
+        ("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+        ("ROCMFORGE_HIP_LIBRARY", "/nonexistent/libamdhip64.so"),
+    ];
+    for (spec, why) in [
+        ("cuda:99", "no device `cuda:99`"),
+        ("hip:-1", "`-1` is not a device number"),
+        ("cuda:18446744073709551616", "is past 2147483647"),
+        ("tpu", "unknown kind of device `tpu`"),
+    ] {
+        let (ok, _, err) =
+            rocmforge_with(&["run", "graphs/attention.json", "--device", spec], &hide);
+        assert_clean_error(spec, ok, &err);
+        assert!(err.contains(why), "--device {spec}: {err}");
+        let mut env = hide.to_vec();
+        env.push(("ROCMFORGE_DEVICE", spec));
+        let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json"], &env);
+        assert_clean_error(spec, ok, &err);
+        assert!(
+            err.contains("error: ROCMFORGE_DEVICE: ") && err.contains(why),
+            "ROCMFORGE_DEVICE={spec}: {err}"
+        );
+    }
+}
+
+/// ROCMFORGE_CUDA_LIBRARY, ROCMFORGE_NVRTC_LIBRARY, ROCMFORGE_HIP_LIBRARY and ROCMFORGE_HIPRTC
+/// name the file to use; a file that is not a usable library of that kind is a "no device" (or
+/// no compiler) with the reason, never a panic.
+#[test]
+fn library_variables_refuse_files_that_are_not_the_library() {
+    let dir = scratch("libs");
+    let text = dir.join("libcuda.so.1");
+    std::fs::write(&text, "this is not a shared library\n").unwrap();
+    let fifo = dir.join("fifo.so");
+    mkfifo(&fifo);
+    let cases = [
+        (text.to_str().unwrap(), "cannot load it"),
+        ("/dev/null", "a character device, not a library file"),
+        (dir.to_str().unwrap(), "a directory, not a library file"),
+        (fifo.to_str().unwrap(), "a FIFO, not a library file"),
+        // A real library without the entry points (the dynamic loader finds it by name).
+        ("libm.so.6", "libm.so.6 lacks "),
+    ];
+    for (file, why) in cases {
+        for (var, device) in [
+            ("ROCMFORGE_CUDA_LIBRARY", "cuda:0"),
+            ("ROCMFORGE_HIP_LIBRARY", "hip:0"),
+        ] {
+            let (ok, _, err) = rocmforge_with(
+                &["run", "graphs/attention.json", "--device", device],
+                &[(var, file)],
+            );
+            assert_clean_error(&format!("{var}={file}"), ok, &err);
+            // The HIP runtime names the first entry point missing, cudarc's path all of them.
+            let why = match (why, var) {
+                ("libm.so.6 lacks ", "ROCMFORGE_HIP_LIBRARY") => "has no symbol hipInit",
+                _ => why,
+            };
+            assert!(
+                err.contains(&format!("no device `{device}`: {var}={file}")) && err.contains(why),
+                "{var}={file}: {err}"
+            );
+        }
+        let (ok, _, err) = rocmforge_with(
+            &[
+                "compile",
+                "graphs/attention.json",
+                "--target",
+                "gfx90a",
+                "--report",
+            ],
+            &[("ROCMFORGE_HIPRTC", file)],
+        );
+        assert_clean_error(&format!("ROCMFORGE_HIPRTC={file}"), ok, &err);
+        let why = if file == "libm.so.6" {
+            "has no symbol hiprtcVersion"
+        } else {
+            why
+        };
+        assert!(err.contains(why), "ROCMFORGE_HIPRTC={file}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Where no GPU library is found, the note names each library tried once.
+#[test]
+fn no_device_notes_name_each_library_once() {
+    let (ok, _, err) = rocmforge(&["run", "graphs/attention.json"]);
+    assert!(ok, "{err}");
+    for line in err.lines().filter(|l| l.contains("found (tried ")) {
+        let tried = line.split("(tried ").nth(1).unwrap().trim_end_matches(')');
+        let names: Vec<&str> = tried.split(", ").collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len(), "a name repeats in: {line}");
+    }
+}
+
+/// AMD target ids are checked against what the loaded hiprtc supports before it compiles
+/// anything: ROCm 5.2's hiprtc aborts the process on an unknown processor or feature.
+#[test]
+fn report_refuses_targets_the_compiler_does_not_support() {
+    if rocmforge::runtime::Hiprtc::load().is_err() {
+        assert!(
+            std::env::var("ROCMFORGE_REQUIRE_HIPRTC").map_or(true, |v| v != "1"),
+            "ROCMFORGE_REQUIRE_HIPRTC=1 but no hiprtc"
+        );
+        eprintln!("skipped: no hiprtc");
+        return;
+    }
+    for (arch, why) in [
+        ("gfx9999", "unknown processor `gfx9999`"),
+        ("gfx940", "unknown processor `gfx940`"),
+        ("gfx90a:foo+", "unknown feature `foo+`"),
+        ("gfx90a:sramecc+:sramecc-", "feature sramecc is given twice"),
+        ("gfx1030:xnack+", "gfx1030 has no xnack feature"),
+        ("sm_9x", "unknown processor `sm_9x`"),
+        ("", "no processor"),
+        ("gfx90a -mllvm -print-after-all", "unknown processor"),
+    ] {
+        let (ok, out, err) = rocmforge(&[
+            "compile",
+            "graphs/attention.json",
+            "--target",
+            arch,
+            "--report",
+        ]);
+        assert_clean_error(arch, ok, &err);
+        assert!(
+            err.contains(&format!("hiprtc cannot compile for target `{arch}`: {why}"))
+                && err.contains("it supports ")
+                && err.contains("gfx90a[:sramecc±][:xnack±]"),
+            "{arch}: {err}"
+        );
+        assert!(out.is_empty(), "{arch}: {out}");
+    }
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        "graphs/attention.json",
+        "--target",
+        "gfx90a:xnack-:sramecc+",
+        "--report",
+    ]);
+    assert!(ok, "{err}");
+}
+
+/// `cache ls` and `cache clear` list the entries they can handle, carry on past those they
+/// cannot (a FIFO, a directory, an unreadable or oversized file, a symlink loop) and say which
+/// they skipped and why; a corrupt entry is listed as such and cleared. Nothing blocks.
+#[test]
+fn cache_commands_skip_special_entries_and_list_them() {
+    use rocmforge::runtime::{CacheKey, DiskCache};
+    let dir = scratch("cache");
+    let key = CacheKey {
+        arch: "gfx90a".into(),
+        wave_size: 64,
+        toolchain: "test".into(),
+        options: vec![],
+        entry: "rf_test_kernel".into(),
+        source: "source".into(),
+    };
+    DiskCache::new(dir.clone()).write(&key, b"code").unwrap();
+    std::fs::write(dir.join("corrupt.bin"), b"not an entry").unwrap();
+    mkfifo(&dir.join("fifo.bin"));
+    std::fs::create_dir(dir.join("adir.bin")).unwrap();
+    let looped = dir.join("loop.bin");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    let big = std::fs::File::create(dir.join("big.bin")).unwrap();
+    big.set_len(rocmforge::runtime::CACHE_ENTRY.max_bytes + 1)
+        .unwrap();
+    let unreadable = dir.join("unreadable.bin");
+    std::fs::write(&unreadable, b"secret").unwrap();
+    std::fs::set_permissions(
+        &unreadable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .unwrap();
+    // root reads a file of mode 000 anyway: then it is an entry (a corrupt one), else skipped.
+    let readable = std::fs::File::open(&unreadable).is_ok();
+    std::fs::write(dir.join("notes.txt"), b"not a cache file").unwrap();
+    let env = [("ROCMFORGE_CACHE_DIR", dir.to_str().unwrap())];
+
+    let (ok, out, err) = rocmforge_with(&["cache", "ls"], &env);
+    assert!(ok, "{err}");
+    let entries = if readable { 3 } else { 2 };
+    let skipped = if readable { 4 } else { 5 };
+    for part in [
+        format!("({entries} entries)"),
+        "rf_test_kernel".into(),
+        "corrupt.bin".into(),
+        "(corrupt: will be rebuilt)".into(),
+        format!("skipped {skipped} file(s)"),
+        "fifo.bin  a FIFO, not a regular file".into(),
+        "adir.bin  a directory, not a regular file".into(),
+        "loop.bin  a symbolic link, not a regular file".into(),
+        "big.bin  ".into(),
+        "more than the limit of 67108864".into(),
+    ] {
+        assert!(out.contains(&part), "missing `{part}` in:\n{out}");
+    }
+    assert!(!out.contains("notes.txt"), "{out}");
+    if !readable {
+        assert!(out.contains("unreadable.bin  cannot read"), "{out}");
+    }
+
+    let (ok, out, err) = rocmforge_with(&["cache", "clear"], &env);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("removed {entries} entries"))
+            && out.contains(&format!("skipped {skipped} file(s)")),
+        "{out}"
+    );
+    for left in ["fifo.bin", "adir.bin", "big.bin", "notes.txt"] {
+        assert!(dir.join(left).exists(), "{left} was removed");
+    }
+    assert!(
+        std::fs::symlink_metadata(&looped).is_ok(),
+        "the link was removed"
+    );
+    assert!(!dir.join("corrupt.bin").exists());
+
+    // A cache directory that is not a directory is an error, not an empty cache.
+    let fifo_dir = dir.join("fifo.bin");
+    let (ok, _, err) = rocmforge_with(
+        &["cache", "ls"],
+        &[("ROCMFORGE_CACHE_DIR", fifo_dir.to_str().unwrap())],
+    );
+    assert_clean_error("cache dir is a FIFO", ok, &err);
+    assert!(err.contains("kernel cache at"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A model directory whose files are special or oversized is refused before anything is read.
+#[test]
+fn embed_refuses_special_model_files() {
+    let dir = scratch("model");
+    mkfifo(&dir.join("config.json"));
+    let (ok, _, err) = rocmforge(&[
+        "embed",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "hi",
+    ]);
+    assert_clean_error("config.json FIFO", ok, &err);
+    assert!(
+        err.contains("config.json: the settings file is a FIFO"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("config.json")).unwrap();
+    let (ok, _, err) = rocmforge(&[
+        "embed",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "hi",
+    ]);
+    assert_clean_error("config.json -> /dev/zero", ok, &err);
+    assert!(err.contains("is a character device"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,14 +4,22 @@
 
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
+#[path = "common/edge_cases.rs"]
+mod edge_cases;
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/op_zoo.rs"]
+mod op_zoo;
 
 use std::path::Path;
 
 use attention_graphs::{build, Mask, Spec};
-use rocmforge::codegen::{generate_with, prelude, CodegenError, CodegenOptions, Target};
-use rocmforge::ir::{format, DType, Graph};
+use rocmforge::codegen::{
+    generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan, Target,
+    MAX_EXPR_OPS, MAX_KERNEL_ARGS,
+};
+use rocmforge::compile::plan_memory;
+use rocmforge::ir::{format, BinaryOp, DType, Expr, Graph, Op, UnaryOp};
 use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
@@ -154,4 +162,331 @@ fn tensor_core_attention_only_where_the_target_has_it() {
     // MFMA and WMMA atoms exist, but the tensor-core kernel is written for mma.sync's layouts.
     assert_eq!(family(DType::F16, 64, "gfx942"), "scalar");
     assert_eq!(family(DType::BF16, 64, "gfx1100"), "scalar");
+}
+
+/// Every graph a test here generates for: the examples and the op zoo, fused and unfused.
+fn all_graphs() -> Vec<(Graph, bool)> {
+    let mut graphs: Vec<Graph> = files::graph_files()
+        .iter()
+        .map(|p| format::load(p).unwrap())
+        .collect();
+    graphs.extend(op_zoo::zoo());
+    let mut out = Vec::new();
+    for g in graphs {
+        for fused in [true, false] {
+            let mut c = g.clone();
+            let pm = if fused {
+                PassManager::default_pipeline()
+            } else {
+                PassManager::cleanup()
+            };
+            pm.run(&mut c).unwrap();
+            out.push((c, fused));
+        }
+    }
+    out
+}
+
+fn plan_for(g: &Graph, fused: bool, arch: &str) -> Result<KernelPlan, CodegenError> {
+    generate_with(
+        g,
+        &Target::parse(arch).unwrap(),
+        &CodegenOptions {
+            matmul_epilogues: fused,
+        },
+    )
+}
+
+/// Issue 11, item 3: the same graph with hostile names and with plain names gives
+/// byte-identical kernels (bodies, entries, launches), and the plan listing shows every name
+/// on one line, with nothing a C comment would act on.
+#[test]
+fn hostile_names_never_reach_kernel_source() {
+    for (g, fused) in all_graphs() {
+        let hostile = op_zoo::with_hostile_names(&g);
+        for arch in TARGETS {
+            let (plain, bad) = (
+                plan_for(&g, fused, arch).unwrap(),
+                plan_for(&hostile, fused, arch).unwrap(),
+            );
+            assert_eq!(plain.kernels.len(), bad.kernels.len(), "{}", g.name);
+            for (a, b) in plain.kernels.iter().zip(&bad.kernels) {
+                assert_eq!(
+                    a.body, b.body,
+                    "{} on {arch}: a name changed a kernel",
+                    g.name
+                );
+                assert_eq!((&a.entry, a.launch), (&b.entry, b.launch));
+                assert_eq!(plain.source(a), bad.source(b));
+            }
+            let listing = bad.listing();
+            assert_eq!(
+                listing.lines().count(),
+                plain.listing().lines().count(),
+                "{}: a name broke a line of the listing",
+                g.name
+            );
+            for bad_text in [
+                "#define", "#include", "\\", "\0", "\r", "*/", "\u{2028}", "{{", "{%",
+            ] {
+                assert!(
+                    !listing.contains(bad_text) || plain.listing().contains(bad_text),
+                    "{}: the listing shows `{bad_text}` from a name",
+                    g.name
+                );
+            }
+        }
+    }
+}
+
+/// Issue 11, item 4: every op with a zero-size dimension generates, launches no empty grid,
+/// and every buffer a kernel binds or an output reads gets device memory (none for empty
+/// ones: they share one slot of zero bytes).
+#[test]
+fn zero_size_dims_in_every_op_generate_and_get_memory() {
+    for g in edge_cases::empty_graphs() {
+        for fused in [true, false] {
+            let mut c = g.clone();
+            let pm = if fused {
+                PassManager::default_pipeline()
+            } else {
+                PassManager::cleanup()
+            };
+            pm.run(&mut c).unwrap();
+            for arch in TARGETS {
+                let plan = plan_for(&c, fused, arch).unwrap();
+                for k in &plan.kernels {
+                    assert!(k.launch.grid.iter().all(|&d| d > 0), "{}", k.entry);
+                    // A head size of 0 keeps the scalar kernel: tensor-core fragments of 0
+                    // columns would be zero-length arrays.
+                    assert!(!k.body.contains("rf_mma_") || !c.name.contains("_d0_"));
+                    for array in ["qr[0]", "acc[0]", "qf[0]", "o[0]"] {
+                        assert!(!k.body.contains(array), "{}: zero-length {array}", k.entry);
+                    }
+                }
+                let memory = plan_memory(&plan);
+                let bound = plan
+                    .kernels
+                    .iter()
+                    .flat_map(|k| k.args.iter().copied())
+                    .chain(plan.outputs.iter().map(|o| o.buffer));
+                for b in bound {
+                    if plan.buffers[b].role == BufferRole::Computed {
+                        let slot = memory.slot_of.get(&b).unwrap_or_else(|| {
+                            panic!("{}: %{} has no memory", c.name, plan.buffers[b].name)
+                        });
+                        let need = plan.buffers[b].ty.shape.numel()
+                            * plan.buffers[b].ty.dtype.size_bytes();
+                        assert!(memory.slot_bytes[*slot] >= need);
+                    }
+                }
+            }
+        }
+    }
+    // Rows of no elements still check their indices: a gather kernel and its check run.
+    let g = edge_cases::empty_graphs()
+        .into_iter()
+        .find(|g| g.name == "empty_gather")
+        .unwrap();
+    let plan = generate(&g, &Target::parse("gfx90a").unwrap()).unwrap();
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    assert_eq!(
+        families,
+        ["gather", "gather_check", "gather", "gather_check"],
+        "the empty index list needs nothing; the two others are checked"
+    );
+    assert_eq!(plan.checks.len(), 2);
+}
+
+fn refusal(g: &Graph) -> CodegenError {
+    match generate(g, &Target::parse("sm_90").unwrap()) {
+        Err(e) => e,
+        Ok(_) => panic!("{}: generated", g.name),
+    }
+}
+
+/// Issue 11, item 4: a launch past the target's limits is a typed error naming the node, the
+/// dimension and the limit — never a grid cut to 32 bits. Shapes only: nothing is allocated.
+#[test]
+fn launches_past_the_target_limits_are_typed_errors() {
+    let limit = |e: CodegenError| match e {
+        CodegenError::LaunchLimit {
+            node,
+            what,
+            value,
+            limit,
+        } => (node, what, value, limit),
+        other => panic!("not a launch limit: {other:?}"),
+    };
+    // 2⁴⁰ elements, one thread each: 2³² blocks, whose low 32 bits are 0.
+    let mut g = Graph::new("wide");
+    let x = g.input("x", DType::F32, &[1 << 40]).unwrap();
+    let y = g.neg(x).unwrap();
+    g.add_output(y).unwrap();
+    assert_eq!(
+        limit(refusal(&g)),
+        (
+            g.node(y).name.clone(),
+            "grid.x".into(),
+            1 << 32,
+            i32::MAX as u64
+        )
+    );
+    // 65536 row tiles of 64 rows.
+    let mut g = Graph::new("tall");
+    let a = g.input("a", DType::F32, &[65536 * 64, 1]).unwrap();
+    let b = g.input("b", DType::F32, &[1, 1]).unwrap();
+    let m = g.matmul(a, b).unwrap();
+    g.add_output(m).unwrap();
+    assert_eq!(limit(refusal(&g)).1, "grid.y");
+    let mut g = Graph::new("batched");
+    let a = g.input("a", DType::F32, &[65536, 1, 1]).unwrap();
+    let b = g.input("b", DType::F32, &[1, 1]).unwrap();
+    let m = g.matmul(a, b).unwrap();
+    g.add_output(m).unwrap();
+    assert_eq!(limit(refusal(&g)).1, "grid.z");
+    // One block per softmax row: 2³¹ rows.
+    let mut g = Graph::new("rows");
+    let x = g.input("x", DType::F16, &[1 << 31, 1]).unwrap();
+    let s = g.softmax(x, -1).unwrap();
+    g.add_output(s).unwrap();
+    assert_eq!(limit(refusal(&g)).2, 1 << 31);
+    // Attention query blocks past grid.y.
+    let mut g = Graph::new("long_queries");
+    let q = g
+        .input("q", DType::F32, &[1, 1, 65536 * 32 + 1, 64])
+        .unwrap();
+    let k = g.input("k", DType::F32, &[1, 1, 1, 64]).unwrap();
+    let v = g.input("v", DType::F32, &[1, 1, 1, 64]).unwrap();
+    let o = g.flash_attention(q, k, v, None, 0.125, None).unwrap();
+    g.add_output(o).unwrap();
+    assert_eq!(limit(refusal(&g)).1, "grid.y");
+}
+
+/// Issue 11, items 4 and 5: a length a kernel holds in an `int` (a softmax row, a normalised
+/// axis, a matmul contraction) past its range is a typed error, not a loop that wraps.
+#[test]
+fn int_indexed_sizes_past_32_bits_are_typed_errors() {
+    let big = (i32::MAX as usize) + 1;
+    let range = |e: CodegenError| match e {
+        CodegenError::IndexRange { value, limit, .. } => {
+            assert!(value > limit);
+            value
+        }
+        other => panic!("not an index range error: {other:?}"),
+    };
+    let mut g = Graph::new("long_row");
+    let x = g.input("x", DType::F32, &[1, big]).unwrap();
+    let s = g.softmax(x, -1).unwrap();
+    g.add_output(s).unwrap();
+    assert_eq!(range(refusal(&g)), big as u64);
+    let mut g = Graph::new("long_norm");
+    let x = g.input("x", DType::F32, &[1, big]).unwrap();
+    let w = g.weight("w", DType::F32, &[big]).unwrap();
+    let y = g.rms_norm(x, w, 1e-6).unwrap();
+    g.add_output(y).unwrap();
+    assert_eq!(range(refusal(&g)), big as u64);
+    let mut g = Graph::new("long_contraction");
+    let a = g.input("a", DType::F32, &[1, big]).unwrap();
+    let b = g.input("b", DType::F32, &[big, 1]).unwrap();
+    let m = g.matmul(a, b).unwrap();
+    g.add_output(m).unwrap();
+    assert_eq!(range(refusal(&g)), big as u64);
+}
+
+/// Issue 11, item 4: a fused node with more operands than a kernel takes is a typed error.
+/// Since the semantics merge `ir` refuses a fused node past `ir::expr::MAX_INPUTS` operands
+/// first, so codegen's own cap (`MAX_KERNEL_ARGS`, unit-tested in `codegen::limits`) stays a
+/// second line: the widest node `ir` takes fits it, and a wider one is refused with the limit.
+#[test]
+fn a_kernel_with_too_many_parameters_is_a_typed_error() {
+    use rocmforge::ir::expr::MAX_INPUTS;
+    const { assert!(MAX_INPUTS < MAX_KERNEL_ARGS) };
+    let wide = |n: usize| {
+        let mut g = Graph::new(format!("wide_fusion_{n}"));
+        let xs: Vec<_> = (0..n)
+            .map(|i| g.input(&format!("x{i}"), DType::F32, &[4]).unwrap())
+            .collect();
+        let mut e = Expr::Input(0);
+        for i in 1..n {
+            e = Expr::Binary(BinaryOp::Add, Box::new(e), Box::new(Expr::Input(i)));
+        }
+        g.add_op(Op::FusedElementwise(e), &xs).map(|f| (g, f))
+    };
+    let (mut g, f) = wide(MAX_INPUTS).unwrap();
+    g.add_output(f).unwrap();
+    let plan = generate(&g, &Target::parse("sm_90").unwrap()).unwrap();
+    assert_eq!(plan.kernels[0].args.len(), MAX_INPUTS + 1);
+    let e = wide(MAX_INPUTS + 1).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("MAX_INPUTS"), "{e}");
+}
+
+/// Issue 11, item 4: an expression is rendered without recursion (one line per op, on a small
+/// stack). Since the semantics merge `ir` caps an expression at `ir::expr::MAX_OPS` ops, below
+/// codegen's own [`MAX_EXPR_OPS`] (unit-tested where it is checked): the deepest expression
+/// `ir` takes renders, a deeper one is refused with the limit.
+#[test]
+fn deep_expressions_render_without_recursion() {
+    use rocmforge::ir::expr::MAX_OPS;
+    const { assert!(MAX_OPS < MAX_EXPR_OPS) };
+    let build = |depth: usize| {
+        let mut g = Graph::new(format!("deep_{depth}"));
+        let x = g.input("x", DType::F32, &[8]).unwrap();
+        let mut e = Expr::Input(0);
+        for i in 0..depth {
+            let op = if i % 2 == 0 {
+                UnaryOp::Neg
+            } else {
+                UnaryOp::Tanh
+            };
+            e = Expr::Unary(op, Box::new(e));
+        }
+        g.add_op(Op::FusedElementwise(e), &[x]).map(|f| (g, f))
+    };
+    let (mut ok, f) = build(MAX_OPS).unwrap();
+    ok.add_output(f).unwrap();
+    let e = build(MAX_OPS + 1).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("MAX_OPS"), "{e}");
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn_scoped(s, || {
+                let t = Target::parse("gfx90a").unwrap();
+                let plan = generate(&ok, &t).unwrap();
+                let body = &plan.kernels[0].body;
+                assert_eq!(body.matches("const float t").count(), MAX_OPS);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    });
+}
+
+/// Issue 11, item 5: causal offsets near the i64 limits reach kernels clamped to the mask's
+/// own range, which gives the same mask and cannot overflow `q + offset`: no literal near
+/// i64's limits appears, and i64::MIN is never written as a literal C reads as unsigned.
+#[test]
+fn causal_offsets_are_clamped_into_range() {
+    for off in edge_cases::extreme_offsets(5, 7) {
+        let mut g = Graph::new("offsets");
+        let m = g.causal_mask(5, 7, off).unwrap();
+        let a = edge_cases::causal_attention(DType::F16, 5, 7, 64, off);
+        g.add_output(m).unwrap();
+        for (graph, arch) in [(&g, "gfx90a"), (&a, "gfx90a"), (&a, "sm_90")] {
+            let plan = generate(graph, &Target::parse(arch).unwrap()).unwrap();
+            for k in &plan.kernels {
+                assert!(!k.body.contains("922337203685477"), "{off}: {}", k.body);
+            }
+            let want = off.clamp(-5, 7);
+            let lit = if want < 0 {
+                format!("+ ({want}LL)")
+            } else {
+                format!("+ {want}LL")
+            };
+            assert!(
+                plan.kernels.iter().any(|k| k.body.contains(&lit)),
+                "{off} → {lit}"
+            );
+        }
+    }
 }

@@ -2,19 +2,26 @@
 //! interpreter within the dtype tolerances; concurrency stress; a planted bug caught by
 //! poisoning; memory back to its baseline; the disk cache across processes. They run under the
 //! default parallel harness. Where no GPU is found, each is reported ignored, with the reason.
+//!
+//! Edge cases (issue 11): every op with a zero-size dimension, attention with no queries, no
+//! keys or a head size of 0, reductions over an empty axis, causal offsets near the i64
+//! limits, gathers out of range (the CPU's typed error), edge values through every elementwise
+//! row, hostile node names, and launches past the device's limits.
 
 #[path = "common/files.rs"]
 mod files;
 
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
+#[path = "common/edge_cases.rs"]
+mod edge_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use attention_graphs::{build, Mask, Scale, Spec};
+use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::mma::MmaAtom;
 use rocmforge::codegen::{mma_probe_kernel, Platform};
@@ -79,23 +86,29 @@ fn compare(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
     })
 }
 
-fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
-    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
-    let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
-        .map_err(|e| e.to_string())?;
-    let b = Bindings::random(g, seed);
-    let got = c.run(&b).map_err(|e| e.to_string())?;
+/// `b` with the weights `Graph::compile` draws for `g` (seed 0), for the interpreter.
+fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
     let mut wb = b.clone();
     for id in g.node_ids() {
         if let rocmforge::ir::Op::Weight { init, .. } = g.op(id) {
             let n = g.node(id);
             wb.weights.insert(
                 n.name.clone(),
-                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0),
+                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
+                    .expect("a test graph's weights fit"),
             );
         }
     }
-    let want = run(g, &wb).map_err(|e| e.to_string())?;
+    wb
+}
+
+fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
+        .map_err(|e| e.to_string())?;
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let want = run(g, &with_weights(g, &b)).map_err(|e| e.to_string())?;
     for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
         let what = format!(
             "{} %{} ({})",
@@ -141,6 +154,141 @@ fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed>
         return Err(format!("{spec:?}: relative L2 {err:e}").into());
     }
     Ok(())
+}
+
+/// An attention written step by step must fuse, and the fused kernels must match the
+/// interpreter: the graph itself for f32, the graph computed in f32 for f16/bf16.
+fn check_chain(device: &Device, g: &Graph, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let (fused, _) = rocmforge::passes::optimize(g).map_err(|e| e.to_string())?;
+    if !fused
+        .node_ids()
+        .any(|id| matches!(fused.op(id), rocmforge::ir::Op::FlashAttention(_)))
+    {
+        return Err(format!("{}: did not fuse", g.name).into());
+    }
+    let c = Graph::compile_with(g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let dt = got.dtype();
+    let want = if dt == DType::F32 {
+        run(g, &b).map_err(|e| e.to_string())?.remove(0)
+    } else {
+        let mut wide = Bindings::default();
+        for (n, t) in &b.inputs {
+            let t = if t.dtype().is_float() {
+                t.cast(DType::F32)
+            } else {
+                t.clone()
+            };
+            wide.inputs.insert(n.clone(), t);
+        }
+        run(&promoted_to_f32(g), &wide)
+            .map_err(|e| e.to_string())?
+            .remove(0)
+    };
+    let err = compare(&got.cast(DType::F32), &want, &g.name)?;
+    if err > tolerance(dt) {
+        return Err(format!("{}: relative L2 {err:e}", g.name).into());
+    }
+    Ok(())
+}
+
+/// Attention forms fused since issue 11: fairseq's scores viewed 4-D for the key padding mask,
+/// a split other than [B, H] with a mask over part of it, old GPT-2's head-split K, f16 scale
+/// constants at their f16 value with an f32 mask, a written-out softmax left dead.
+fn chains() -> Vec<(&'static str, Graph)> {
+    use Step::*;
+    let bmm = |dtype: DType, [b, h, s, d]: [usize; 4], steps: Vec<Step>| {
+        let mut c = Chain::new(dtype, [b, h, s, d], steps);
+        c.q = vec![b * h, s, d];
+        c.k = vec![b * h, s, d];
+        c.v = vec![b * h, s, d];
+        c.k_perm = vec![0, 2, 1];
+        c.build()
+    };
+    let (ninf, f32_) = (f64::NEG_INFINITY, DType::F32);
+    vec![
+        (
+            "fairseq_f32",
+            bmm(
+                f32_,
+                [2, 3, 7, 8],
+                vec![
+                    Mul(1.0 / 8f64.sqrt()),
+                    Reshape(vec![2, 3, 7, 7]),
+                    MaskedFill(vec![2, 1, 1, 7], ninf),
+                    Reshape(vec![6, 7, 7]),
+                    Softmax(-1),
+                ],
+            ),
+        ),
+        (
+            "fairseq_f16",
+            bmm(
+                DType::F16,
+                [2, 4, 100, 64],
+                vec![
+                    Mul(0.125),
+                    Reshape(vec![2, 4, 100, 100]),
+                    MaskedFill(vec![2, 1, 1, 100], ninf),
+                    Reshape(vec![8, 100, 100]),
+                    Cast(f32_),
+                    Softmax(-1),
+                    Cast(DType::F16),
+                ],
+            ),
+        ),
+        (
+            "regrouped_view_f32",
+            bmm(
+                f32_,
+                [2, 3, 33, 16],
+                vec![
+                    Mul(0.25),
+                    Reshape(vec![3, 2, 33, 33]),
+                    Add(vec![1, 2, 1, 33]),
+                    Reshape(vec![6, 33, 33]),
+                    Softmax(-1),
+                ],
+            ),
+        ),
+        ("gpt2_head_split_bf16", {
+            let mut c = Chain::new(
+                DType::BF16,
+                [2, 4, 64, 64],
+                vec![
+                    Div(8.0),
+                    Causal(0, ninf),
+                    Cast(f32_),
+                    Softmax(-1),
+                    Cast(DType::BF16),
+                ],
+            );
+            c.k = vec![2, 64, 4, 64];
+            c.k_perm = vec![0, 2, 3, 1];
+            c.build()
+        }),
+        (
+            "f16_scale_held_f32_mask",
+            Chain::new(
+                DType::F16,
+                [2, 4, 33, 80],
+                vec![
+                    Mul(1.0 / 80f64.sqrt()),
+                    Cast(f32_),
+                    Add(vec![2, 1, 1, 33]),
+                    Softmax(-1),
+                    Cast(DType::F16),
+                ],
+            )
+            .build(),
+        ),
+        (
+            "written_softmax_f32",
+            Chain::new(f32_, [2, 2, 16, 32], vec![Mul(0.2), WrittenSoftmax(true)]).build(),
+        ),
+    ]
 }
 
 fn stress(device_spec: &str) -> Result<(), Failed> {
@@ -396,7 +544,10 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
         .into());
     }
     // Corrupt one entry: it is rebuilt, the others load.
-    let entries = DiskCache::new(dir.clone()).entries();
+    let entries = DiskCache::new(dir.clone())
+        .list()
+        .map_err(|e| e.to_string())?
+        .entries;
     let victim = &entries[0].file;
     let bytes = std::fs::read(victim).map_err(|e| e.to_string())?;
     std::fs::write(victim, &bytes[..bytes.len() / 2]).map_err(|e| e.to_string())?;
@@ -408,6 +559,81 @@ fn disk_cache_across_processes(spec: &str) -> Result<(), Failed> {
         );
     }
     Ok(())
+}
+
+/// A graph with an input no kernel reads (the passes remove it): it runs on the device, its
+/// output matches the interpreter, and the unused input is still part of the interface (a run
+/// that leaves it out or binds the wrong type is refused with a typed error).
+fn unused_input_runs(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = format::from_json_str(
+        r#"{"version": 1, "name": "unused_input", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [3, 40]},
+        {"name": "unused", "op": "input", "dtype": "f32", "shape": [7]},
+        {"name": "o", "op": "tanh", "inputs": ["x"]}], "outputs": ["o"]}"#,
+    )
+    .map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 6);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let want = run(&g, &b).map_err(|e| e.to_string())?;
+    let err = compare(&got[0], &want[0], "unused_input %o")?;
+    if err > tolerance(DType::F32) {
+        return Err(format!("unused_input: relative L2 {err:e}").into());
+    }
+    let mut missing = b.clone();
+    missing.inputs.remove("unused");
+    match c.run(&missing) {
+        Err(rocmforge::compile::CompileError::Interp(
+            rocmforge::interp::InterpError::MissingInput { name, .. },
+        )) if name == "unused" => Ok(()),
+        other => Err(format!("run without `unused`: {:?}", other.map(|_| "ran")).into()),
+    }
+}
+
+/// `verify` on the device: NaN and ±inf where the interpreter has them count as equal, and the
+/// error is over the finite values.
+fn verify_with_non_finite_outputs(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = format::from_json_str(
+        r#"{"version": 1, "name": "non_finite", "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [5, 64]},
+        {"name": "zero", "op": "constant", "dtype": "f32", "value": 0.0},
+        {"name": "ln", "op": "log", "inputs": ["x"]},
+        {"name": "q", "op": "div", "inputs": ["x", "zero"]}], "outputs": ["ln", "q"]}"#,
+    )
+    .map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 8);
+    let (_, v) = c.verify(&b).map_err(|e| e.to_string())?;
+    let negatives = b.inputs["x"]
+        .to_f64_vec()
+        .iter()
+        .filter(|x| **x < 0.0)
+        .count();
+    let counts: Vec<usize> = v.outputs.iter().map(|o| o.non_finite).collect();
+    if counts != [negatives, 5 * 64] || v.max_error() > tolerance(DType::F32) {
+        return Err(format!(
+            "non-finite counts {counts:?} (want [{negatives}, 320]), error {:e}",
+            v.max_error()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A device number past the last GPU is "no device", not a driver error or a panic.
+fn ordinal_past_the_last_gpu(device: &Device) -> Result<(), Failed> {
+    let kind = device.spec().split(':').next().unwrap_or_default();
+    let spec = format!("{kind}:2147483647");
+    match Device::open(&spec) {
+        Err(rocmforge::runtime::RuntimeError::NoDevice { reason, .. })
+            if reason.contains("GPU(s) present") =>
+        {
+            Ok(())
+        }
+        other => Err(format!("{spec}: {:?}", other.map(|d| d.label().to_string())).into()),
+    }
 }
 
 fn minilm_dir() -> Option<PathBuf> {
@@ -479,6 +705,206 @@ fn minilm_matches_reference(
     Ok(())
 }
 
+/// Runs `g` on the device with `b` (fused and not) and returns each mode's outputs.
+fn run_both(device: &Device, g: &Graph, b: &Bindings) -> Result<Vec<Vec<Tensor>>, Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    [true, false]
+        .iter()
+        .map(|&fuse| {
+            let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
+                .map_err(|e| format!("{}: {e}", g.name))?;
+            c.run(b)
+                .map_err(|e| format!("{} (fused: {fuse}): {e}", g.name).into())
+        })
+        .collect()
+}
+
+/// Reductions over an empty axis give PyTorch's values: sum 0, max -inf, mean NaN.
+fn empty_axis_reductions(device: &Device) -> Result<(), Failed> {
+    for (g, want) in edge_cases::empty_axis_reductions() {
+        for outs in run_both(device, &g, &Bindings::random(&g, 1))? {
+            for (i, (t, w)) in outs.iter().zip(&want).enumerate() {
+                edge_cases::compare_values(t, w, &format!("{} output {i}", g.name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attention with no keys writes zeros (no key is visible); with a head size of 0 every score
+/// is 0, so each row is the mean of V. Both by hand, in f32.
+fn attention_without_keys_or_head_size(device: &Device) -> Result<(), Failed> {
+    for (name, want_mean) in [
+        ("empty_attention_sk0_f32", false),
+        ("empty_attention_d0_f32", true),
+    ] {
+        let g = edge_cases::empty_graphs()
+            .into_iter()
+            .find(|g| g.name == name)
+            .ok_or(format!("no graph {name}"))?;
+        let b = Bindings::random(&g, 5);
+        let q = g.ty(g.find("q").unwrap()).shape.dims().to_vec();
+        let v = &b.inputs["v"];
+        let vd = v.shape().dims().to_vec();
+        let (hq, sq, hkv, sk, dv) = (q[1], q[2], vd[1], vd[2], vd[3]);
+        let vv = v.to_f64_vec();
+        let mut want = Vec::new();
+        for bi in 0..q[0] {
+            for h in 0..hq {
+                let kvh = h / (hq / hkv);
+                for _ in 0..sq {
+                    for c in 0..dv {
+                        want.push(if want_mean {
+                            (0..sk)
+                                .map(|j| vv[((bi * hkv + kvh) * sk + j) * dv + c])
+                                .sum::<f64>()
+                                / sk as f64
+                        } else {
+                            0.0
+                        });
+                    }
+                }
+            }
+        }
+        for outs in run_both(device, &g, &b)? {
+            let want = Tensor::from_f64(DType::F32, outs[0].shape().clone(), &want)
+                .map_err(|e| e.to_string())?;
+            let err = compare(&outs[0], &want, name)?;
+            if err > 1e-5 {
+                return Err(format!("{name}: relative L2 {err:e}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A gather with an index out of range fails on the GPU with the CPU's error, naming the same
+/// node, the same (first) index and the table size; in range, the rows agree.
+fn gathers_fail_as_on_the_cpu(device: &Device) -> Result<(), Failed> {
+    let cpu = Device::cpu();
+    let mut cases = edge_cases::gathers_out_of_range();
+    cases.push(edge_cases::gather_case(DType::I64, &[4, 0, 3, 3], 5, 3));
+    for c in cases {
+        for fuse in [true, false] {
+            let opts = CompileOptions { fuse, ..options() };
+            let on = |d: &Device| {
+                let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+                Graph::compile_with(&c.graph, d, &opts).and_then(|m| m.run(&c.bindings))
+            };
+            let (gpu, want) = (on(device), on(&cpu));
+            match (&gpu, &want) {
+                (Err(g), Err(w)) if g.to_string() == w.to_string() => {}
+                (Ok(g), Ok(w)) if g == w => {}
+                _ => {
+                    return Err(format!(
+                        "{} (fused: {fuse}): GPU {:?}, CPU {:?}",
+                        c.graph.name,
+                        gpu.as_ref().err().map(|e| e.to_string()),
+                        want.as_ref().err().map(|e| e.to_string())
+                    )
+                    .into())
+                }
+            }
+            if let Err(e) = &gpu {
+                if !matches!(
+                    e,
+                    rocmforge::compile::CompileError::Interp(
+                        rocmforge::interp::InterpError::IndexOutOfRange { .. }
+                    )
+                ) {
+                    return Err(format!("{}: {e:?} is not IndexOutOfRange", c.graph.name).into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Causal masks and causal attention with offsets at the i64 limits: masks against the
+/// definition (in i128), attention against the interpreter with the in-range offset that
+/// gives the same mask.
+fn causal_offsets_near_the_limits(device: &Device) -> Result<(), Failed> {
+    let (g, want) = edge_cases::causal_masks(5, 7);
+    for outs in run_both(device, &g, &Bindings::default())? {
+        for ((t, w), off) in outs
+            .iter()
+            .zip(&want)
+            .zip(edge_cases::extreme_offsets(5, 7))
+        {
+            edge_cases::compare_values(t, w, &format!("causal mask, offset {off}"))?;
+        }
+    }
+    for (dt, d) in [(DType::F32, 32), (DType::F16, 32), (DType::F16, 24)] {
+        for off in edge_cases::extreme_offsets(70, 90) {
+            let g = edge_cases::causal_attention(dt, 70, 90, d, off);
+            let same = edge_cases::causal_attention(dt, 70, 90, d, off.clamp(-70, 90));
+            let b = Bindings::random(&g, 9);
+            let want = run(&same, &b).map_err(|e| e.to_string())?.remove(0);
+            for outs in run_both(device, &g, &b)? {
+                let err = compare(&outs[0], &want, &g.name)?;
+                if err > tolerance(dt) {
+                    return Err(format!("{}: relative L2 {err:e}", g.name).into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Edge values (NaN, infinities, values past f16, i32 and i64) through every elementwise row
+/// and through fused expressions whose intermediates overflow or wrap: the interpreter's
+/// results, within a few ulps for libm functions.
+fn edge_values(device: &Device, case: &edge_cases::Case) -> Result<(), Failed> {
+    let want = run(&case.graph, &case.bindings).map_err(|e| e.to_string())?;
+    for outs in run_both(device, &case.graph, &case.bindings)? {
+        for ((o, t), w) in case.graph.outputs().iter().zip(&outs).zip(&want) {
+            let what = format!("{} %{}", case.graph.name, case.graph.node(*o).name);
+            edge_cases::compare(t, w, 16.0, &what)?;
+        }
+    }
+    Ok(())
+}
+
+/// A launch past the device's own limits is refused with a typed error before it reaches the
+/// driver: a grid of 2³²−1 blocks in x, a block of 2048 threads.
+fn launch_past_the_device_limits(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let mut g = Graph::new("launch_limits");
+    let x = g.input("x", DType::F32, &[256]).unwrap();
+    let y = g.neg(x).unwrap();
+    g.add_output(y).unwrap();
+    let target = device.target().ok_or("no target")?.clone();
+    let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
+    let k = &plan.kernels[0];
+    let opts: Vec<String> = match target.platform {
+        rocmforge::codegen::Platform::Amd => vec!["-O3".into()],
+        rocmforge::codegen::Platform::Nvidia => vec![],
+    };
+    let image = device
+        .compile_source(&plan.source(k), &k.entry, &opts)
+        .map_err(|e| e.to_string())?;
+    let loaded = device
+        .load_kernel(&image, &k.entry)
+        .map_err(|e| e.to_string())?;
+    let stream = device.new_stream().map_err(|e| e.to_string())?;
+    let a = stream.alloc(1024, true).map_err(|e| e.to_string())?;
+    let o = stream.alloc(1024, true).map_err(|e| e.to_string())?;
+    for (grid, block, what) in [
+        ([u32::MAX, 1, 1], [256, 1, 1], "grid.x"),
+        ([1, 1, 1], [2048, 1, 1], "block.x"),
+    ] {
+        match stream.launch(&loaded, grid, block, 0, &[&a, &o]) {
+            Err(rocmforge::runtime::RuntimeError::LaunchLimit { what: w, .. }) if w == what => {}
+            other => return Err(format!("{grid:?} {block:?}: {other:?}").into()),
+        }
+    }
+    stream
+        .launch(&loaded, [1, 1, 1], [256, 1, 1], 0, &[&a, &o])
+        .map_err(|e| format!("a launch within the limits: {e}"))?;
+    stream.synchronize().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 /// A trial, or the same trial marked ignored with `ignored` as the reason.
@@ -497,7 +923,11 @@ fn main() {
         return;
     }
     let args = Arguments::from_args();
-    let (device, notes) = Device::best();
+    // A ROCMFORGE_DEVICE that cannot be opened fails the run rather than skipping every trial.
+    let (device, notes) = Device::best().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1)
+    });
     let ignored = if device.is_gpu() {
         None
     } else {
@@ -529,6 +959,75 @@ fn main() {
             &ignored,
             format!("zoo::{}", g.name),
             Box::new(move || check_graph(&d, &g, true, 4)),
+        );
+    }
+    // Hostile names compile to the plain graph's kernels and run like any graph.
+    for g in op_zoo::zoo() {
+        let d = device.clone();
+        let name = format!("names::hostile::{}", g.name);
+        let h = op_zoo::with_hostile_names(&g);
+        push(
+            &mut trials,
+            &ignored,
+            name,
+            Box::new(move || check_graph(&d, &h, true, 4)),
+        );
+    }
+    for g in edge_cases::empty_graphs() {
+        for fuse in [true, false] {
+            let d = device.clone();
+            let name = format!(
+                "zero_size::{}::{}",
+                g.name,
+                if fuse { "fused" } else { "unfused" }
+            );
+            let g = g.clone();
+            push(
+                &mut trials,
+                &ignored,
+                name,
+                Box::new(move || check_graph(&d, &g, fuse, 6)),
+            );
+        }
+    }
+    type DeviceTrial = fn(&Device) -> Result<(), Failed>;
+    let edge_trials: [(&str, DeviceTrial); 5] = [
+        (
+            "zero_size::reductions_over_an_empty_axis",
+            empty_axis_reductions,
+        ),
+        (
+            "zero_size::attention_without_keys_or_head_size_by_hand",
+            attention_without_keys_or_head_size,
+        ),
+        (
+            "gather::out_of_range_is_the_cpu_error",
+            gathers_fail_as_on_the_cpu,
+        ),
+        (
+            "causal::offsets_near_the_i64_limits",
+            causal_offsets_near_the_limits,
+        ),
+        (
+            "launch::past_the_device_limits_is_refused",
+            launch_past_the_device_limits,
+        ),
+    ];
+    for (name, f) in edge_trials {
+        let d = device.clone();
+        push(&mut trials, &ignored, name.into(), Box::new(move || f(&d)));
+    }
+    for case in edge_cases::elementwise_edges()
+        .into_iter()
+        .chain(edge_cases::fused_edges())
+    {
+        let d = device.clone();
+        let name = format!("semantics::{}", case.graph.name);
+        push(
+            &mut trials,
+            &ignored,
+            name,
+            Box::new(move || edge_values(&d, &case)),
         );
     }
     let shapes = [
@@ -660,6 +1159,15 @@ fn main() {
             Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
         );
     }
+    for (i, (name, g)) in chains().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("attention_chain::{name}"),
+            Box::new(move || check_chain(&d, &g, 40 + i as u64)),
+        );
+    }
     for (dtype, min_cos) in [(DType::F32, 0.9999), (DType::F16, 0.999)] {
         let name = format!("minilm::{dtype}_matches_pytorch");
         match minilm_dir() {
@@ -711,6 +1219,27 @@ fn main() {
         &ignored,
         "stress::16_threads_x_25_iterations".into(),
         Box::new(move || stress(&s2)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "run::unused_input_is_bound_but_not_uploaded".into(),
+        Box::new(move || unused_input_runs(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "verify::nan_and_inf_at_the_same_places".into(),
+        Box::new(move || verify_with_non_finite_outputs(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "device::ordinal_past_the_last_gpu".into(),
+        Box::new(move || ordinal_past_the_last_gpu(&d)),
     );
     let d = device.clone();
     push(

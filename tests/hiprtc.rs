@@ -1,10 +1,15 @@
 //! Every generated kernel of every example graph, fused and unfused, compiles with a real AMD
 //! compiler (hiprtc) for gfx90a and gfx1030, and none spills. The resource reports are
-//! snapshots. The metadata reader is tested on a real code object and on truncated and corrupt
-//! ones.
+//! snapshots. So do the kernels of graphs at the edges: zero-size dimensions, hostile names
+//! (whose kernels must be the plain graph's), edge values, extreme causal offsets, gathers.
+//! The metadata reader is tested on a real code object and on truncated and corrupt ones.
 //!
-//! Without hiprtc these tests are reported as ignored, with the reason. `ROCMFORGE_REQUIRE_HIPRTC=1`
-//! (set by `.ci/run`) turns that into a failure, so CI always compiles them.
+//! `host::` trials run the generated pointwise kernels on the CPU (compiled by the host's
+//! clang++, see `common/host_kernels.rs`) against the interpreter and hand-computed values.
+//!
+//! Without hiprtc (or a host clang++) these tests are reported as ignored, with the reason.
+//! `ROCMFORGE_REQUIRE_HIPRTC=1` (set by `.ci/run`) turns a missing hiprtc into a failure, so CI
+//! always compiles them; `ROCMFORGE_REQUIRE_HOST_CXX=1` does the same for the host runs.
 
 #[path = "common/files.rs"]
 mod files;
@@ -16,10 +21,15 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
 use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions, Target};
-use rocmforge::ir::format;
+use rocmforge::interp::{self, Bindings};
+use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError};
 
+#[path = "common/edge_cases.rs"]
+mod edge_cases;
+#[path = "common/host_kernels.rs"]
+mod host_kernels;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -178,41 +188,289 @@ fn metadata_reader_on_real_and_corrupt_input() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The graphs at the edges whose kernels must compile: zero-size dimensions, edge values,
+/// extreme offsets, gathers (fused and clean-up only).
+fn edge_graphs() -> Vec<Graph> {
+    let mut graphs = edge_cases::empty_graphs();
+    graphs.extend(
+        edge_cases::empty_axis_reductions()
+            .into_iter()
+            .map(|(g, _)| g),
+    );
+    graphs.extend(edge_cases::elementwise_edges().into_iter().map(|c| c.graph));
+    graphs.extend(edge_cases::fused_edges().into_iter().map(|c| c.graph));
+    graphs.push(edge_cases::causal_masks(5, 7).0);
+    for off in edge_cases::extreme_offsets(5, 7) {
+        for dt in [rocmforge::ir::DType::F32, rocmforge::ir::DType::F16] {
+            graphs.push(edge_cases::causal_attention(dt, 5, 7, 32, off));
+        }
+    }
+    graphs.extend(
+        edge_cases::gathers_out_of_range()
+            .into_iter()
+            .map(|c| c.graph),
+    );
+    let mut out = Vec::new();
+    for g in graphs {
+        let mut f = g.clone();
+        PassManager::default_pipeline().run(&mut f).unwrap();
+        out.push(f);
+        let mut u = g;
+        PassManager::cleanup().run(&mut u).unwrap();
+        out.push(u);
+    }
+    out
+}
+
+/// Hostile names change no kernel: every zoo graph renamed compiles to the entries of the
+/// plain graph (and the sources compile).
+fn hostile_names_compile_to_the_plain_kernels(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plain = op_zoo::zoo();
+    let hostile: Vec<Graph> = plain.iter().map(op_zoo::with_hostile_names).collect();
+    for (p, h) in plain.iter().zip(&hostile) {
+        let entries = |g: &Graph| -> Result<Vec<String>, Failed> {
+            let plan = rocmforge::codegen::generate(g, &target).map_err(|e| e.to_string())?;
+            Ok(plan.kernels.iter().map(|k| k.entry.clone()).collect())
+        };
+        if entries(p)? != entries(h)? {
+            return Err(format!("{}: hostile names changed the kernels", p.name).into());
+        }
+    }
+    compile_all(rtc, &hostile, true, arch).map(|_| ())
+}
+
+/// The plan of `g` (fused or not) for the host runs.
+fn host_plan(g: &Graph, fused: bool) -> Result<(Graph, rocmforge::codegen::KernelPlan), Failed> {
+    let mut c = g.clone();
+    let pm = if fused {
+        PassManager::default_pipeline()
+    } else {
+        PassManager::cleanup()
+    };
+    pm.run(&mut c).map_err(|e| e.to_string())?;
+    let plan = generate_with(
+        &c,
+        &Target::parse("gfx90a").map_err(|e| e.to_string())?,
+        &CodegenOptions {
+            matmul_epilogues: fused,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((c, plan))
+}
+
+/// Runs `g` on the host (fused and not) and compares every output with the interpreter's on
+/// the same data, within `ulps` (float results of libm functions may differ in the last bit).
+fn host_matches_interpreter(cxx: &Path, g: &Graph, b: &Bindings, ulps: f64) -> Result<(), Failed> {
+    let b = host_kernels::with_weights(g, b.clone());
+    let want = interp::run(g, &b).map_err(|e| format!("{}: interpreter: {e}", g.name))?;
+    for fused in [true, false] {
+        let (c, plan) = host_plan(g, fused)?;
+        let got = host_kernels::run_plan(cxx, &c, &plan, &b)?
+            .map_err(|e| format!("{}: host run failed: {e}", g.name))?;
+        for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
+            let what = format!("{} %{} (fused: {fused})", g.name, g.node(*o).name);
+            edge_cases::compare(gt, wt, ulps, &what)?;
+        }
+    }
+    Ok(())
+}
+
+fn host_op_zoo(cxx: &Path) -> Result<(), Failed> {
+    let mut ran = 0;
+    for g in op_zoo::zoo() {
+        let (_, plan) = host_plan(&g, false)?;
+        if host_kernels::is_pointwise(&plan) {
+            host_matches_interpreter(cxx, &g, &Bindings::random(&g, 7), 4.0)?;
+            ran += 1;
+        }
+    }
+    // Elementwise, layout and integer graphs, in three and two dtypes.
+    if ran != 8 {
+        return Err(format!("{ran} zoo graphs are pointwise, expected 8").into());
+    }
+    Ok(())
+}
+
+fn host_edge_values(cxx: &Path) -> Result<(), Failed> {
+    let cases = edge_cases::elementwise_edges()
+        .into_iter()
+        .chain(edge_cases::fused_edges());
+    for c in cases {
+        host_matches_interpreter(cxx, &c.graph, &c.bindings, 4.0)?;
+    }
+    Ok(())
+}
+
+fn host_empty_graphs(cxx: &Path) -> Result<(), Failed> {
+    let mut ran = 0;
+    // Attention has no pointwise kernel; its empty cases run in the GPU trials.
+    let graphs = edge_cases::empty_graphs()
+        .into_iter()
+        .filter(|g| !g.name.starts_with("empty_attention"));
+    for g in graphs {
+        let (_, plan) = host_plan(&g, false)?;
+        let (_, fused) = host_plan(&g, true)?;
+        if host_kernels::is_pointwise(&plan) && host_kernels::is_pointwise(&fused) {
+            host_matches_interpreter(cxx, &g, &Bindings::random(&g, 3), 4.0)?;
+            ran += 1;
+        }
+    }
+    if ran < 4 {
+        return Err(format!("only {ran} empty graphs are pointwise").into());
+    }
+    Ok(())
+}
+
+/// Sum 0, max -inf, mean NaN: checked against those values, not the interpreter.
+fn host_empty_axis_reductions(cxx: &Path) -> Result<(), Failed> {
+    for (g, want) in edge_cases::empty_axis_reductions() {
+        for fused in [true, false] {
+            let (c, plan) = host_plan(&g, fused)?;
+            let got = host_kernels::run_plan(cxx, &c, &plan, &Bindings::random(&g, 1))?
+                .map_err(|e| e.to_string())?;
+            for (i, (t, w)) in got.iter().zip(&want).enumerate() {
+                edge_cases::compare_values(t, w, &format!("{} output {i}", g.name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Causal masks with offsets at the i64 limits against the definition computed in i128.
+fn host_causal_offsets(cxx: &Path) -> Result<(), Failed> {
+    let (g, want) = edge_cases::causal_masks(5, 7);
+    let (c, plan) = host_plan(&g, true)?;
+    let got =
+        host_kernels::run_plan(cxx, &c, &plan, &Bindings::default())?.map_err(|e| e.to_string())?;
+    for ((t, w), off) in got.iter().zip(&want).zip(edge_cases::extreme_offsets(5, 7)) {
+        edge_cases::compare_values(t, w, &format!("causal mask, offset {off}"))?;
+    }
+    Ok(())
+}
+
+/// A gather with an index out of range fails with the interpreter's error (the same node,
+/// the first failing index, the table size); in range, it gives the interpreter's rows.
+fn host_gathers(cxx: &Path) -> Result<(), Failed> {
+    let mut cases = edge_cases::gathers_out_of_range();
+    cases.push(edge_cases::gather_case(
+        rocmforge::ir::DType::I32,
+        &[4, 0, 3, 3],
+        5,
+        3,
+    ));
+    for c in cases {
+        let b = host_kernels::with_weights(&c.graph, c.bindings.clone());
+        let want = interp::run(&c.graph, &b);
+        for fused in [true, false] {
+            let (g, plan) = host_plan(&c.graph, fused)?;
+            let got = host_kernels::run_plan(cxx, &g, &plan, &b)?;
+            match (&got, &want) {
+                (Err(e), Err(w)) if e == w => {}
+                (Ok(got), Ok(want)) => {
+                    for (t, w) in got.iter().zip(want) {
+                        edge_cases::compare(t, w, 0.0, &c.graph.name)?;
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{} (fused: {fused}): the kernels gave {:?}, the interpreter {:?}",
+                        c.graph.name,
+                        got.as_ref().err(),
+                        want.as_ref().err()
+                    )
+                    .into())
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A trial that needs `tool` (hiprtc, a host compiler): it runs with it; without it, it fails
+/// when `require` (the environment variable that demands the tool) is set to 1, and is
+/// reported ignored, with the reason, otherwise.
+fn needs<T: Clone + Send + 'static, E: std::fmt::Display>(
+    tool: &Result<T, E>,
+    require: &str,
+    name: String,
+    f: impl FnOnce(T) -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    match tool {
+        Ok(t) => {
+            let t = t.clone();
+            Trial::test(name, move || f(t))
+        }
+        Err(e) if std::env::var(require).is_ok_and(|v| v == "1") => {
+            let msg = format!("{require}=1 but {e}");
+            Trial::test(name, move || Err(msg.clone().into()))
+        }
+        Err(e) => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {e}")),
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let required = std::env::var("ROCMFORGE_REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
+    const RTC: &str = "ROCMFORGE_REQUIRE_HIPRTC";
+    const CXX: &str = "ROCMFORGE_REQUIRE_HOST_CXX";
     let rtc = Hiprtc::load().map(Arc::new);
-    type Body = Box<dyn FnOnce(&Hiprtc) -> Result<(), Failed> + Send>;
-    // A trial that needs hiprtc: run, failed (hiprtc required but missing) or ignored.
-    let trial = |name: String, body: Body| -> Trial {
-        match &rtc {
-            Ok(rtc) => {
-                let rtc = Arc::clone(rtc);
-                Trial::test(name, move || body(&rtc))
-            }
-            Err(e) if required => {
-                let msg = format!("ROCMFORGE_REQUIRE_HIPRTC=1 but {e}");
-                Trial::test(name, move || Err(msg.clone().into()))
-            }
-            Err(e) => Trial::test(name, || Ok(()))
-                .with_ignored_flag(true)
-                .with_kind(format!("ignored: {e}")),
-        }
-    };
+    let cxx = host_kernels::host_cxx();
     let mut trials = vec![
         Trial::test(
             "metadata_reader_on_real_and_corrupt_input",
             metadata_reader_on_real_and_corrupt_input,
         ),
-        trial(
-            "compile::gfx90a::mma_probes".into(),
-            Box::new(|rtc| mma_probes(rtc, "gfx90a")),
+        needs(&rtc, RTC, "compile::gfx90a::mma_probes".into(), |rtc| {
+            mma_probes(&rtc, "gfx90a")
+        }),
+    ];
+    type HostTrial = fn(&Path) -> Result<(), Failed>;
+    let host_trials: [(&str, HostTrial); 6] = [
+        ("host::op_zoo_pointwise_graphs", host_op_zoo),
+        (
+            "host::edge_values_in_every_elementwise_row",
+            host_edge_values,
+        ),
+        ("host::zero_size_dims", host_empty_graphs),
+        (
+            "host::reductions_over_an_empty_axis",
+            host_empty_axis_reductions,
+        ),
+        (
+            "host::causal_offsets_near_the_i64_limits",
+            host_causal_offsets,
+        ),
+        (
+            "host::gather_out_of_range_is_the_interpreter_error",
+            host_gathers,
         ),
     ];
+    for (name, f) in host_trials {
+        trials.push(needs(&cxx, CXX, name.into(), move |cxx| f(&cxx)));
+    }
+    let edge = Arc::new(edge_graphs());
     for arch in AMD_TARGETS {
-        trials.push(trial(
+        let edge = Arc::clone(&edge);
+        trials.push(needs(
+            &rtc,
+            RTC,
+            format!("compile::{arch}::edge_graphs"),
+            move |rtc| compile_all(&rtc, &edge, true, arch).map(|_| ()),
+        ));
+        trials.push(needs(
+            &rtc,
+            RTC,
+            format!("compile::{arch}::hostile_names"),
+            move |rtc| hostile_names_compile_to_the_plain_kernels(&rtc, arch),
+        ));
+        trials.push(needs(
+            &rtc,
+            RTC,
             format!("compile::{arch}::every_op_and_dtype"),
-            Box::new(move |rtc| compile_all(rtc, &op_zoo::zoo(), true, arch).map(|_| ())),
+            move |rtc| compile_all(&rtc, &op_zoo::zoo(), true, arch).map(|_| ()),
         ));
         for path in files::graph_files() {
             for fused in [true, false] {
@@ -222,10 +480,9 @@ fn main() {
                     if fused { "fused" } else { "unfused" }
                 );
                 let path = path.clone();
-                trials.push(trial(
-                    name,
-                    Box::new(move |rtc| compile_graph(rtc, &path, fused, arch)),
-                ));
+                trials.push(needs(&rtc, RTC, name, move |rtc| {
+                    compile_graph(&rtc, &path, fused, arch)
+                }));
             }
         }
     }

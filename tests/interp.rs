@@ -681,3 +681,536 @@ fn missing_and_mistyped_inputs_are_errors() {
         Err(InterpError::UnknownBinding { .. })
     ));
 }
+
+// ---- one semantics: constant folding against the interpreter, bit for bit ------------------
+
+/// Edge values for constants of `dt`: signed zeros, infinities, NaN, the f16 limit and its
+/// overflow, values past every integer type, and the integer types' own limits.
+fn edge_values(dt: DType) -> Vec<f64> {
+    match dt {
+        DType::F32 | DType::F16 | DType::BF16 => vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.5,
+            -2.5,
+            1e-8,
+            1e-45,
+            65504.0,
+            65519.0,
+            65520.0,
+            -65520.0,
+            70000.0,
+            3e9,
+            -3e9,
+            1e19,
+            f64::from(f32::MAX),
+            1e39,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ],
+        DType::I32 => [0, 1, -1, 7, -7, 65536, i32::MAX - 1, i32::MAX, i32::MIN]
+            .map(f64::from)
+            .to_vec(),
+        DType::I64 => [
+            0i64,
+            1,
+            -1,
+            7,
+            1 << 31,
+            -(1 << 31) - 1,
+            1 << 32,
+            1 << 53,
+            -(1 << 53),
+            1 << 62,
+            i64::MIN,
+        ]
+        .map(|v| v as f64)
+        .to_vec(),
+        DType::Bool => vec![0.0, 1.0],
+    }
+}
+
+/// Bits of every element, with every NaN alike (payloads are not part of the semantics).
+fn element_bits(t: &Tensor) -> Vec<u64> {
+    match (t.as_f32(), t.as_i64()) {
+        (Some(f), _) => f
+            .iter()
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    u64::from(x.to_bits())
+                }
+            })
+            .collect(),
+        (_, Some(i)) => i.iter().map(|&x| x as u64).collect(),
+        _ => unreachable!(),
+    }
+}
+
+/// Builds `op` over every combination of edge constants, folds a copy, and checks that the
+/// interpreter reads the same bits from the folded constants as it computes unfolded, and that
+/// everything an f64 can hold was folded.
+fn check_fold(
+    what: &str,
+    dts: &[DType],
+    build: impl Fn(&mut Graph, &[rocmforge::ir::NodeId]) -> rocmforge::ir::NodeId,
+) {
+    use rocmforge::interp::{run, Bindings};
+    use rocmforge::passes::{ConstantFold, PassManager};
+    let mut g = Graph::new(what);
+    let columns: Vec<Vec<f64>> = dts.iter().map(|&dt| edge_values(dt)).collect();
+    let mut combos: Vec<Vec<usize>> = vec![vec![]];
+    for c in &columns {
+        combos = combos
+            .into_iter()
+            .flat_map(|p| {
+                (0..c.len()).map(move |i| {
+                    let mut p = p.clone();
+                    p.push(i);
+                    p
+                })
+            })
+            .collect();
+    }
+    let mut outs = Vec::new();
+    for combo in &combos {
+        let operands: Vec<_> = combo
+            .iter()
+            .zip(dts)
+            .zip(&columns)
+            .map(|((&i, &dt), c)| g.constant(dt, &[], vec![c[i]]).unwrap())
+            .collect();
+        outs.push(build(&mut g, &operands));
+    }
+    g.set_outputs(&outs).unwrap();
+    let mut folded = g.clone();
+    PassManager::new()
+        .with(ConstantFold)
+        .run(&mut folded)
+        .unwrap();
+    let want = run(&g, &Bindings::default()).unwrap();
+    let got = run(&folded, &Bindings::default()).unwrap();
+    for (k, (w, f)) in want.iter().zip(&got).enumerate() {
+        let args: Vec<f64> = combos[k].iter().zip(&columns).map(|(&i, c)| c[i]).collect();
+        assert_eq!(
+            element_bits(f),
+            element_bits(w),
+            "{what} {dts:?} on {args:?}: folded {f:?}, interpreted {w:?}"
+        );
+        let id = folded.outputs()[k];
+        // An integer past 2^53 may not be an f64 (constants hold f64s): it stays unfolded.
+        let exact = w
+            .as_i64()
+            .is_none_or(|i| i[0] != i64::MAX && (i[0] as f64) as i64 == i[0]);
+        if exact {
+            assert!(
+                matches!(folded.op(id), rocmforge::ir::Op::Constant { .. }),
+                "{what} {dts:?} on {args:?} was not folded"
+            );
+        }
+    }
+}
+
+#[test]
+fn constant_folding_matches_the_interpreter_bit_for_bit_on_edge_values() {
+    use rocmforge::ir::Op;
+    let ints = [DType::I32, DType::I64];
+    for op in UnaryOp::ALL {
+        let dts: Vec<DType> = FLOATS
+            .into_iter()
+            .chain(if matches!(op, UnaryOp::Neg | UnaryOp::Abs) {
+                ints.to_vec()
+            } else {
+                vec![]
+            })
+            .collect();
+        for dt in dts {
+            check_fold(op.name(), &[dt], |g, x| g.unary(op, x[0]).unwrap());
+        }
+    }
+    for op in BinaryOp::ALL {
+        let mut dts = FLOATS.to_vec();
+        if !op.float_only() {
+            dts.extend(ints);
+        }
+        if op == BinaryOp::Equal {
+            dts.push(DType::Bool);
+        }
+        for dt in dts {
+            check_fold(op.name(), &[dt, dt], |g, x| {
+                g.binary(op, x[0], x[1]).unwrap()
+            });
+        }
+    }
+    for from in DType::ALL {
+        for to in DType::ALL {
+            check_fold("cast", &[from], |g, x| {
+                g.add_op(Op::Cast { to }, &[x[0]]).unwrap()
+            });
+        }
+    }
+}
+
+#[test]
+fn casts_follow_the_documented_table() {
+    let cast = |dt: DType, v: Vec<f64>, to: DType| {
+        let t = Tensor::from_f64(dt, vec![v.len()], &v).unwrap();
+        run_op(&[&t], |g, i| g.cast(i[0], to).unwrap())
+    };
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    // Float → integer: toward zero, saturating, NaN → 0.
+    let to_i32 = cast(
+        DType::F32,
+        vec![nan, inf, -inf, 3e9, -3e9, 2.9, -2.9, -0.0],
+        DType::I32,
+    );
+    let (max, min) = (i64::from(i32::MAX), i64::from(i32::MIN));
+    assert_eq!(to_i32.as_i64().unwrap(), &[0, max, min, max, min, 2, -2, 0]);
+    let to_i64 = cast(DType::F16, vec![nan, inf, -inf, -65504.0], DType::I64);
+    assert_eq!(to_i64.as_i64().unwrap(), &[0, i64::MAX, i64::MIN, -65504]);
+    // Anything → bool: non-zero, NaN included.
+    let to_bool = cast(DType::F32, vec![nan, -0.0, inf, 1e-45], DType::Bool);
+    assert_eq!(to_bool.as_i64().unwrap(), &[1, 0, 1, 1]);
+    // To f16: nearest, ties to even, overflow to ±∞.
+    let to_f16 = cast(
+        DType::F32,
+        vec![65519.0, 65520.0, -65520.0, 1e-8],
+        DType::F16,
+    );
+    assert_eq!(
+        to_f16.as_f32().unwrap(),
+        &[65504.0, f32::INFINITY, f32::NEG_INFINITY, 0.0]
+    );
+    // Integer → narrower integer wraps; integer → bf16 goes through f32, as PyTorch does:
+    // 2^25 + 2^17 + 1 is 2^25 + 2^17 in f32, a tie that rounds to even 2^25 in bf16.
+    let to_i32 = cast(
+        DType::I64,
+        vec![4294967301.0, 2147483648.0, -2147483649.0],
+        DType::I32,
+    );
+    assert_eq!(to_i32.as_i64().unwrap(), &[5, min, max]);
+    let to_bf16 = cast(DType::I64, vec![33685505.0], DType::BF16);
+    assert_eq!(to_bf16.as_f32().unwrap(), &[33554432.0]);
+}
+
+#[test]
+fn maximum_and_minimum_order_signed_zeros_and_propagate_nan() {
+    let a = Tensor::from_f32(DType::F32, vec![4], vec![-0.0, 0.0, f32::NAN, 1.0]).unwrap();
+    let b = Tensor::from_f32(DType::F32, vec![4], vec![0.0, -0.0, 1.0, f32::NAN]).unwrap();
+    let max = run_op(&[&a, &b], |g, i| g.maximum(i[0], i[1]).unwrap());
+    let min = run_op(&[&a, &b], |g, i| g.minimum(i[0], i[1]).unwrap());
+    let (mx, mn) = (max.as_f32().unwrap(), min.as_f32().unwrap());
+    // IEEE 754-2019 maximum/minimum: −0 < +0 whatever the operand order.
+    assert_eq!(mx[0].to_bits(), 0f32.to_bits());
+    assert_eq!(mx[1].to_bits(), 0f32.to_bits());
+    assert_eq!(mn[0].to_bits(), (-0f32).to_bits());
+    assert_eq!(mn[1].to_bits(), (-0f32).to_bits());
+    assert!(mx[2].is_nan() && mx[3].is_nan() && mn[2].is_nan() && mn[3].is_nan());
+}
+
+#[test]
+fn integer_arithmetic_wraps_at_the_dtype_width() {
+    let a = Tensor::from_i64(
+        DType::I32,
+        vec![3],
+        vec![i64::from(i32::MAX), i64::from(i32::MIN), 65536],
+    )
+    .unwrap();
+    let b = Tensor::from_i64(DType::I32, vec![3], vec![1, -1, 65536]).unwrap();
+    let add = run_op(&[&a, &b], |g, i| g.add(i[0], i[1]).unwrap());
+    assert_eq!(
+        add.as_i64().unwrap(),
+        &[i64::from(i32::MIN), i64::from(i32::MAX), 131072]
+    );
+    let mul = run_op(&[&a, &b], |g, i| g.mul(i[0], i[1]).unwrap());
+    assert_eq!(
+        mul.as_i64().unwrap(),
+        &[i64::from(i32::MAX), i64::from(i32::MIN), 0]
+    );
+    let neg = run_op(&[&a], |g, i| g.neg(i[0]).unwrap());
+    assert_eq!(neg.as_i64().unwrap()[1], i64::from(i32::MIN));
+    // Comparisons see the wrapped value: i32::MAX + 1 is negative.
+    let zero = Tensor::from_i64(DType::I32, vec![], vec![0]).unwrap();
+    let mut g = Graph::new("wrap");
+    let (x, y, z) = (
+        g.input("a", DType::I32, &[3]).unwrap(),
+        g.input("b", DType::I32, &[3]).unwrap(),
+        g.input("c", DType::I32, &[]).unwrap(),
+    );
+    let s = g.add(x, y).unwrap();
+    let lt = g.less(s, z).unwrap();
+    g.add_output(lt).unwrap();
+    let out = run_with(
+        &g,
+        vec![("a", a.clone()), ("b", b.clone()), ("c", zero.clone())],
+    );
+    assert_eq!(out.as_i64().unwrap(), &[1, 0, 0]);
+    // Fused, the sum still wraps before the comparison.
+    let (fused, _) = rocmforge::passes::optimize(&g).unwrap();
+    assert!(fused
+        .node_ids()
+        .any(|id| matches!(fused.op(id), rocmforge::ir::Op::FusedElementwise(_))));
+    let out = run_with(&fused, vec![("a", a), ("b", b), ("c", zero)]);
+    assert_eq!(out.as_i64().unwrap(), &[1, 0, 0]);
+}
+
+// ---- degenerate shapes: zero-size dimensions in every op --------------------------------
+
+#[test]
+fn reductions_over_an_empty_axis_follow_pytorch() {
+    for dt in FLOATS {
+        let x = Tensor::from_f32(dt, vec![3, 0], vec![]).unwrap();
+        for (op, want) in [
+            (ReduceOp::Sum, 0.0),
+            (ReduceOp::Max, f64::NEG_INFINITY),
+            (ReduceOp::Mean, f64::NAN),
+        ] {
+            for keepdim in [false, true] {
+                let out = run_op(&[&x], |g, i| g.reduce(op, i[0], &[1], keepdim).unwrap());
+                let dims: &[usize] = if keepdim { &[3, 1] } else { &[3] };
+                assert_eq!(out.shape().dims(), dims);
+                for v in out.to_f64_vec() {
+                    assert!(
+                        v == want || (v.is_nan() && want.is_nan()),
+                        "{} {dt} over an empty axis: {v}, want {want}",
+                        op.name()
+                    );
+                }
+            }
+        }
+        // Every axis of an empty tensor: a scalar.
+        let e = Tensor::from_f32(dt, vec![0, 4], vec![]).unwrap();
+        let mean = run_op(&[&e], |g, i| {
+            g.reduce(ReduceOp::Mean, i[0], &[0, 1], false).unwrap()
+        });
+        assert!(mean.to_f64_vec()[0].is_nan());
+        // A non-empty axis of an empty tensor: an empty result.
+        let sum = run_op(&[&e], |g, i| {
+            g.reduce(ReduceOp::Sum, i[0], &[1], false).unwrap()
+        });
+        assert_eq!(sum.shape().dims(), &[0]);
+    }
+}
+
+fn zeros_f32(shape: &[usize]) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_f32(DType::F32, shape.to_vec(), vec![0.0; n]).unwrap()
+}
+
+#[test]
+fn every_op_accepts_zero_size_dimensions() {
+    let empty = zeros_f32(&[0, 3]);
+    let row = Tensor::from_f32(DType::F32, vec![3], vec![1.0, 2.0, 3.0]).unwrap();
+    let shape_of = |t: Tensor| t.shape().dims().to_vec();
+    // Elementwise, broadcasting an empty axis.
+    assert_eq!(
+        shape_of(run_op(&[&empty, &row], |g, i| g.add(i[0], i[1]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.exp(i[0]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.cast(i[0], DType::I32).unwrap())),
+        [0, 3]
+    );
+    let cond = Tensor::from_bool(vec![0, 1], &[]).unwrap();
+    let w = run_op(&[&cond, &row, &row], |g, i| {
+        g.where_(i[0], i[1], i[2]).unwrap()
+    });
+    assert_eq!(shape_of(w), [0, 3]);
+    // Layout.
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[3, 0]).unwrap())),
+        [3, 0]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.reshape(i[0], &[-1, 3]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.permute(i[0], &[1, 0]).unwrap())),
+        [3, 0]
+    );
+    let one = zeros_f32(&[1, 3]);
+    assert_eq!(
+        shape_of(run_op(&[&one], |g, i| g.expand(i[0], &[0, 3]).unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty], |g, i| g.slice(i[0], 1, 1, 1).unwrap())),
+        [0, 0]
+    );
+    let (a, b) = (
+        zeros_f32(&[2, 0]),
+        Tensor::from_f32(DType::F32, vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap(),
+    );
+    let cat = run_op(&[&a, &b, &a], |g, i| {
+        g.concat(&[i[0], i[1], i[2]], 1).unwrap()
+    });
+    assert_eq!(cat.to_f64_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+    let table = zeros_f32(&[5, 0]);
+    let idx = Tensor::from_i64(DType::I64, vec![2], vec![4, 0]).unwrap();
+    assert_eq!(
+        shape_of(run_op(&[&table, &idx], |g, i| g
+            .gather(i[0], i[1])
+            .unwrap())),
+        [2, 0]
+    );
+    let no_idx = Tensor::from_i64(DType::I64, vec![0], vec![]).unwrap();
+    assert_eq!(
+        shape_of(run_op(&[&b, &no_idx], |g, i| g.gather(i[0], i[1]).unwrap())),
+        [0, 2]
+    );
+    // Normalisations over an empty axis, and of no rows.
+    assert_eq!(
+        shape_of(run_op(&[&a], |g, i| g.softmax(i[0], -1).unwrap())),
+        [2, 0]
+    );
+    let (w0, b0) = (zeros_f32(&[0]), zeros_f32(&[0]));
+    let ln = run_op(&[&a, &w0, &b0], |g, i| {
+        g.layer_norm(i[0], i[1], i[2], 1e-5).unwrap()
+    });
+    assert_eq!(shape_of(ln), [2, 0]);
+    let w3 = zeros_f32(&[3]);
+    assert_eq!(
+        shape_of(run_op(&[&empty, &w3], |g, i| g
+            .rms_norm(i[0], i[1], 1e-6)
+            .unwrap())),
+        [0, 3]
+    );
+    assert_eq!(
+        shape_of(run_op(&[&zeros_f32(&[2, 0, 4])], |g, i| g
+            .rope(i[0], 1e4, 0)
+            .unwrap())),
+        [2, 0, 4]
+    );
+    // Matmul: an empty contraction is zeros (as torch.matmul); empty rows or batches are empty.
+    let mm = run_op(&[&a, &zeros_f32(&[0, 3])], |g, i| {
+        g.matmul(i[0], i[1]).unwrap()
+    });
+    assert_eq!(
+        (shape_of(mm.clone()), mm.to_f64_vec()),
+        (vec![2, 3], vec![0.0; 6])
+    );
+    assert_eq!(
+        shape_of(run_op(&[&empty, &zeros_f32(&[3, 4])], |g, i| g
+            .matmul(i[0], i[1])
+            .unwrap())),
+        [0, 4]
+    );
+    assert_eq!(
+        shape_of(run_op(
+            &[&zeros_f32(&[0, 2, 3]), &zeros_f32(&[3, 4])],
+            |g, i| g.matmul(i[0], i[1]).unwrap()
+        )),
+        [0, 2, 4]
+    );
+    // Causal masks with no rows or columns.
+    let mut g = Graph::new("mask");
+    let m = g.causal_mask(0, 4, 0).unwrap();
+    let m2 = g.causal_mask(3, 0, 0).unwrap();
+    g.set_outputs(&[m, m2]).unwrap();
+    let out = rocmforge::interp::run(&g, &Default::default()).unwrap();
+    assert_eq!((out[0].len(), out[1].len()), (0, 0));
+}
+
+/// FlashAttention on q `[1, hq, sq, d]`, k `[1, hkv, sk, d]`, v `[1, hkv, sk, dv]` of the given
+/// values (or ramps), causal or not.
+fn attention(dims: [usize; 6], causal: Option<i64>) -> Tensor {
+    let [hq, hkv, sq, sk, d, dv] = dims;
+    let ramp = |shape: Vec<usize>| {
+        let n: usize = shape.iter().product();
+        Tensor::from_f32(
+            DType::F32,
+            shape,
+            (0..n).map(|i| (i % 7) as f32 - 3.0).collect(),
+        )
+        .unwrap()
+    };
+    let (q, k, v) = (
+        ramp(vec![1, hq, sq, d]),
+        ramp(vec![1, hkv, sk, d]),
+        ramp(vec![1, hkv, sk, dv]),
+    );
+    run_op(&[&q, &k, &v], |g, i| {
+        g.flash_attention(i[0], i[1], i[2], None, 0.5, causal)
+            .unwrap()
+    })
+}
+
+#[test]
+fn attention_with_no_queries_no_keys_or_no_head_size_is_pytorchs() {
+    // No queries, no value columns, no heads: empty results.
+    assert_eq!(
+        attention([2, 1, 0, 4, 8, 8], None).shape().dims(),
+        &[1, 2, 0, 8]
+    );
+    assert_eq!(
+        attention([2, 1, 3, 4, 8, 0], Some(0)).shape().dims(),
+        &[1, 2, 3, 0]
+    );
+    assert_eq!(
+        attention([0, 0, 3, 4, 8, 8], None).shape().dims(),
+        &[1, 0, 3, 8]
+    );
+    // No keys: softmax over nothing weighs nothing, so zeros (P·V with an empty contraction).
+    let no_keys = attention([2, 1, 3, 0, 8, 5], None);
+    assert_eq!(no_keys.shape().dims(), &[1, 2, 3, 5]);
+    assert!(no_keys.to_f64_vec().iter().all(|&x| x == 0.0));
+    // Head size 0: every score is 0, so each query averages V's rows.
+    let d0 = attention([1, 1, 2, 4, 0, 3], None);
+    let v: Vec<f64> = (0..12).map(|i| (i % 7) as f64 - 3.0).collect();
+    let mean: Vec<f64> = (0..3)
+        .map(|c| (0..4).map(|j| v[j * 3 + c]).sum::<f64>() / 4.0)
+        .collect();
+    let want: Vec<f64> = mean.iter().chain(&mean).copied().collect();
+    assert_close(&d0.to_f64_vec(), &want, DType::F32, "attention with D = 0");
+}
+
+#[test]
+fn causal_offsets_near_the_i64_limits_are_exact() {
+    let mut g = Graph::new("masks");
+    let all = g.causal_mask(2, 3, i64::MAX).unwrap();
+    let none = g.causal_mask(2, 3, i64::MIN).unwrap();
+    let edge = g.causal_mask(2, 3, -1).unwrap();
+    g.set_outputs(&[all, none, edge]).unwrap();
+    let out = rocmforge::interp::run(&g, &Default::default()).unwrap();
+    assert_eq!(out[0].as_i64().unwrap(), &[1; 6]);
+    assert_eq!(out[1].as_i64().unwrap(), &[0; 6]);
+    assert_eq!(out[2].as_i64().unwrap(), &[0, 0, 0, 1, 0, 0]);
+    // Attention: an offset past every key is no mask; one before every key masks all (zeros).
+    let dims = [2, 1, 3, 4, 8, 5];
+    assert_eq!(attention(dims, Some(i64::MAX)), attention(dims, None));
+    assert!(attention(dims, Some(i64::MIN))
+        .to_f64_vec()
+        .iter()
+        .all(|&x| x == 0.0));
+}
+
+#[test]
+fn empty_results_of_huge_shapes_are_immediate() {
+    // [2^40, 0, 2^20] holds nothing, but a softmax over axis 1 that walked its rows would run
+    // for days; run it on a thread and give it ten seconds.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut g = Graph::new("huge_empty");
+        let x = g.input("x", DType::F32, &[1 << 40, 0, 1 << 20]).unwrap();
+        let s = g.softmax(x, 1).unwrap();
+        let c = g.concat(&[s, s], 2).unwrap();
+        let r = g.reduce(ReduceOp::Max, c, &[0], true).unwrap();
+        g.add_output(r).unwrap();
+        let b = rocmforge::interp::Bindings::random(&g, 0);
+        let _ = tx.send(rocmforge::interp::run(&g, &b).map(|o| o[0].shape().dims().to_vec()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("finished in time");
+    assert_eq!(got, Ok(vec![1, 0, 1 << 21]));
+}

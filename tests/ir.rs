@@ -153,3 +153,300 @@ fn text_form_and_dot_show_every_node() {
     assert!(dot.starts_with("digraph"));
     assert_eq!(dot.matches(" -> ").count(), 8, "{dot}");
 }
+
+// ---- deep graphs: no recursion proportional to depth, compile time linear ----------------
+
+/// A chain of `n` ops over `x: f32[4]`. `Elementwise`: first a run of single-use products (the
+/// shape activation recognition walks), then unary and binary ops; every inner value has one
+/// use, so everything fuses. `Alternating`: tanh and softmax in turn, which never fuse.
+#[derive(Clone, Copy)]
+enum Chain {
+    Elementwise,
+    Alternating,
+}
+
+fn chain(n: usize, kind: Chain) -> Graph {
+    let mut g = Graph::new("chain");
+    let x = g.input("x", DType::F32, &[4]).unwrap();
+    let c = g.scalar(0.999, DType::F32).unwrap();
+    let mut prev = x;
+    for i in 0..n {
+        prev = match kind {
+            Chain::Elementwise if i < n / 2 => {
+                if i % 2 == 0 {
+                    g.mul(prev, c).unwrap()
+                } else {
+                    g.mul(prev, x).unwrap()
+                }
+            }
+            Chain::Elementwise => match i % 4 {
+                0 => g.tanh(prev).unwrap(),
+                1 => g.add(prev, x).unwrap(),
+                2 => g.neg(prev).unwrap(),
+                _ => g.sub(prev, c).unwrap(),
+            },
+            Chain::Alternating if i % 2 == 0 => g.tanh(prev).unwrap(),
+            Chain::Alternating => g.softmax(prev, -1).unwrap(),
+        };
+    }
+    g.add_output(prev).unwrap();
+    g
+}
+
+/// Everything that walks a graph, on a chain of a million nodes, in the default 2 MiB stack of
+/// a test thread: validation, text, DOT, the file format both ways, the default pipeline,
+/// `Graph::compile` on the CPU and a run of the result against the interpreter.
+fn compile_a_million_node_chain(kind: Chain) {
+    use rocmforge::compile::CompileOptions;
+    use rocmforge::ir::Op;
+    use rocmforge::runtime::Device;
+    let g = chain(1_000_000, kind);
+    g.validate().unwrap();
+    assert_eq!(ir::to_text(&g).unwrap().lines().count(), g.node_count() + 2);
+    assert!(ir::to_dot(&g).unwrap().len() > g.node_count());
+    let text = format::to_json_string(&g).unwrap();
+    assert_eq!(
+        format::from_json_str(&text).unwrap().node_count(),
+        g.node_count()
+    );
+    drop(text);
+    let options = CompileOptions {
+        progress: false,
+        ..CompileOptions::default()
+    };
+    let compiled = Graph::compile_with(&g, &Device::cpu(), &options).unwrap();
+    let fused = &compiled.graph;
+    for id in fused.node_ids() {
+        if let Op::FusedElementwise(e) = fused.op(id) {
+            assert!(e.op_count() <= ir::expr::MAX_OPS, "{e}");
+        }
+    }
+    assert!(ir::to_text(fused).unwrap().lines().count() > 2);
+    let b = Bindings::random(&g, 1);
+    let got = compiled.run(&b).unwrap().remove(0).to_f64_vec();
+    let want = run(&g, &b).unwrap().remove(0).to_f64_vec();
+    assert_eq!(got, want);
+}
+
+// One test for both chains, one after the other: each graph of a million nodes takes a few
+// hundred MB in its several forms, and tests run in parallel.
+#[test]
+fn million_node_chains_compile_without_deep_recursion() {
+    compile_a_million_node_chain(Chain::Elementwise);
+    compile_a_million_node_chain(Chain::Alternating);
+}
+
+#[test]
+fn fused_expressions_stop_at_the_documented_size() {
+    use rocmforge::ir::expr::{MAX_INPUTS, MAX_OPS};
+    use rocmforge::ir::Op;
+    // 200 ops in a chain: groups of at most MAX_OPS, the same numbers as unfused.
+    let g = chain(200, Chain::Elementwise);
+    let (fused, _) = rocmforge::passes::optimize(&g).unwrap();
+    let groups: Vec<usize> = fused
+        .node_ids()
+        .filter_map(|id| match fused.op(id) {
+            Op::FusedElementwise(e) => Some(e.op_count()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(groups.iter().sum::<usize>(), 200);
+    assert_eq!(groups.len(), 200usize.div_ceil(MAX_OPS), "{groups:?}");
+    let b = Bindings::random(&g, 2);
+    assert_eq!(run(&fused, &b).unwrap(), run(&g, &b).unwrap());
+    // A sum of 40 distinct inputs: groups read at most MAX_INPUTS operands.
+    let mut w = Graph::new("wide");
+    let xs: Vec<_> = (0..40)
+        .map(|i| w.input(&format!("x{i}"), DType::F32, &[3]).unwrap())
+        .collect();
+    let mut acc = xs[0];
+    for &x in &xs[1..] {
+        let t = w.tanh(x).unwrap();
+        acc = w.add(acc, t).unwrap();
+    }
+    w.add_output(acc).unwrap();
+    let (fused, _) = rocmforge::passes::optimize(&w).unwrap();
+    let mut fused_nodes = 0;
+    for id in fused.node_ids() {
+        if let Op::FusedElementwise(e) = fused.op(id) {
+            fused_nodes += 1;
+            assert!(fused.operands(id).len() <= MAX_INPUTS, "{e}");
+        }
+    }
+    assert!(fused_nodes >= 40 / MAX_INPUTS);
+    let b = Bindings::random(&w, 3);
+    assert_eq!(run(&fused, &b).unwrap(), run(&w, &b).unwrap());
+}
+
+/// A one-node graph file around `node` (a JSON object without `name`), with inputs `x` and `y`.
+fn one_node(node: &str) -> Result<Graph, GraphError> {
+    format::from_json_str(&format!(
+        r#"{{"version": 1, "nodes": [
+            {{"name": "x", "op": "input", "dtype": "f32", "shape": [2, 3]}},
+            {{"name": "y", "op": "input", "dtype": "f32", "shape": [0, 3]}},
+            {{"name": "n", {node}}}], "outputs": ["n"]}}"#
+    ))
+}
+
+#[test]
+fn fused_expressions_from_files_are_checked() {
+    let deep = (0..65).fold(r#""$0""#.to_string(), |e, _| format!(r#"["neg", {e}]"#));
+    let err = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": ["x"], "expr": {deep}"#
+    ));
+    assert_eq!(err.unwrap_err().kind(), "bad_attribute");
+    let wide = (1..17).fold(r#""$0""#.to_string(), |e, i| {
+        format!(r#"["add", {e}, "${i}"]"#)
+    });
+    let inputs = vec![r#""x""#; 17].join(", ");
+    let err = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": [{inputs}], "expr": {wide}"#
+    ));
+    assert_eq!(err.unwrap_err().kind(), "bad_attribute");
+    for bad_const in [
+        r#"{"const": 3000000000, "dtype": "i32"}"#,
+        r#"{"const": 0.5, "dtype": "i64"}"#,
+    ] {
+        let e = format!(r#"["add", ["cast", "i32", "$0"], {bad_const}]"#);
+        let err = one_node(&format!(
+            r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#
+        ));
+        assert_eq!(err.unwrap_err().kind(), "bad_attribute", "{bad_const}");
+    }
+    // An f16 constant holds its f16 value, on every path.
+    let e = r#"["mul", ["cast", "f16", "$0"], {"const": 0.1, "dtype": "f16"}]"#;
+    let g = one_node(&format!(
+        r#""op": "fused_elementwise", "inputs": ["x"], "expr": {e}"#
+    ))
+    .unwrap();
+    let id = g.find("n").unwrap();
+    let ir::Op::FusedElementwise(ir::Expr::Binary(_, _, c)) = g.op(id) else {
+        panic!("{:?}", g.op(id))
+    };
+    assert_eq!(
+        **c,
+        ir::Expr::Const(f64::from(half::f16::from_f32(0.1).to_f32()), DType::F16)
+    );
+}
+
+// ---- integer arithmetic on user values ---------------------------------------------------
+
+#[test]
+fn attributes_near_the_integer_limits_are_typed_errors() {
+    let min = i64::MIN;
+    let max = i64::MAX;
+    for (node, kind) in [
+        (format!(r#""op": "softmax", "inputs": ["x"], "axis": {min}"#), "bad_attribute"),
+        (format!(r#""op": "softmax", "inputs": ["x"], "axis": {max}"#), "bad_attribute"),
+        (format!(r#""op": "reduce_sum", "inputs": ["x"], "axes": [{min}]"#), "bad_attribute"),
+        (format!(r#""op": "concat", "inputs": ["x", "x"], "axis": {min}"#), "bad_attribute"),
+        (format!(r#""op": "slice", "inputs": ["x"], "axis": 1, "start": {min}, "end": {max}"#), "bad_attribute"),
+        (format!(r#""op": "slice", "inputs": ["x"], "axis": -1, "start": -1, "end": {min}"#), "bad_attribute"),
+        (format!(r#""op": "reshape", "inputs": ["x"], "shape": [{max}, 4]"#), "overflow"),
+        (r#""op": "reshape", "inputs": ["y"], "shape": [-1, 0]"#.to_string(), "shape_mismatch"),
+        // A zero makes the product zero, whatever the other dimensions: no overflow, no match.
+        (r#""op": "reshape", "inputs": ["x"], "shape": [4611686018427387904, 4, 0]"#.to_string(), "shape_mismatch"),
+        (r#""op": "input", "dtype": "f32", "shape": [0, 9223372036854775808]"#.to_string(), "overflow"),
+        (r#""op": "input", "dtype": "bool", "shape": [0, 1099511627776, 1099511627776]"#.to_string(), "overflow"),
+        (r#""op": "causal_mask", "sq": 1099511627776, "sk": 1099511627776"#.to_string(), "overflow"),
+        // Values a constant of its dtype cannot hold, instead of a silent wrap or rounding.
+        (r#""op": "constant", "dtype": "i64", "value": 9007199254740993"#.to_string(), "bad_attribute"),
+        (r#""op": "constant", "dtype": "i64", "value": 18446744073709551615"#.to_string(), "bad_attribute"),
+        (r#""op": "constant", "dtype": "i64", "value": 9223372036854775808"#.to_string(), "bad_attribute"),
+        (r#""op": "constant", "dtype": "i32", "value": 3000000000"#.to_string(), "bad_attribute"),
+        (r##""op": "constant", "dtype": "i32", "value": "nan""##.to_string(), "bad_attribute"),
+        (r#""op": "constant", "dtype": "bool", "value": 0.5"#.to_string(), "bad_attribute"),
+        // Sampling ranges that are empty or leave the dtype.
+        (r#""op": "input", "dtype": "i32", "shape": [4], "sample": {"range": {"low": 0, "high": 1099511627776}}"#.to_string(), "bad_attribute"),
+        (format!(r#""op": "input", "dtype": "i64", "shape": [4], "sample": {{"range": {{"low": {max}, "high": {max}}}}}"#), "bad_attribute"),
+        (r#""op": "input", "dtype": "i64", "shape": [4], "sample": {"range": {"low": 5, "high": 2}}"#.to_string(), "bad_attribute"),
+        (r#""op": "input", "dtype": "f32", "shape": [4], "sample": {"range": {"low": 9007199254740992, "high": 9007199254740993}}"#.to_string(), "bad_attribute"),
+        (r#""op": "input", "dtype": "bool", "shape": [4], "sample": {"range": {"low": 0, "high": 3}}"#.to_string(), "bad_attribute"),
+    ] {
+        let err = one_node(&node).map(|_| ()).unwrap_err();
+        assert_eq!(err.kind(), kind, "{node}: {err}");
+    }
+    // Exact results at the limits.
+    let ok = one_node(&format!(
+        r#""op": "constant", "dtype": "i64", "value": {min}"#
+    ))
+    .unwrap();
+    let out = run(&ok, &Bindings::random(&ok, 0)).unwrap();
+    assert_eq!(out[0].as_i64().unwrap(), &[min]);
+    let full = format!(
+        r#""op": "input", "dtype": "i64", "shape": [64], "sample": {{"range": {{"low": {min}, "high": {max}}}}}"#
+    );
+    let g = one_node(&full).unwrap();
+    let b = Bindings::random(&g, 7);
+    assert!(b.inputs["n"].as_i64().unwrap().iter().any(|&v| v > 1 << 53));
+    let small = one_node(r#""op": "input", "dtype": "i32", "shape": [256], "sample": {"range": {"low": -2147483648, "high": -2147483646}}"#).unwrap();
+    let b = Bindings::random(&small, 7);
+    assert!(b.inputs["n"]
+        .as_i64()
+        .unwrap()
+        .iter()
+        .all(|&v| v == -2147483648 || v == -2147483647));
+}
+
+#[test]
+fn declared_huge_tensors_get_typed_errors_not_allocation_aborts() {
+    use rocmforge::compile::{CompileError, CompileOptions};
+    use rocmforge::interp::InterpError;
+    use rocmforge::ir::TensorError;
+    use rocmforge::runtime::Device;
+    let too_large = |e: &InterpError| {
+        matches!(
+            e,
+            InterpError::Host {
+                source: TensorError::TooLarge { .. },
+                ..
+            }
+        )
+    };
+    let huge = 1usize << 40;
+    // An input: drawing random data for it, and running.
+    let mut g = Graph::new("huge_input");
+    let x = g.input("x", DType::F32, &[huge]).unwrap();
+    let n = g.neg(x).unwrap();
+    g.add_output(n).unwrap();
+    let err = Bindings::try_random(&g, 0).unwrap_err();
+    assert!(too_large(&err), "{err}");
+    assert!(
+        err.to_string().contains("`x`") && err.to_string().contains("MAX_HOST_ELEMENTS"),
+        "{err}"
+    );
+    let err = run(&g, &Bindings::random(&g, 0)).unwrap_err();
+    assert!(too_large(&err), "{err}");
+    // A weight, a splat constant and an expand: the interpreter and Graph::compile on the CPU.
+    let mut w = Graph::new("huge_weight");
+    let p = w.weight("p", DType::F16, &[huge]).unwrap();
+    w.add_output(p).unwrap();
+    let mut c = Graph::new("huge_constant");
+    let k = c
+        .constant(DType::F32, &[1 << 20, 1 << 20], vec![1.0])
+        .unwrap();
+    c.add_output(k).unwrap();
+    let mut e = Graph::new("huge_expand");
+    let one = e.input("one", DType::F32, &[1]).unwrap();
+    let big = e.expand(one, &[huge]).unwrap();
+    let s = e
+        .reduce(rocmforge::ir::ReduceOp::Sum, big, &[0], false)
+        .unwrap();
+    e.add_output(s).unwrap();
+    for g in [&w, &c, &e] {
+        let err = run(g, &Bindings::random(g, 0)).unwrap_err();
+        assert!(too_large(&err), "{}: {err}", g.name);
+    }
+    let options = CompileOptions {
+        progress: false,
+        ..CompileOptions::default()
+    };
+    match Graph::compile_with(&w, &Device::cpu(), &options) {
+        Err(CompileError::Interp(err)) => assert!(too_large(&err), "{err}"),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("compiled a 2^40-element weight"),
+    }
+    // The allocation itself is fallible below the limit too.
+    let err = rocmforge::ir::try_collect(usize::MAX / 2, std::iter::empty::<f32>()).unwrap_err();
+    assert!(matches!(err, TensorError::OutOfMemory { .. }));
+}

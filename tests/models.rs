@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rocmforge::frontend::{BertEncoder, ModelError};
 use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::FileError;
 use rocmforge::ir::{DType, Op};
 use rocmforge::passes::optimize;
 use serde_json::Value;
@@ -32,8 +33,16 @@ fn model_dir() -> Option<PathBuf> {
     None
 }
 
+/// `shared/reference/minilm/reference.json` beside the repository, or beside one of its parent
+/// directories (a checkout may sit deeper, as a git worktree does).
 fn reference() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/minilm/reference.json");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let p = root
+        .ancestors()
+        .skip(1)
+        .map(|d| d.join("shared/reference/minilm/reference.json"))
+        .find(|p| p.is_file())
+        .expect("shared/reference/minilm/reference.json beside the repository");
     serde_json::from_str(&std::fs::read_to_string(p).expect("reference.json")).unwrap()
 }
 
@@ -145,6 +154,22 @@ fn every_layer_attention_is_fused_with_its_mask() {
         .all(|a| a.mask == rocmforge::ir::MaskKind::Additive && !a.causal));
 }
 
+fn mkfifo(path: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// The data offsets of tensor `name` in a safetensors header.
+fn first_range<'a>(header: &str, name: &'a str) -> (&'a str, [usize; 2]) {
+    let v: Value = serde_json::from_str(header).unwrap();
+    let offs = serde_json::from_value(v[name]["data_offsets"].clone()).unwrap();
+    (name, offs)
+}
+
 /// A copy of the model directory with one change, for the malformed cases.
 fn broken(dir: &Path, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
     let out =
@@ -180,6 +205,11 @@ fn malformed_model_directories_give_typed_errors() {
     let header_len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
     let header = String::from_utf8(weights[8..8 + header_len].to_vec()).unwrap();
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let set_config = |from: &str, to: &str| {
+        assert!(config.contains(from), "config.json has `{from}`");
+        let c = config.replace(from, to);
+        move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+    };
     type Check = fn(&ModelError) -> bool;
     type Edit<'a> = Box<dyn Fn(&Path) + 'a>;
     let cases: Vec<(&str, Edit<'_>, Check)> = vec![
@@ -256,12 +286,224 @@ fn malformed_model_directories_give_typed_errors() {
         ),
         (
             "wrong_shape",
+            Box::new(set_config(
+                "\"intermediate_size\": 1536",
+                "\"intermediate_size\": 1024",
+            )),
+            |e| {
+                matches!(e, ModelError::ConfigMismatch { field, value: 1024, found, .. }
+                    if field == "intermediate_size" && found == &[1536, 384])
+            },
+        ),
+        (
+            "hidden_absurd",
+            Box::new(set_config(
+                "\"hidden_size\": 384",
+                "\"hidden_size\": 1200000000000",
+            )),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "hidden_size"),
+        ),
+        (
+            "hidden_mismatch",
+            Box::new(set_config("\"hidden_size\": 384", "\"hidden_size\": 768")),
+            |e| {
+                matches!(e, ModelError::ConfigMismatch { field, value: 768, found, .. }
+                    if field == "hidden_size" && found == &[30522, 384])
+            },
+        ),
+        (
+            "heads_zero",
+            Box::new(set_config(
+                "\"num_attention_heads\": 12",
+                "\"num_attention_heads\": 0",
+            )),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "num_attention_heads"),
+        ),
+        (
+            "heads_not_dividing",
+            Box::new(set_config(
+                "\"num_attention_heads\": 12",
+                "\"num_attention_heads\": 7",
+            )),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "num_attention_heads"),
+        ),
+        (
+            "layers_absurd",
+            Box::new(set_config(
+                "\"num_hidden_layers\": 6",
+                "\"num_hidden_layers\": 1000000000",
+            )),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "num_hidden_layers"),
+        ),
+        (
+            "layers_not_present",
+            Box::new(set_config(
+                "\"num_hidden_layers\": 6",
+                "\"num_hidden_layers\": 12",
+            )),
+            |e| {
+                matches!(e, ModelError::ConfigMismatch { field, value: 12, found, .. }
+                    if field == "num_hidden_layers" && found == &[6])
+            },
+        ),
+        (
+            "vocab_huge",
+            Box::new(set_config(
+                "\"vocab_size\": 30522",
+                "\"vocab_size\": 1000000000000",
+            )),
+            |e| matches!(e, ModelError::Config { field, .. } if field == "vocab_size"),
+        ),
+        (
+            "vocab_not_matching_embeddings",
+            Box::new(set_config("\"vocab_size\": 30522", "\"vocab_size\": 30000")),
+            |e| matches!(e, ModelError::ConfigMismatch { field, .. } if field == "vocab_size"),
+        ),
+        (
+            "tokenizer_past_embeddings",
             Box::new({
-                let c =
-                    config.replace("\"intermediate_size\": 1536", "\"intermediate_size\": 1024");
-                move |o: &Path| std::fs::write(o.join("config.json"), &c).unwrap()
+                // One added token past the 30522 rows of the embedding table.
+                let tok = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+                let extra = r#""added_tokens":[{"id":30522,"special":true,"content":"[EXTRA]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false},"#;
+                let edited = tok.replacen(r#""added_tokens":["#, extra, 1);
+                assert_ne!(edited, tok, "tokenizer.json has added_tokens");
+                move |o: &Path| std::fs::write(o.join("tokenizer.json"), &edited).unwrap()
             }),
-            |e| matches!(e, ModelError::TensorShape { .. }),
+            |e| matches!(e, ModelError::Config { field, reason } if field == "vocab_size" && reason.contains("30523 tokens")),
+        ),
+        (
+            "max_seq_length_zero",
+            Box::new(|o: &Path| {
+                std::fs::write(
+                    o.join("sentence_bert_config.json"),
+                    r#"{"max_seq_length": 0, "do_lower_case": false}"#,
+                )
+                .unwrap()
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "max_seq_length"),
+        ),
+        (
+            "pooling_mode_unknown",
+            Box::new(|o: &Path| {
+                std::fs::write(
+                    o.join("1_Pooling/config.json"),
+                    r#"{"word_embedding_dimension": 384, "pooling_mode_mean_tokens": true,
+                        "pooling_mode_geometric_tokens": true}"#,
+                )
+                .unwrap()
+            }),
+            |e| matches!(e, ModelError::Json { file, .. } if file == "1_Pooling/config.json"),
+        ),
+        (
+            "pooling_mode_other",
+            Box::new(|o: &Path| {
+                std::fs::write(
+                    o.join("1_Pooling/config.json"),
+                    r#"{"word_embedding_dimension": 384, "pooling_mode_mean_tokens": true,
+                        "pooling_mode_weightedmean_tokens": true}"#,
+                )
+                .unwrap()
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "pooling_mode_*"),
+        ),
+        (
+            "module_not_supported",
+            Box::new(|o: &Path| {
+                std::fs::write(
+                    o.join("modules.json"),
+                    r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]"#,
+                )
+                .unwrap()
+            }),
+            |e| matches!(e, ModelError::Setting { file, .. } if file == "modules.json"),
+        ),
+        (
+            "config_fifo",
+            Box::new(|o: &Path| {
+                std::fs::remove_file(o.join("config.json")).unwrap();
+                mkfifo(&o.join("config.json"));
+            }),
+            |e| matches!(e, ModelError::File(FileError::NotRegular { found, .. }) if *found == "a FIFO"),
+        ),
+        (
+            "config_dev_zero",
+            Box::new(|o: &Path| {
+                std::fs::remove_file(o.join("config.json")).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", o.join("config.json")).unwrap();
+            }),
+            |e| matches!(e, ModelError::File(FileError::NotRegular { .. })),
+        ),
+        (
+            "tokenizer_fifo",
+            Box::new(|o: &Path| {
+                std::fs::remove_file(o.join("tokenizer.json")).unwrap();
+                mkfifo(&o.join("tokenizer.json"));
+            }),
+            |e| matches!(e, ModelError::File(FileError::NotRegular { found, .. }) if *found == "a FIFO"),
+        ),
+        (
+            "tokenizer_directory",
+            Box::new(|o: &Path| {
+                std::fs::remove_file(o.join("tokenizer.json")).unwrap();
+                std::fs::create_dir(o.join("tokenizer.json")).unwrap();
+            }),
+            |e| matches!(e, ModelError::File(FileError::NotRegular { found, .. }) if *found == "a directory"),
+        ),
+        (
+            "tokenizer_too_big",
+            Box::new(|o: &Path| {
+                // Sparse: the size is what is refused, nothing this big is written.
+                let f = std::fs::File::create(o.join("tokenizer.json")).unwrap();
+                f.set_len(rocmforge::frontend::TOKENIZER_FILE.max_bytes + 1)
+                    .unwrap();
+            }),
+            |e| matches!(e, ModelError::File(FileError::TooLarge { .. })),
+        ),
+        (
+            "weights_dev_zero",
+            Box::new(|o: &Path| {
+                std::fs::remove_file(o.join("model.safetensors")).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", o.join("model.safetensors")).unwrap();
+            }),
+            |e| matches!(e, ModelError::File(FileError::NotRegular { .. })),
+        ),
+        (
+            "weights_trailing_bytes",
+            Box::new({
+                let mut w = weights.clone();
+                w.extend([0u8; 4]);
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::Safetensors { reason, .. } if reason.contains("belong to no tensor")),
+        ),
+        (
+            "weights_overlap",
+            Box::new({
+                // Move one tensor's range 4 bytes back, into its neighbour (sizes unchanged).
+                let (name, [a, b]) = first_range(&header, "embeddings.LayerNorm.bias");
+                let h = header.replacen(
+                    &format!(
+                        "\"{name}\":{{\"dtype\":\"F32\",\"shape\":[384],\"data_offsets\":[{a},{b}]"
+                    ),
+                    &format!(
+                        "\"{name}\":{{\"dtype\":\"F32\",\"shape\":[384],\"data_offsets\":[{},{}]",
+                        a - 4,
+                        b - 4
+                    ),
+                    1,
+                );
+                assert_ne!(h, header, "the header has the range to move");
+                let mut w = weights.clone();
+                w.splice(
+                    8..8 + header_len,
+                    h.bytes()
+                        .chain(std::iter::repeat_n(b' ', header_len - h.len())),
+                );
+                move |o: &Path| replace_weights(o, w.clone())
+            }),
+            |e| matches!(e, ModelError::Safetensors { reason, .. } if reason.contains("overlaps")),
         ),
         (
             "unknown_config_field",

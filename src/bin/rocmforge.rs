@@ -11,11 +11,11 @@ use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::CompileOptions;
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
-use rocmforge::ir::{self, format, DType, Graph, Tensor};
+use rocmforge::ir::{self, format, DType, Graph, GraphError, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
 use rocmforge::runtime::{
     amd_compiler_for, occupancy_table, parse_code_object, report_table, AmdCompiler,
-    AmdCompilerChoice, Device, DiskCache, KernelResources,
+    AmdCompilerChoice, Device, DiskCache, Hiprtc, KernelResources,
 };
 
 /// `println!` that ends the program quietly when stdout is closed (`rocmforge ... | head`).
@@ -173,18 +173,14 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         return Err("no cache directory: set ROCMFORGE_CACHE_DIR or HOME".into());
     };
     let disk = DiskCache::new(dir.clone());
-    match action {
+    let skipped = match action {
         CacheAction::Ls => {
-            let entries = disk.entries();
-            outln!("{} ({} entries)", dir.display(), entries.len());
-            for e in entries {
-                let name = e
-                    .file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+            let listing = disk.list().map_err(|e| e.to_string())?;
+            outln!("{} ({} entries)", dir.display(), listing.entries.len());
+            for e in listing.entries {
                 outln!(
-                    "  {name}  {:>8} B  {:<24} {}{}",
+                    "  {}  {:>8} B  {:<24} {}{}",
+                    file_name(&e.file),
                     e.bytes,
                     e.arch,
                     e.entry,
@@ -195,21 +191,37 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
                     }
                 );
             }
+            listing.skipped
         }
-        CacheAction::Clear => outln!(
-            "removed {} entries from {}",
-            disk.clear().map_err(|e| e.to_string())?,
-            dir.display()
-        ),
+        CacheAction::Clear => {
+            let cleared = disk.clear().map_err(|e| e.to_string())?;
+            outln!("removed {} entries from {}", cleared.removed, dir.display());
+            cleared.skipped
+        }
+    };
+    if !skipped.is_empty() {
+        outln!(
+            "skipped {} file(s) that are not cache entries rocmforge can handle:",
+            skipped.len()
+        );
+        for s in skipped {
+            outln!("  {}  {}", file_name(&s.file), s.reason);
+        }
     }
     Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn pick_device(spec: Option<&str>) -> Result<Device, String> {
     match spec {
         Some(spec) => Device::open(spec).map_err(|e| e.to_string()),
         None => {
-            let (d, notes) = Device::best();
+            let (d, notes) = Device::best().map_err(|e| e.to_string())?;
             if !d.is_gpu() {
                 for n in notes {
                     eprintln!("note: {n}");
@@ -292,16 +304,36 @@ fn cmd_embed(
 }
 
 fn load(path: &Path) -> Result<Graph, String> {
-    format::load(path).map_err(|e| format!("{}: {e}", path.display()))
+    format::load(path).map_err(|e| match e {
+        // These name the file already.
+        GraphError::File(_) | GraphError::Io { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    })
 }
 
-fn stats(t: &Tensor) -> (f64, f64, usize) {
+/// Statistics of one output: mean and standard deviation of its finite values (none if it has
+/// none), how many are NaN, how many ±inf.
+struct Stats {
+    mean_std: Option<(f64, f64)>,
+    nans: usize,
+    infs: usize,
+}
+
+fn stats(t: &Tensor) -> Stats {
     let v = t.to_f64_vec();
-    let finite: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
-    let n = finite.len().max(1) as f64;
-    let mean = finite.iter().sum::<f64>() / n;
-    let var = finite.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    (mean, var.sqrt(), v.len() - finite.len())
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    let nans = v.iter().filter(|x| x.is_nan()).count();
+    let n = finite.len() as f64;
+    let mean_std = (!finite.is_empty()).then(|| {
+        let mean = finite.iter().sum::<f64>() / n;
+        let var = finite.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        (mean, var.sqrt())
+    });
+    Stats {
+        mean_std,
+        nans,
+        infs: v.len() - finite.len() - nans,
+    }
 }
 
 fn cmd_run(
@@ -364,7 +396,7 @@ fn cmd_run(
         if verify { " (run + interpreter)" } else { "" }
     );
     for (&id, t) in graph.outputs().iter().zip(&outputs) {
-        let (mean, std, nans) = stats(t);
+        let st = stats(t);
         let head: Vec<String> = t
             .to_f64_vec()
             .iter()
@@ -372,19 +404,39 @@ fn cmd_run(
             .map(|x| format!("{x:.6}"))
             .collect();
         outln!("output {}: {}", graph.node(id).name, t.ty());
-        outln!(
-            "  mean {mean:.6}  std {std:.6}{}",
-            if nans > 0 {
-                format!("  NaN {nans}")
+        let count = |n: usize, what: &str| {
+            if n > 0 {
+                format!("  {what} {n}")
             } else {
                 String::new()
             }
+        };
+        let moments = match st.mean_std {
+            Some((mean, std)) => format!("mean {mean:.6}  std {std:.6}"),
+            None => "no finite values".to_string(),
+        };
+        outln!(
+            "  {moments}{}{}",
+            count(st.nans, "NaN"),
+            count(st.infs, "±inf")
         );
         outln!("  first [{}]", head.join(", "));
     }
     if let Some(v) = check {
-        for (name, err) in &v.outputs {
-            outln!("verify {name}: relative L2 error {err:.3e} against the interpreter (unfused)");
+        for o in &v.outputs {
+            outln!(
+                "verify {}: relative L2 error {:.3e} against the interpreter (unfused){}",
+                o.name,
+                o.error,
+                if o.non_finite > 0 {
+                    format!(
+                        " over the finite values; {} NaN/±inf at the same places",
+                        o.non_finite
+                    )
+                } else {
+                    String::new()
+                }
+            );
         }
     }
     Ok(())
@@ -443,6 +495,33 @@ fn cmd_compile(
 }
 
 fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Result<(), String> {
+    // With --report, hiprtc's own list of targets decides first (and lists them), so hiprtc is
+    // never handed one it cannot take. Under `auto` a target hiprtc lacks but our table has a
+    // row for goes to clang (see `amd_compiler_for`); one neither knows is hiprtc's error, as
+    // is a hiprtc library ROCMFORGE_HIPRTC names that cannot be loaded.
+    if cg.report {
+        if Target::parse(arch).is_ok_and(|t| t.platform == Platform::Nvidia) {
+            return Err(format!(
+                "--report reads AMD code objects; {arch} is an NVIDIA target"
+            ));
+        }
+        if cg.compiler != AmdCompilerChoice::Clang {
+            let forced = cg.compiler == AmdCompilerChoice::Hiprtc;
+            match Hiprtc::load() {
+                Ok(rtc) => {
+                    if let Err(e) = rtc.check_target(arch) {
+                        if forced || Target::parse(arch).is_err() {
+                            return Err(e.to_string());
+                        }
+                    }
+                }
+                Err(e) if forced || std::env::var_os("ROCMFORGE_HIPRTC").is_some() => {
+                    return Err(e.to_string())
+                }
+                Err(_) => {}
+            }
+        }
+    }
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
     let options = CodegenOptions {
         matmul_epilogues: !no_fuse,
@@ -468,12 +547,6 @@ fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Re
             out!("{}", plan.listing());
         }
         return Ok(());
-    }
-    if target.platform != Platform::Amd {
-        return Err(format!(
-            "--report reads AMD code objects; {} is an NVIDIA target",
-            target.arch
-        ));
     }
     let total = plan.kernels.len();
     let options = ["-O3".to_string()];

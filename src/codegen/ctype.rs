@@ -58,3 +58,47 @@ pub(crate) fn f32_literal(v: f64) -> String {
         }
     }
 }
+
+/// An i64 literal of type `long long`. The most negative value is written as an expression:
+/// `-9223372036854775808LL` is the negation of a literal too large for `long long`, which C
+/// makes unsigned.
+pub(crate) fn i64_literal(v: i64) -> String {
+    if v == i64::MIN {
+        "(-9223372036854775807LL - 1LL)".into()
+    } else if v < 0 {
+        format!("({v}LL)")
+    } else {
+        format!("{v}LL")
+    }
+}
+
+/// An f64 literal (a C `double`) that reads back exactly, for attributes computed in double;
+/// `None` for NaN and infinities, which have no literal.
+pub(crate) fn f64_literal(v: f64) -> Option<String> {
+    v.is_finite().then(|| {
+        let s = format!("{v:e}");
+        if v < 0.0 {
+            format!("({s})")
+        } else {
+            s
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_read_back_exactly() {
+        assert_eq!(i64_literal(i64::MIN), "(-9223372036854775807LL - 1LL)");
+        assert_eq!(i64_literal(-5), "(-5LL)");
+        assert_eq!(i64_literal(i64::MAX), "9223372036854775807LL");
+        assert_eq!(f64_literal(10000.0).as_deref(), Some("1e4"));
+        assert_eq!(f64_literal(-0.5).as_deref(), Some("(-5e-1)"));
+        assert_eq!(f64_literal(f64::NAN), None);
+        assert_eq!(f64_literal(f64::INFINITY), None);
+        assert_eq!(f32_literal(f64::NAN), "NAN");
+        assert_eq!(f32_literal(0.1), "1e-1f");
+    }
+}

@@ -1,8 +1,20 @@
-//! Elementwise ops rendered as C: one row per op. Floats compute in f32, integers and bools in
-//! `long long`; an explicit cast to f16/bf16 rounds through the storage type, as the op does.
+//! Elementwise ops rendered as C: one row per op, each matching its row of `ir::scalar`.
+//! Floats compute in f32, integers and bools in `long long`.
+//!
+//! An expression becomes one statement per op (`const float t3 = …;`), written in an explicit
+//! post-order walk: nothing here recurses with the expression's depth, and the C has no
+//! nesting deeper than one op. Each op's result is rounded to its dtype as the interpreter
+//! rounds every node's value — an f16 product overflows to inf, an i32 sum wraps — so a
+//! fused expression computes what the unfused ops it replaced compute. Integer arithmetic
+//! wraps and float-to-integer conversions saturate (NaN to 0) through prelude helpers,
+//! because C leaves both undefined.
 
-use super::ctype::f32_literal;
-use crate::ir::{BinaryOp, DType, Expr, Op, TensorType, UnaryOp};
+use std::borrow::Cow;
+
+use super::ctype::{f32_literal, i64_literal};
+use super::limits::MAX_EXPR_OPS;
+use super::CodegenError;
+use crate::ir::{infer, BinaryOp, DType, Data, Expr, Op, Shape, Tensor, TensorType, UnaryOp};
 
 fn unary_float(op: UnaryOp, x: &str) -> String {
     match op {
@@ -11,7 +23,7 @@ fn unary_float(op: UnaryOp, x: &str) -> String {
         UnaryOp::Exp => format!("expf({x})"),
         UnaryOp::Log => format!("logf({x})"),
         UnaryOp::Sqrt => format!("sqrtf({x})"),
-        UnaryOp::Rsqrt => format!("rsqrtf({x})"),
+        UnaryOp::Rsqrt => format!("(1.0f / sqrtf({x}))"),
         UnaryOp::Recip => format!("(1.0f / {x})"),
         UnaryOp::Tanh => format!("tanhf({x})"),
         UnaryOp::Erf => format!("erff({x})"),
@@ -24,8 +36,9 @@ fn unary_float(op: UnaryOp, x: &str) -> String {
 
 fn unary_int(op: UnaryOp, x: &str) -> String {
     match op {
-        UnaryOp::Neg => format!("(-{x})"),
-        UnaryOp::Abs => format!("llabs({x})"),
+        UnaryOp::Neg => format!("rf_neg_ll({x})"),
+        UnaryOp::Abs => format!("rf_abs_ll({x})"),
+        // Not typed for integers; kept as `ir::scalar` defines them: through f32, saturating.
         UnaryOp::Exp
         | UnaryOp::Log
         | UnaryOp::Sqrt
@@ -37,22 +50,33 @@ fn unary_int(op: UnaryOp, x: &str) -> String {
         | UnaryOp::Silu
         | UnaryOp::Gelu
         | UnaryOp::GeluTanh => {
-            format!("(long long)({})", unary_float(op, &format!("(float)({x})")))
+            format!("rf_f2ll({})", unary_float(op, &format!("(float)({x})")))
         }
     }
 }
 
-fn binary(op: BinaryOp, a: &str, b: &str, float: bool) -> String {
+fn binary_float(op: BinaryOp, a: &str, b: &str) -> String {
     match op {
         BinaryOp::Add => format!("({a} + {b})"),
         BinaryOp::Sub => format!("({a} - {b})"),
         BinaryOp::Mul => format!("({a} * {b})"),
-        BinaryOp::Div if float => format!("({a} / {b})"),
-        BinaryOp::Div => format!("({b} == 0 ? 0LL : {a} / {b})"),
-        BinaryOp::Pow if float => format!("powf({a}, {b})"),
-        BinaryOp::Pow => format!("(long long)pow((double)({a}), (double)({b}))"),
-        BinaryOp::Maximum if float => format!("rf_max({a}, {b})"),
-        BinaryOp::Minimum if float => format!("rf_min({a}, {b})"),
+        BinaryOp::Div => format!("({a} / {b})"),
+        BinaryOp::Pow => format!("powf({a}, {b})"),
+        BinaryOp::Maximum => format!("rf_max({a}, {b})"),
+        BinaryOp::Minimum => format!("rf_min({a}, {b})"),
+        BinaryOp::Equal => format!("({a} == {b} ? 1LL : 0LL)"),
+        BinaryOp::Less => format!("({a} < {b} ? 1LL : 0LL)"),
+        BinaryOp::Greater => format!("({a} > {b} ? 1LL : 0LL)"),
+    }
+}
+
+fn binary_int(op: BinaryOp, a: &str, b: &str) -> String {
+    match op {
+        BinaryOp::Add => format!("rf_add_ll({a}, {b})"),
+        BinaryOp::Sub => format!("rf_sub_ll({a}, {b})"),
+        BinaryOp::Mul => format!("rf_mul_ll({a}, {b})"),
+        BinaryOp::Div => format!("rf_div_ll({a}, {b})"),
+        BinaryOp::Pow => format!("rf_d2ll(pow((double)({a}), (double)({b})))"),
         BinaryOp::Maximum => format!("({a} > {b} ? {a} : {b})"),
         BinaryOp::Minimum => format!("({a} < {b} ? {a} : {b})"),
         BinaryOp::Equal => format!("({a} == {b} ? 1LL : 0LL)"),
@@ -61,67 +85,198 @@ fn binary(op: BinaryOp, a: &str, b: &str, float: bool) -> String {
     }
 }
 
+/// `x`, a value of dtype `from`, converted as `Tensor::cast` converts.
 fn cast(x: &str, from: DType, to: DType) -> String {
-    match (from.is_float(), to) {
-        (_, DType::F32) if from.is_float() => x.to_string(),
-        (_, DType::F16) => format!("rf_h2f(rf_f2h((float)({x})))"),
-        (_, DType::BF16) => format!("rf_b2f(rf_f2b((float)({x})))"),
-        (false, DType::F32) => format!("(float)({x})"),
-        (_, DType::Bool) => format!("({x} != 0 ? 1LL : 0LL)"),
-        (_, DType::I32) => format!("(long long)(int)({x})"),
-        (_, DType::I64) => format!("(long long)({x})"),
-        (true, DType::F32) => unreachable!("matched above"),
+    match to {
+        DType::F32 if from.is_float() => x.to_string(),
+        DType::F32 => format!("(float)({x})"),
+        DType::F16 => format!("rf_h2f(rf_f2h((float)({x})))"),
+        DType::BF16 => format!("rf_b2f(rf_f2b((float)({x})))"),
+        DType::Bool => format!("({x} != 0 ? 1LL : 0LL)"),
+        DType::I32 if from.is_float() => format!("(long long)rf_f2i({x})"),
+        DType::I32 => format!("rf_wrap_i32({x})"),
+        DType::I64 if from.is_float() => format!("rf_f2ll({x})"),
+        DType::I64 => x.to_string(),
     }
 }
 
-/// C for `expr`, reading operand `i` as the variable `vars[i]` of type `ins[i]`. Returns the code
-/// and the expression's type.
-pub(crate) fn render(expr: &Expr, vars: &[String], ins: &[TensorType]) -> (String, TensorType) {
-    let refs: Vec<&TensorType> = ins.iter().collect();
-    let ty = expr
-        .ty(&refs)
-        .expect("the expression was typed when its node was built");
-    let code = match expr {
-        Expr::Input(i) => vars[*i].clone(),
-        Expr::Const(v, dt) if dt.is_float() => f32_literal(*v),
-        Expr::Const(v, _) => format!("{}LL", *v as i64),
-        Expr::Unary(u, a) => {
-            let (c, t) = render(a, vars, ins);
-            if t.dtype.is_float() {
-                unary_float(*u, &c)
-            } else {
-                unary_int(*u, &c)
-            }
-        }
-        Expr::Binary(b, x, y) => {
-            let ((cx, tx), (cy, _)) = (render(x, vars, ins), render(y, vars, ins));
-            binary(*b, &cx, &cy, tx.dtype.is_float())
-        }
-        Expr::Where(c, x, y) => {
-            let ((cc, _), (cx, _), (cy, _)) = (
-                render(c, vars, ins),
-                render(x, vars, ins),
-                render(y, vars, ins),
-            );
-            format!("({cc} != 0 ? {cx} : {cy})")
-        }
-        Expr::Cast(to, a) => {
-            let (c, t) = render(a, vars, ins);
-            cast(&c, t.dtype, *to)
-        }
-    };
-    (code, ty)
+/// `code`, a freshly computed value, rounded to `dt` as the interpreter stores a node of `dt`.
+pub(crate) fn round_to(dt: DType, code: String) -> String {
+    match dt {
+        DType::F16 => format!("rf_h2f(rf_f2h({code}))"),
+        DType::BF16 => format!("rf_b2f(rf_f2b({code}))"),
+        DType::I32 => format!("rf_wrap_i32({code})"),
+        DType::F32 | DType::I64 | DType::Bool => code,
+    }
 }
 
-/// The expression a single elementwise op computes over its operands.
-pub(crate) fn op_expr(op: &Op, arity: usize) -> Option<Expr> {
+/// Float ops whose result is one of their operands (or its sign flipped), so already a value
+/// of the operands' dtype: rounding it again would change nothing.
+fn exact_on_floats(op: &Expr) -> bool {
+    matches!(
+        op,
+        Expr::Unary(UnaryOp::Neg | UnaryOp::Abs, _)
+            | Expr::Binary(BinaryOp::Maximum | BinaryOp::Minimum, ..)
+    )
+}
+
+/// The C type a value of `dt` computes in.
+fn value_type(dt: DType) -> &'static str {
+    if dt.is_float() {
+        "float"
+    } else {
+        "long long"
+    }
+}
+
+/// A constant as the interpreter holds it (`Tensor::from_f64`: rounded to an f16, wrapped to
+/// an i32, 0/1 for a bool), as a C literal.
+fn constant(v: f64, dt: DType) -> String {
+    let t = Tensor::from_f64(dt, Shape::scalar(), &[v]).expect("one value for a scalar");
+    match t.into_data() {
+        Data::Float(f) => f32_literal(f64::from(f[0])),
+        Data::Int(i) => i64_literal(i[0]),
+    }
+}
+
+/// An expression as C statements: `lines` compute it, `value` names the result.
+pub(crate) struct Rendered {
+    pub lines: Vec<String>,
+    pub value: String,
+}
+
+/// Renders `expr` over operands read as the C variables `vars` of types `ins`; temporaries
+/// are named `{prefix}{n}`. `node` names the node for errors.
+pub(crate) fn render(
+    expr: &Expr,
+    vars: &[String],
+    ins: &[TensorType],
+    prefix: &str,
+    node: &str,
+) -> Result<Rendered, CodegenError> {
+    // Post-order without recursion: a node is pushed once to visit its children and once more
+    // to emit it; results wait on a stack in the order their parents take them.
+    let mut todo: Vec<(&Expr, bool)> = vec![(expr, false)];
+    let mut results: Vec<(String, TensorType)> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    let bad = |reason: String| CodegenError::Unsupported {
+        node: node.to_string(),
+        reason,
+    };
+    while let Some((e, children_done)) = todo.pop() {
+        let kids = e.children();
+        if !children_done && !kids.is_empty() {
+            todo.push((e, true));
+            // Reversed so the first child is emitted (and its result pushed) first.
+            todo.extend(kids.iter().rev().map(|k| (*k, false)));
+            continue;
+        }
+        let (code, ty) = match e {
+            Expr::Input(i) => {
+                let (var, ty) = vars
+                    .get(*i)
+                    .zip(ins.get(*i))
+                    .ok_or_else(|| bad(format!("the expression reads ${i} of {}", ins.len())))?;
+                results.push((var.clone(), ty.clone()));
+                continue;
+            }
+            Expr::Const(v, dt) => {
+                results.push((constant(*v, *dt), TensorType::new(*dt, vec![])));
+                continue;
+            }
+            Expr::Unary(..) | Expr::Binary(..) | Expr::Where(..) | Expr::Cast(..) => {
+                if lines.len() >= MAX_EXPR_OPS {
+                    return Err(CodegenError::ExpressionTooLarge {
+                        node: node.to_string(),
+                        limit: MAX_EXPR_OPS,
+                    });
+                }
+                let args = results.split_off(results.len() - kids.len());
+                let op = match e {
+                    Expr::Unary(u, _) => Op::Unary(*u),
+                    Expr::Binary(b, ..) => Op::Binary(*b),
+                    Expr::Where(..) => Op::Where,
+                    Expr::Cast(to, _) => Op::Cast { to: *to },
+                    Expr::Input(_) | Expr::Const(..) => unreachable!("leaves handled above"),
+                };
+                let types: Vec<&TensorType> = args.iter().map(|(_, t)| t).collect();
+                let ty = infer(&op, &types).map_err(|err| bad(format!("{err:?}")))?;
+                let arg_dtype = args[0].1.dtype;
+                let v: Vec<&str> = args.iter().map(|(c, _)| c.as_str()).collect();
+                let code = match e {
+                    Expr::Unary(u, _) if arg_dtype.is_float() => unary_float(*u, v[0]),
+                    Expr::Unary(u, _) => unary_int(*u, v[0]),
+                    Expr::Binary(b, ..) if arg_dtype.is_float() => binary_float(*b, v[0], v[1]),
+                    Expr::Binary(b, ..) => binary_int(*b, v[0], v[1]),
+                    Expr::Where(..) => format!("({} != 0 ? {} : {})", v[0], v[1], v[2]),
+                    Expr::Cast(to, _) => cast(v[0], arg_dtype, *to),
+                    Expr::Input(_) | Expr::Const(..) => unreachable!("leaves handled above"),
+                };
+                // A where picks an operand and a cast converts exactly once: neither rounds
+                // again. Every other op's result is a new value of its dtype.
+                let keeps = matches!(e, Expr::Where(..) | Expr::Cast(..))
+                    || (ty.dtype.is_float() && exact_on_floats(e));
+                let code = if keeps {
+                    code
+                } else {
+                    round_to(ty.dtype, code)
+                };
+                (code, ty)
+            }
+        };
+        let name = format!("{prefix}{}", lines.len());
+        lines.push(format!("const {} {name} = {code};", value_type(ty.dtype)));
+        results.push((name, ty));
+    }
+    let (value, _) = results.pop().expect("the root leaves one result");
+    Ok(Rendered { lines, value })
+}
+
+/// A one-line description of `expr` for a kernel comment: its text when short (the text is
+/// written recursively, so long expressions are only counted), else its size.
+pub(crate) fn describe(expr: &Expr) -> String {
+    let mut ops = 0usize;
+    let mut todo = vec![expr];
+    while let Some(e) = todo.pop() {
+        let kids = e.children();
+        if !kids.is_empty() {
+            ops += 1;
+            if ops > 32 {
+                return "an expression of more than 32 ops".into();
+            }
+        }
+        todo.extend(kids);
+    }
+    expr.to_string()
+}
+
+/// The expression a single elementwise op computes over its operands (a fused node's own,
+/// borrowed: cloning walks the whole tree).
+pub(crate) fn op_expr(op: &Op, arity: usize) -> Option<Cow<'_, Expr>> {
     let i = |k: usize| Box::new(Expr::Input(k));
     Some(match op {
-        Op::Unary(u) => Expr::Unary(*u, i(0)),
-        Op::Binary(b) => Expr::Binary(*b, i(0), i(1)),
-        Op::Where if arity == 3 => Expr::Where(i(0), i(1), i(2)),
-        Op::Cast { to } => Expr::Cast(*to, i(0)),
-        Op::FusedElementwise(e) => e.clone(),
-        _ => return None,
+        Op::Unary(u) => Cow::Owned(Expr::Unary(*u, i(0))),
+        Op::Binary(b) => Cow::Owned(Expr::Binary(*b, i(0), i(1))),
+        Op::Where if arity == 3 => Cow::Owned(Expr::Where(i(0), i(1), i(2))),
+        Op::Cast { to } => Cow::Owned(Expr::Cast(*to, i(0))),
+        Op::FusedElementwise(e) => Cow::Borrowed(e),
+        Op::Where
+        | Op::Input { .. }
+        | Op::Weight { .. }
+        | Op::Constant { .. }
+        | Op::CausalMask { .. }
+        | Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::Gather
+        | Op::Reduce { .. }
+        | Op::Softmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Rope { .. }
+        | Op::MatMul
+        | Op::FlashAttention(_) => return None,
     })
 }

@@ -1,12 +1,14 @@
 //! Fused graph → kernel plan. Every op that can remain after the passes has a kernel here (one
 //! exhaustive match); reshapes alias their operand's buffer; sources are host data.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
-use super::ctype::{ctype, f32_literal};
-use super::expr_c::{op_expr, render};
+use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
+use super::expr_c::{describe, op_expr, render, round_to};
+use super::gather::gather;
+use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::mma::MmaAtom;
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 use super::{templates, CodegenError, CodegenOptions, Target};
@@ -15,7 +17,8 @@ use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, S
 const ENTRY: &str = "__RF_ENTRY__";
 
 /// Renders a template and names the kernel after its body, so identical kernels are one.
-fn finish(
+/// `launch` comes checked from `limits`; the parameter count is checked here.
+pub(crate) fn finish(
     family: &'static str,
     template: &str,
     ctx: Value,
@@ -23,6 +26,7 @@ fn finish(
     args: Vec<BufferId>,
     node: &str,
 ) -> Result<Kernel, CodegenError> {
+    kernel_args(node, args.len())?;
     let mut ctx = ctx;
     ctx["entry"] = json!(ENTRY);
     let body = templates::render(template, minijinja::Value::from_serialize(&ctx))?;
@@ -42,19 +46,23 @@ fn finish(
     })
 }
 
-fn blocks_1d(n: usize) -> Launch {
-    Launch {
-        grid: [n.div_ceil(256).max(1) as u32, 1, 1],
-        block: [256, 1, 1],
-        shared_bytes: 0,
-    }
+/// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
+/// query `q` when `k - q <= offset`, and `k - q` lies in `[-(sq - 1), sk - 1]`, so any offset
+/// of at least `sk - 1` shows every key and any of at most `-sq` none. Clamped, `q + offset`
+/// cannot overflow in a kernel, whatever offset the graph holds.
+fn clamp_offset(offset: i64, sq: usize, sk: usize) -> i64 {
+    let sq = i64::try_from(sq).unwrap_or(i64::MAX);
+    let sk = i64::try_from(sk).unwrap_or(i64::MAX);
+    offset.clamp(-sq, sk)
 }
 
-fn too_big(node: &str, what: String) -> CodegenError {
-    CodegenError::Unsupported {
+/// A float attribute as a C `double` literal, refused when it has none.
+fn double_attr(node: &str, what: &'static str, v: f64) -> Result<String, CodegenError> {
+    f64_literal(v).ok_or(CodegenError::NonFinite {
         node: node.to_string(),
-        reason: what,
-    }
+        what,
+        value: v,
+    })
 }
 
 /// Strided axes, innermost first, skipping size-1 axes.
@@ -98,13 +106,14 @@ pub(crate) fn generate(
     } else {
         HashMap::new()
     };
-    let absorbed: std::collections::HashSet<NodeId> = epi.values().copied().collect();
+    let absorbed: HashSet<NodeId> = epi.values().copied().collect();
     let mut plan = KernelPlan {
         target: target.clone(),
         graph: g.name.clone(),
         buffers: Vec::new(),
         kernels: Vec::new(),
         outputs: Vec::new(),
+        checks: Vec::new(),
     };
     let mut buf: HashMap<NodeId, BufferId> = HashMap::new();
     for id in order {
@@ -130,11 +139,13 @@ pub(crate) fn generate(
             role,
         });
         buf.insert(id, b);
-        if node.ty.shape.numel() == 0 {
+        // An empty result needs no kernel (its buffer is still bound and read, as zero bytes),
+        // except a gather's: the interpreter refuses an out-of-range index even when the rows
+        // it would copy are empty, so the indices are still checked.
+        if node.ty.shape.numel() == 0 && !matches!(node.op, Op::Gather) {
             continue;
         }
-        let kernels = lower_node(g, id, &buf, epi.get(&id).copied(), target)?;
-        plan.kernels.extend(kernels);
+        lower_node(g, id, &buf, epi.get(&id).copied(), target, &mut plan)?;
     }
     plan.outputs = g
         .outputs()
@@ -148,13 +159,15 @@ pub(crate) fn generate(
     Ok(plan)
 }
 
+/// Appends the kernels of node `id` (none for sources and reshapes) to `plan`.
 fn lower_node(
     g: &Graph,
     id: NodeId,
     buf: &HashMap<NodeId, BufferId>,
     epilogue_of: Option<NodeId>,
     target: &Target,
-) -> Result<Vec<Kernel>, CodegenError> {
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
     let node = g.node(id);
     let ops = g.operands(id);
     let args = |extra: &[NodeId]| -> Vec<BufferId> {
@@ -164,15 +177,17 @@ fn lower_node(
     let ty = &node.ty;
     let k = match &node.op {
         Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::Reshape { .. } => {
-            return Ok(vec![])
+            return Ok(())
         }
         Op::CausalMask { sq, sk, offset } => {
-            let ctx = json!({"sq": sq, "sk": sk, "offset": offset});
+            let n = ty.shape.numel();
+            let ctx = json!({"sq": sq, "sk": sk, "n": n,
+                "offset": i64_literal(clamp_offset(*offset, *sq, *sk))});
             finish(
                 "causal_mask",
                 "causal_mask.hip",
                 ctx,
-                blocks_1d(sq * sk),
+                launch_1d(name, target, n)?,
                 args(&[]),
                 name,
             )?
@@ -185,11 +200,10 @@ fn lower_node(
                 &ty.shape,
                 &permuted,
                 &ty.shape.strides(),
-                0,
-                0,
+                (0, 0),
                 ty.dtype,
                 args(&ops),
-                name,
+                (name, target),
             )?
         }
         Op::Expand { .. } => {
@@ -199,11 +213,10 @@ fn lower_node(
                 &ty.shape,
                 &src,
                 &ty.shape.strides(),
-                0,
-                0,
+                (0, 0),
                 ty.dtype,
                 args(&ops),
-                name,
+                (name, target),
             )?
         }
         Op::Slice { axis, start, end } => {
@@ -217,95 +230,68 @@ fn lower_node(
                 &ty.shape,
                 &src,
                 &ty.shape.strides(),
-                s * src[ax],
-                0,
+                (s * src[ax], 0),
                 ty.dtype,
                 args(&ops),
-                name,
+                (name, target),
             )?
         }
         Op::Concat { axis } => {
             let ax = ty.shape.axis(*axis).expect("checked by inference");
             let dst = ty.shape.strides();
             let mut at = 0;
-            let mut kernels = Vec::new();
-            for &o in &ops {
+            for (part_no, &o) in ops.iter().enumerate() {
                 let part = &g.ty(o).shape;
                 if part.numel() > 0 {
-                    let what = format!(
-                        "concat part {} at offset {at} of axis {axis}",
-                        g.node(o).name
-                    );
-                    kernels.push(copy(
+                    let what = format!("concat part {part_no} at offset {at} of axis {axis}");
+                    plan.kernels.push(copy(
                         what,
                         part,
                         &part.strides(),
                         &dst,
-                        0,
-                        at * dst[ax],
+                        (0, at * dst[ax]),
                         ty.dtype,
                         vec![buf[&o], buf[&id]],
-                        name,
+                        (name, target),
                     )?);
                 }
                 at += part.dims()[ax];
             }
-            return Ok(kernels);
+            return Ok(());
         }
-        Op::Gather => {
-            let t = g.ty(ops[0]);
-            let c = ctype(t.dtype);
-            let bad = if t.dtype.is_float() {
-                format!("{}NAN{}", c.store_pre, c.store_post)
-            } else {
-                "0".into()
-            };
-            let row: usize = t.shape.dims()[1..].iter().product();
-            let ctx = json!({"ctype": c.storage, "itype": ctype(g.ty(ops[1]).dtype).storage, "row": row.max(1), "rows": t.shape.dims()[0], "n": ty.shape.numel(), "count": g.ty(ops[1]).shape.numel(), "bad": bad});
-            finish(
-                "gather",
-                "gather.hip",
-                ctx,
-                blocks_1d(ty.shape.numel()),
-                args(&ops),
-                name,
-            )?
-        }
+        Op::Gather => return gather(g, id, &ops, buf, target, plan),
         Op::Binary(_) | Op::Unary(_) | Op::Where | Op::Cast { .. } | Op::FusedElementwise(_) => {
-            let expr = op_expr(&node.op, ops.len()).expect("elementwise op");
+            let expr = op_expr(&node.op, ops.len()).ok_or_else(|| CodegenError::Unsupported {
+                node: name.to_string(),
+                reason: format!("`{}` with {} operands", node.op.name(), ops.len()),
+            })?;
             match epilogue_of {
-                Some(mm) => matmul(g, mm, Some((id, &expr, &ops)), buf)?,
-                None => elementwise(g, id, &expr, &ops, buf)?,
+                Some(mm) => matmul(g, mm, Some((id, &expr, &ops)), buf, target)?,
+                None => elementwise(g, id, &expr, &ops, buf, target)?,
             }
         }
-        Op::Reduce { op, axes, .. } => reduce(g, id, *op, axes, &ops, buf)?,
+        Op::Reduce { op, axes, .. } => reduce(g, id, *op, axes, &ops, buf, target)?,
         Op::Softmax { axis } => {
             let x = &g.ty(ops[0]).shape;
             let ax = x.axis(*axis).expect("checked by inference");
             let len = x.dims()[ax];
             let inner: usize = x.dims()[ax + 1..].iter().product();
             let rows = x.numel() / len.max(1);
+            int_index(name, "the softmax axis length", len)?;
             let c = ctype(ty.dtype);
-            let ctx = json!({"len": len, "inner": inner, "rows": rows, "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post});
-            let launch = Launch {
-                grid: [rows as u32, 1, 1],
-                block: [256, 1, 1],
-                shared_bytes: 0,
-            };
+            let ctx = json!({"len": len, "inner": inner, "rows": rows, "row_span": len * inner, "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post});
+            let launch = launch(name, target, [rows, 1, 1], BLOCK_1D)?;
             finish("softmax", "softmax.hip", ctx, launch, args(&ops), name)?
         }
         Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
             let layer = matches!(node.op, Op::LayerNorm { .. });
             let d = *ty.shape.dims().last().expect("checked by inference");
-            let rows = ty.shape.numel() / d;
+            let rows = ty.shape.numel() / d.max(1);
+            int_index(name, "the normalised axis length", d)?;
             let (c, w) = (ctype(ty.dtype), ctype(g.ty(ops[1]).dtype));
             let ctx = json!({"d": d, "rows": rows, "eps": eps, "eps_f": f32_literal(*eps), "ctype": c.storage, "wtype": w.storage,
                 "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post, "w_pre": w.load_pre, "w_post": w.load_post});
-            let launch = Launch {
-                grid: [rows as u32, 1, 1],
-                block: [256, 1, 1],
-                shared_bytes: 0,
-            };
+            let launch = launch(name, target, [rows, 1, 1], BLOCK_1D)?;
             let (family, template) = if layer {
                 ("layernorm", "layernorm.hip")
             } else {
@@ -316,36 +302,43 @@ fn lower_node(
         Op::Rope { theta, offset } => {
             let dims = ty.shape.dims();
             let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-            let rows = ty.shape.numel() / d;
+            let rows = ty.shape.numel() / d.max(1);
+            let half = d / 2;
+            int_index(name, "half the rotated axis", half)?;
+            // Positions are `offset + s` in double, as the interpreter computes them; the
+            // offset is written as a double literal, which any i64 has.
             let c = ctype(ty.dtype);
-            let ctx = json!({"s": s, "d": d, "half": d / 2, "rows": rows, "theta": format!("{theta:e}"), "offset": offset,
+            let ctx = json!({"s": s, "d": d, "half": half, "n": rows * half,
+                "theta": double_attr(name, "theta", *theta)?, "offset": format!("({offset}.0)"), "offset_text": offset,
                 "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post});
             finish(
                 "rope",
                 "rope.hip",
                 ctx,
-                blocks_1d(rows * d / 2),
+                launch_1d(name, target, rows * half)?,
                 args(&ops),
                 name,
             )?
         }
-        Op::MatMul => matmul(g, id, None, buf)?,
+        Op::MatMul => matmul(g, id, None, buf, target)?,
         Op::FlashAttention(att) => flash(g, id, att, &ops, buf, target)?,
     };
-    Ok(vec![k])
+    plan.kernels.push(k);
+    Ok(())
 }
 
+/// A strided copy over `iter`: element offsets `src`/`dst` strides from `bases` (source,
+/// destination).
 #[allow(clippy::too_many_arguments)]
 fn copy(
     what: String,
     iter: &Shape,
     src: &[usize],
     dst: &[usize],
-    src_base: usize,
-    dst_base: usize,
+    (src_base, dst_base): (usize, usize),
     dt: DType,
     args: Vec<BufferId>,
-    node: &str,
+    (node, target): (&str, &Target),
 ) -> Result<Kernel, CodegenError> {
     let axes: Vec<Value> = (0..iter.rank())
         .rev()
@@ -353,7 +346,8 @@ fn copy(
         .map(|a| json!({"size": iter.dims()[a], "src": src[a], "dst": dst[a]}))
         .collect();
     let ctx = json!({"what": what, "n": iter.numel(), "ctype": ctype(dt).storage, "src_base": src_base, "dst_base": dst_base, "axes": axes});
-    finish("copy", "copy.hip", ctx, blocks_1d(iter.numel()), args, node)
+    let launch = launch_1d(node, target, iter.numel())?;
+    finish("copy", "copy.hip", ctx, launch, args, node)
 }
 
 /// Loads of operand `k`: direct when its shape is the result's, else through its offset.
@@ -373,11 +367,13 @@ fn elementwise(
     expr: &Expr,
     ops: &[NodeId],
     buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
 ) -> Result<Kernel, CodegenError> {
+    let name = &g.node(id).name;
     let out = g.ty(id);
     let ins: Vec<TensorType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
     let vars: Vec<String> = (0..ops.len()).map(|k| format!("x{k}")).collect();
-    let (code, _) = render(expr, &vars, &ins);
+    let code = render(expr, &vars, &ins, "t", name)?;
     let oc = ctype(out.dtype);
     let strides: Vec<Vec<usize>> = ins
         .iter()
@@ -396,21 +392,15 @@ fn elementwise(
         .map(|(k, t)| json!({"ctype": ctype(t.dtype).storage, "vtype": ctype(t.dtype).value, "shape": t.shape.to_string(), "load": operand_load(k, t, &out.shape)}))
         .collect();
     let ctx = json!({
-        "what": format!("{} = {expr}", g.node(id).name).replace("{", "(").replace("}", ")"),
+        "what": describe(expr),
         "n": out.shape.numel(), "out_shape": out.shape.to_string(), "out_ctype": oc.storage, "args": args_json,
         "axes": if needs_axes { axes_json(&out.shape, &strides) } else { vec![] }, "broadcast": needs_axes,
-        "store": format!("{}{code}{}", oc.store_pre, oc.store_post),
+        "lines": code.lines, "store": format!("{}{}{}", oc.store_pre, code.value, oc.store_post),
     });
     let mut all: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
     all.push(buf[&id]);
-    finish(
-        "elementwise",
-        "elementwise.hip",
-        ctx,
-        blocks_1d(out.shape.numel()),
-        all,
-        &g.node(id).name,
-    )
+    let launch = launch_1d(name, target, out.shape.numel())?;
+    finish("elementwise", "elementwise.hip", ctx, launch, all, name)
 }
 
 /// A matmul kernel; with `epilogue`, it computes that elementwise node's expression on the
@@ -420,13 +410,27 @@ fn matmul(
     mm: NodeId,
     epilogue: Option<(NodeId, &Expr, &[NodeId])>,
     buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
 ) -> Result<Kernel, CodegenError> {
+    let node_name = epilogue
+        .map_or(&g.node(mm).name, |(e, ..)| &g.node(e).name)
+        .clone();
     let [a, b] = g.operands(mm)[..] else {
-        unreachable!("matmul has two operands")
+        return Err(CodegenError::Unsupported {
+            node: node_name,
+            reason: "a matmul takes two operands".into(),
+        });
     };
     let (at, bt, ct) = (g.ty(a), g.ty(b), g.ty(mm));
     let (ad, bd, cd) = (at.shape.dims(), bt.shape.dims(), ct.shape.dims());
     let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+    for (what, v) in [
+        ("rows (M)", m),
+        ("the contraction (K)", k),
+        ("columns (N)", n),
+    ] {
+        int_index(&node_name, what, v)?;
+    }
     let batch = Shape(cd[..cd.len() - 2].to_vec());
     let a_b = Shape(ad[..ad.len() - 2].to_vec()).broadcast_strides(&batch);
     let b_b = Shape(bd[..bd.len() - 2].to_vec()).broadcast_strides(&batch);
@@ -436,21 +440,19 @@ fn matmul(
         .map(|i| json!({"size": batch.dims()[i], "a": a_b[i] * m * k, "b": b_b[i] * k * n}))
         .collect();
     let nb = batch.numel();
-    let node_name = epilogue
-        .map_or(&g.node(mm).name, |(e, ..)| &g.node(e).name)
-        .clone();
-    if nb > 65535 {
-        return Err(too_big(
-            &node_name,
-            format!("{nb} matmul batches exceed the grid's z limit"),
-        ));
-    }
+    let launch = launch(
+        &node_name,
+        target,
+        [n.div_ceil(64), m.div_ceil(64), nb],
+        BLOCK_1D,
+    )?;
     let (ac, bc) = (ctype(at.dtype), ctype(bt.dtype));
     let mut args = vec![buf[&a], buf[&b]];
-    let (mut extra, mut axes, mut text, out_id) = (
+    let (mut extra, mut axes, mut text, mut lines, out_id) = (
         vec![],
         vec![],
         String::new(),
+        vec![],
         epilogue.map_or(mm, |(e, ..)| e),
     );
     let store;
@@ -458,6 +460,12 @@ fn matmul(
     // the output has size 1 (and no axis loop is emitted).
     let mut broadcast = false;
     let oc = ctype(g.ty(out_id).dtype);
+    // The epilogue reads the product as the interpreter holds the matmul's value: rounded to
+    // its dtype (an f16 product past 65504 is inf before a bias is added to it).
+    let acc = match epilogue {
+        Some(_) => round_to(ct.dtype, "acc[y][x]".into()),
+        None => "acc[y][x]".into(),
+    };
     match epilogue {
         None => store = format!("{}acc_v{}", oc.store_pre, oc.store_post),
         Some((e, expr, ops)) => {
@@ -473,11 +481,12 @@ fn matmul(
                     }
                 })
                 .collect();
-            let (code, _) = render(expr, &vars, &ins);
-            store = format!("{}{code}{}", oc.store_pre, oc.store_post);
+            let code = render(expr, &vars, &ins, "t", &node_name)?;
+            store = format!("{}{}{}", oc.store_pre, code.value, oc.store_post);
+            lines = code.lines;
             text = format!(
-                "%{} = {expr}, with ${} the product",
-                g.node(e).name,
+                "{}, with ${} the product",
+                describe(expr),
                 ops.iter().position(|&o| o == mm).unwrap_or(0)
             );
             let out_shape = &g.ty(e).shape;
@@ -508,16 +517,12 @@ fn matmul(
     }
     args.push(buf[&out_id]);
     let ctx = json!({
-        "batch": nb, "m": m, "k": k, "n": n, "batch_axes": batch_axes,
+        "batch": nb, "m": m, "k": k, "n": n, "mn": m * n, "batch_axes": batch_axes,
         "a_t": ac.storage, "b_t": bc.storage, "c_t": oc.storage,
         "a_load_pre": ac.load_pre, "a_load_post": ac.load_post, "b_load_pre": bc.load_pre, "b_load_post": bc.load_post,
         "epilogue": epilogue.is_some(), "epilogue_text": text, "extra": extra, "axes": axes, "store": store, "broadcast": broadcast,
+        "acc": acc, "lines": lines,
     });
-    let launch = Launch {
-        grid: [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32],
-        block: [256, 1, 1],
-        shared_bytes: 0,
-    };
     finish("matmul", "matmul.hip", ctx, launch, args, &node_name)
 }
 
@@ -528,7 +533,9 @@ fn reduce(
     axes: &[i64],
     ops: &[NodeId],
     buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
 ) -> Result<Kernel, CodegenError> {
+    let name = &g.node(id).name;
     let x = g.ty(ops[0]);
     let red = crate::ir::reduce_axes(axes, &x.shape).expect("checked by inference");
     let strides = x.shape.strides();
@@ -539,27 +546,32 @@ fn reduce(
             .map(|a| json!({"size": x.shape.dims()[a], "stride": strides[a]}))
             .collect()
     };
+    // Over an empty axis the loop never runs: a sum is 0, a max -inf, and a mean NaN (0/0),
+    // PyTorch's results and the interpreter's.
     let count: usize = red.iter().map(|&a| x.shape.dims()[a]).product();
     let c = ctype(x.dtype);
     let (init, combine, finish_expr) = match op {
         ReduceOp::Sum => ("0.0f", "acc + v", "acc".to_string()),
+        ReduceOp::Mean if count == 0 => ("0.0f", "acc + v", "NAN".to_string()),
         ReduceOp::Mean => (
             "0.0f",
             "acc + v",
             format!("acc / {}", f32_literal(count as f64)),
         ),
-        ReduceOp::Max => ("(-INFINITY)", "fmaxf(acc, v)", "acc".to_string()),
+        // rf_max: NaN propagates, as in the interpreter (fmaxf would drop it).
+        ReduceOp::Max => ("(-INFINITY)", "rf_max(acc, v)", "acc".to_string()),
     };
     let n = g.ty(id).shape.numel();
     let ctx = json!({"op": op.name(), "n": n, "count": count, "kept": pick(true), "reduced": pick(false), "init": init, "combine": combine, "finish": finish_expr,
         "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post});
+    let launch = launch_1d(name, target, n)?;
     finish(
         "reduce",
         "reduce.hip",
         ctx,
-        blocks_1d(n),
+        launch,
         vec![buf[&ops[0]], buf[&id]],
-        &g.node(id).name,
+        name,
     )
 }
 
@@ -571,6 +583,7 @@ fn flash(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
 ) -> Result<Kernel, CodegenError> {
+    let name = &g.node(id).name;
     let (q, k, v) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]));
     let [b, hq, sq, d] = q.shape.dims()[..] else {
         unreachable!("rank 4 by inference")
@@ -579,6 +592,14 @@ fn flash(
         unreachable!()
     };
     let dv = v.shape.dims()[3];
+    for (what, value) in [
+        ("the query length (Sq)", sq),
+        ("the key length (Sk)", sk),
+        ("the head size (D)", d),
+        ("the value head size (Dv)", dv),
+    ] {
+        int_index(name, what, value)?;
+    }
     let c = ctype(q.dtype);
     let (mask_kind, mask_t, ms) = match (att.mask, ops.get(3)) {
         (MaskKind::None, _) | (_, None) => ("", DType::F32, vec![0usize; 4]),
@@ -602,17 +623,24 @@ fn flash(
         }
     };
     let mc = ctype(mask_t);
+    let offset = clamp_offset(att.causal_offset, sq, sk);
     let mut ctx = json!({
         "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
-        "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal, "offset": att.causal_offset,
+        "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal,
+        "offset": i64_literal(offset), "offset_text": offset,
         "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
         "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post,
     });
     // Tensor cores where the target's table has an atom the kernel is written for (see
     // `tensor_core_atom`), the head sizes are whole atoms (D in K steps, Dv in pairs of N
-    // tiles) and the fragments fit in registers (up to 128).
-    let mma = tensor_core_atom(target, q.dtype)
-        .filter(|a| d % a.k as usize == 0 && dv % (2 * a.n as usize) == 0 && d <= 128 && dv <= 128);
+    // tiles) and the fragments fit in registers (up to 128). A head size of 0 has no fragment
+    // to hold.
+    let mma = tensor_core_atom(target, q.dtype).filter(|a| {
+        d % a.k as usize == 0
+            && dv % (2 * a.n as usize) == 0
+            && (1..=128).contains(&d)
+            && (1..=128).contains(&dv)
+    });
     let (template, block_m, threads) = match mma {
         Some(atom) => {
             let warps = 4;
@@ -627,27 +655,24 @@ fn flash(
             let block_m = 256 / tpr;
             // K and V tiles in f32 within 48 KiB of shared memory.
             let block_n = (12288 / (d + dv + 2)).clamp(1, 32);
+            // At least one register per thread even for D = 0 (no zero-length arrays in C++):
+            // its column is past D, so it holds 0 and adds nothing.
             let tile = json!({"tpr": tpr, "block_m": block_m, "block_n": block_n, "threads": block_m * tpr,
-                "dper": d.div_ceil(tpr), "dvper": dv.div_ceil(tpr)});
+                "dper": d.div_ceil(tpr).max(1), "dvper": dv.div_ceil(tpr).max(1)});
             merge(&mut ctx, tile);
             ("flash_attention.hip", block_m, block_m * tpr)
         }
     };
-    let launch = Launch {
-        grid: [(b * hq) as u32, sq.div_ceil(block_m) as u32, 1],
-        block: [threads as u32, 1, 1],
-        shared_bytes: 0,
-    };
+    let heads = b.checked_mul(hq).ok_or_else(|| CodegenError::LaunchLimit {
+        node: name.clone(),
+        what: "grid.x (batch × heads)".into(),
+        value: u64::MAX,
+        limit: u64::from(target.limits().grid[0]),
+    })?;
+    let launch = launch(name, target, [heads, sq.div_ceil(block_m), 1], threads)?;
     let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
-    finish(
-        "flash_attention",
-        template,
-        ctx,
-        launch,
-        args,
-        &g.node(id).name,
-    )
+    finish("flash_attention", template, ctx, launch, args, name)
 }
 
 /// The matrix atom `flash_attention_mma.hip` runs on, if the target's table has one for `dtype`:

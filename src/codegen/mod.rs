@@ -1,12 +1,19 @@
 //! Code generation: a fused graph becomes a [`KernelPlan`] of HIP kernels rendered from
 //! `kernel_templates/`, with shapes, dtypes and tile sizes as compile-time constants. One kernel
 //! source serves AMD (hiprtc) and NVIDIA (NVRTC); the per-platform prelude maps what differs.
+//!
+//! No text from the graph reaches a kernel body: bodies are built from shapes, dtypes and
+//! numeric attributes alone (see `names.rs`), every launch is checked against the target's
+//! limits and every value a kernel indexes with `int` against that range (`limits.rs`).
 
 mod ctype;
 mod expr_c;
+mod gather;
+mod limits;
 mod lower;
 pub mod mma;
 mod mma_probe;
+mod names;
 mod plan;
 pub mod target;
 mod templates;
@@ -15,9 +22,13 @@ use thiserror::Error;
 
 use crate::ir::{Graph, GraphError};
 
+pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
 pub use mma_probe::mma_probe_kernel;
-pub use plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
-pub use target::{Arch, AsyncCopy, Platform, Target};
+pub use names::display_name;
+pub use plan::{
+    Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
+};
+pub use target::{Arch, AsyncCopy, LaunchLimits, Platform, Target};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {
@@ -27,6 +38,39 @@ pub enum CodegenError {
     Unsupported { node: String, reason: String },
     #[error("kernel template `{template}` failed to render: {message}")]
     Template { template: String, message: String },
+    /// A launch dimension past what the target allows (a grid is never truncated to fit).
+    #[error(
+        "node `{node}`: its kernel needs {what} = {value}, past the target's limit of {limit}"
+    )]
+    LaunchLimit {
+        node: String,
+        what: String,
+        value: u64,
+        limit: u64,
+    },
+    /// A size the kernel holds in a 32-bit `int` (a loop bound, a row length) that does not fit.
+    #[error("node `{node}`: {what} = {value} is past {limit}, the largest its kernel indexes with 32-bit ints")]
+    IndexRange {
+        node: String,
+        what: String,
+        value: u64,
+        limit: u64,
+    },
+    #[error("node `{node}`: its kernel would take {args} buffer parameters, more than the {limit} codegen allows")]
+    TooManyArgs {
+        node: String,
+        args: usize,
+        limit: usize,
+    },
+    #[error("node `{node}`: its expression has more than {limit} operations")]
+    ExpressionTooLarge { node: String, limit: usize },
+    /// A float attribute that has no C literal (NaN or infinite where a finite value is needed).
+    #[error("node `{node}`: attribute {what} = {value} is not a finite number")]
+    NonFinite {
+        node: String,
+        what: &'static str,
+        value: f64,
+    },
     #[error(transparent)]
     Graph(#[from] GraphError),
 }

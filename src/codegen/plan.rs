@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::names::display_name;
 use super::{prelude, Target};
 use crate::ir::{Init, Sample, TensorType};
 
@@ -17,6 +18,40 @@ pub enum BufferRole {
     Constant(Vec<f64>),
     /// Written by a kernel.
     Computed,
+    /// A kernel's error report ([`IndexCheck`]): [`STATUS_BYTES`] zeroed before a run and read
+    /// after it.
+    Status,
+}
+
+/// Bytes of a status buffer: two u64, the bitwise complement of the first failing position
+/// (0 while none failed), then the value found there.
+pub const STATUS_BYTES: usize = 16;
+
+/// A gather whose kernels report an index outside its table, so that a run on a GPU fails
+/// with the interpreter's error instead of returning rows nobody looked up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexCheck {
+    /// The gather node.
+    pub node: String,
+    /// Rows of its table: valid indices are `0..table_rows`.
+    pub table_rows: usize,
+    /// Its status buffer.
+    pub status: BufferId,
+}
+
+impl IndexCheck {
+    /// The first out-of-range index the kernels found, from the status buffer's bytes; `None`
+    /// when every index was in range.
+    pub fn failed_index(&self, status: &[u8]) -> Option<i64> {
+        let word = |k: usize| -> Option<u64> {
+            let bytes = status.get(8 * k..8 * k + 8)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        match word(0)? {
+            0 => None,
+            _ => Some(i64::from_le_bytes(word(1)?.to_le_bytes())),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +103,8 @@ pub struct KernelPlan {
     pub kernels: Vec<Kernel>,
     /// Graph outputs in order.
     pub outputs: Vec<PlanOutput>,
+    /// Gathers to check after a run, in the order the interpreter would meet them.
+    pub checks: Vec<IndexCheck>,
 }
 
 impl KernelPlan {
@@ -79,13 +116,15 @@ impl KernelPlan {
         s
     }
 
-    /// Every kernel with its launch and bindings, for snapshots and `--emit`.
+    /// Every kernel with its launch and bindings, for snapshots and `--emit`. Names are shown
+    /// through [`display_name`], so the listing is as inert as the kernels.
     pub fn listing(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
             "// rocmforge kernel plan: graph {}, target {}",
-            self.graph, self.target
+            display_name(&self.graph),
+            self.target
         );
         let _ = writeln!(
             out,
@@ -101,7 +140,7 @@ impl KernelPlan {
                 .map(|(j, &b)| {
                     format!(
                         "%{}{}",
-                        self.buffers[b].name,
+                        display_name(&self.buffers[b].name),
                         if j + 1 == k.args.len() {
                             " (write)"
                         } else {
@@ -110,7 +149,12 @@ impl KernelPlan {
                     )
                 })
                 .collect();
-            let _ = writeln!(out, "\n// ---- kernel {i}: {} for %{}", k.entry, k.node);
+            let _ = writeln!(
+                out,
+                "\n// ---- kernel {i}: {} for %{}",
+                k.entry,
+                display_name(&k.node)
+            );
             let _ = writeln!(
                 out,
                 "// grid {:?} block {:?} shared {} B; args: {}",

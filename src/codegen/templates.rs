@@ -7,7 +7,7 @@ use minijinja::Environment;
 
 use super::CodegenError;
 
-const TEMPLATES: [(&str, &str); 16] = [
+const TEMPLATES: [(&str, &str); 17] = [
     (
         "prelude_amd.hip",
         include_str!("../../kernel_templates/prelude_amd.hip"),
@@ -28,6 +28,10 @@ const TEMPLATES: [(&str, &str); 16] = [
     (
         "gather.hip",
         include_str!("../../kernel_templates/gather.hip"),
+    ),
+    (
+        "gather_check.hip",
+        include_str!("../../kernel_templates/gather_check.hip"),
     ),
     (
         "causal_mask.hip",

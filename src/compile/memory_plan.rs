@@ -39,7 +39,9 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
     let mut slot_bytes: Vec<usize> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     for (i, k) in plan.kernels.iter().enumerate() {
-        let out = *k.args.last().expect("a kernel writes a buffer");
+        let Some(&out) = k.args.last() else {
+            continue;
+        };
         if computed(out) && !slot_of.contains_key(&out) {
             let need = bytes(out);
             // Best fit among free slots, else a new one.
@@ -70,14 +72,45 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
             }
         }
     }
-    let unplanned_bytes = plan
-        .buffers
+    // A computed buffer no kernel writes is an empty one (its node's kernel was skipped), yet
+    // it is still bound to kernels that read it or returned as an output: such buffers share
+    // one slot of their size, nothing.
+    let mut empty_slot = None;
+    let used = plan
+        .kernels
         .iter()
-        .filter(|b| b.role == BufferRole::Computed)
-        .map(|b| bytes(b.id))
-        .sum();
+        .flat_map(|k| k.args.iter().copied())
+        .chain(plan.outputs.iter().map(|o| o.buffer));
+    for b in used {
+        if !computed(b) || slot_of.contains_key(&b) {
+            continue;
+        }
+        let slot = match bytes(b) {
+            0 => *empty_slot.get_or_insert_with(|| {
+                slot_bytes.push(0);
+                slot_bytes.len() - 1
+            }),
+            // Not reached by what codegen plans (a non-empty value has a kernel); a slot of its
+            // own keeps even that safe to bind.
+            need => {
+                slot_bytes.push(need);
+                slot_bytes.len() - 1
+            }
+        };
+        slot_of.insert(b, slot);
+    }
+    // Sums saturate rather than wrap: each buffer fits in memory (checked by inference), but
+    // a graph of many may not, and these are statistics (allocation refuses the real thing).
+    let total = |it: &mut dyn Iterator<Item = usize>| it.fold(0usize, usize::saturating_add);
+    let unplanned_bytes = total(
+        &mut plan
+            .buffers
+            .iter()
+            .filter(|b| b.role == BufferRole::Computed)
+            .map(|b| bytes(b.id)),
+    );
     MemoryPlan {
-        planned_bytes: slot_bytes.iter().sum(),
+        planned_bytes: total(&mut slot_bytes.iter().copied()),
         slot_of,
         slot_bytes,
         unplanned_bytes,

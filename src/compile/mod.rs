@@ -33,6 +33,29 @@ pub enum CompileError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Interp(#[from] InterpError),
+    #[error(
+        "`{name}` is bound as a weight, but weights are fixed when a model is compiled \
+         (CompileOptions::weights); a run binds inputs only"
+    )]
+    WeightAtRun { name: String },
+    #[error("verify: output `{output}` is {got} in the run but {want} in the interpreter")]
+    VerifyType {
+        output: String,
+        got: String,
+        want: String,
+    },
+    #[error(
+        "verify: output `{output}` holds NaN or ±inf at {count} place(s) where the interpreter \
+         (unfused) does not agree; the first is element {index}: {got} in the run, {want} in \
+         the interpreter"
+    )]
+    NonFiniteMismatch {
+        output: String,
+        count: usize,
+        index: usize,
+        got: f64,
+        want: f64,
+    },
 }
 
 /// A fault to plant in generated kernels, for tests that prove poisoning catches it.
@@ -114,15 +137,25 @@ pub struct CompileStats {
     pub from_disk: usize,
 }
 
-/// Per-output error of a run against the interpreter on the unfused graph.
+/// How one output of a run compares with the interpreter on the unfused graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputCheck {
+    pub name: String,
+    /// Relative L2 error over the elements that are finite in both.
+    pub error: f64,
+    /// Elements that are NaN or ±inf in both, at the same places (and equal).
+    pub non_finite: usize,
+}
+
+/// Per-output comparison of a run against the interpreter on the unfused graph.
 #[derive(Clone, Debug)]
 pub struct Verification {
-    pub outputs: Vec<(String, f64)>,
+    pub outputs: Vec<OutputCheck>,
 }
 
 impl Verification {
     pub fn max_error(&self) -> f64 {
-        self.outputs.iter().map(|(_, e)| *e).fold(0.0, f64::max)
+        self.outputs.iter().map(|o| o.error).fold(0.0, f64::max)
     }
 }
 
@@ -153,6 +186,9 @@ struct GpuRun {
     // Field order is drop order: buffers go before their stream.
     slots: Vec<DeviceBuffer>,
     uploaded: HashMap<usize, DeviceBuffer>,
+    /// Status buffers of the plan's index checks, zeroed once: a run's inputs do not change
+    /// between its launches, so neither does what the checks find.
+    status: HashMap<usize, DeviceBuffer>,
     stream: crate::runtime::Stream,
 }
 
@@ -166,7 +202,26 @@ impl Prepared<'_> {
             }
             BufferRole::Input(_) => &run.uploaded[&id],
             BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
+            BufferRole::Status => &run.status[&id],
         }
+    }
+
+    /// The interpreter's error for the first gather (in plan order, the order the interpreter
+    /// runs them) whose kernel found an index outside its table.
+    fn check_indices(&self, run: &GpuRun) -> Result<(), CompileError> {
+        let plan = self.compiled.plan.as_ref().expect("GPU plan");
+        for check in &plan.checks {
+            let bytes = run.stream.download(&run.status[&check.status])?;
+            if let Some(index) = check.failed_index(&bytes) {
+                return Err(InterpError::IndexOutOfRange {
+                    node: check.node.clone(),
+                    index,
+                    size: check.table_rows,
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
@@ -217,14 +272,17 @@ impl Prepared<'_> {
             );
         }
         run.stream.synchronize()?;
+        self.check_indices(run)?;
         Ok(outs)
     }
 }
 
 impl Graph {
-    /// Compiles `model` for the best device with default options.
+    /// Compiles `model` with default options for the device `ROCMFORGE_DEVICE` names, else the
+    /// best one here (see [`Device::best`]).
     pub fn compile(model: impl Model) -> Result<Compiled, CompileError> {
-        Graph::compile_with(model, &Device::best().0, &CompileOptions::default())
+        let (device, _) = Device::best()?;
+        Graph::compile_with(model, &device, &CompileOptions::default())
     }
 
     pub fn compile_with(
@@ -236,22 +294,65 @@ impl Graph {
     }
 }
 
-fn relative_l2(a: &[f64], b: &[f64]) -> f64 {
-    if a.len() != b.len() || a.iter().chain(b).any(|x| x.is_nan()) {
-        return f64::INFINITY;
+/// Compares output `name` of a run (`got`) with the interpreter's (`want`): NaN, +inf and -inf
+/// must sit at the same places in both (there they count as equal); the error is the relative
+/// L2 error over the elements finite in both.
+fn compare_output(name: &str, got: &Tensor, want: &Tensor) -> Result<OutputCheck, CompileError> {
+    if got.ty() != want.ty() {
+        return Err(CompileError::VerifyType {
+            output: name.to_string(),
+            got: got.ty().to_string(),
+            want: want.ty().to_string(),
+        });
     }
-    let num = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let den = b.iter().map(|y| y * y).sum::<f64>().sqrt();
-    if den == 0.0 {
-        num
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    // The class of a value: finite, NaN, +inf or -inf.
+    let class = |x: f64| {
+        if x.is_nan() {
+            1
+        } else if x == f64::INFINITY {
+            2
+        } else if x == f64::NEG_INFINITY {
+            3
+        } else {
+            0
+        }
+    };
+    let mut first: Option<usize> = None;
+    let (mut mismatched, mut non_finite) = (0usize, 0usize);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        match (class(a), class(b)) {
+            (0, 0) => {
+                num += (a - b).powi(2);
+                den += b * b;
+            }
+            (ca, cb) if ca == cb => non_finite += 1,
+            _ => {
+                mismatched += 1;
+                first.get_or_insert(i);
+            }
+        }
+    }
+    if let Some(index) = first {
+        return Err(CompileError::NonFiniteMismatch {
+            output: name.to_string(),
+            count: mismatched,
+            index,
+            got: g[index],
+            want: w[index],
+        });
+    }
+    let error = if den == 0.0 {
+        num.sqrt()
     } else {
-        num / den
-    }
+        (num / den).sqrt()
+    };
+    Ok(OutputCheck {
+        name: name.to_string(),
+        error,
+        non_finite,
+    })
 }
 
 fn compile(
@@ -278,11 +379,16 @@ fn compile(
     for id in source.node_ids() {
         let node = source.node(id);
         if let Op::Weight { init, .. } = &node.op {
-            let t = options
-                .weights
-                .get(&node.name)
-                .cloned()
-                .unwrap_or_else(|| random_weight(&node.name, &node.ty, init, options.seed));
+            let t =
+                match options.weights.get(&node.name) {
+                    Some(t) => t.clone(),
+                    None => random_weight(&node.name, &node.ty, init, options.seed).map_err(
+                        |source| InterpError::Host {
+                            node: node.name.clone(),
+                            source,
+                        },
+                    )?,
+                };
             weights.insert(node.name.clone(), t);
         }
     }
@@ -359,18 +465,13 @@ fn compile(
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
-            BufferRole::Constant(values) => {
-                let n = b.ty.shape.numel();
-                let full: Vec<f64> = if values.len() == n {
-                    values.clone()
-                } else {
-                    vec![values[0]; n]
-                };
-                Tensor::from_f64(b.ty.dtype, b.ty.shape.clone(), &full)
-                    .expect("constant values match")
-                    .to_bytes()
-            }
-            BufferRole::Input(_) | BufferRole::Computed => continue,
+            BufferRole::Constant(values) => Tensor::constant(&b.ty, values)
+                .map_err(|source| InterpError::Host {
+                    node: b.name.clone(),
+                    source,
+                })?
+                .to_bytes(),
+            BufferRole::Input(_) | BufferRole::Computed | BufferRole::Status => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }
@@ -395,29 +496,62 @@ impl Compiled {
     /// Runs on the device and returns the outputs in order. Each call has its own stream and
     /// buffers, so calls from many threads at once are independent.
     pub fn run(&self, inputs: &Bindings) -> Result<Vec<Tensor>, CompileError> {
-        if self.plan.is_none() {
-            return Ok(interp::run_with_weights(
-                &self.graph,
-                inputs,
-                &self.weights,
-            )?);
-        }
         let prepared = self.prepare(inputs)?;
         prepared.launch()?;
         prepared.outputs()
     }
 
+    /// Checks `inputs` against the model as given: every input it declares is bound with its
+    /// type (used or not: the interface does not change with what the passes removed), nothing
+    /// else is bound, and no weight (weights are fixed when compiled). Returns the bindings of
+    /// the inputs the optimised graph still reads, which is what its interpreter run takes.
+    fn bind_inputs(&self, inputs: &Bindings) -> Result<Bindings, CompileError> {
+        if let Some(name) = inputs.weights.keys().min() {
+            return Err(CompileError::WeightAtRun { name: name.clone() });
+        }
+        inputs.check_against(&self.source)?;
+        let mut kept = Bindings {
+            seed: inputs.seed,
+            ..Bindings::default()
+        };
+        for id in self.source.node_ids() {
+            let node = self.source.node(id);
+            let Op::Input { .. } = node.op else {
+                continue;
+            };
+            let t = inputs
+                .inputs
+                .get(&node.name)
+                .ok_or_else(|| InterpError::MissingInput {
+                    name: node.name.clone(),
+                    ty: node.ty.clone(),
+                })?;
+            if t.ty() != node.ty {
+                return Err(InterpError::BindingType {
+                    name: node.name.clone(),
+                    expected: node.ty.clone(),
+                    got: t.ty(),
+                }
+                .into());
+            }
+            if self.graph.find(&node.name).is_some() {
+                kept.inputs.insert(node.name.clone(), t.clone());
+            }
+        }
+        Ok(kept)
+    }
+
     /// Allocates a run's buffers on a stream of its own and uploads `inputs`, for launching the
     /// kernels again and again (benchmarks time `launch` between stream synchronisations).
     pub fn prepare(&self, inputs: &Bindings) -> Result<Prepared<'_>, CompileError> {
+        let bindings = self.bind_inputs(inputs)?;
         let (Some(plan), Some(memory)) = (&self.plan, &self.memory) else {
             return Ok(Prepared {
                 compiled: self,
                 gpu: None,
-                bindings: inputs.clone(),
+                bindings,
             });
         };
-        inputs.check_against(&self.source)?;
         let stream = self.device.new_stream()?;
         let slots: Vec<DeviceBuffer> = memory
             .slot_bytes
@@ -425,23 +559,21 @@ impl Compiled {
             .map(|&b| stream.alloc(b, self.poison))
             .collect::<Result<_, _>>()?;
         let mut uploaded: HashMap<usize, DeviceBuffer> = HashMap::new();
+        let status = plan
+            .checks
+            .iter()
+            .map(|c| Ok((c.status, stream.alloc(codegen::STATUS_BYTES, false)?)))
+            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
         for b in &plan.buffers {
             if let BufferRole::Input(_) = b.role {
-                let t = inputs
+                // Checked by bind_inputs: every input the plan reads is bound with its type.
+                let t = bindings
                     .inputs
                     .get(&b.name)
                     .ok_or_else(|| InterpError::MissingInput {
                         name: b.name.clone(),
                         ty: b.ty.clone(),
                     })?;
-                if t.ty() != b.ty {
-                    return Err(InterpError::BindingType {
-                        name: b.name.clone(),
-                        expected: b.ty.clone(),
-                        got: t.ty(),
-                    }
-                    .into());
-                }
                 uploaded.insert(b.id, stream.upload(&t.to_bytes())?);
             }
         }
@@ -451,24 +583,137 @@ impl Compiled {
                 stream,
                 slots,
                 uploaded,
+                status,
             }),
             bindings: Bindings::default(),
         })
     }
 
-    /// Runs, and runs the interpreter on the unfused graph; reports the error per output.
+    /// Runs, and runs the interpreter on the unfused graph; reports the error per output. NaN
+    /// and ±inf at different places in the two is an error naming the output and the element.
     pub fn verify(&self, inputs: &Bindings) -> Result<(Vec<Tensor>, Verification), CompileError> {
         let got = self.run(inputs)?;
         let want = interp::run_with_weights(&self.source, inputs, &self.weights)?;
-        let names = self
+        let outputs = self
             .source
             .outputs()
             .iter()
-            .map(|&o| self.source.node(o).name.clone());
-        let outputs = names
             .zip(got.iter().zip(&want))
-            .map(|(n, (g, w))| (n, relative_l2(&g.to_f64_vec(), &w.to_f64_vec())))
-            .collect();
+            .map(|(&o, (g, w))| compare_output(&self.source.node(o).name, g, w))
+            .collect::<Result<_, _>>()?;
         Ok((got, Verification { outputs }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::DType;
+
+    fn t(values: &[f64]) -> Tensor {
+        Tensor::from_f64(DType::F32, vec![values.len()], values).unwrap()
+    }
+
+    #[test]
+    fn nan_and_inf_at_the_same_places_are_equal_and_the_error_is_over_finite_values() {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let got = t(&[1.0, nan, inf, -inf, 2.0]);
+        let want = t(&[1.0, nan, inf, -inf, 1.0]);
+        let c = compare_output("o", &got, &want).unwrap();
+        // Over the finite pairs (1, 1) and (2, 1): |(0, 1)| / |(1, 1)| = 1/√2.
+        assert!((c.error - 0.5f64.sqrt()).abs() < 1e-12, "{}", c.error);
+        assert_eq!(c.non_finite, 3);
+        let only = compare_output("o", &t(&[nan, -inf]), &t(&[nan, -inf])).unwrap();
+        assert_eq!((only.error, only.non_finite), (0.0, 2));
+    }
+
+    #[test]
+    fn nan_or_inf_in_different_places_is_an_error_naming_the_element() {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        for (got, want, index, count) in [
+            (vec![1.0, nan, 3.0], vec![1.0, 2.0, 3.0], 1, 1),
+            (vec![1.0, 2.0, 3.0], vec![inf, 2.0, nan], 0, 2),
+            (vec![inf, 0.0], vec![-inf, 0.0], 0, 1),
+            (vec![nan, 0.0], vec![inf, 0.0], 0, 1),
+        ] {
+            match compare_output("o", &t(&got), &t(&want)) {
+                Err(CompileError::NonFiniteMismatch {
+                    output,
+                    count: c,
+                    index: i,
+                    ..
+                }) => assert_eq!((output.as_str(), c, i), ("o", count, index), "{got:?}"),
+                other => panic!("{got:?} vs {want:?}: {other:?}"),
+            }
+        }
+        let other_type = Tensor::from_f64(DType::F32, vec![3, 1], &[1.0, 2.0, 3.0]).unwrap();
+        assert!(matches!(
+            compare_output("o", &other_type, &t(&[1.0, 2.0, 3.0])),
+            Err(CompileError::VerifyType { .. })
+        ));
+    }
+
+    /// `y` is declared but read by nothing, so the passes remove it.
+    fn unused_input_graph() -> Graph {
+        let mut g = Graph::new("unused");
+        let x = g.input("x", DType::F32, &[2, 3]).unwrap();
+        g.input("y", DType::F32, &[4]).unwrap();
+        let e = g.unary(crate::ir::UnaryOp::Exp, x).unwrap();
+        g.add_output(e).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_graph_with_an_unused_input_runs_and_verifies() {
+        let g = unused_input_graph();
+        let c = Graph::compile_with(&g, &Device::cpu(), &CompileOptions::default()).unwrap();
+        assert!(
+            c.graph.find("y").is_none(),
+            "the passes drop the unused input"
+        );
+        let b = Bindings::random(&g, 3);
+        let out = c.run(&b).unwrap();
+        let x = b.inputs["x"].to_f64_vec();
+        let want: Vec<f64> = x.iter().map(|v| (*v as f32).exp() as f64).collect();
+        assert_eq!(out[0].to_f64_vec(), want);
+        let (_, v) = c.verify(&b).unwrap();
+        assert_eq!(v.max_error(), 0.0);
+    }
+
+    #[test]
+    fn run_bindings_are_checked_against_the_model_as_given() {
+        let g = unused_input_graph();
+        let c = Graph::compile_with(&g, &Device::cpu(), &CompileOptions::default()).unwrap();
+        let full = Bindings::random(&g, 3);
+        let mut missing = full.clone();
+        missing.inputs.remove("y");
+        assert!(matches!(
+            c.run(&missing),
+            Err(CompileError::Interp(InterpError::MissingInput { name, .. })) if name == "y"
+        ));
+        let wrong = full.clone().with_input(
+            "y",
+            Tensor::from_f64(DType::F32, vec![5], &[0.0; 5]).unwrap(),
+        );
+        assert!(matches!(
+            c.run(&wrong),
+            Err(CompileError::Interp(InterpError::BindingType { name, .. })) if name == "y"
+        ));
+        let extra = full
+            .clone()
+            .with_input("z", Tensor::from_f64(DType::F32, vec![1], &[0.0]).unwrap());
+        assert!(matches!(
+            c.run(&extra),
+            Err(CompileError::Interp(InterpError::UnknownBinding { name })) if name == "z"
+        ));
+        let mut weighted = full;
+        weighted.weights.insert(
+            "w".into(),
+            Tensor::from_f64(DType::F32, vec![1], &[0.0]).unwrap(),
+        );
+        assert!(matches!(
+            c.run(&weighted),
+            Err(CompileError::WeightAtRun { name }) if name == "w"
+        ));
     }
 }

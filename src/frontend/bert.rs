@@ -5,61 +5,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
+use super::bert_config::{
+    read_config, read_required, read_sentence_settings, BertConfig, Pooling, TOKENIZER_FILE,
+};
 use super::{ModelError, SafeTensors};
-use crate::ir::{DType, Graph, GraphError, Init, NodeId, ReduceOp, Sample, Tensor, UnaryOp};
-
-/// config.json of a BERT model. Unknown fields are refused, so a config this code does not
-/// understand is an error naming the field rather than a silently different model.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BertConfig {
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub intermediate_size: usize,
-    pub hidden_act: String,
-    pub vocab_size: usize,
-    pub max_position_embeddings: usize,
-    pub type_vocab_size: usize,
-    pub layer_norm_eps: f64,
-    #[serde(default = "absolute")]
-    pub position_embedding_type: String,
-    pub model_type: Option<String>,
-    // Fields that do not change inference.
-    pub architectures: Option<Vec<String>>,
-    pub attention_probs_dropout_prob: Option<f64>,
-    pub hidden_dropout_prob: Option<f64>,
-    pub classifier_dropout: Option<f64>,
-    pub gradient_checkpointing: Option<bool>,
-    pub initializer_range: Option<f64>,
-    pub pad_token_id: Option<i64>,
-    pub transformers_version: Option<String>,
-    pub use_cache: Option<bool>,
-    pub torch_dtype: Option<String>,
-    pub dtype: Option<String>,
-    #[serde(rename = "_name_or_path")]
-    pub name_or_path: Option<String>,
-}
-
-fn absolute() -> String {
-    "absolute".into()
-}
-
-/// Sentence-transformers pooling (1_Pooling/config.json); only mean pooling is supported.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Pooling {
-    pub word_embedding_dimension: usize,
-    #[serde(default)]
-    pub pooling_mode_cls_token: bool,
-    #[serde(default)]
-    pub pooling_mode_mean_tokens: bool,
-    #[serde(default)]
-    pub pooling_mode_max_tokens: bool,
-    #[serde(default)]
-    pub pooling_mode_mean_sqrt_len_tokens: bool,
-}
+use crate::ir::{
+    DType, FileError, Graph, GraphError, Init, NodeId, ReduceOp, Sample, Tensor, UnaryOp,
+};
 
 /// A tokenized batch, padded on the right to its longest sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,156 +27,69 @@ pub struct BertEncoder {
     pub pooling: Pooling,
     pub normalize: bool,
     pub max_seq_length: usize,
+    /// sentence_bert_config.json's do_lower_case: texts are lower-cased before tokenizing.
+    pub lower_case: bool,
     weights: SafeTensors,
     prefix: String,
     tokenizer: tokenizers::Tokenizer,
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, file: &str) -> Result<T, ModelError> {
-    let path = dir.join(file);
-    if !path.exists() {
-        return Err(ModelError::MissingFile {
-            dir: dir.display().to_string(),
-            file: file.into(),
+/// tokenizer.json (a regular file within [`TOKENIZER_FILE`]), with padding and truncation off
+/// (they are the batch's business), and no token id past the embedding table.
+fn read_tokenizer(dir: &Path, config: &BertConfig) -> Result<tokenizers::Tokenizer, ModelError> {
+    let bytes = read_required(dir, "tokenizer.json", TOKENIZER_FILE)?;
+    let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let ids = tokenizer.get_vocab_size(true);
+    if ids > config.vocab_size {
+        return Err(ModelError::Config {
+            field: "vocab_size".into(),
+            reason: format!(
+                "{} rows of embeddings, but tokenizer.json has {ids} tokens",
+                config.vocab_size
+            ),
         });
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
-    serde_json::from_str(&text).map_err(|e| {
-        let msg = e.to_string();
-        // serde names the offending field in its message; surface config errors as such.
-        if file == "config.json" {
-            let field = msg.split('`').nth(1).unwrap_or("?").to_string();
-            ModelError::Config { field, reason: msg }
-        } else {
-            ModelError::Json {
-                file: file.into(),
-                message: msg,
-            }
-        }
-    })
+    Ok(tokenizer)
 }
 
 impl BertEncoder {
-    /// Reads a Hugging Face model directory: config.json, model.safetensors (mapped, not read),
-    /// tokenizer.json, and sentence-transformers' 1_Pooling/config.json and modules.json.
+    /// Reads a Hugging Face model directory: config.json (its sizes checked within bounds,
+    /// then against the tensors present, before any graph is built), model.safetensors (mapped,
+    /// not read), tokenizer.json, and sentence-transformers' 1_Pooling/config.json, modules.json
+    /// and sentence_bert_config.json. Every file must be a regular file within its size limit.
     pub fn load(dir: &Path) -> Result<BertEncoder, ModelError> {
-        let config: BertConfig = read_json(dir, "config.json")?;
-        let bad = |field: &str, reason: String| {
-            Err(ModelError::Config {
-                field: field.into(),
-                reason,
-            })
-        };
-        if config.model_type.as_deref().is_some_and(|t| t != "bert") {
-            return bad(
-                "model_type",
-                format!(
-                    "`{}` is not a BERT model",
-                    config.model_type.clone().unwrap_or_default()
-                ),
-            );
-        }
-        if !matches!(
-            config.hidden_act.as_str(),
-            "gelu" | "gelu_new" | "gelu_pytorch_tanh"
-        ) {
-            return bad(
-                "hidden_act",
-                format!(
-                    "`{}` is not supported (gelu, gelu_new, gelu_pytorch_tanh)",
-                    config.hidden_act
-                ),
-            );
-        }
-        if config.position_embedding_type != "absolute" {
-            return bad(
-                "position_embedding_type",
-                format!(
-                    "`{}` is not supported (absolute)",
-                    config.position_embedding_type
-                ),
-            );
-        }
-        if config.num_attention_heads == 0
-            || !config
-                .hidden_size
-                .is_multiple_of(config.num_attention_heads)
-        {
-            return bad(
-                "num_attention_heads",
-                format!(
-                    "{} heads do not divide hidden_size {}",
-                    config.num_attention_heads, config.hidden_size
-                ),
-            );
-        }
-        let pooling: Pooling = if dir.join("1_Pooling/config.json").exists() {
-            read_json(dir, "1_Pooling/config.json")?
-        } else {
-            Pooling {
-                word_embedding_dimension: config.hidden_size,
-                pooling_mode_cls_token: false,
-                pooling_mode_mean_tokens: true,
-                pooling_mode_max_tokens: false,
-                pooling_mode_mean_sqrt_len_tokens: false,
-            }
-        };
-        if !pooling.pooling_mode_mean_tokens
-            || pooling.pooling_mode_cls_token
-            || pooling.pooling_mode_max_tokens
-            || pooling.pooling_mode_mean_sqrt_len_tokens
-        {
-            return Err(ModelError::Json {
-                file: "1_Pooling/config.json".into(),
-                message: "only mean pooling is supported".into(),
-            });
-        }
-        let normalize = std::fs::read_to_string(dir.join("modules.json"))
-            .map(|m| m.contains("Normalize"))
-            .unwrap_or(false);
-        let max_seq_length = std::fs::read_to_string(dir.join("sentence_bert_config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v.get("max_seq_length").and_then(serde_json::Value::as_u64))
-            .map_or(config.max_position_embeddings, |v| v as usize)
-            .min(config.max_position_embeddings);
+        let config = read_config(dir)?;
         let st = dir.join("model.safetensors");
-        if !st.exists() {
-            return Err(ModelError::MissingFile {
-                dir: dir.display().to_string(),
-                file: "model.safetensors".into(),
-            });
-        }
-        let weights = SafeTensors::open(&st)?;
+        let weights = match SafeTensors::open(&st) {
+            Err(ModelError::File(FileError::Missing { .. })) => {
+                return Err(ModelError::MissingFile {
+                    dir: dir.display().to_string(),
+                    file: "model.safetensors".into(),
+                })
+            }
+            other => other?,
+        };
         let prefix = if weights.info("embeddings.word_embeddings.weight").is_some() {
             ""
         } else {
             "bert."
         }
         .to_string();
-        let tok = dir.join("tokenizer.json");
-        if !tok.exists() {
-            return Err(ModelError::MissingFile {
-                dir: dir.display().to_string(),
-                file: "tokenizer.json".into(),
-            });
-        }
-        let mut tokenizer = tokenizers::Tokenizer::from_file(&tok)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        // Padding and truncation are the batch's business (tokenize), whatever tokenizer.json says.
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        config.check_against(&weights, &prefix)?;
+        let settings = read_sentence_settings(dir, &config)?;
+        let tokenizer = read_tokenizer(dir, &config)?;
         let enc = BertEncoder {
             dir: dir.to_path_buf(),
             config,
-            pooling,
-            normalize,
-            max_seq_length,
+            pooling: settings.pooling,
+            normalize: settings.normalize,
+            max_seq_length: settings.max_seq_length,
+            lower_case: settings.lower_case,
             weights,
             prefix,
             tokenizer,
@@ -263,9 +128,14 @@ impl BertEncoder {
     pub fn tokenize(&self, texts: &[&str]) -> Result<Encoded, ModelError> {
         let mut ids = Vec::with_capacity(texts.len());
         for t in texts {
+            let text = if self.lower_case {
+                t.to_lowercase()
+            } else {
+                t.to_string()
+            };
             let e = self
                 .tokenizer
-                .encode(*t, true)
+                .encode(text, true)
                 .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
             let mut v: Vec<i64> = e.get_ids().iter().map(|&i| i64::from(i)).collect();
             if v.len() > self.max_seq_length {

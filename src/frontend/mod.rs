@@ -2,16 +2,18 @@
 //! model.safetensors (memory-mapped) and tokenizer.json.
 
 mod bert;
+mod bert_config;
 mod safetensors;
 
 use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::ir::{DType, GraphError};
+use crate::ir::{DType, FileError, GraphError};
 
-pub use bert::{BertConfig, BertEncoder, Encoded, Pooling};
-pub use safetensors::{SafeTensors, TensorInfo};
+pub use bert::{BertEncoder, Encoded};
+pub use bert_config::{BertConfig, Pooling, SETTINGS_FILE, TOKENIZER_FILE};
+pub use safetensors::{SafeTensors, TensorInfo, MAX_HEADER_BYTES, WEIGHTS_FILE};
 
 /// The sentence-embedding model `scripts/fetch-models` installs and `rocmforge embed` uses.
 pub const MINILM: &str = "all-MiniLM-L6-v2";
@@ -42,6 +44,20 @@ pub enum ModelError {
     Json { file: String, message: String },
     #[error("config.json: `{field}`: {reason}")]
     Config { field: String, reason: String },
+    #[error("config.json: `{field}` is {value}, but {file} holds `{tensor}` of shape {found:?}")]
+    ConfigMismatch {
+        field: String,
+        value: usize,
+        file: String,
+        tensor: String,
+        found: Vec<usize>,
+    },
+    #[error("{file}: `{field}`: {reason}")]
+    Setting {
+        file: String,
+        field: String,
+        reason: String,
+    },
     #[error("{path}: not a valid safetensors file: {reason}")]
     Safetensors { path: String, reason: String },
     #[error("{path}: no tensor `{name}`")]
@@ -56,6 +72,8 @@ pub enum ModelError {
     TensorDType { name: String, found: DType },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error(transparent)]
     Graph(#[from] GraphError),
 }

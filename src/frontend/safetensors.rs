@@ -9,6 +9,7 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use super::ModelError;
+use crate::ir::file::{self, FileLimit};
 use crate::ir::{DType, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,22 +46,162 @@ fn dtype_of(s: &str) -> Option<DType> {
     })
 }
 
-impl SafeTensors {
-    pub fn open(path: &Path) -> Result<SafeTensors, ModelError> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::Io {
+/// One header entry, checked against the file: a known dtype, a shape whose bytes are exactly
+/// its byte range, and a range inside the data section.
+fn tensor_info(
+    path: &Path,
+    name: &str,
+    v: &Value,
+    data_start: usize,
+    len: usize,
+) -> Result<TensorInfo, ModelError> {
+    let dtype = v
+        .get("dtype")
+        .and_then(Value::as_str)
+        .and_then(dtype_of)
+        .ok_or_else(|| ModelError::Safetensors {
             path: path.display().to_string(),
-            message: e.to_string(),
+            reason: format!(
+                "tensor `{name}`: missing or unsupported dtype {}",
+                v.get("dtype").unwrap_or(&Value::Null)
+            ),
         })?;
+    let shape: Vec<usize> = v
+        .get("shape")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .ok_or_else(|| ModelError::Safetensors {
+            path: path.display().to_string(),
+            reason: format!("tensor `{name}`: bad shape"),
+        })?;
+    let offs: [usize; 2] = v
+        .get("data_offsets")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .ok_or_else(|| ModelError::Safetensors {
+            path: path.display().to_string(),
+            reason: format!("tensor `{name}`: bad data_offsets"),
+        })?;
+    let (start, end) = (
+        data_start.checked_add(offs[0]),
+        data_start.checked_add(offs[1]),
+    );
+    let (Some(start), Some(end)) = (start, end) else {
+        return corrupt(path, format!("tensor `{name}`: offsets overflow"));
+    };
+    if start > end || end > len {
+        return corrupt(
+            path,
+            format!(
+                "tensor `{name}`: bytes {}..{} lie past the end of the data ({} bytes)",
+                offs[0],
+                offs[1],
+                len - data_start
+            ),
+        );
+    }
+    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if numel.and_then(|n| n.checked_mul(dtype.size_bytes())) != Some(end - start) {
+        return corrupt(
+            path,
+            format!(
+                "tensor `{name}`: {} bytes do not hold a {dtype}{shape:?}",
+                end - start
+            ),
+        );
+    }
+    Ok(TensorInfo {
+        dtype,
+        shape,
+        start,
+        end,
+    })
+}
+
+/// The tensors' byte ranges, in order, must cover `data_start..len` exactly once.
+fn check_tiling(
+    path: &Path,
+    tensors: &BTreeMap<String, TensorInfo>,
+    data_start: usize,
+    len: usize,
+) -> Result<(), ModelError> {
+    let mut ranges: Vec<(&str, &TensorInfo)> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    ranges.sort_by_key(|(_, t)| (t.start, t.end));
+    let rel = |at: usize| at - data_start;
+    let mut covered = data_start;
+    let mut last: Option<(&str, &TensorInfo)> = None;
+    for (name, t) in ranges {
+        if t.start < covered {
+            let (prev, p) = last.expect("only a previous tensor covers bytes");
+            return corrupt(
+                path,
+                format!(
+                    "tensor `{name}` (bytes {}..{}) overlaps tensor `{prev}` (bytes {}..{})",
+                    rel(t.start),
+                    rel(t.end),
+                    rel(p.start),
+                    rel(p.end)
+                ),
+            );
+        }
+        if t.start > covered {
+            return corrupt(
+                path,
+                format!(
+                    "bytes {}..{} of the data belong to no tensor (before `{name}`)",
+                    rel(covered),
+                    rel(t.start)
+                ),
+            );
+        }
+        covered = t.end;
+        last = Some((name, t));
+    }
+    if covered != len {
+        return corrupt(
+            path,
+            format!(
+                "bytes {}..{} of the data belong to no tensor (after the last one)",
+                rel(covered),
+                rel(len)
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Weights are memory-mapped, not read, so the limit only keeps out what no model file is.
+pub const WEIGHTS_FILE: FileLimit = FileLimit {
+    what: "safetensors file",
+    max_bytes: 1 << 40,
+};
+
+/// The format's own bound on the JSON header (the reference implementation refuses more).
+pub const MAX_HEADER_BYTES: usize = 100_000_000;
+
+impl SafeTensors {
+    /// Maps `path` (a regular file: a FIFO or device is refused unopened) and checks its header:
+    /// every tensor's dtype, shape and byte range, and that the ranges tile the data section
+    /// exactly, in the format's words: no overlaps and no gaps (bytes no tensor owns are how a
+    /// file smuggles other content).
+    pub fn open(path: &Path) -> Result<SafeTensors, ModelError> {
+        let (file, _) = file::open_regular(path, WEIGHTS_FILE)?;
         let map = map_file(&file, path)?;
         let len = map.len();
         if len < 8 {
             return corrupt(path, format!("{len} bytes: too short for a header length"));
         }
-        let n = u64::from_le_bytes(map[..8].try_into().expect("8 bytes")) as usize;
-        let Some(data_start) = n.checked_add(8).filter(|&e| e <= len) else {
+        let n = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
+        let header_end = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_HEADER_BYTES)
+            .and_then(|n| n.checked_add(8));
+        let Some(data_start) = header_end.filter(|&e| e <= len) else {
             return corrupt(
                 path,
-                format!("header of {n} bytes runs past the end of the file ({len} bytes)"),
+                format!(
+                    "header of {n} bytes runs past the end of the file ({len} bytes) or past \
+                     the format's limit of {MAX_HEADER_BYTES}"
+                ),
             );
         };
         let header: Value =
@@ -76,74 +217,19 @@ impl SafeTensors {
             if name == "__metadata__" {
                 continue;
             }
-            let dtype = v
-                .get("dtype")
-                .and_then(Value::as_str)
-                .and_then(dtype_of)
-                .ok_or_else(|| ModelError::Safetensors {
-                    path: path.display().to_string(),
-                    reason: format!(
-                        "tensor `{name}`: missing or unsupported dtype {}",
-                        v.get("dtype").unwrap_or(&Value::Null)
-                    ),
-                })?;
-            let shape: Vec<usize> = v
-                .get("shape")
-                .and_then(|s| serde_json::from_value(s.clone()).ok())
-                .ok_or_else(|| ModelError::Safetensors {
-                    path: path.display().to_string(),
-                    reason: format!("tensor `{name}`: bad shape"),
-                })?;
-            let offs: [usize; 2] = v
-                .get("data_offsets")
-                .and_then(|s| serde_json::from_value(s.clone()).ok())
-                .ok_or_else(|| ModelError::Safetensors {
-                    path: path.display().to_string(),
-                    reason: format!("tensor `{name}`: bad data_offsets"),
-                })?;
-            let (start, end) = (
-                data_start.checked_add(offs[0]),
-                data_start.checked_add(offs[1]),
-            );
-            let (Some(start), Some(end)) = (start, end) else {
-                return corrupt(path, format!("tensor `{name}`: offsets overflow"));
-            };
-            if start > end || end > len {
-                return corrupt(
-                    path,
-                    format!(
-                        "tensor `{name}`: bytes {}..{} lie past the end of the data ({} bytes)",
-                        offs[0],
-                        offs[1],
-                        len - data_start
-                    ),
-                );
-            }
-            let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            if numel.and_then(|n| n.checked_mul(dtype.size_bytes())) != Some(end - start) {
-                return corrupt(
-                    path,
-                    format!(
-                        "tensor `{name}`: {} bytes do not hold a {dtype}{shape:?}",
-                        end - start
-                    ),
-                );
-            }
-            tensors.insert(
-                name,
-                TensorInfo {
-                    dtype,
-                    shape,
-                    start,
-                    end,
-                },
-            );
+            let info = tensor_info(path, &name, &v, data_start, len)?;
+            tensors.insert(name, info);
         }
+        check_tiling(path, &tensors, data_start, len)?;
         Ok(SafeTensors {
             path: path.to_path_buf(),
             map,
             tensors,
         })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
@@ -213,4 +299,135 @@ fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap, ModelError> {
         path: path.display().to_string(),
         message: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rocmforge-st-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A safetensors file: the header as given, then `data` bytes.
+    fn write(path: &Path, header: &str, data: usize) {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend((0..data).map(|i| i as u8));
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn reason(path: &Path) -> String {
+        match SafeTensors::open(path) {
+            Err(ModelError::Safetensors { reason, .. }) => reason,
+            Ok(_) => panic!("{}: opened", path.display()),
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+
+    const A: &str = r#""a":{"dtype":"F32","shape":[2],"data_offsets":"#;
+    const B: &str = r#""b":{"dtype":"F16","shape":[4],"data_offsets":"#;
+
+    #[test]
+    fn ranges_that_tile_the_data_open_and_read() {
+        let d = dir("tile");
+        let p = d.join("ok.safetensors");
+        write(
+            &p,
+            &format!(r#"{{"__metadata__":{{"k":"v"}},{A}[0,8]}},{B}[8,16]}}}}"#),
+            16,
+        );
+        let st = SafeTensors::open(&p).unwrap();
+        assert_eq!(st.names().collect::<Vec<_>>(), ["a", "b"]);
+        let a = st.tensor("a", &[2]).unwrap().to_f64_vec();
+        let want = |b: [u8; 4]| f64::from(f32::from_le_bytes(b));
+        assert_eq!(a, [want([0, 1, 2, 3]), want([4, 5, 6, 7])]);
+        // Zero-sized tensors take no bytes anywhere in the tiling.
+        write(
+            &p,
+            &format!(r#"{{{A}[0,8]}},"e":{{"dtype":"F32","shape":[0],"data_offsets":[8,8]}}}}"#),
+            8,
+        );
+        assert!(SafeTensors::open(&p).is_ok());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn overlaps_gaps_and_trailing_bytes_are_refused() {
+        let d = dir("gaps");
+        let p = d.join("bad.safetensors");
+        for (header, data, why) in [
+            (
+                format!(r#"{{{A}[0,8]}},{B}[4,12]}}}}"#),
+                16,
+                "tensor `b` (bytes 4..12) overlaps tensor `a` (bytes 0..8)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}},"c":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}}}"#),
+                8,
+                "overlaps",
+            ),
+            (
+                format!(r#"{{{A}[8,16]}}}}"#),
+                16,
+                "bytes 0..8 of the data belong to no tensor (before `a`)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}},{B}[12,20]}}}}"#),
+                20,
+                "bytes 8..12 of the data belong to no tensor (before `b`)",
+            ),
+            (
+                format!(r#"{{{A}[0,8]}}}}"#),
+                12,
+                "bytes 8..12 of the data belong to no tensor (after the last one)",
+            ),
+            (
+                format!(r#"{{{A}[0,12]}}}}"#),
+                12,
+                "12 bytes do not hold a f32[2]",
+            ),
+        ] {
+            write(&p, &header, data);
+            let r = reason(&p);
+            assert!(r.contains(why), "{header}: {r}");
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn a_header_past_the_format_limit_is_refused_unread() {
+        let d = dir("header");
+        let p = d.join("big.safetensors");
+        let mut bytes = ((MAX_HEADER_BYTES + 1) as u64).to_le_bytes().to_vec();
+        bytes.extend(b"{}");
+        std::fs::write(&p, bytes).unwrap();
+        assert!(reason(&p).contains("limit of 100000000"));
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn special_files_are_not_weights() {
+        let d = dir("special");
+        let fifo = d.join("fifo.safetensors");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        for p in [fifo.as_path(), Path::new("/dev/zero"), d.as_path()] {
+            assert!(
+                matches!(
+                    SafeTensors::open(p),
+                    Err(ModelError::File(crate::ir::FileError::NotRegular { .. }))
+                ),
+                "{}",
+                p.display()
+            );
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
 }

@@ -2,13 +2,27 @@
 
 use rayon::prelude::*;
 
-use crate::ir::{Attention, MaskKind, Shape, Tensor, TensorType};
+use crate::ir::{
+    try_collect, Attention, Element, MaskKind, Shape, Tensor, TensorError, TensorType,
+};
 
-pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Tensor {
-    let vals: Vec<bool> = (0..sq)
-        .flat_map(|q| (0..sk).map(move |k| (k as i64) <= q as i64 + offset))
-        .collect();
-    Tensor::from_bool(vec![sq, sk], &vals).expect("sq×sk values")
+/// Whether key `k` is visible from query `q` under a causal offset: `k ≤ q + offset`, compared
+/// exactly (in i128) for every offset, so an offset near the i64 limits neither wraps nor
+/// panics.
+pub(crate) fn visible(q: usize, k: usize, offset: i64) -> bool {
+    // usize positions fit i128; so does their sum with any i64.
+    (k as i128) <= (q as i128) + i128::from(offset)
+}
+
+pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Result<Tensor, TensorError> {
+    let values =
+        (0..sq).flat_map(|q| (0..sk).map(move |k| Element::Int(i64::from(visible(q, k, offset)))));
+    Tensor::from_elements(
+        crate::ir::DType::Bool,
+        Shape::new(vec![sq, sk]),
+        sq * sk,
+        values,
+    )
 }
 
 /// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
@@ -20,11 +34,10 @@ pub fn flash_attention(
     v: &Tensor,
     mask: Option<&Tensor>,
     out: &TensorType,
-) -> Tensor {
+) -> Result<Tensor, TensorError> {
     let [b, hq, sq, d] = dims4(q.shape());
     let [_, hkv, sk, _] = dims4(k.shape());
     let dv = v.shape().dims()[3];
-    let group = hq / hkv;
     let (qv, kv, vv) = (floats(q), floats(k), floats(v));
 
     // Mask strides as if broadcast to [B, Hq, Sq, Sk].
@@ -35,10 +48,17 @@ pub fn flash_attention(
                 .chain(m.shape().dims().iter().copied())
                 .collect(),
         );
-        (m.to_f64_vec(), padded.broadcast_strides(&scores_shape))
+        (m, padded.broadcast_strides(&scores_shape))
     });
 
-    let mut o = vec![0.0f32; b * hq * sq * dv];
+    let n = out.shape.numel();
+    let mut o = try_collect(n, std::iter::repeat_n(0.0f32, n))?;
+    if n == 0 {
+        // No queries, heads or value columns: nothing to compute (and no chunks to split).
+        return Tensor::from_f32(out.dtype, out.shape.clone(), o);
+    }
+    // A non-empty result has query heads, so key/value heads too (shape inference).
+    let group = hq / hkv;
     o.par_chunks_mut(sq * dv)
         .enumerate()
         .for_each(|(bh, out_bh)| {
@@ -63,14 +83,18 @@ pub fn flash_attention(
                         .sum::<f64>() as f32;
                     let mut x = f64::from(dot * att.scale as f32);
                     if let Some((mv, ms)) = &mask_view {
-                        let mval = mv[bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+                        let mval = match mv.element(bi * ms[0] + h * ms[1] + i * ms[2] + j * ms[3])
+                        {
+                            Element::Float(f) => f64::from(f),
+                            Element::Int(b) => b as f64,
+                        };
                         match att.mask {
                             MaskKind::Additive => x = f64::from(x as f32 + mval as f32),
                             MaskKind::Boolean if mval == 0.0 => x = f64::NEG_INFINITY,
                             MaskKind::Boolean | MaskKind::None => {}
                         }
                     }
-                    if att.causal && j as i64 > i as i64 + att.causal_offset {
+                    if att.causal && !visible(i, j, att.causal_offset) {
                         x = f64::NEG_INFINITY;
                     }
                     *s = x;
@@ -101,17 +125,17 @@ pub fn flash_attention(
                     .for_each(|(x, a)| *x = (a / sum) as f32);
             }
         });
-    Tensor::from_f32(out.dtype, out.shape.clone(), o).expect("output shape")
+    Tensor::from_f32(out.dtype, out.shape.clone(), o)
 }
 
 /// Rotate-half rotary embedding over `[.., S, D]`: pairs `(i, i + D/2)` rotate by
 /// `(offset + s)·theta^(−2i/D)`.
-pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Tensor {
+pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Result<Tensor, TensorError> {
     let dims = x.shape().dims();
     let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let half = d / 2;
     let src = floats(x);
-    let mut out = vec![0.0f32; src.len()];
+    let mut out = try_collect(src.len(), std::iter::repeat_n(0.0f32, src.len()))?;
     for (r, (row, dst)) in src
         .chunks(d.max(1))
         .zip(out.chunks_mut(d.max(1)))
@@ -126,7 +150,7 @@ pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Tensor {
             dst[i + half] = (b * cos + a * sin) as f32;
         }
     }
-    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out)
 }
 
 fn dims4(s: &Shape) -> [usize; 4] {

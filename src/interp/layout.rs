@@ -1,76 +1,53 @@
 //! Layout ops: they move elements without computing on them.
 
-use crate::ir::{slice_bounds, Data, Shape, Tensor, TensorType};
+use crate::ir::{slice_bounds, Shape, Tensor, TensorError, TensorType};
 
-use super::strided::{gather, offsets};
+use super::strided::{pick, Offsets};
 use super::InterpError;
 
-fn rebuild(ty: &TensorType, data: Data) -> Tensor {
-    match data {
-        Data::Float(v) => Tensor::from_f32(ty.dtype, ty.shape.clone(), v),
-        Data::Int(v) => Tensor::from_i64(ty.dtype, ty.shape.clone(), v),
-    }
-    .expect("layout ops keep the element count the type says")
+pub fn reshape(x: &Tensor, out: &TensorType) -> Result<Tensor, TensorError> {
+    pick(x, out, 0..x.len())
 }
 
-pub fn reshape(x: &Tensor, out: &TensorType) -> Tensor {
-    rebuild(out, x.data().clone())
-}
-
-pub fn permute(x: &Tensor, perm: &[usize], out: &TensorType) -> Tensor {
+pub fn permute(x: &Tensor, perm: &[usize], out: &TensorType) -> Result<Tensor, TensorError> {
     let strides = x.shape().strides();
     let permuted: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
-    rebuild(
-        out,
-        gather(x.data(), &offsets(out.shape.dims(), &permuted, 0)),
-    )
+    pick(x, out, Offsets::new(out.shape.dims(), &permuted, 0))
 }
 
-pub fn expand(x: &Tensor, out: &TensorType) -> Tensor {
-    let strides = x.shape().broadcast_strides(&out.shape);
-    rebuild(
-        out,
-        gather(x.data(), &offsets(out.shape.dims(), &strides, 0)),
-    )
+pub fn expand(x: &Tensor, out: &TensorType) -> Result<Tensor, TensorError> {
+    pick(x, out, Offsets::broadcast(x.shape(), &out.shape))
 }
 
-pub fn slice(x: &Tensor, axis: usize, start: i64, end: i64, out: &TensorType) -> Tensor {
+pub fn slice(
+    x: &Tensor,
+    axis: usize,
+    start: i64,
+    end: i64,
+    out: &TensorType,
+) -> Result<Tensor, TensorError> {
     let strides = x.shape().strides();
     let (s, _) =
         slice_bounds(start, end, x.shape().dims()[axis]).expect("checked by shape inference");
-    rebuild(
-        out,
-        gather(
-            x.data(),
-            &offsets(out.shape.dims(), &strides, s * strides[axis]),
-        ),
-    )
+    let base = s * strides[axis];
+    pick(x, out, Offsets::new(out.shape.dims(), &strides, base))
 }
 
-pub fn concat(xs: &[&Tensor], axis: usize, out: &TensorType) -> Tensor {
+/// Operands joined along `axis`: for each index of the axes before it, each operand's block.
+/// The caller has made sure the result is not empty, so the outer count is at most its size.
+pub fn concat(xs: &[&Tensor], axis: usize, out: &TensorType) -> Result<Tensor, TensorError> {
     let outer: usize = out.shape.dims()[..axis].iter().product();
-    let mut data = match xs[0].data() {
-        Data::Float(_) => Data::Float(Vec::with_capacity(out.shape.numel())),
-        Data::Int(_) => Data::Int(Vec::with_capacity(out.shape.numel())),
-    };
-    for o in 0..outer {
-        for x in xs {
+    let values = (0..outer).flat_map(|o| {
+        xs.iter().flat_map(move |x| {
             let block: usize = x.shape().dims()[axis..].iter().product();
-            match (&mut data, x.data()) {
-                (Data::Float(d), Data::Float(v)) => {
-                    d.extend_from_slice(&v[o * block..(o + 1) * block])
-                }
-                (Data::Int(d), Data::Int(v)) => d.extend_from_slice(&v[o * block..(o + 1) * block]),
-                (Data::Float(_), Data::Int(_)) | (Data::Int(_), Data::Float(_)) => {
-                    unreachable!("shape inference refuses mixed dtypes")
-                }
-            }
-        }
-    }
-    rebuild(out, data)
+            (o * block..(o + 1) * block).map(move |i| x.element(i))
+        })
+    });
+    Tensor::from_elements(out.dtype, out.shape.clone(), out.shape.numel(), values)
 }
 
-/// Rows of `table` picked by `indices`; an index outside the table is an error, not a panic.
+/// Rows of `table` picked by `indices`; an index outside the table is an error, not a panic
+/// (even when the rows are empty, as PyTorch's index_select has it).
 pub fn gather_rows(
     node: &str,
     table: &Tensor,
@@ -82,19 +59,31 @@ pub fn gather_rows(
     let idx = indices
         .as_i64()
         .expect("shape inference requires integer indices");
-    let mut offs = Vec::with_capacity(out.shape.numel());
-    for &i in idx {
-        if i < 0 || i as usize >= rows {
-            return Err(InterpError::IndexOutOfRange {
-                node: node.to_string(),
-                index: i,
-                size: rows,
-            });
-        }
-        let base = i as usize * row_len;
-        offs.extend(base..base + row_len);
+    if let Some(&i) = idx
+        .iter()
+        .find(|&&i| usize::try_from(i).map_or(true, |i| i >= rows))
+    {
+        return Err(InterpError::IndexOutOfRange {
+            node: node.to_string(),
+            index: i,
+            size: rows,
+        });
     }
-    Ok(rebuild(out, gather(table.data(), &offs)))
+    let offsets = idx.iter().flat_map(|&i| {
+        let base = i as usize * row_len;
+        base..base + row_len
+    });
+    let n = out.shape.numel();
+    Tensor::from_elements(
+        out.dtype,
+        out.shape.clone(),
+        n,
+        offsets.map(|o| table.element(o)),
+    )
+    .map_err(|source| InterpError::Host {
+        node: node.to_string(),
+        source,
+    })
 }
 
 /// Shape of `x` with the reduced axes kept as 1 (for strided accumulation).

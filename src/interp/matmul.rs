@@ -5,38 +5,33 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
-use crate::ir::{Shape, Tensor, TensorType};
+use crate::ir::{try_collect, Shape, Tensor, TensorError, TensorType};
 
-use super::strided::offsets;
+use super::strided::Offsets;
 
 /// Below this many multiply-adds a GEMM is not worth splitting across threads.
 const PARALLEL_MIN_FLOPS: usize = 1 << 18;
 
-pub fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Tensor {
+pub fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Result<Tensor, TensorError> {
     let (ad, bd, od) = (a.shape().dims(), b.shape().dims(), out.shape.dims());
     let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
     let batch_shape = Shape(od[..od.len() - 2].to_vec());
     let a_batch = Shape(ad[..ad.len() - 2].to_vec());
     let b_batch = Shape(bd[..bd.len() - 2].to_vec());
-    let a_off = offsets(
-        batch_shape.dims(),
-        &a_batch.broadcast_strides(&batch_shape),
-        0,
-    );
-    let b_off = offsets(
-        batch_shape.dims(),
-        &b_batch.broadcast_strides(&batch_shape),
-        0,
-    );
+    let batches = batch_shape.numel();
+    let a_off = try_collect(batches, Offsets::broadcast(&a_batch, &batch_shape))?;
+    let b_off = try_collect(batches, Offsets::broadcast(&b_batch, &batch_shape))?;
     let (av, bv) = (
         a.as_f32().expect("float operands"),
         b.as_f32().expect("float operands"),
     );
 
-    let mut c = vec![0.0f32; out.shape.numel()];
-    let batches = batch_shape.numel();
+    let mut c = try_collect(
+        out.shape.numel(),
+        std::iter::repeat_n(0.0f32, out.shape.numel()),
+    )?;
     if m * n == 0 {
-        return Tensor::from_f32(out.dtype, out.shape.clone(), c).expect("output shape");
+        return Tensor::from_f32(out.dtype, out.shape.clone(), c);
     }
     // Row blocks per batch: enough tasks to keep every thread busy when batches are few.
     let threads = rayon::current_num_threads().max(1);
@@ -61,5 +56,5 @@ pub fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Tensor {
                 general_mat_mul(1.0, &a_rows, &b_mat, 0.0, &mut c_rows);
             });
     });
-    Tensor::from_f32(out.dtype, out.shape.clone(), c).expect("output shape")
+    Tensor::from_f32(out.dtype, out.shape.clone(), c)
 }

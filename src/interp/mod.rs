@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 use crate::ir::{
-    normalize_axis, random_input, random_weight, reduce_axes, Graph, GraphError, Node, NodeId, Op,
-    Tensor, TensorType,
+    check_host_size, normalize_axis, random_input, random_weight, reduce_axes, Graph, GraphError,
+    Node, NodeMap, Op, Tensor, TensorError, TensorType,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -42,6 +42,15 @@ pub enum InterpError {
         index: i64,
         size: usize,
     },
+
+    /// Host data for the node (its value, or random data drawn for it) is larger than the host
+    /// may hold or than the allocator gives.
+    #[error("node `{node}`: {source}")]
+    Host {
+        node: String,
+        #[source]
+        source: TensorError,
+    },
 }
 
 /// Data for a run: inputs by name, weights by name (a weight left out is drawn from the
@@ -51,28 +60,48 @@ pub struct Bindings {
     pub inputs: HashMap<String, Tensor>,
     pub weights: HashMap<String, Tensor>,
     pub seed: u64,
+    /// Inputs [`Bindings::random`] could not draw (too large for the host), with why; every run
+    /// with these bindings reports the first through [`Bindings::check_against`].
+    pub undrawn: Vec<(String, TensorError)>,
 }
 
 impl Bindings {
-    /// Seeded random data for every input of `graph`, as each input's `sample` says.
+    /// Seeded random data for every input of `graph`, as each input's `sample` says, or the
+    /// first input that cannot be drawn (larger than `ir::MAX_HOST_ELEMENTS`, or than the host
+    /// can allocate).
+    pub fn try_random(graph: &Graph, seed: u64) -> Result<Bindings, InterpError> {
+        let b = Bindings::random(graph, seed);
+        match b.undrawn.into_iter().next() {
+            Some((node, source)) => Err(InterpError::Host { node, source }),
+            None => Ok(Bindings {
+                undrawn: vec![],
+                ..b
+            }),
+        }
+    }
+
+    /// As [`Bindings::try_random`], but an input that cannot be drawn is left unbound and
+    /// recorded in `undrawn`, so that running with these bindings reports it (a typed error,
+    /// never an allocation abort).
     pub fn random(graph: &Graph, seed: u64) -> Bindings {
-        let inputs = graph
-            .node_ids()
-            .filter_map(|id| {
-                let node = graph.node(id);
-                match &node.op {
-                    Op::Input { sample, .. } => Some((
-                        node.name.clone(),
-                        random_input(&node.name, &node.ty, sample, seed),
-                    )),
-                    _ => None,
+        let mut inputs = HashMap::new();
+        let mut undrawn = Vec::new();
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            if let Op::Input { sample, .. } = &node.op {
+                match random_input(&node.name, &node.ty, sample, seed) {
+                    Ok(t) => {
+                        inputs.insert(node.name.clone(), t);
+                    }
+                    Err(e) => undrawn.push((node.name.clone(), e)),
                 }
-            })
-            .collect();
+            }
+        }
         Bindings {
             inputs,
             weights: HashMap::new(),
             seed,
+            undrawn,
         }
     }
 
@@ -83,6 +112,12 @@ impl Bindings {
 
     /// Refuses bindings that name nothing in `graph`, so a misspelt name is not silently unused.
     pub fn check_against(&self, graph: &Graph) -> Result<(), InterpError> {
+        if let Some((node, source)) = self.undrawn.first() {
+            return Err(InterpError::Host {
+                node: node.clone(),
+                source: source.clone(),
+            });
+        }
         for name in self.inputs.keys() {
             match graph.find(name).map(|id| graph.op(id)) {
                 Some(Op::Input { .. }) => {}
@@ -113,21 +148,23 @@ pub fn run_with_weights(
 ) -> Result<Vec<Tensor>, InterpError> {
     bindings.check_against(graph)?;
     let order = graph.topo_order()?;
-    let mut remaining: HashMap<NodeId, usize> = order
+    let mut remaining: NodeMap<usize> = order
         .iter()
         .map(|&id| (id, graph.consumers(id).len()))
         .collect();
-    let mut values: HashMap<NodeId, Tensor> = HashMap::new();
+    let mut values: NodeMap<Tensor> = NodeMap::default();
     for id in order {
+        let node = graph.node(id);
+        let host = |source| InterpError::Host {
+            node: node.name.clone(),
+            source,
+        };
+        // Every value is checked against the host limit before it is computed.
+        check_host_size(&node.ty).map_err(host)?;
         let operands = graph.operands(id);
         let args: Vec<&Tensor> = operands.iter().map(|o| &values[o]).collect();
-        let value = eval(graph.node(id), &args, bindings, weights)?;
-        debug_assert_eq!(
-            value.ty(),
-            graph.node(id).ty,
-            "node {}",
-            graph.node(id).name
-        );
+        let value = eval(node, &args, bindings, weights)?;
+        debug_assert_eq!(value.ty(), node.ty, "node {}", node.name);
         values.insert(id, value);
         // Free operands nobody else needs.
         let mut distinct = operands;
@@ -141,7 +178,22 @@ pub fn run_with_weights(
             }
         }
     }
-    Ok(graph.outputs().iter().map(|o| values[o].clone()).collect())
+    // Each output's value moves out at its last mention; an output listed twice is copied.
+    let mut mentions: NodeMap<usize> = NodeMap::default();
+    for &o in graph.outputs() {
+        *mentions.entry(o).or_insert(0) += 1;
+    }
+    let mut result = Vec::with_capacity(graph.outputs().len());
+    for o in graph.outputs() {
+        let left = mentions.get_mut(o).expect("counted above");
+        *left -= 1;
+        result.push(if *left > 0 {
+            values[o].clone()
+        } else {
+            values.remove(o).expect("outputs are kept")
+        });
+    }
+    Ok(result)
 }
 
 fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tensor>, InterpError> {
@@ -156,6 +208,13 @@ fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tenso
     }
 }
 
+/// Whether `op` computes its value from its operands (so an empty value needs no computing).
+/// Sources produce data from bindings or attributes; a gather checks its indices even when the
+/// rows it picks are empty.
+fn computes(op: &Op) -> bool {
+    !op.is_source() && !matches!(op, Op::Gather)
+}
+
 /// Evaluates one node on its operand values.
 fn eval(
     node: &Node,
@@ -164,16 +223,26 @@ fn eval(
     weights: &HashMap<String, Tensor>,
 ) -> Result<Tensor, InterpError> {
     let ty = &node.ty;
+    let host = |source| InterpError::Host {
+        node: node.name.clone(),
+        source,
+    };
+    // An empty result is well defined whatever the operands are, and computing it could loop
+    // over the non-empty axes of an empty tensor ([2^40, 0] has no elements but 2^40 rows).
+    if computes(&node.op) && ty.shape.numel() == 0 {
+        return Tensor::from_elements(ty.dtype, ty.shape.clone(), 0, std::iter::empty())
+            .map_err(host);
+    }
     let axis =
         |a: i64| normalize_axis(a, args[0].shape().rank()).expect("checked by shape inference");
-    Ok(match &node.op {
+    let value = match &node.op {
         Op::Input { .. } => {
-            bound(&node.name, ty, bindings.inputs.get(&node.name))?.ok_or_else(|| {
+            return bound(&node.name, ty, bindings.inputs.get(&node.name))?.ok_or_else(|| {
                 InterpError::MissingInput {
                     name: node.name.clone(),
                     ty: ty.clone(),
                 }
-            })?
+            })
         }
         Op::Weight { init, .. } => match bound(
             &node.name,
@@ -183,18 +252,10 @@ fn eval(
                 .get(&node.name)
                 .or_else(|| weights.get(&node.name)),
         )? {
-            Some(t) => t,
+            Some(t) => Ok(t),
             None => random_weight(&node.name, ty, init, bindings.seed),
         },
-        Op::Constant { values, .. } => {
-            let n = ty.shape.numel();
-            let full: Vec<f64> = if values.len() == n {
-                values.clone()
-            } else {
-                vec![values[0]; n]
-            };
-            Tensor::from_f64(ty.dtype, ty.shape.clone(), &full).expect("constant length checked")
-        }
+        Op::Constant { values, .. } => Tensor::constant(ty, values),
         Op::CausalMask { sq, sk, offset } => attention::causal_mask(*sq, *sk, *offset),
         Op::Reshape { .. } => layout::reshape(args[0], ty),
         Op::Permute { perm } => layout::permute(args[0], perm, ty),
@@ -205,11 +266,11 @@ fn eval(
             start,
             end,
         } => layout::slice(args[0], axis(*a), *start, *end, ty),
-        Op::Gather => layout::gather_rows(&node.name, args[0], args[1], ty)?,
+        Op::Gather => return layout::gather_rows(&node.name, args[0], args[1], ty),
         Op::Binary(op) => elementwise::binary(*op, args[0], args[1], ty),
         Op::Where => elementwise::where_(args[0], args[1], args[2], ty),
         Op::Unary(op) => elementwise::unary(*op, args[0]),
-        Op::Cast { to } => args[0].cast(*to),
+        Op::Cast { to } => args[0].try_cast(*to),
         Op::Reduce { op, axes, .. } => {
             let axes = reduce_axes(axes, args[0].shape()).expect("checked by shape inference");
             reduce::reduce(*op, args[0], &axes, ty)
@@ -223,5 +284,6 @@ fn eval(
         Op::FlashAttention(att) => {
             attention::flash_attention(att, args[0], args[1], args[2], args.get(3).copied(), ty)
         }
-    })
+    };
+    value.map_err(host)
 }

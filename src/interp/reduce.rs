@@ -1,27 +1,32 @@
 //! Reductions and normalisations. Sums accumulate in f64 so the interpreter stays a tighter
-//! reference than any f32 kernel it checks.
+//! reference than any f32 kernel it checks. Over an empty axis, as PyTorch: a sum is 0, a mean
+//! NaN (0/0) and a max −∞.
 
-use crate::ir::{ReduceOp, Tensor, TensorType};
+use crate::ir::{try_collect, ReduceOp, Tensor, TensorError, TensorType};
 
 use super::layout::keepdim_shape;
-use super::strided::offsets;
+use super::strided::Offsets;
 
 fn floats(t: &Tensor) -> &[f32] {
     t.as_f32().expect("shape inference requires float operands")
 }
 
-pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], out: &TensorType) -> Tensor {
+pub fn reduce(
+    op: ReduceOp,
+    x: &Tensor,
+    axes: &[usize],
+    out: &TensorType,
+) -> Result<Tensor, TensorError> {
     let kept = keepdim_shape(x.shape(), axes);
     let n_out = kept.numel();
-    let out_strides = kept.broadcast_strides(x.shape());
-    let dst = offsets(x.shape().dims(), &out_strides, 0);
+    let dst = Offsets::new(x.shape().dims(), &kept.broadcast_strides(x.shape()), 0);
     let count: usize = axes.iter().map(|&a| x.shape().dims()[a]).product();
     let init = match op {
         ReduceOp::Sum | ReduceOp::Mean => 0.0,
         ReduceOp::Max => f64::NEG_INFINITY,
     };
-    let mut acc = vec![init; n_out];
-    for (&v, &o) in floats(x).iter().zip(&dst) {
+    let mut acc = try_collect(n_out, std::iter::repeat_n(init, n_out))?;
+    for (&v, o) in floats(x).iter().zip(dst) {
         let v = f64::from(v);
         match op {
             ReduceOp::Sum | ReduceOp::Mean => acc[o] += v,
@@ -35,26 +40,23 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], out: &TensorType) -> Ten
         }
     }
     if op == ReduceOp::Mean {
-        let c = count.max(1) as f64;
+        // An empty axis gives 0/0 = NaN, as torch.mean.
+        let c = count as f64;
         acc.iter_mut().for_each(|a| *a /= c);
     }
-    Tensor::from_f32(
-        out.dtype,
-        out.shape.clone(),
-        acc.iter().map(|&a| a as f32).collect(),
-    )
-    .expect("reduced shape")
+    let values = try_collect(n_out, acc.iter().map(|&a| a as f32))?;
+    Tensor::from_f32(out.dtype, out.shape.clone(), values)
 }
 
 /// Safe softmax along `axis`: a row whose inputs are all −∞ gives zeros.
-pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
+pub fn softmax(x: &Tensor, axis: usize) -> Result<Tensor, TensorError> {
     let dims = x.shape().dims();
     let len = dims[axis];
     let inner: usize = dims[axis + 1..].iter().product();
     let outer: usize = dims[..axis].iter().product();
     let src = floats(x);
-    let mut out = vec![0.0f32; src.len()];
-    let mut row = vec![0.0f64; len];
+    let mut out = try_collect(src.len(), std::iter::repeat_n(0.0f32, src.len()))?;
+    let mut row = try_collect(len, std::iter::repeat_n(0.0f64, len))?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| o * len * inner + j * inner + i;
@@ -74,11 +76,17 @@ pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
             }
         }
     }
-    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out)
 }
 
 /// LayerNorm (with bias) or RMSNorm (bias `None`) over the last axis.
-pub fn norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64, rms: bool) -> Tensor {
+pub fn norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    eps: f64,
+    rms: bool,
+) -> Result<Tensor, TensorError> {
     let d = *x
         .shape()
         .dims()
@@ -86,7 +94,7 @@ pub fn norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64, rms: b
         .expect("normalisation needs an axis");
     let (w, b) = (floats(weight), bias.map(floats));
     let src = floats(x);
-    let mut out = vec![0.0f32; src.len()];
+    let mut out = try_collect(src.len(), std::iter::repeat_n(0.0f32, src.len()))?;
     for (row, dst) in src.chunks(d.max(1)).zip(out.chunks_mut(d.max(1))) {
         let n = d as f64;
         let mean = if rms {
@@ -105,5 +113,5 @@ pub fn norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64, rms: b
             dst[j] = (shifted + b.map_or(0.0, |b| f64::from(b[j]))) as f32;
         }
     }
-    Tensor::from_f32(x.dtype(), x.shape().clone(), out).expect("same shape")
+    Tensor::from_f32(x.dtype(), x.shape().clone(), out)
 }

@@ -40,8 +40,9 @@ pub fn to_dot(g: &Graph) -> Result<String, GraphError> {
         let _ = writeln!(out, "  n{} [label=\"{}\", {}];", id.index(), label, style);
     }
     for id in g.node_ids() {
-        for (slot, o) in g.operands(id).into_iter().enumerate() {
-            let label = if g.operands(id).len() > 1 {
+        let operands = g.operands(id);
+        for (slot, o) in operands.iter().enumerate() {
+            let label = if operands.len() > 1 {
                 format!(" [label=\"{slot}\", fontsize=8]")
             } else {
                 String::new()

@@ -1,6 +1,8 @@
 //! Element types and the rounding rules of the reduced-precision ones.
 
 use half::{bf16, f16};
+
+use super::scalar;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -58,16 +60,12 @@ impl DType {
         }
     }
 
-    /// Rounds an f32 to the nearest value this type can hold. Integer types truncate toward zero
-    /// and saturate, as a cast does; bool maps non-zero to 1.
+    /// An f32 stored to this dtype, read back as an f32: floats round (`ir::scalar`), integer
+    /// and bool dtypes convert as a cast does (truncate, saturate, NaN → 0; bool is non-zero).
     pub fn round_f32(self, v: f32) -> f32 {
-        match self {
-            DType::F32 => v,
-            DType::F16 => f16::from_f32(v).to_f32(),
-            DType::BF16 => bf16::from_f32(v).to_f32(),
-            DType::I32 => (v as i32) as f32,
-            DType::I64 => (v as i64) as f32,
-            DType::Bool => f32::from(u8::from(v != 0.0)),
+        match scalar::cast_float(v, self) {
+            scalar::Element::Float(f) => f,
+            scalar::Element::Int(i) => i as f32,
         }
     }
 

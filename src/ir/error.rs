@@ -96,6 +96,9 @@ pub enum GraphError {
 
     #[error("cannot read `{path}`: {message}")]
     Io { path: String, message: String },
+
+    #[error(transparent)]
+    File(#[from] super::FileError),
 }
 
 impl GraphError {
@@ -120,6 +123,7 @@ impl GraphError {
             GraphError::UnsupportedVersion { .. } => "unsupported_version",
             GraphError::Format { .. } => "format",
             GraphError::Io { .. } => "io",
+            GraphError::File(_) => "file",
         }
     }
 }

@@ -1,14 +1,26 @@
 //! The expression of a FusedElementwise node: a tree over the node's operands (`$0`, `$1`, …)
 //! and scalar constants, built from the elementwise ops. Its type follows from applying each
 //! op's own shape rule to its sub-expressions, so it never defines semantics of its own.
+//!
+//! An expression is at most [`MAX_OPS`] ops over at most [`MAX_INPUTS`] operands: a kernel
+//! passes each operand as a parameter and holds each op's value in registers, and the bound also
+//! bounds the depth of the tree, so the recursive walks over it (typing, printing, the
+//! interpreter, codegen) stay shallow. Shape inference refuses a larger expression, and
+//! elementwise fusion stops growing one at the bound. The checks themselves walk iteratively.
 
 use std::fmt;
 
 use serde_json::Value;
 
 use super::infer::{infer, InferError};
-use super::op::{BinaryOp, Op, UnaryOp};
+use super::op::{parse_number, BinaryOp, Op, UnaryOp};
+use super::scalar;
 use super::{DType, TensorType};
+
+/// The most ops one fused expression may apply.
+pub const MAX_OPS: usize = 64;
+/// The most operands one fused expression may read.
+pub const MAX_INPUTS: usize = 16;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
@@ -23,6 +35,63 @@ pub enum Expr {
 }
 
 impl Expr {
+    /// A constant holding `v` as `dtype` holds it (`ir::scalar::constant`): an f16 constant
+    /// 0.1 holds 0.0999755859375, so a kernel's literal is the interpreter's value. (An f32
+    /// constant keeps its f64 as written: every path reads it as `v as f32`.)
+    pub fn constant(v: f64, dtype: DType) -> Expr {
+        Expr::Const(narrowed(v, dtype), dtype)
+    }
+
+    /// Every node of the expression, parents before children, walked with an explicit stack.
+    pub fn nodes(&self) -> impl Iterator<Item = &Expr> {
+        let mut stack = vec![self];
+        std::iter::from_fn(move || {
+            let e = stack.pop()?;
+            stack.extend(e.children().into_iter().rev());
+            Some(e)
+        })
+    }
+
+    /// Checks what shape inference needs before typing the expression: at most [`MAX_OPS`]
+    /// ops and [`MAX_INPUTS`] operands, exactly `operands` operands read, and each constant a
+    /// value its dtype holds.
+    pub fn check(&self, operands: usize) -> Result<(), String> {
+        let (mut ops, mut reads) = (0usize, 0usize);
+        for e in self.nodes() {
+            match e {
+                Expr::Input(i) => reads = reads.max(i.saturating_add(1)),
+                Expr::Const(v, dt) => {
+                    scalar::check_constant(*dt, *v)?;
+                    let held = narrowed(*v, *dt);
+                    if held.to_bits() != v.to_bits() && !v.is_nan() {
+                        return Err(format!(
+                            "constant {v} is not a value of {dt} (it holds {held})"
+                        ));
+                    }
+                }
+                Expr::Unary(..) | Expr::Binary(..) | Expr::Where(..) | Expr::Cast(..) => {
+                    ops += 1;
+                    if ops > MAX_OPS {
+                        return Err(format!(
+                            "the expression applies more than {MAX_OPS} ops (ir::expr::MAX_OPS)"
+                        ));
+                    }
+                }
+            }
+        }
+        if operands > MAX_INPUTS {
+            return Err(format!(
+                "the node has {operands} operands, more than {MAX_INPUTS} (ir::expr::MAX_INPUTS)"
+            ));
+        }
+        if reads != operands {
+            return Err(format!(
+                "the expression reads {reads} operand(s), the node has {operands}"
+            ));
+        }
+        Ok(())
+    }
+
     /// The op this expression node applies, for typing through `infer`.
     fn op(&self) -> Option<Op> {
         match self {
@@ -67,24 +136,20 @@ impl Expr {
 
     /// Highest operand index read, plus one.
     pub fn input_count(&self) -> usize {
-        match self {
-            Expr::Input(i) => i + 1,
-            Expr::Const(..) => 0,
-            _ => self
-                .children()
-                .iter()
-                .map(|c| c.input_count())
-                .max()
-                .unwrap_or(0),
-        }
+        self.nodes()
+            .filter_map(|e| match e {
+                Expr::Input(i) => Some(i.saturating_add(1)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// How many ops the expression applies.
     pub fn op_count(&self) -> usize {
-        match self {
-            Expr::Input(_) | Expr::Const(..) => 0,
-            _ => 1 + self.children().iter().map(|c| c.op_count()).sum::<usize>(),
-        }
+        self.nodes()
+            .filter(|e| !matches!(e, Expr::Input(_) | Expr::Const(..)))
+            .count()
     }
 
     /// JSON form: `"$0"`, `{"const": 0.5, "dtype": "f32"}`, `["mul", a, b]`, `["cast", "f16", a]`.
@@ -123,10 +188,7 @@ impl Expr {
                 .ok_or_else(|| format!("`{s}` is not an operand reference like \"$0\"")),
             Value::Object(m) => {
                 let value = match m.get("const") {
-                    Some(Value::Number(n)) => n.as_f64().ok_or("bad constant")?,
-                    Some(Value::String(s)) if s == "inf" => f64::INFINITY,
-                    Some(Value::String(s)) if s == "-inf" => f64::NEG_INFINITY,
-                    Some(Value::String(s)) if s == "nan" => f64::NAN,
+                    Some(v @ (Value::Number(_) | Value::String(_))) => parse_number(v)?,
                     _ => return Err("a constant needs a numeric `const`".into()),
                 };
                 let dtype = m
@@ -137,7 +199,8 @@ impl Expr {
                 if m.len() != 2 {
                     return Err("a constant has exactly `const` and `dtype`".into());
                 }
-                Ok(Expr::Const(value, dtype))
+                scalar::check_constant(dtype, value)?;
+                Ok(Expr::constant(value, dtype))
             }
             Value::Array(items) => {
                 let name = items
@@ -185,6 +248,14 @@ impl Expr {
             }
             other => Err(format!("{other} is not an expression")),
         }
+    }
+}
+
+/// `v` as an f16/bf16 constant holds it; other dtypes' constants are kept as written.
+fn narrowed(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => scalar::constant(dtype, v).exact_f64().unwrap_or(v),
+        DType::F32 | DType::I32 | DType::I64 | DType::Bool => v,
     }
 }
 

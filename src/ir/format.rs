@@ -18,7 +18,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::op::OpParseError;
-use super::{Graph, GraphError, NodeId, Op};
+use super::{FileLimit, Graph, GraphError, NodeId, Op};
 
 pub const FORMAT_NAME: &str = "rocmforge-graph";
 pub const FORMAT_VERSION: u32 = 1;
@@ -44,12 +44,17 @@ fn format_err<T>(reason: impl Into<String>) -> Result<T, GraphError> {
     })
 }
 
-/// Reads and validates a graph file.
+/// Graph files are hand-written JSON; constants are their only bulk (weights come from the seed
+/// or the model's own files), so anything past this is not a graph file.
+pub const GRAPH_FILE: FileLimit = FileLimit {
+    what: "graph file",
+    max_bytes: 64 << 20,
+};
+
+/// Reads and validates a graph file: a regular file of at most [`GRAPH_FILE`] bytes (a FIFO, a
+/// device or a directory is refused without being read).
 pub fn load(path: &Path) -> Result<Graph, GraphError> {
-    let text = std::fs::read_to_string(path).map_err(|e| GraphError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let text = super::file::read_text(path, GRAPH_FILE)?;
     let mut g = from_json_str(&text)?;
     if g.name.is_empty() {
         if let Some(stem) = path.file_stem() {

@@ -1,18 +1,59 @@
-//! The op DAG: nodes carry an op, a unique name and their inferred type; edges run from operand
-//! to consumer and carry the operand slot, so `mul(x, x)` is two edges.
+//! The op DAG: nodes carry an op, a unique name and their inferred type, their operands in
+//! slot order (so `mul(x, x)` reads `x` twice) and their consumers.
+//!
+//! Nodes live in a petgraph `StableDiGraph`, which gives stable ids and reuses the slot of a
+//! removed node for the next one added (so ids, and the dumps ordered by them, are the same
+//! however a graph was edited). Its edges are not used: petgraph keeps a node's edges in a
+//! singly linked list, so removing an edge costs the degree of its endpoints, and a pass that
+//! removes the consumers of a value read a hundred thousand times (a shared constant or mask)
+//! would be quadratic. Each node keeps its operands in a vector and its consumers in a map, so
+//! every edit costs the node's own arity.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
-use petgraph::visit::EdgeRef;
-use petgraph::Direction;
+use petgraph::visit::NodeIndexable;
 
 use super::infer::{infer, InferError};
 use super::op::{Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
 use super::{DType, GraphError, Shape, TensorType};
 
 pub type NodeId = NodeIndex<u32>;
+
+/// A map keyed by node id, hashed by [`NodeIdHasher`].
+pub type NodeMap<V> = HashMap<NodeId, V, BuildHasherDefault<NodeIdHasher>>;
+/// A set of node ids, hashed by [`NodeIdHasher`].
+pub type NodeSet = HashSet<NodeId, BuildHasherDefault<NodeIdHasher>>;
+
+/// Hashes node ids with a multiplication. Ids are small integers the graph hands out in order,
+/// never text from a file, so SipHash's defence against chosen keys buys nothing here, and it
+/// cost a third of the time of the passes on a graph of a million nodes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeIdHasher(u64);
+
+impl Hasher for NodeIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: the golden-ratio multiplier spreads consecutive ids over the high
+        // bits, which the hash table reads first.
+        self.0 = (self.0.rotate_left(26) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
@@ -21,15 +62,30 @@ pub struct Node {
     pub ty: TensorType,
 }
 
+/// A node with its edges.
+#[derive(Clone, Debug)]
+struct Slot {
+    node: Node,
+    /// Operands in slot order.
+    operands: Vec<NodeId>,
+    /// Each consumer, with how many of its operand slots read this node.
+    users: NodeMap<u32>,
+    /// The sum of `users`' counts: operand slots that read this node.
+    reads: usize,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     /// A label for dumps and reports (the file's `name`).
     pub name: String,
     /// Free text carried through files (what the graph is, where it came from).
     pub description: String,
-    g: StableDiGraph<Node, u32>,
+    g: StableDiGraph<Slot, ()>,
     names: HashMap<String, NodeId>,
     outputs: Vec<NodeId>,
+    /// How many times each node appears in `outputs`, so output queries cost O(1) whatever the
+    /// number of outputs (passes ask for every node they visit).
+    output_uses: NodeMap<usize>,
     next_auto: usize,
 }
 
@@ -50,12 +106,13 @@ impl Graph {
     // ---- reading -------------------------------------------------------------------------
 
     pub fn node(&self, id: NodeId) -> &Node {
-        &self.g[id]
+        &self.g[id].node
     }
 
     pub fn try_node(&self, id: NodeId) -> Result<&Node, GraphError> {
         self.g
             .node_weight(id)
+            .map(|s| &s.node)
             .ok_or(GraphError::NoSuchNode { id: id.index() })
     }
 
@@ -64,11 +121,11 @@ impl Graph {
     }
 
     pub fn ty(&self, id: NodeId) -> &TensorType {
-        &self.g[id].ty
+        &self.g[id].node.ty
     }
 
     pub fn op(&self, id: NodeId) -> &Op {
-        &self.g[id].op
+        &self.g[id].node.op
     }
 
     pub fn find(&self, name: &str) -> Option<NodeId> {
@@ -89,58 +146,45 @@ impl Graph {
 
     /// Operands of `id` in slot order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
-        let mut edges: Vec<(u32, NodeId)> = self
-            .g
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| (*e.weight(), e.source()))
-            .collect();
-        edges.sort_unstable();
-        edges.into_iter().map(|(_, n)| n).collect()
+        self.g[id].operands.clone()
     }
 
-    /// Distinct consumers of `id` (a node using it twice is listed once).
+    /// Distinct consumers of `id` (a node using it twice is listed once), in id order.
     pub fn consumers(&self, id: NodeId) -> Vec<NodeId> {
-        let mut out: Vec<NodeId> = self
-            .g
-            .edges_directed(id, Direction::Outgoing)
-            .map(|e| e.target())
-            .collect();
+        let mut out: Vec<NodeId> = self.g[id].users.keys().copied().collect();
         out.sort_unstable();
-        out.dedup();
         out
     }
 
     /// How many uses `id` has: operand slots that read it, plus one per graph output it is.
     pub fn use_count(&self, id: NodeId) -> usize {
-        self.g.edges_directed(id, Direction::Outgoing).count()
-            + self.outputs.iter().filter(|&&o| o == id).count()
+        self.g[id].reads + self.output_uses.get(&id).copied().unwrap_or(0)
     }
 
     pub fn is_output(&self, id: NodeId) -> bool {
-        self.outputs.contains(&id)
+        self.output_uses.contains_key(&id)
     }
 
     /// Nodes in a topological order that keeps insertion order wherever the edges allow, so
     /// dumps read in the order a graph was written.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, GraphError> {
-        let mut indeg: HashMap<NodeId, usize> = self
-            .g
-            .node_indices()
-            .map(|n| (n, self.g.edges_directed(n, Direction::Incoming).count()))
-            .collect();
-        let mut ready: BinaryHeap<Reverse<NodeId>> = indeg
-            .iter()
-            .filter(|(_, &d)| d == 0)
-            .map(|(&n, _)| Reverse(n))
-            .collect();
+        // Operands not yet ordered, by node index (vacant slots are never read).
+        let mut indeg = vec![0usize; self.g.node_bound()];
+        let mut ready: BinaryHeap<Reverse<NodeId>> = BinaryHeap::new();
+        for n in self.g.node_indices() {
+            indeg[n.index()] = self.g[n].operands.len();
+            if indeg[n.index()] == 0 {
+                ready.push(Reverse(n));
+            }
+        }
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(Reverse(n)) = ready.pop() {
             order.push(n);
-            for e in self.g.edges_directed(n, Direction::Outgoing) {
-                let d = indeg.get_mut(&e.target()).expect("edge target is a node");
-                *d -= 1;
+            for (&user, &times) in &self.g[n].users {
+                let d = &mut indeg[user.index()];
+                *d -= times as usize;
                 if *d == 0 {
-                    ready.push(Reverse(e.target()));
+                    ready.push(Reverse(user));
                 }
             }
         }
@@ -148,33 +192,22 @@ impl Graph {
             let stuck = self
                 .g
                 .node_indices()
-                .filter(|n| indeg[n] > 0)
-                .min()
-                .expect("a cycle leaves a node with edges left");
+                .find(|n| indeg[n.index()] > 0)
+                .expect("a cycle leaves a node with operands left");
             return Err(GraphError::Cycle {
-                node: self.g[stuck].name.clone(),
+                node: self.g[stuck].node.name.clone(),
             });
         }
         Ok(order)
     }
 
-    /// Checks the whole graph: acyclic, every node's arity, operand slots and type consistent
-    /// with its op, unique names, at least one output.
+    /// Checks the whole graph: acyclic, every node's arity and type consistent with its op, at
+    /// least one output. (Names are unique by construction: `add_node` and `rename` refuse a
+    /// name in use.)
     pub fn validate(&self) -> Result<(), GraphError> {
         let order = self.topo_order()?;
         for id in order {
-            let node = &self.g[id];
-            let mut slots: Vec<u32> = self
-                .g
-                .edges_directed(id, Direction::Incoming)
-                .map(|e| *e.weight())
-                .collect();
-            slots.sort_unstable();
-            if slots.iter().enumerate().any(|(i, &s)| s as usize != i) {
-                return Err(GraphError::Format {
-                    reason: format!("node `{}` has operand slots {slots:?}", node.name),
-                });
-            }
+            let node = &self.g[id].node;
             let ops = self.operands(id);
             let inferred = self.infer_for(&node.name, &node.op, &ops)?;
             if inferred != node.ty {
@@ -182,11 +215,6 @@ impl Graph {
                     node: node.name.clone(),
                     stored: node.ty.to_string(),
                     inferred: inferred.to_string(),
-                });
-            }
-            if self.names.get(&node.name) != Some(&id) {
-                return Err(GraphError::DuplicateName {
-                    node: node.name.clone(),
                 });
             }
         }
@@ -265,16 +293,28 @@ impl Graph {
             None => self.fresh_name(op.name()),
         };
         let ty = self.infer_for(&name, &op, operands)?;
-        let id = self.g.add_node(Node {
-            name: name.clone(),
-            op,
-            ty,
+        let id = self.g.add_node(Slot {
+            node: Node {
+                name: name.clone(),
+                op,
+                ty,
+            },
+            operands: operands.to_vec(),
+            users: NodeMap::default(),
+            reads: 0,
         });
-        for (slot, &o) in operands.iter().enumerate() {
-            self.g.add_edge(o, id, slot as u32);
+        for &o in operands {
+            self.read(o, id, 1);
         }
         self.names.insert(name, id);
         Ok(id)
+    }
+
+    /// Records that `times` more operand slots of `user` read `id`.
+    fn read(&mut self, id: NodeId, user: NodeId, times: u32) {
+        let slot = &mut self.g[id];
+        *slot.users.entry(user).or_insert(0) += times;
+        slot.reads += times as usize;
     }
 
     /// Adds a node with an automatic name.
@@ -306,13 +346,14 @@ impl Graph {
         }
         self.names.remove(&old);
         self.names.insert(name.to_string(), id);
-        self.g[id].name = name.to_string();
+        self.g[id].node.name = name.to_string();
         Ok(())
     }
 
     pub fn add_output(&mut self, id: NodeId) -> Result<(), GraphError> {
         self.try_node(id)?;
         self.outputs.push(id);
+        *self.output_uses.entry(id).or_insert(0) += 1;
         Ok(())
     }
 
@@ -320,7 +361,11 @@ impl Graph {
         for &id in ids {
             self.try_node(id)?;
         }
-        self.outputs = ids.to_vec();
+        self.outputs.clear();
+        self.output_uses.clear();
+        for &id in ids {
+            self.add_output(id)?;
+        }
         Ok(())
     }
 
@@ -335,34 +380,56 @@ impl Graph {
         );
         if old_ty != new_ty {
             return Err(GraphError::StaleType {
-                node: self.g[old].name.clone(),
+                node: self.g[old].node.name.clone(),
                 stored: old_ty.to_string(),
                 inferred: new_ty.to_string(),
             });
         }
-        let uses: Vec<(petgraph::stable_graph::EdgeIndex<u32>, NodeId, u32)> = self
-            .g
-            .edges_directed(old, Direction::Outgoing)
-            .map(|e| (e.id(), e.target(), *e.weight()))
-            .collect();
-        for (e, target, slot) in uses {
-            self.g.remove_edge(e);
-            self.g.add_edge(new, target, slot);
+        if old == new {
+            return Ok(());
         }
-        for o in &mut self.outputs {
-            if *o == old {
-                *o = new;
+        let users = std::mem::take(&mut self.g[old].users);
+        self.g[old].reads = 0;
+        for (&user, &times) in &users {
+            for o in &mut self.g[user].operands {
+                if *o == old {
+                    *o = new;
+                }
             }
+            self.read(new, user, times);
+        }
+        if let Some(k) = self.output_uses.remove(&old) {
+            for o in &mut self.outputs {
+                if *o == old {
+                    *o = new;
+                }
+            }
+            *self.output_uses.entry(new).or_insert(0) += k;
         }
         Ok(())
     }
 
-    /// Removes a node and its edges. The caller makes sure nothing still needs it.
+    /// Removes a node. The caller makes sure nothing still needs it: a consumer left behind
+    /// loses the operand, which validation reports as a wrong arity.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
-        let node = self.g.remove_node(id)?;
-        self.names.remove(&node.name);
-        self.outputs.retain(|&o| o != id);
-        Some(node)
+        let slot = self.g.remove_node(id)?;
+        for &o in &slot.operands {
+            if let Some(s) = self.g.node_weight_mut(o) {
+                if let Some(times) = s.users.remove(&id) {
+                    s.reads -= times as usize;
+                }
+            }
+        }
+        for &user in slot.users.keys() {
+            if let Some(s) = self.g.node_weight_mut(user) {
+                s.operands.retain(|&o| o != id);
+            }
+        }
+        self.names.remove(&slot.node.name);
+        if self.output_uses.remove(&id).is_some() {
+            self.outputs.retain(|&o| o != id);
+        }
+        Some(slot.node)
     }
 
     // ---- builder sugar -------------------------------------------------------------------

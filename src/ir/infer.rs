@@ -2,6 +2,7 @@
 //! is none.
 
 use super::op::{Attention, BinaryOp, MaskKind, Op};
+use super::scalar::check_constant;
 use super::{normalize_axis, DType, Shape, TensorType};
 
 /// Why an op cannot be applied to its operands. The graph wraps it with the node's name.
@@ -43,9 +44,15 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferError> {
 
 fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferError> {
     match op {
-        Op::Input { dtype, shape, .. } | Op::Weight { dtype, shape, .. } => {
+        Op::Input {
+            dtype,
+            shape,
+            sample,
+        } => {
+            sample.check(*dtype).map_err(InferError::Attribute)?;
             Ok(TensorType::new(*dtype, shape.clone()))
         }
+        Op::Weight { dtype, shape, .. } => Ok(TensorType::new(*dtype, shape.clone())),
         Op::Constant {
             dtype,
             shape,
@@ -59,6 +66,10 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
                     "constant of shape {shape} needs 1 or {n} values, got {}",
                     values.len()
                 ));
+            }
+            for (i, &v) in values.iter().enumerate() {
+                check_constant(*dtype, v)
+                    .map_err(|e| InferError::Attribute(format!("value {i}: {e}")))?;
             }
             Ok(TensorType::new(*dtype, shape.clone()))
         }
@@ -227,13 +238,8 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
         Op::MatMul => matmul(ins[0], ins[1]),
         Op::FlashAttention(att) => flash_attention(att, ins),
         Op::FusedElementwise(expr) => {
-            if expr.input_count() != ins.len() {
-                return attr_err(format!(
-                    "the expression reads {} operand(s), the node has {}",
-                    expr.input_count(),
-                    ins.len()
-                ));
-            }
+            // Sizes are checked before the (recursive) typing walk.
+            expr.check(ins.len()).map_err(InferError::Attribute)?;
             expr.ty(ins)
         }
     }
@@ -283,7 +289,8 @@ pub(crate) fn reduce_axes(axes: &[i64], shape: &Shape) -> Result<Vec<usize>, Inf
 
 /// Resolves slice bounds (negative counts from the end) to `0 ≤ start ≤ end ≤ dim`.
 pub(crate) fn slice_bounds(start: i64, end: i64, dim: usize) -> Result<(usize, usize), InferError> {
-    let d = dim as i64;
+    // Typed shapes keep every dimension within i64; a negative bound is only added to it.
+    let d = i64::try_from(dim).map_err(|_| InferError::Overflow(format!("axis of size {dim}")))?;
     let s = if start < 0 { start + d } else { start };
     let e = if end < 0 { end + d } else { end };
     if !(0 <= s && s <= e && e <= d) {
@@ -296,21 +303,25 @@ pub(crate) fn slice_bounds(start: i64, end: i64, dim: usize) -> Result<(usize, u
 
 fn reshape(x: &TensorType, spec: &[i64]) -> Result<TensorType, InferError> {
     let total = x.shape.numel();
-    let mut known: usize = 1;
     let mut infer_at = None;
+    let mut dims = Vec::with_capacity(spec.len());
     for (i, &d) in spec.iter().enumerate() {
         match d {
             -1 if infer_at.is_none() => infer_at = Some(i),
             -1 => return attr_err("reshape may infer at most one axis (-1)"),
             d if d < 0 => return attr_err(format!("reshape dimension {d} is negative")),
-            d => {
-                known = known
-                    .checked_mul(d as usize)
-                    .ok_or_else(|| InferError::Overflow(format!("reshape to {spec:?}")))?
-            }
+            _ => {}
         }
+        dims.push(usize::try_from(d).unwrap_or(1));
     }
-    let mut dims: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
+    // The known dimensions' product; a zero makes it zero whatever the others are.
+    let known = if dims.contains(&0) {
+        0
+    } else {
+        dims.iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| InferError::Overflow(format!("reshape to {spec:?}")))?
+    };
     if let Some(i) = infer_at {
         if known == 0 || !total.is_multiple_of(known) {
             return shape_err(format!("cannot reshape {} to {spec:?}", x.shape));
@@ -365,8 +376,9 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
     if q.dtype != k.dtype || q.dtype != v.dtype {
         return dtype_err(format!("q, k, v mix {}, {}, {}", q.dtype, k.dtype, v.dtype));
     }
-    if !att.scale.is_finite() {
-        return attr_err(format!("scale must be finite, got {}", att.scale));
+    // Scores are scaled in f32 on every path.
+    if !(att.scale as f32).is_finite() {
+        return attr_err(format!("scale must be finite as an f32, got {}", att.scale));
     }
     let [b, hq, sq, d] = dims4(q);
     let [bk, hkv, sk, dk] = dims4(k);
@@ -374,7 +386,9 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
     if b != bk || b != bv {
         return shape_err(format!("batch sizes differ: {b}, {bk}, {bv}"));
     }
-    if hkv == 0 || hkv != hv || hq % hkv != 0 {
+    // No heads at all is an empty result; otherwise query heads are groups of key/value heads.
+    let grouped = if hkv == 0 { hq == 0 } else { hq % hkv == 0 };
+    if hkv != hv || !grouped {
         return shape_err(format!(
             "query heads ({hq}) must be a multiple of key/value heads ({hkv}, {hv})"
         ));

@@ -3,7 +3,8 @@
 mod dot;
 mod dtype;
 mod error;
-mod expr;
+pub mod expr;
+pub mod file;
 pub mod format;
 mod graph;
 mod infer;
@@ -18,12 +19,14 @@ pub use dot::to_dot;
 pub use dtype::DType;
 pub use error::GraphError;
 pub use expr::Expr;
-pub use graph::{Graph, Node, NodeId};
+pub use file::{FileError, FileLimit};
+pub use graph::{Graph, Node, NodeId, NodeIdHasher, NodeMap, NodeSet};
 pub use infer::{infer, InferError};
 pub use op::{Arity, Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
 pub use printer::{node_line, to_text};
 pub use random::{random_input, random_weight, seeded_rng};
+pub use scalar::Element;
 pub use shape::{normalize_axis, Shape, TensorType};
-pub use tensor::{Data, Tensor, TensorError};
+pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
 
 pub(crate) use infer::{reduce_axes, slice_bounds};

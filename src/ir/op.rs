@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::expr::Expr;
+use super::scalar::Element;
 use super::{DType, Shape};
 
 /// Binary elementwise ops, with numpy broadcasting.
@@ -158,6 +159,40 @@ pub enum Sample {
     PaddingMask,
     /// Uniform integers in `[low, high)`.
     Range { low: i64, high: i64 },
+}
+
+impl Sample {
+    /// Why this sample cannot be drawn for `dtype`: a range must be non-empty and hold only
+    /// values of the dtype (i32 ranges within i32, bool within 0..2; float ranges must be
+    /// non-empty as f64 too), so no drawn value ever wraps or leaves `[low, high)`.
+    pub fn check(&self, dtype: DType) -> Result<(), String> {
+        let Sample::Range { low, high } = *self else {
+            return Ok(());
+        };
+        if low >= high {
+            return Err(format!("the range {low}..{high} is empty"));
+        }
+        let (min, max_excl): (i128, i128) = match dtype {
+            DType::I32 => (i128::from(i32::MIN), i128::from(i32::MAX) + 1),
+            DType::Bool => (0, 2),
+            DType::I64 => (i128::from(i64::MIN), i128::from(i64::MAX) + 1),
+            DType::F32 | DType::F16 | DType::BF16 => {
+                return if (low as f64) < (high as f64) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the range {low}..{high} is empty once its bounds are floats"
+                    ))
+                };
+            }
+        };
+        if i128::from(low) < min || i128::from(high) > max_excl {
+            return Err(format!(
+                "the range {low}..{high} holds values that are not {dtype}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a weight is initialised when its data is not supplied.
@@ -636,17 +671,32 @@ fn number_value(v: f64) -> Value {
     }
 }
 
-fn parse_number(v: &Value) -> Option<f64> {
+/// A constant value from a file: a number, a bool, "inf", "-inf" or "nan". Values are held as
+/// f64, so an integer the f64 cannot hold exactly (past 2^53) is refused rather than rounded.
+pub(super) fn parse_number(v: &Value) -> Result<f64, String> {
     match v {
-        Value::Number(n) => n.as_f64(),
-        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        Value::Number(n) => {
+            let exact = if let Some(i) = n.as_i64() {
+                Element::Int(i).exact_f64()
+            } else if let Some(u) = n.as_u64() {
+                // Past i64::MAX: exact only when the f64 converts back to the same integer.
+                let f = u as f64;
+                (f < 18_446_744_073_709_551_616.0 && f as u64 == u).then_some(f)
+            } else {
+                n.as_f64()
+            };
+            exact.ok_or_else(|| {
+                format!("{n} is not exactly an f64 (integer constants are exact up to 2^53)")
+            })
+        }
+        Value::Bool(b) => Ok(f64::from(u8::from(*b))),
         Value::String(s) => match s.as_str() {
-            "inf" | "+inf" => Some(f64::INFINITY),
-            "-inf" => Some(f64::NEG_INFINITY),
-            "nan" => Some(f64::NAN),
-            _ => None,
+            "inf" | "+inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            "nan" => Ok(f64::NAN),
+            _ => Err(format!("\"{s}\" is not a number")),
         },
-        _ => None,
+        other => Err(format!("{other} is not a number")),
     }
 }
 
@@ -697,20 +747,20 @@ impl<'a> AttrReader<'a> {
 
     fn values(&mut self, key: &'static str) -> Result<Vec<f64>, OpParseError> {
         self.used.insert(key);
-        let bad = || {
+        let bad = |why: String| {
             OpParseError::Attribute(format!(
-                "attribute `{key}` must be a number, \"inf\", \"-inf\", \"nan\" or a flat list of them"
+                "attribute `{key}` must be a number, \"inf\", \"-inf\", \"nan\" or a flat list \
+                 of them: {why}"
             ))
         };
         match self.map.get(key) {
             None => Err(OpParseError::Attribute(format!(
                 "missing attribute `{key}`"
             ))),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| parse_number(v).ok_or_else(bad))
-                .collect(),
-            Some(v) => Ok(vec![parse_number(v).ok_or_else(bad)?]),
+            Some(Value::Array(items)) => {
+                items.iter().map(|v| parse_number(v).map_err(bad)).collect()
+            }
+            Some(v) => Ok(vec![parse_number(v).map_err(bad)?]),
         }
     }
 

@@ -7,7 +7,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
 use super::op::{Init, Sample};
-use super::{DType, Tensor, TensorType};
+use super::scalar::{self, Element};
+use super::tensor::check_host_size;
+use super::{DType, Tensor, TensorError, TensorType};
 
 /// A generator for `(seed, name)`; FNV-1a keeps the mapping stable across Rust versions.
 pub fn seeded_rng(seed: u64, name: &str) -> ChaCha8Rng {
@@ -19,50 +21,74 @@ pub fn seeded_rng(seed: u64, name: &str) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(h ^ seed.rotate_left(17))
 }
 
-/// Random data for an input, drawn as its `sample` attribute says.
-pub fn random_input(name: &str, ty: &TensorType, sample: &Sample, seed: u64) -> Tensor {
+/// Random data for an input, drawn as its `sample` attribute says. Its size is checked against
+/// the host limit and allocated fallibly; a range that is empty or does not fit the dtype is an
+/// error (shape inference refuses such inputs, see [`Sample::check`]).
+pub fn random_input(
+    name: &str,
+    ty: &TensorType,
+    sample: &Sample,
+    seed: u64,
+) -> Result<Tensor, TensorError> {
+    let n = check_host_size(ty)?;
+    sample
+        .check(ty.dtype)
+        .map_err(|reason| TensorError::Sample {
+            ty: ty.clone(),
+            reason,
+        })?;
     let mut rng = seeded_rng(seed, name);
-    let n = ty.shape.numel();
-    let values: Vec<f64> = match sample {
-        Sample::Normal => match ty.dtype {
-            DType::Bool => (0..n)
-                .map(|_| f64::from(u8::from(rng.random::<bool>())))
-                .collect(),
-            d if d.is_int() => (0..n).map(|_| f64::from(rng.random_range(0..16))).collect(),
-            _ => (0..n)
-                .map(|_| rng.sample::<f64, _>(StandardNormal))
-                .collect(),
+    let (dt, shape) = (ty.dtype, ty.shape.clone());
+    match sample {
+        Sample::Normal => match dt {
+            DType::Bool => {
+                let draw = (0..n).map(|_| Element::Int(i64::from(rng.random::<bool>())));
+                Tensor::from_elements(dt, shape, n, draw)
+            }
+            d if d.is_int() => {
+                let draw = (0..n).map(|_| Element::Int(i64::from(rng.random_range(0i32..16))));
+                Tensor::from_elements(dt, shape, n, draw)
+            }
+            _ => {
+                let draw = (0..n).map(|_| scalar::constant(dt, rng.sample(StandardNormal)));
+                Tensor::from_elements(dt, shape, n, draw)
+            }
         },
         Sample::PaddingMask => {
             let row = ty.shape.dims().last().copied().unwrap_or(1).max(1);
-            let mut v = Vec::with_capacity(n);
-            while v.len() < n {
+            let draw = (0..n.div_ceil(row)).flat_map(|_| {
                 let keep = rng.random_range(1..=row);
-                v.extend((0..row).map(|i| f64::from(u8::from(i < keep))));
-            }
-            v.truncate(n);
-            v
+                (0..row).map(move |i| scalar::constant(dt, f64::from(u8::from(i < keep))))
+            });
+            Tensor::from_elements(dt, shape, n, draw)
         }
         Sample::Range { low, high } => {
-            let (lo, hi) = (*low, (*high).max(*low + 1));
-            if ty.dtype.is_float() {
-                (0..n)
-                    .map(|_| rng.random_range(lo as f64..hi as f64))
-                    .collect()
+            if dt.is_float() {
+                let (lo, hi) = (*low as f64, *high as f64);
+                let draw = (0..n).map(|_| scalar::constant(dt, rng.random_range(lo..hi)));
+                Tensor::from_elements(dt, shape, n, draw)
             } else {
-                (0..n).map(|_| rng.random_range(lo..hi) as f64).collect()
+                // Integers are drawn as integers: through an f64 they would lose bits past 2^53.
+                let draw = (0..n).map(|_| Element::Int(rng.random_range(*low..*high)));
+                Tensor::from_elements(dt, shape, n, draw)
             }
         }
-    };
-    Tensor::from_f64(ty.dtype, ty.shape.clone(), &values).expect("length matches the shape")
+    }
 }
 
-/// Data for a weight that was not supplied, as its `init` attribute says.
-pub fn random_weight(name: &str, ty: &TensorType, init: &Init, seed: u64) -> Tensor {
-    let n = ty.shape.numel();
-    let values: Vec<f64> = match init {
-        Init::Ones => vec![1.0; n],
-        Init::Zeros => vec![0.0; n],
+/// Data for a weight that was not supplied, as its `init` attribute says; checked and allocated
+/// as [`random_input`] is.
+pub fn random_weight(
+    name: &str,
+    ty: &TensorType,
+    init: &Init,
+    seed: u64,
+) -> Result<Tensor, TensorError> {
+    let n = check_host_size(ty)?;
+    let (dt, shape) = (ty.dtype, ty.shape.clone());
+    match init {
+        Init::Ones => Tensor::constant(ty, &[1.0]),
+        Init::Zeros => Tensor::constant(ty, &[0.0]),
         Init::Normal => {
             let mut rng = seeded_rng(seed ^ 0x005e_ed0f_3e16, name);
             let fan_in = ty.shape.dims().first().copied().unwrap_or(1).max(1) as f64;
@@ -71,10 +97,9 @@ pub fn random_weight(name: &str, ty: &TensorType, init: &Init, seed: u64) -> Ten
             } else {
                 0.02
             };
-            (0..n)
-                .map(|_| std * rng.sample::<f64, _>(StandardNormal))
-                .collect()
+            let draw =
+                (0..n).map(|_| scalar::constant(dt, std * rng.sample::<f64, _>(StandardNormal)));
+            Tensor::from_elements(dt, shape, n, draw)
         }
-    };
-    Tensor::from_f64(ty.dtype, ty.shape.clone(), &values).expect("length matches the shape")
+    }
 }

@@ -30,12 +30,19 @@ impl Shape {
         self.0.iter().product()
     }
 
-    /// Element count, or `None` when it (or its size in bytes for `dtype`) overflows.
+    /// Element count, or `None` when the shape is not addressable: a dimension past `i64::MAX`
+    /// (PyTorch's and the kernels' index type), the product of the dimensions with zeros taken
+    /// as ones past `isize::MAX` (so row-major strides never overflow, even for an empty
+    /// tensor), or the size in bytes for `dtype` past `isize::MAX`.
     pub fn checked_numel(&self, dtype: DType) -> Option<usize> {
-        let n = self
-            .0
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+        let extent = self.0.iter().try_fold(1usize, |acc, &d| {
+            (d <= i64::MAX as usize).then_some(())?;
+            acc.checked_mul(d.max(1))
+        })?;
+        if extent > isize::MAX as usize {
+            return None;
+        }
+        let n = if self.0.contains(&0) { 0 } else { extent };
         let bytes = n.checked_mul(dtype.size_bytes())?;
         (bytes <= isize::MAX as usize).then_some(n)
     }
@@ -101,10 +108,11 @@ fn dim_from_right(s: &Shape, from_right: usize) -> usize {
     }
 }
 
-/// Resolves a Python-style axis (negative counts from the end) against `rank`.
+/// Resolves a Python-style axis (negative counts from the end) against `rank`; `None` when it
+/// is out of range (`i64::MIN` included: a negative axis is only ever added to the rank).
 pub fn normalize_axis(axis: i64, rank: usize) -> Option<usize> {
-    let r = rank as i64;
-    let a = if axis < 0 { axis + r } else { axis };
+    let r = i64::try_from(rank).ok()?;
+    let a = if axis < 0 { axis.checked_add(r)? } else { axis };
     (0..r).contains(&a).then_some(a as usize)
 }
 
@@ -180,9 +188,22 @@ mod tests {
     }
 
     #[test]
+    fn empty_shapes_are_checked_as_if_their_zeros_were_ones() {
+        let s = |v: &[usize]| Shape::new(v.to_vec());
+        assert_eq!(s(&[0, 1 << 20]).checked_numel(DType::F32), Some(0));
+        // Strides of [0, 2^40, 2^40] would overflow; it is refused although it holds nothing.
+        assert_eq!(s(&[0, 1 << 40, 1 << 40]).checked_numel(DType::F32), None);
+        assert_eq!(s(&[0, usize::MAX]).checked_numel(DType::Bool), None);
+        assert_eq!(s(&[0, 1 << 63]).checked_numel(DType::Bool), None);
+    }
+
+    #[test]
     fn axes_normalise() {
         assert_eq!(normalize_axis(-1, 4), Some(3));
         assert_eq!(normalize_axis(4, 4), None);
         assert_eq!(normalize_axis(-5, 4), None);
+        assert_eq!(normalize_axis(i64::MIN, 4), None);
+        assert_eq!(normalize_axis(i64::MAX, 4), None);
+        assert_eq!(normalize_axis(-1, 0), None);
     }
 }

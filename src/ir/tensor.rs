@@ -5,7 +5,16 @@
 use half::{bf16, f16};
 use thiserror::Error;
 
+use super::scalar::{self, Element};
 use super::{DType, Shape, TensorType};
+
+/// The most elements one host tensor may hold: 2^31 (8 GiB of f32, 16 GiB of integers, which the
+/// host holds as i64). Host data whose size a graph file decides (random inputs and weights,
+/// constants, every value the interpreter computes) is checked against it before anything is
+/// allocated, and allocated fallibly within it, so a graph declaring a 2^40-element tensor
+/// gets [`TensorError::TooLarge`] and one the host cannot hold [`TensorError::OutOfMemory`],
+/// never an allocation abort.
+pub const MAX_HOST_ELEMENTS: usize = 1 << 31;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
@@ -30,6 +39,47 @@ pub enum TensorError {
     },
     #[error("{dtype} data cannot be given as {given}")]
     Storage { dtype: DType, given: &'static str },
+    #[error(
+        "{ty} holds {elements} elements, more than a host tensor may hold ({limit}, \
+         ir::MAX_HOST_ELEMENTS)"
+    )]
+    TooLarge {
+        ty: TensorType,
+        elements: usize,
+        limit: usize,
+    },
+    #[error("cannot draw random {ty}: {reason}")]
+    Sample { ty: TensorType, reason: String },
+    #[error("the host cannot allocate {elements} elements ({bytes} bytes)")]
+    OutOfMemory { elements: usize, bytes: usize },
+}
+
+/// Checks that a tensor of type `ty` may be held on the host (see [`MAX_HOST_ELEMENTS`]).
+pub fn check_host_size(ty: &TensorType) -> Result<usize, TensorError> {
+    match ty.shape.checked_numel(ty.dtype) {
+        Some(n) if n <= MAX_HOST_ELEMENTS => Ok(n),
+        n => Err(TensorError::TooLarge {
+            ty: ty.clone(),
+            elements: n.unwrap_or(usize::MAX),
+            limit: MAX_HOST_ELEMENTS,
+        }),
+    }
+}
+
+/// The `n` values of `values` in a vector allocated fallibly: more than [`MAX_HOST_ELEMENTS`],
+/// or more than the allocator gives, is a typed error rather than an abort.
+pub fn try_collect<T>(n: usize, values: impl Iterator<Item = T>) -> Result<Vec<T>, TensorError> {
+    let too_big = || TensorError::OutOfMemory {
+        elements: n,
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    };
+    if n > MAX_HOST_ELEMENTS {
+        return Err(too_big());
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| too_big())?;
+    v.extend(values.take(n));
+    Ok(v)
 }
 
 impl Tensor {
@@ -48,7 +98,9 @@ impl Tensor {
             });
         }
         if dtype != DType::F32 {
-            values.iter_mut().for_each(|v| *v = dtype.round_f32(*v));
+            values
+                .iter_mut()
+                .for_each(|v| *v = scalar::round_float(dtype, *v));
         }
         Ok(Tensor {
             dtype,
@@ -67,9 +119,10 @@ impl Tensor {
         check_len(&shape, values.len())?;
         match dtype {
             DType::I64 => {}
-            DType::I32 => values.iter_mut().for_each(|v| *v = i64::from(*v as i32)),
-            DType::Bool => values.iter_mut().for_each(|v| *v = i64::from(*v != 0)),
-            _ => {
+            DType::I32 | DType::Bool => values
+                .iter_mut()
+                .for_each(|v| *v = scalar::wrap_int(dtype, *v)),
+            DType::F32 | DType::F16 | DType::BF16 => {
                 return Err(TensorError::Storage {
                     dtype,
                     given: "integers",
@@ -91,16 +144,76 @@ impl Tensor {
         )
     }
 
-    /// Builds a tensor of any dtype from f64 values (used for constants and references).
+    /// Builds a tensor of any dtype from f64 values, each converted as a constant of that dtype
+    /// is (`ir::scalar::constant`).
     pub fn from_f64(
         dtype: DType,
         shape: impl Into<Shape>,
         values: &[f64],
     ) -> Result<Tensor, TensorError> {
-        if dtype.is_float() {
-            Tensor::from_f32(dtype, shape, values.iter().map(|&v| v as f32).collect())
+        let shape = shape.into();
+        check_len(&shape, values.len())?;
+        Tensor::from_elements(
+            dtype,
+            shape,
+            values.len(),
+            values.iter().map(|&v| scalar::constant(dtype, v)),
+        )
+    }
+
+    /// The data of a constant of type `ty` holding `values` (one value, splat, or one per
+    /// element), allocated fallibly.
+    pub fn constant(ty: &TensorType, values: &[f64]) -> Result<Tensor, TensorError> {
+        let n = check_host_size(ty)?;
+        let value = |i: usize| values[if values.len() == n { i } else { 0 }];
+        if values.len() != n && values.len() != 1 {
+            return Err(TensorError::Length {
+                shape: ty.shape.clone(),
+                expected: n,
+                got: values.len(),
+            });
+        }
+        Tensor::from_elements(
+            ty.dtype,
+            ty.shape.clone(),
+            n,
+            (0..n).map(|i| scalar::constant(ty.dtype, value(i))),
+        )
+    }
+
+    /// A tensor of `n` elements, each already a value of `dtype`, allocated fallibly.
+    pub fn from_elements(
+        dtype: DType,
+        shape: Shape,
+        n: usize,
+        elements: impl Iterator<Item = Element>,
+    ) -> Result<Tensor, TensorError> {
+        let data = if dtype.is_float() {
+            Data::Float(try_collect(
+                n,
+                elements.map(|e| match e {
+                    Element::Float(f) => f,
+                    Element::Int(i) => i as f32,
+                }),
+            )?)
         } else {
-            Tensor::from_i64(dtype, shape, values.iter().map(|&v| v as i64).collect())
+            Data::Int(try_collect(
+                n,
+                elements.map(|e| match e {
+                    Element::Int(i) => i,
+                    Element::Float(f) => f as i64,
+                }),
+            )?)
+        };
+        check_len(&shape, data_len(&data))?;
+        Ok(Tensor { dtype, shape, data })
+    }
+
+    /// The element at flat index `i`.
+    pub fn element(&self, i: usize) -> Element {
+        match &self.data {
+            Data::Float(v) => Element::Float(v[i]),
+            Data::Int(v) => Element::Int(v[i]),
         }
     }
 
@@ -131,10 +244,7 @@ impl Tensor {
     }
 
     pub fn len(&self) -> usize {
-        match &self.data {
-            Data::Float(v) => v.len(),
-            Data::Int(v) => v.len(),
-        }
+        data_len(&self.data)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -172,38 +282,27 @@ impl Tensor {
         }
     }
 
-    /// Converts to another dtype: floats to ints truncate toward zero (saturating), anything
-    /// to bool is "non-zero".
+    /// Converts to another dtype as the `cast` op does (`ir::scalar::cast`: floats to integers
+    /// truncate toward zero and saturate, NaN gives 0; anything to bool is "non-zero").
+    pub fn try_cast(&self, to: DType) -> Result<Tensor, TensorError> {
+        Tensor::from_elements(
+            to,
+            self.shape.clone(),
+            self.len(),
+            (0..self.len()).map(|i| scalar::cast(self.element(i), to)),
+        )
+    }
+
+    /// As [`Tensor::try_cast`], for tensors already in memory: like any allocation of a `Vec`,
+    /// it aborts if the host cannot give the memory for the copy.
     pub fn cast(&self, to: DType) -> Tensor {
-        let data = match (&self.data, to.is_float()) {
-            (Data::Float(v), true) => Data::Float(v.iter().map(|&x| to.round_f32(x)).collect()),
-            (Data::Float(v), false) => Data::Int(
-                v.iter()
-                    .map(|&x| match to {
-                        DType::Bool => i64::from(x != 0.0),
-                        DType::I32 => i64::from(x as i32),
-                        _ => x as i64,
-                    })
-                    .collect(),
-            ),
-            (Data::Int(v), true) => {
-                Data::Float(v.iter().map(|&x| to.round_f32(x as f32)).collect())
-            }
-            (Data::Int(v), false) => Data::Int(
-                v.iter()
-                    .map(|&x| match to {
-                        DType::Bool => i64::from(x != 0),
-                        DType::I32 => i64::from(x as i32),
-                        _ => x,
-                    })
-                    .collect(),
-            ),
-        };
-        Tensor {
-            dtype: to,
-            shape: self.shape.clone(),
-            data,
-        }
+        self.try_cast(to).unwrap_or_else(|_| {
+            let bytes = self.len().saturating_mul(8);
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(bytes, 8)
+                    .unwrap_or(std::alloc::Layout::new::<u64>()),
+            )
+        })
     }
 
     /// Little-endian bytes in the dtype's storage layout (what a device buffer holds).
@@ -283,6 +382,13 @@ impl Tensor {
                 chunks.map(|c| i64::from(c[0] != 0)).collect(),
             ),
         }
+    }
+}
+
+fn data_len(data: &Data) -> usize {
+    match data {
+        Data::Float(v) => v.len(),
+        Data::Int(v) => v.len(),
     }
 }
 

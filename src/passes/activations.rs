@@ -74,16 +74,30 @@ fn silu_input(g: &Graph, id: NodeId) -> Option<NodeId> {
     (x == other && only_feeds(g, sig, id)).then_some(x)
 }
 
-/// The leaves of the product rooted at `id`, descending through single-use muls.
-fn factors(g: &Graph, id: NodeId, root: bool, out: &mut Vec<NodeId>) {
-    let descend = matches!(g.op(id), Op::Binary(BinaryOp::Mul)) && (root || g.use_count(id) == 1);
-    if descend {
-        for o in g.operands(id) {
-            factors(g, o, false, out);
+/// The most leaves a product may have for the activation patterns to look at it (a GELU has at
+/// most five): a longer product is no activation, and is not walked whole.
+const MAX_FACTORS: usize = 8;
+
+/// The leaves of the product rooted at `id`, left to right, descending through single-use muls;
+/// `None` when there are more than [`MAX_FACTORS`]. Walked with an explicit stack.
+fn factors(g: &Graph, id: NodeId) -> Option<Vec<NodeId>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(id, true)];
+    let mut products = 0;
+    while let Some((n, root)) = stack.pop() {
+        let descend = matches!(g.op(n), Op::Binary(BinaryOp::Mul)) && (root || g.use_count(n) == 1);
+        if descend {
+            // A product of k leaves has k − 1 muls.
+            products += 1;
+            if products >= MAX_FACTORS {
+                return None;
+            }
+            stack.extend(g.operands(n).into_iter().rev().map(|o| (o, false)));
+        } else {
+            out.push(n);
         }
-    } else {
-        out.push(id);
     }
+    Some(out)
 }
 
 /// `1 + f(...)` either order: the operand of `f`.
@@ -107,8 +121,7 @@ fn split(g: &Graph, leaves: &[NodeId]) -> (f64, Vec<NodeId>) {
 }
 
 fn gelu_input(g: &Graph, id: NodeId) -> Option<(NodeId, UnaryOp)> {
-    let mut leaves = Vec::new();
-    factors(g, id, true, &mut leaves);
+    let leaves = factors(g, id)?;
     let (c, rest) = split(g, &leaves);
     if !approx(c, 0.5) || rest.len() != 2 {
         return None;
@@ -118,8 +131,9 @@ fn gelu_input(g: &Graph, id: NodeId) -> Option<(NodeId, UnaryOp)> {
             continue;
         }
         if let Some(arg) = one_plus(g, bracket, UnaryOp::Erf) {
-            let mut inner = Vec::new();
-            factors(g, arg, true, &mut inner);
+            let Some(inner) = factors(g, arg) else {
+                continue;
+            };
             let (k, xs) = split(g, &inner);
             if approx(k, FRAC_1_SQRT_2) && xs == [x] {
                 return Some((x, UnaryOp::Gelu));
@@ -136,8 +150,9 @@ fn gelu_input(g: &Graph, id: NodeId) -> Option<(NodeId, UnaryOp)> {
 
 /// `√(2/π) · (x + 0.044715 · x³)` in any product nesting.
 fn tanh_argument_is(g: &Graph, arg: NodeId, x: NodeId) -> bool {
-    let mut outer = Vec::new();
-    factors(g, arg, true, &mut outer);
+    let Some(outer) = factors(g, arg) else {
+        return false;
+    };
     let (k, rest) = split(g, &outer);
     let [sum] = rest[..] else { return false };
     if !approx(k, SQRT_2_OVER_PI) {
@@ -149,8 +164,9 @@ fn tanh_argument_is(g: &Graph, arg: NodeId, x: NodeId) -> bool {
     let Some((_, cubic)) = either_order(pair, |c| (c == x).then_some(())) else {
         return false;
     };
-    let mut cube = Vec::new();
-    factors(g, cubic, true, &mut cube);
+    let Some(cube) = factors(g, cubic) else {
+        return false;
+    };
     let (k3, xs) = split(g, &cube);
     if !approx(k3, 0.044715) {
         return false;

@@ -8,7 +8,7 @@
 
 use super::matchers::{replace_node, single_operand, splat_value};
 use super::{Pass, PassReport};
-use crate::ir::{BinaryOp, Graph, NodeId, Op};
+use crate::ir::{BinaryOp, DType, Graph, NodeId, Op};
 
 pub struct Canonicalize;
 
@@ -39,11 +39,21 @@ fn rewrite(g: &mut Graph, id: NodeId) -> Option<String> {
     match g.op(id).clone() {
         Op::Binary(BinaryOp::Div) => {
             let ops = g.operands(id);
-            let c = splat_value(g, ops[1])?;
+            let cty = g.ty(ops[1]).clone();
+            // The divisor at the value its dtype holds.
+            let c = f64::from(cty.dtype.round_f32(splat_value(g, ops[1])? as f32));
             if c == 0.0 || !c.is_finite() || !g.ty(id).dtype.is_float() {
                 return None;
             }
-            let cty = g.ty(ops[1]).clone();
+            // In f16/bf16 the reciprocal is rounded to the dtype, so `x * (1/c)` would differ
+            // from `x / c` by up to half an f16 ulp of the scale: only an exactly representable
+            // reciprocal (a power of two) is rewritten there. f32 keeps the rewrite (GELU's
+            // `x / √2` is recognised through it), at most one f32 rounding apart.
+            if cty.dtype != DType::F32
+                && f64::from(cty.dtype.round_f32((1.0 / c) as f32)) != 1.0 / c
+            {
+                return None;
+            }
             let recip = g
                 .constant(cty.dtype, cty.shape.dims(), vec![1.0 / c])
                 .ok()?;

@@ -1,11 +1,16 @@
 //! Constant folding: elementwise ops, casts, reshapes and expands whose operands are all
 //! constants become one constant. Splats stay splats, so folding `1/√d` or a broadcast fill
 //! never materialises a large tensor.
+//!
+//! Values are computed with `ir::scalar`, the table the interpreter uses, on the values each
+//! constant holds in its dtype (an f16 constant 65520 is +∞), so a folded constant is bit for bit
+//! what the interpreter computes. A result an f64 cannot hold exactly (an i64 past 2^53) is left
+//! unfolded rather than rounded.
 
 use super::matchers::replace_node;
 use super::{Pass, PassReport};
-use crate::ir::scalar::{binary_f32, binary_i64, unary_f32, unary_i64};
-use crate::ir::{Graph, NodeId, Op};
+use crate::ir::scalar::{self, Element};
+use crate::ir::{DType, Graph, NodeId, Op};
 
 pub struct ConstantFold;
 
@@ -36,17 +41,7 @@ impl Pass for ConstantFold {
                 continue;
             };
             let ty = g.ty(id).clone();
-            let rounded: Vec<f64> = folded
-                .iter()
-                .map(|&v| {
-                    if ty.dtype.is_float() {
-                        f64::from(ty.dtype.round_f32(v as f32))
-                    } else {
-                        v
-                    }
-                })
-                .collect();
-            let Ok(c) = g.constant(ty.dtype, ty.shape.dims(), rounded) else {
+            let Ok(c) = g.constant(ty.dtype, ty.shape.dims(), folded) else {
                 continue;
             };
             let name = g.node(id).name.clone();
@@ -58,39 +53,28 @@ impl Pass for ConstantFold {
     }
 }
 
+/// The folded values, each exactly the element the interpreter computes, or `None`.
 fn fold(g: &Graph, id: NodeId, ops: &[NodeId]) -> Option<Vec<f64>> {
     let vals: Vec<&[f64]> = ops.iter().map(|&o| values(g, o)).collect::<Option<_>>()?;
-    let splat = |i: usize| (vals[i].len() == 1).then(|| vals[i][0]);
-    let int_in = |i: usize| !g.ty(ops[i]).dtype.is_float();
+    // Operand `i`'s single value, as its dtype holds it.
+    let splat = |i: usize| -> Option<Element> {
+        (vals[i].len() == 1).then(|| scalar::constant(g.ty(ops[i]).dtype, vals[i][0]))
+    };
+    let exact = |e: Element| e.exact_f64();
+    let out: DType = g.ty(id).dtype;
     match g.op(id) {
-        Op::Reshape { .. } | Op::Expand { .. } if vals[0].len() == 1 => Some(vals[0].to_vec()),
+        // Same dtype, same elements: the values carry over as they are.
         Op::Reshape { .. } => Some(vals[0].to_vec()),
-        Op::Cast { to } => Some(
+        Op::Expand { .. } if vals[0].len() == 1 => Some(vals[0].to_vec()),
+        Op::Cast { to } => {
+            let from = g.ty(ops[0]).dtype;
             vals[0]
                 .iter()
-                .map(|&v| match *to {
-                    crate::ir::DType::Bool => f64::from(u8::from(v != 0.0)),
-                    t if t.is_int() => v.trunc(),
-                    _ => v,
-                })
-                .collect(),
-        ),
-        Op::Unary(u) => {
-            let x = splat(0)?;
-            Some(vec![if int_in(0) {
-                unary_i64(*u, x as i64) as f64
-            } else {
-                f64::from(unary_f32(*u, x as f32))
-            }])
+                .map(|&v| exact(scalar::cast(scalar::constant(from, v), *to)))
+                .collect()
         }
-        Op::Binary(b) => {
-            let (x, y) = (splat(0)?, splat(1)?);
-            Some(vec![if int_in(0) {
-                binary_i64(*b, x as i64, y as i64) as f64
-            } else {
-                f64::from(binary_f32(*b, x as f32, y as f32))
-            }])
-        }
+        Op::Unary(u) => Some(vec![exact(scalar::unary(*u, out, splat(0)?))?]),
+        Op::Binary(b) => Some(vec![exact(scalar::binary(*b, out, splat(0)?, splat(1)?))?]),
         _ => None,
     }
 }

@@ -1,7 +1,6 @@
 //! Dead-code elimination: removes every node no graph output depends on.
 
-use std::collections::HashSet;
-
+use super::matchers::Live;
 use super::{Pass, PassReport};
 use crate::ir::Graph;
 
@@ -14,14 +13,8 @@ impl Pass for DeadCode {
 
     fn run(&self, g: &mut Graph) -> PassReport {
         let mut report = PassReport::new(self.name());
-        let mut live = HashSet::new();
-        let mut stack: Vec<_> = g.outputs().to_vec();
-        while let Some(id) = stack.pop() {
-            if live.insert(id) {
-                stack.extend(g.operands(id));
-            }
-        }
-        let dead: Vec<_> = g.node_ids().filter(|id| !live.contains(id)).collect();
+        let live = Live::of(g);
+        let dead: Vec<_> = g.node_ids().filter(|&id| !live.contains(id)).collect();
         if dead.is_empty() {
             return report;
         }

@@ -1,6 +1,6 @@
 //! Structural checks shared by the rewrites.
 
-use crate::ir::{BinaryOp, Graph, NodeId, Op, Shape};
+use crate::ir::{BinaryOp, Graph, NodeId, NodeSet, Op, Shape};
 
 /// The value of a constant holding a single value (a scalar, or a splat of any shape).
 pub(crate) fn splat_value(g: &Graph, id: NodeId) -> Option<f64> {
@@ -23,9 +23,78 @@ pub(crate) fn scalar_value(g: &Graph, id: NodeId) -> Option<f64> {
         .flatten()
 }
 
+/// The value of a single-value constant as its dtype holds it: an f16 `1/√80` is 0.11181640625,
+/// an f32 `-1e39` is −∞. The graph computes with that value, so a fused op must too. Where the
+/// dtype holds exactly what f32 makes of the written value (every f32 constant that stays
+/// finite), the written value is returned: readers of f64 attributes (the interpreter, kernels)
+/// round them to f32, which gives that same number.
+pub(crate) fn held_scalar_value(g: &Graph, id: NodeId) -> Option<f64> {
+    let dtype = g.ty(id).dtype;
+    let v = scalar_value(g, id)?;
+    if !dtype.is_float() {
+        return Some(v);
+    }
+    let as_f32 = v as f32;
+    let held = dtype.round_f32(as_f32);
+    Some(if held == as_f32 && held.is_finite() {
+        v
+    } else {
+        f64::from(held)
+    })
+}
+
 /// Whether `id` feeds `user` and nothing else (no other operand slot, not a graph output).
 pub(crate) fn only_feeds(g: &Graph, id: NodeId, user: NodeId) -> bool {
     g.use_count(id) == 1 && g.consumers(id) == [user]
+}
+
+/// The nodes some graph output depends on. Rewrites leave the nodes they bypass in the graph
+/// until `dead_code` runs (a recognised softmax leaves its exp, max and sum); a matcher that
+/// counted those as consumers would refuse what the live graph allows, and name nodes that feed
+/// nothing.
+pub(crate) struct Live(NodeSet);
+
+impl Live {
+    pub(crate) fn of(g: &Graph) -> Live {
+        let mut live = NodeSet::default();
+        let mut stack: Vec<NodeId> = g.outputs().to_vec();
+        while let Some(id) = stack.pop() {
+            if live.insert(id) {
+                stack.extend(g.operands(id));
+            }
+        }
+        Live(live)
+    }
+
+    pub(crate) fn contains(&self, id: NodeId) -> bool {
+        self.0.contains(&id)
+    }
+
+    /// The live consumers of `id` other than `user`.
+    pub(crate) fn other_consumers(&self, g: &Graph, id: NodeId, user: NodeId) -> Vec<NodeId> {
+        g.consumers(id)
+            .into_iter()
+            .filter(|&c| c != user && self.contains(c))
+            .collect()
+    }
+
+    /// [`Graph::use_count`] over the live graph: operand slots of live nodes that read `id`,
+    /// plus one per graph output it is.
+    pub(crate) fn uses(&self, g: &Graph, id: NodeId) -> usize {
+        let slots: usize = g
+            .consumers(id)
+            .into_iter()
+            .filter(|&c| self.contains(c))
+            .map(|c| g.operands(c).iter().filter(|&&o| o == id).count())
+            .sum();
+        slots + g.outputs().iter().filter(|&&o| o == id).count()
+    }
+
+    /// [`only_feeds`] over the live graph: `id` is read by one operand slot of `user`, by no
+    /// other live node, and is not a graph output.
+    pub(crate) fn only_feeds(&self, g: &Graph, id: NodeId, user: NodeId) -> bool {
+        self.contains(user) && self.uses(g, id) == 1 && g.consumers(id).contains(&user)
+    }
 }
 
 /// The operands of `id` when it is the binary op `op`.

@@ -5,10 +5,10 @@
 //!   div(e, reduce_sum(e, [a], keepdim))
 //! Must not match: max and sum over different axes; reductions without keepdim (they would
 //! broadcast against the wrong axis); an intermediate (the exp, the max, the sum, the shift)
-//! used outside the pattern. The unshifted form becomes the safe Softmax, which equals it
-//! wherever it did not overflow.
+//! used outside the pattern (by a live node: nodes an earlier rewrite left dead do not count).
+//! The unshifted form becomes the safe Softmax, which equals it wherever it did not overflow.
 
-use super::matchers::{binary, keepdim_reduce, only_feeds, replace_node, single_operand};
+use super::matchers::{binary, keepdim_reduce, replace_node, single_operand, Live};
 use super::{Pass, PassReport};
 use crate::ir::{BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
 
@@ -24,8 +24,9 @@ impl Pass for RecognizeSoftmax {
         let Ok(order) = g.topo_order() else {
             return report;
         };
+        let mut live = Live::of(g);
         for id in order {
-            if !g.contains(id) {
+            if !g.contains(id) || !live.contains(id) {
                 continue;
             }
             let Some((e, s)) = binary(g, id, BinaryOp::Div) else {
@@ -35,13 +36,14 @@ impl Pass for RecognizeSoftmax {
                 continue;
             }
             let name = g.node(id).name.clone();
-            match check(g, id, e, s) {
+            match check(g, &live, id, e, s) {
                 Ok((x, axis)) => {
                     let rank = g.ty(x).shape.rank() as i64;
                     let Ok(sm) = g.softmax(x, axis as i64 - rank) else {
                         continue;
                     };
                     replace_node(g, id, sm);
+                    live = Live::of(g);
                     report.rewrote(&name, format!("exp/sum over axis {axis} → softmax"));
                 }
                 Err((code, detail)) => report.skip(&name, code, detail),
@@ -53,7 +55,13 @@ impl Pass for RecognizeSoftmax {
 
 type Reason = (&'static str, String);
 
-fn check(g: &Graph, div: NodeId, e: NodeId, s: NodeId) -> Result<(NodeId, usize), Reason> {
+fn check(
+    g: &Graph,
+    live: &Live,
+    div: NodeId,
+    e: NodeId,
+    s: NodeId,
+) -> Result<(NodeId, usize), Reason> {
     let Some((ReduceOp::Sum, sum_in, axis)) = keepdim_reduce(g, s) else {
         return Err((
             "not_a_sum",
@@ -67,7 +75,7 @@ fn check(g: &Graph, div: NodeId, e: NodeId, s: NodeId) -> Result<(NodeId, usize)
         ));
     }
     // The exp feeds exactly the sum and the division.
-    if g.use_count(e) != 2 || g.is_output(e) || !only_feeds(g, s, div) {
+    if live.uses(g, e) != 2 || g.is_output(e) || !live.only_feeds(g, s, div) {
         return Err((
             "other_consumers",
             format!(
@@ -89,7 +97,7 @@ fn check(g: &Graph, div: NodeId, e: NodeId, s: NodeId) -> Result<(NodeId, usize)
                     format!("max over axis {max_axis}, sum over axis {axis}"),
                 ));
             }
-            if !only_feeds(g, t, e) || !only_feeds(g, m, t) {
+            if !live.only_feeds(g, t, e) || !live.only_feeds(g, m, t) {
                 return Err((
                     "other_consumers",
                     "the max or the shifted scores are used elsewhere".into(),

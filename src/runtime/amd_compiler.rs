@@ -65,6 +65,8 @@ pub fn hiprtc_knows(rtc: &Hiprtc, target: &Target) -> bool {
 pub fn amd_compiler_for(target: &Target, choice: AmdCompilerChoice) -> Result<AmdCompiler, String> {
     let hiprtc = || -> Result<AmdCompiler, String> {
         let rtc = Hiprtc::load().map_err(|e| e.to_string())?;
+        // The target id must be on hiprtc's own list as well (processor and features).
+        rtc.check_target(&target.arch).map_err(|e| e.to_string())?;
         if hiprtc_knows(&rtc, target) {
             return Ok(AmdCompiler::Hiprtc(rtc));
         }

@@ -4,12 +4,14 @@
 //! or truncated entry is recompiled, never loaded.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::device::LoadedKernel;
 use super::RuntimeError;
+use crate::ir::file::{self, FileLimit};
 
 /// Everything that changes a compiled binary.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -129,6 +131,12 @@ pub struct CacheEntryInfo {
 
 const MAGIC: &[u8; 8] = b"RFKCACHE";
 
+/// A code object is a few hundred kilobytes; a PTX module a few megabytes.
+pub const CACHE_ENTRY: FileLimit = FileLimit {
+    what: "kernel cache entry",
+    max_bytes: 64 << 20,
+};
+
 pub struct DiskCache {
     dir: PathBuf,
 }
@@ -191,8 +199,10 @@ impl DiskCache {
         ))
     }
 
+    /// The payload stored for `key`, if its entry is a regular file within [`CACHE_ENTRY`] whose
+    /// checksum and digest hold; anything else is a miss (and is replaced when written).
     pub fn read(&self, key: &CacheKey) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.path(key)).ok()?;
+        let bytes = file::read_limited(&self.path(key), CACHE_ENTRY).ok()?;
         let (header, payload) = DiskCache::decode(&bytes)?;
         (header.get(2).map(String::as_str) == Some(key.digest().as_str())).then(|| payload.to_vec())
     }
@@ -209,51 +219,130 @@ impl DiskCache {
             std::thread::current().id(),
             key.digest()
         ));
-        std::fs::write(&tmp, DiskCache::encode(key, payload)).map_err(err)?;
+        // A fresh file of our own: never opened through whatever else sits at that name (a
+        // FIFO there would block a plain open for writing).
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&DiskCache::encode(key, payload)))
+            .map_err(err)?;
         std::fs::rename(&tmp, self.path(key)).map_err(err)
     }
 
-    pub fn entries(&self) -> Vec<CacheEntryInfo> {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return vec![];
+    /// Every entry (`*.bin`) in the directory, and every `*.bin` that is not one rocmforge can
+    /// handle (not a regular file, unreadable, too large) with the reason. Special files are
+    /// classified without being opened, so a FIFO never blocks this. A directory that does not
+    /// exist yet is an empty cache.
+    pub fn list(&self) -> Result<CacheListing, RuntimeError> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(CacheListing::default())
+            }
+            Err(e) => {
+                return Err(RuntimeError::Cache {
+                    path: self.dir.display().to_string(),
+                    message: e.to_string(),
+                })
+            }
         };
-        let mut out: Vec<CacheEntryInfo> = rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
-            .map(|file| {
-                let bytes = std::fs::read(&file).unwrap_or_default();
-                let decoded = DiskCache::decode(&bytes);
-                let field = |i: usize| {
-                    decoded
-                        .as_ref()
-                        .and_then(|(h, _)| h.get(i).cloned())
-                        .unwrap_or_else(|| "?".into())
-                };
-                CacheEntryInfo {
-                    bytes: bytes.len() as u64,
-                    arch: field(0),
-                    entry: field(1),
-                    valid: decoded.is_some(),
-                    file,
+        let mut listing = CacheListing::default();
+        for dirent in rd {
+            let dirent = dirent.map_err(|e| RuntimeError::Cache {
+                path: self.dir.display().to_string(),
+                message: e.to_string(),
+            })?;
+            let file = dirent.path();
+            if file.extension().is_none_or(|x| x != "bin") {
+                continue;
+            }
+            let skip = |reason: String| SkippedEntry {
+                file: file.clone(),
+                reason,
+            };
+            // lstat: a symbolic link (a loop included) is reported, never followed; the cache
+            // writes none.
+            let meta = match std::fs::symlink_metadata(&file) {
+                Ok(m) => m,
+                Err(e) => {
+                    listing.skipped.push(skip(e.to_string()));
+                    continue;
                 }
-            })
-            .collect();
-        out.sort_by(|a, b| a.file.cmp(&b.file));
-        out
+            };
+            if !meta.is_file() {
+                listing.skipped.push(skip(format!(
+                    "{}, not a regular file",
+                    file::describe(&meta)
+                )));
+                continue;
+            }
+            match file::read_limited(&file, CACHE_ENTRY) {
+                Ok(bytes) => {
+                    let decoded = DiskCache::decode(&bytes);
+                    let field = |i: usize| {
+                        decoded
+                            .as_ref()
+                            .and_then(|(h, _)| h.get(i).cloned())
+                            .unwrap_or_else(|| "?".into())
+                    };
+                    listing.entries.push(CacheEntryInfo {
+                        bytes: bytes.len() as u64,
+                        arch: field(0),
+                        entry: field(1),
+                        valid: decoded.is_some(),
+                        file,
+                    });
+                }
+                Err(e) => listing.skipped.push(skip(e.to_string())),
+            }
+        }
+        listing.entries.sort_by(|a, b| a.file.cmp(&b.file));
+        listing.skipped.sort_by(|a, b| a.file.cmp(&b.file));
+        Ok(listing)
     }
 
-    /// Removes every entry; returns how many.
-    pub fn clear(&self) -> Result<usize, RuntimeError> {
-        let entries = self.entries();
-        for e in &entries {
-            std::fs::remove_file(&e.file).map_err(|err| RuntimeError::Cache {
-                path: e.file.display().to_string(),
-                message: err.to_string(),
-            })?;
+    /// Removes every entry [`DiskCache::list`] finds (valid or corrupt) and leaves everything
+    /// else alone: what it skipped, and entries it could not remove, come back with the reason.
+    pub fn clear(&self) -> Result<Cleared, RuntimeError> {
+        let listing = self.list()?;
+        let mut cleared = Cleared {
+            removed: 0,
+            skipped: listing.skipped,
+        };
+        for e in listing.entries {
+            match std::fs::remove_file(&e.file) {
+                Ok(()) => cleared.removed += 1,
+                Err(err) => cleared.skipped.push(SkippedEntry {
+                    file: e.file,
+                    reason: format!("cannot remove: {err}"),
+                }),
+            }
         }
-        Ok(entries.len())
+        Ok(cleared)
     }
+}
+
+/// What [`DiskCache::list`] found.
+#[derive(Clone, Debug, Default)]
+pub struct CacheListing {
+    pub entries: Vec<CacheEntryInfo>,
+    pub skipped: Vec<SkippedEntry>,
+}
+
+/// What [`DiskCache::clear`] did.
+#[derive(Clone, Debug)]
+pub struct Cleared {
+    pub removed: usize,
+    pub skipped: Vec<SkippedEntry>,
+}
+
+/// A file named like a cache entry that rocmforge left alone, and why.
+#[derive(Clone, Debug)]
+pub struct SkippedEntry {
+    pub file: PathBuf,
+    pub reason: String,
 }
 
 #[cfg(test)]
@@ -286,9 +375,10 @@ mod tests {
         assert_eq!(disk.read(&key("a")), None, "a flipped bit is refused");
         std::fs::write(&path, &bytes[..10]).unwrap();
         assert_eq!(disk.read(&key("a")), None, "a truncated entry is refused");
-        assert_eq!(disk.entries().len(), 1);
-        assert!(!disk.entries()[0].valid);
-        assert_eq!(disk.clear().unwrap(), 1);
+        let listing = disk.list().unwrap();
+        assert_eq!(listing.entries.len(), 1);
+        assert!(!listing.entries[0].valid);
+        assert_eq!(disk.clear().unwrap().removed, 1);
         std::fs::remove_dir_all(&dir).ok();
         assert_ne!(key("a").digest(), key("b").digest());
     }

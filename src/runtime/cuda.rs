@@ -2,37 +2,124 @@
 //! it cannot find its libraries, so both are probed first and a missing one is a typed error.
 //! Kernels are the same HIP source as on AMD, compiled with the NVIDIA prelude.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
+use super::libraries;
 use super::RuntimeError;
+use crate::codegen::LaunchLimits;
 
 fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Cuda(e.to_string())
 }
 
-/// Library files that must load for the NVIDIA path: `ROCMFORGE_CUDA_LIBRARY` and
-/// `ROCMFORGE_NVRTC_LIBRARY` replace the search (point them at nothing to force the CPU).
-fn probe(env: &str, lib: &str) -> Result<(), String> {
-    let candidates = match std::env::var(env) {
-        Ok(path) if !path.is_empty() => vec![path],
-        _ => cudarc::get_lib_name_candidates(lib),
-    };
-    for c in &candidates {
-        // SAFETY: loading the NVIDIA driver or NVRTC runs their initialisers, which are safe;
-        // the handle is dropped at once (cudarc loads its own).
-        if unsafe { libloading::Library::new(c) }.is_ok() {
-            return Ok(());
+/// The driver entry points rocmforge's path through cudarc calls (device query, primary
+/// context, streams and events, stream-ordered memory, modules, launches). cudarc resolves each
+/// lazily and panics on one that is missing, so a library lacking any is refused up front.
+const DRIVER_SYMBOLS: [&str; 26] = [
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemsetD8Async",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+];
+
+/// The NVRTC entry points compilation and the arch check call.
+const NVRTC_SYMBOLS: [&str; 10] = [
+    "nvrtcVersion",
+    "nvrtcGetNumSupportedArchs",
+    "nvrtcGetSupportedArchs",
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcDestroyProgram",
+    "nvrtcGetPTXSize",
+    "nvrtcGetPTX",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+];
+
+/// Makes sure the library cudarc will use for `lib` (`cuda`, `nvrtc`) is there and has
+/// `symbols`. `env` (`ROCMFORGE_CUDA_LIBRARY`, `ROCMFORGE_NVRTC_LIBRARY`) may name the file:
+/// cudarc cannot be told a path (it opens its own list of names), so the named file is loaded
+/// and kept loaded first, and then cudarc's own search must resolve to that very object (the
+/// dynamic loader matches a loaded library by soname); if it would load another file, the
+/// named file would not be the one used, and that is refused with the reason.
+fn probe(env: &'static str, lib: &str, symbols: &[&str]) -> Result<(), String> {
+    let what = format!("lib{lib}");
+    let search = libraries::unique(cudarc::get_lib_name_candidates(lib));
+    let opened = libraries::open(env, &search).map_err(|e| e.describe(&what))?;
+    opened.require(symbols, &what)?;
+    if opened.env.is_some() {
+        let ours = opened.address(symbols[0]);
+        let name = opened.name.clone();
+        // Kept loaded before cudarc's search runs, so the search can find it by soname.
+        opened.keep();
+        let theirs = search
+            .iter()
+            .find_map(|c| libraries::open_by_name(c).map(|o| (c, o)));
+        match theirs {
+            Some((_, o)) if o.address(symbols[0]) == ours => o.keep(),
+            Some((c, _)) => {
+                return Err(format!(
+                    "{env}={name}, but cudarc, which opens {what} by name, would load {c}, \
+                     another file; put {name}'s directory first in LD_LIBRARY_PATH instead"
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "{env}={name}, but cudarc, which opens {what} by name, finds none of its \
+                     names ({}); give {name} one of them or put its directory in LD_LIBRARY_PATH",
+                    search.join(", ")
+                ))
+            }
         }
+    } else {
+        opened.keep();
     }
-    Err(format!(
-        "lib{lib} not found (tried {})",
-        candidates.join(", ")
-    ))
+    Ok(())
+}
+
+/// The architectures this NVRTC compiles for (`[50, 52, ..., 90]`).
+fn nvrtc_archs() -> Result<Vec<i32>, String> {
+    let mut n = 0;
+    // SAFETY: NVRTC was probed (nvrtcGetNumSupportedArchs is among NVRTC_SYMBOLS); `n` is a
+    // valid out-pointer.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) };
+    if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS || !(0..=4096).contains(&n) {
+        return Err(format!("nvrtcGetNumSupportedArchs failed ({r:?})"));
+    }
+    let mut archs = vec![0; n as usize];
+    // SAFETY: `archs` holds the `n` ints NVRTC said it would write.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
+    if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("nvrtcGetSupportedArchs failed ({r:?})"));
+    }
+    Ok(archs)
 }
 
 pub struct CudaDevice {
@@ -42,6 +129,8 @@ pub struct CudaDevice {
     pub arch: String,
     pub driver_version: i32,
     pub nvrtc_version: (i32, i32),
+    /// Queried at the first launch.
+    limits: OnceLock<LaunchLimits>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -57,11 +146,11 @@ impl CudaDevice {
             spec: spec.clone(),
             reason,
         };
-        probe("ROCMFORGE_CUDA_LIBRARY", "cuda").map_err(no)?;
-        probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc").map_err(no)?;
+        probe("ROCMFORGE_CUDA_LIBRARY", "cuda", &DRIVER_SYMBOLS).map_err(no)?;
+        probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(no)?;
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
-        if ordinal as i32 >= count {
+        if usize::try_from(count).map_or(true, |c| ordinal >= c) {
             return Err(no(format!("{count} NVIDIA GPU(s) present")));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| no(e.to_string()))?;
@@ -74,12 +163,61 @@ impl CudaDevice {
         // SAFETY: libnvrtc was probed above; both out-pointers are valid.
         unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major_rtc, &mut minor_rtc) };
         let nvrtc_version = (major_rtc, minor_rtc);
+        // A GPU newer than the NVRTC cannot have kernels compiled for it: say so now.
+        let sm = major * 10 + minor;
+        let archs = nvrtc_archs().map_err(no)?;
+        if !archs.contains(&sm) {
+            let list: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
+            return Err(no(format!(
+                "NVRTC {major_rtc}.{minor_rtc} cannot compile for this GPU's sm_{sm} (it \
+                 supports {})",
+                list.join(", ")
+            )));
+        }
         Ok(CudaDevice {
             ctx,
             name,
             arch: format!("sm_{major}{minor}"),
             driver_version,
             nvrtc_version,
+            limits: OnceLock::new(),
+        })
+    }
+
+    /// The launch limits the driver reports for this GPU, queried once; any the driver does not
+    /// answer are the limits every target shares.
+    pub fn launch_limits(&self) -> LaunchLimits {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        *self.limits.get_or_init(|| {
+            let p = LaunchLimits::PORTABLE;
+            let q = |a: A, fallback: u32| {
+                self.ctx
+                    .attribute(a)
+                    .ok()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .filter(|&v| v > 0)
+                    .unwrap_or(fallback)
+            };
+            LaunchLimits {
+                grid: [
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, p.grid[0]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, p.grid[1]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, p.grid[2]),
+                ],
+                block: [
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, p.block[0]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, p.block[1]),
+                    q(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, p.block[2]),
+                ],
+                block_threads: q(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                    p.block_threads,
+                ),
+                shared_bytes: q(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+                    p.shared_bytes,
+                ),
+            }
         })
     }
 

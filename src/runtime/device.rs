@@ -10,7 +10,7 @@ use super::cache::KernelCache;
 use super::cuda::CudaDevice;
 use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
 use super::{MemoryCounter, RuntimeError};
-use crate::codegen::Target;
+use crate::codegen::{LaunchLimits, Target};
 
 pub enum DeviceKind {
     /// The reference interpreter.
@@ -30,6 +30,44 @@ struct Inner {
 
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
+
+/// A device name, parsed: `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N` (N a decimal device number
+/// that fits the drivers' `int`; no sign, spaces or other text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+    Hip(usize),
+}
+
+impl DeviceSpec {
+    pub fn parse(spec: &str) -> Result<DeviceSpec, RuntimeError> {
+        let bad = |reason: String| RuntimeError::DeviceSpec {
+            spec: spec.to_string(),
+            reason,
+        };
+        let (kind, index) = match spec.split_once(':') {
+            Some((k, i)) => (k, Some(i)),
+            None => (spec, None),
+        };
+        let ordinal = match index {
+            None => 0,
+            Some(i) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => i
+                .parse::<i32>()
+                .ok()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad(format!("device number {i} is past {}", i32::MAX)))?,
+            Some(i) => return Err(bad(format!("`{i}` is not a device number"))),
+        };
+        match kind {
+            "cpu" if index.is_none() => Ok(DeviceSpec::Cpu),
+            "cpu" => Err(bad("the CPU has no device number".into())),
+            "cuda" => Ok(DeviceSpec::Cuda(ordinal)),
+            "hip" => Ok(DeviceSpec::Hip(ordinal)),
+            other => Err(bad(format!("unknown kind of device `{other}`"))),
+        }
+    }
+}
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,24 +104,21 @@ impl Device {
         )
     }
 
-    /// A device by name: `cpu`, `cuda:N`, `hip:N`.
+    /// A device by name: `cpu`, `cuda:N`, `hip:N` (see [`DeviceSpec::parse`]).
     pub fn open(spec: &str) -> Result<Device, RuntimeError> {
         Device::open_with_cache(spec, KernelCache::from_env())
     }
 
     /// As [`Device::open`], with a kernel cache of the caller's (e.g. without a disk store).
     pub fn open_with_cache(spec: &str, cache: KernelCache) -> Result<Device, RuntimeError> {
+        let parsed = DeviceSpec::parse(spec)?;
         let bad = |reason: String| RuntimeError::NoDevice {
             spec: spec.to_string(),
             reason,
         };
-        let (kind, idx) = spec.split_once(':').unwrap_or((spec, "0"));
-        let ordinal: usize = idx
-            .parse()
-            .map_err(|_| bad(format!("`{idx}` is not a device number")))?;
-        match kind {
-            "cpu" => Ok(Device::cpu()),
-            "cuda" => {
+        match parsed {
+            DeviceSpec::Cpu => Ok(Device::cpu()),
+            DeviceSpec::Cuda(ordinal) => {
                 let d = CudaDevice::open(ordinal)?;
                 let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
                 let label = format!(
@@ -98,7 +133,7 @@ impl Device {
                     cache,
                 ))
             }
-            "hip" => {
+            DeviceSpec::Hip(ordinal) => {
                 let d = HipDevice::open(ordinal)?;
                 let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
                 let label = format!(
@@ -117,31 +152,31 @@ impl Device {
                     cache,
                 ))
             }
-            _ => Err(bad("expected cpu, cuda:N or hip:N".into())),
         }
     }
 
-    /// The best device here: `ROCMFORGE_DEVICE` if set, else HIP, then NVIDIA, then the CPU.
-    /// Returns the device and, for every device passed over, why.
-    pub fn best() -> (Device, Vec<String>) {
+    /// The device to use: the one `ROCMFORGE_DEVICE` names if it is set (a malformed or absent
+    /// device is an error, not a quiet fallback: the user asked for that one), else the best
+    /// one here: HIP, then NVIDIA, then the CPU. Returns the device and, for every device
+    /// passed over, why.
+    pub fn best() -> Result<(Device, Vec<String>), RuntimeError> {
+        if let Some(spec) = std::env::var_os("ROCMFORGE_DEVICE").filter(|s| !s.is_empty()) {
+            let spec = spec.to_str().ok_or_else(|| RuntimeError::DeviceSpec {
+                spec: spec.to_string_lossy().into_owned(),
+                reason: "not UTF-8".into(),
+            })?;
+            return Device::open(spec)
+                .map(|d| (d, vec![]))
+                .map_err(|e| e.in_env("ROCMFORGE_DEVICE"));
+        }
         let mut notes = Vec::new();
-        if let Ok(spec) = std::env::var("ROCMFORGE_DEVICE") {
-            if !spec.is_empty() {
-                match Device::open(&spec) {
-                    Ok(d) => return (d, notes),
-                    Err(e) => notes.push(format!("ROCMFORGE_DEVICE={spec}: {e}")),
-                }
+        for spec in ["hip:0", "cuda:0"] {
+            match Device::open(spec) {
+                Ok(d) => return Ok((d, notes)),
+                Err(e) => notes.push(e.to_string()),
             }
         }
-        match Device::open("hip:0") {
-            Ok(d) => return (d, notes),
-            Err(e) => notes.push(e.to_string()),
-        }
-        match Device::open("cuda:0") {
-            Ok(d) => return (d, notes),
-            Err(e) => notes.push(e.to_string()),
-        }
-        (Device::cpu(), notes)
+        Ok((Device::cpu(), notes))
     }
 
     pub fn kind(&self) -> &DeviceKind {
@@ -326,6 +361,11 @@ impl Stream {
         shared: u32,
         args: &[&DeviceBuffer],
     ) -> Result<(), RuntimeError> {
+        let limits = match self.backend() {
+            Backend::Cuda(d, _) => d.launch_limits(),
+            Backend::Hip(d, _) => d.launch_limits(),
+        };
+        check_launch(&limits, grid, block, shared)?;
         match (self.backend(), kernel) {
             (Backend::Cuda(d, s), LoadedKernel::Cuda(f)) => {
                 let slices = args
@@ -359,6 +399,46 @@ impl Stream {
     }
 }
 
+/// Refuses a launch the device cannot run as asked: an empty or oversized grid or block, too
+/// many threads, too much shared memory.
+fn check_launch(
+    limits: &LaunchLimits,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+) -> Result<(), RuntimeError> {
+    const GRID: [&str; 3] = ["grid.x", "grid.y", "grid.z"];
+    const BLOCK: [&str; 3] = ["block.x", "block.y", "block.z"];
+    let over = |what, requested: u64, limit: u64| {
+        (requested > limit || requested == 0).then_some(RuntimeError::LaunchLimit {
+            what,
+            requested,
+            limit,
+        })
+    };
+    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+    let checks = (0..3)
+        .map(|a| over(GRID[a], u64::from(grid[a]), u64::from(limits.grid[a])))
+        .chain((0..3).map(|a| over(BLOCK[a], u64::from(block[a]), u64::from(limits.block[a]))))
+        .chain([
+            over(
+                "threads per block",
+                threads,
+                u64::from(limits.block_threads),
+            ),
+            // Zero shared memory is a launch like any other.
+            over(
+                "shared memory bytes",
+                u64::from(shared).max(1),
+                u64::from(limits.shared_bytes),
+            ),
+        ]);
+    match checks.flatten().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 fn foreign() -> RuntimeError {
     RuntimeError::NoDevice {
         spec: "mixed".into(),
@@ -387,5 +467,73 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         self.device.memory().release(self.bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_strictly() {
+        assert_eq!(DeviceSpec::parse("cpu"), Ok(DeviceSpec::Cpu));
+        assert_eq!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(DeviceSpec::parse("cuda:3"), Ok(DeviceSpec::Cuda(3)));
+        assert_eq!(DeviceSpec::parse("hip:0"), Ok(DeviceSpec::Hip(0)));
+        assert_eq!(
+            DeviceSpec::parse("hip:2147483647"),
+            Ok(DeviceSpec::Hip(2147483647))
+        );
+        for (bad, why) in [
+            ("tpu", "unknown kind of device `tpu`"),
+            ("", "unknown kind of device ``"),
+            ("CUDA:0", "unknown kind of device `CUDA`"),
+            ("hip:-1", "`-1` is not a device number"),
+            ("cuda:+1", "`+1` is not a device number"),
+            ("cuda: 1", "` 1` is not a device number"),
+            ("cuda:", "`` is not a device number"),
+            ("cuda:1:2", "`1:2` is not a device number"),
+            ("cuda:2147483648", "past 2147483647"),
+            ("cuda:18446744073709551616", "past 2147483647"),
+            ("cpu:0", "the CPU has no device number"),
+        ] {
+            match DeviceSpec::parse(bad) {
+                Err(RuntimeError::DeviceSpec { spec, reason }) => {
+                    assert_eq!(spec, bad);
+                    assert!(reason.contains(why), "{bad:?}: {reason}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_spec_never_reaches_a_driver() {
+        // Device::open parses first: these fail the same way on any machine.
+        for bad in ["cuda:99999999999", "hip:x", "gpu:0"] {
+            assert!(
+                matches!(Device::open(bad), Err(RuntimeError::DeviceSpec { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn launches_past_the_device_limits_are_refused() {
+        let lim = LaunchLimits::PORTABLE;
+        assert!(check_launch(&lim, [i32::MAX as u32, 65535, 65535], [1024, 1, 1], 0).is_ok());
+        for (grid, block, shared, what) in [
+            ([1u32 << 31, 1, 1], [256u32, 1, 1], 0u32, "grid.x"),
+            ([1, 65536, 1], [256, 1, 1], 0, "grid.y"),
+            ([1, 1, 0], [256, 1, 1], 0, "grid.z"),
+            ([1, 1, 1], [2048, 1, 1], 0, "block.x"),
+            ([1, 1, 1], [64, 32, 1], 0, "threads per block"),
+            ([1, 1, 1], [256, 1, 1], 1 << 20, "shared memory bytes"),
+        ] {
+            match check_launch(&lim, grid, block, shared) {
+                Err(RuntimeError::LaunchLimit { what: w, .. }) => assert_eq!(w, what),
+                other => panic!("{grid:?} {block:?} {shared}: {other:?}"),
+            }
+        }
     }
 }

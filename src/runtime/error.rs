@@ -8,6 +8,13 @@ use super::hiprtc::HiprtcError;
 pub enum RuntimeError {
     #[error("no device `{spec}`: {reason}")]
     NoDevice { spec: String, reason: String },
+    #[error("device `{spec}`: {reason} (expected cpu, cuda:N or hip:N)")]
+    DeviceSpec { spec: String, reason: String },
+    #[error("{var}: {source}")]
+    FromEnv {
+        var: &'static str,
+        source: Box<RuntimeError>,
+    },
     #[error(transparent)]
     Hiprtc(#[from] HiprtcError),
     #[error("NVRTC could not compile kernel `{kernel}` for {target}:\n{log}")]
@@ -26,6 +33,24 @@ pub enum RuntimeError {
         in_use: usize,
         budget: usize,
     },
+    /// A launch past what the device reports it can run (checked before the launch, so a grid
+    /// is never cut short by the driver).
+    #[error("kernel launch needs {what} = {requested}, past this device's limit of {limit}")]
+    LaunchLimit {
+        what: &'static str,
+        requested: u64,
+        limit: u64,
+    },
     #[error("kernel cache at {path}: {message}")]
     Cache { path: String, message: String },
+}
+
+impl RuntimeError {
+    /// This error, as the value of environment variable `var` caused it.
+    pub fn in_env(self, var: &'static str) -> RuntimeError {
+        RuntimeError::FromEnv {
+            var,
+            source: Box::new(self),
+        }
+    }
 }

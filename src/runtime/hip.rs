@@ -8,12 +8,14 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use libloading::Library;
 
 use super::hiprtc::Hiprtc;
+use super::libraries;
 use super::RuntimeError;
+use crate::codegen::LaunchLimits;
 
 /// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
 /// nothing to keep rocmforge off AMD GPUs).
@@ -57,6 +59,8 @@ struct Api {
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
     module_unload: unsafe extern "C" fn(Handle) -> Err,
+    /// hipDeviceGetAttribute, for the launch limits (optional: without it, the portable ones).
+    device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Err>,
     #[allow(clippy::type_complexity)]
     module_launch_kernel: unsafe extern "C" fn(
         Handle,
@@ -85,30 +89,23 @@ unsafe impl Send for Runtime {}
 unsafe impl Sync for Runtime {}
 
 impl Runtime {
+    /// The file `ROCMFORGE_HIP_LIBRARY` names (that one only), else the first of
+    /// [`HIP_LIBRARIES`] that loads; either must export every entry point of [`Api`].
     fn load() -> Result<Runtime, String> {
-        let candidates: Vec<String> = match std::env::var("ROCMFORGE_HIP_LIBRARY") {
-            Ok(path) if !path.is_empty() => vec![path],
-            _ => HIP_LIBRARIES.iter().map(|s| s.to_string()).collect(),
-        };
-        for name in &candidates {
-            // SAFETY: loading the HIP runtime runs its initialisers, which are safe.
-            let Ok(lib) = (unsafe { Library::new(name) }) else {
-                continue;
-            };
-            return Runtime::bind(lib, name);
-        }
-        Err(format!(
-            "no HIP runtime found (tried {})",
-            candidates.join(", ")
-        ))
+        let search = HIP_LIBRARIES.map(String::from);
+        let opened = libraries::open("ROCMFORGE_HIP_LIBRARY", &search)
+            .map_err(|e| e.describe("HIP runtime"))?;
+        let label = opened.label();
+        Runtime::bind(opened.lib, &opened.name, &label)
     }
 
-    fn bind(lib: Library, name: &str) -> Result<Runtime, String> {
+    /// `label` names the library in messages (`ROCMFORGE_HIP_LIBRARY=path` when the user chose).
+    fn bind(lib: Library, name: &str, label: &str) -> Result<Runtime, String> {
         fn sym<T: Copy>(lib: &Library, symbol: &str) -> Option<T> {
             // SAFETY: each symbol is looked up with the signature hip_runtime_api.h gives it.
             unsafe { lib.get::<T>(symbol.as_bytes()) }.ok().map(|s| *s)
         }
-        let need = |symbol: &str| format!("{name} has no symbol {symbol}");
+        let need = |symbol: &str| format!("{label} has no symbol {symbol}");
         macro_rules! req {
             ($s:literal) => {
                 sym(&lib, $s).ok_or_else(|| need($s))?
@@ -138,6 +135,7 @@ impl Runtime {
             module_load_data: req!("hipModuleLoadData"),
             module_get_function: req!("hipModuleGetFunction"),
             module_unload: req!("hipModuleUnload"),
+            device_get_attribute: sym(&lib, "hipDeviceGetAttribute"),
             module_launch_kernel: req!("hipModuleLaunchKernel"),
         };
         Ok(Runtime {
@@ -205,6 +203,8 @@ pub struct HipDevice {
     pub arch: String,
     pub runtime_version: i32,
     pub driver_version: i32,
+    /// Queried at the first launch.
+    limits: OnceLock<LaunchLimits>,
 }
 
 impl std::fmt::Debug for HipDevice {
@@ -245,6 +245,8 @@ impl HipDevice {
         })?;
         let arch = arch_of(&props)
             .ok_or_else(|| no("the HIP runtime reported no gfx target for this GPU".into()))?;
+        // A GPU the compiler cannot target is no device for us (and hiprtc may abort on it).
+        rtc.check_target(&arch).map_err(|e| no(e.to_string()))?;
         let (mut runtime_version, mut driver_version) = (0, 0);
         // SAFETY: both out-pointers are valid.
         unsafe {
@@ -259,6 +261,39 @@ impl HipDevice {
             arch,
             runtime_version,
             driver_version,
+            limits: OnceLock::new(),
+        })
+    }
+
+    /// The launch limits the runtime reports for this GPU, queried once; any it does not answer
+    /// (or answers with a non-positive value) are the limits every target shares.
+    pub fn launch_limits(&self) -> LaunchLimits {
+        // hipDeviceAttribute_t values (hip_runtime_api.h, the CUDA-compatible block that
+        // starts at 0 and has kept its order since ROCm 5.0).
+        const MAX_BLOCK_DIM: [c_int; 3] = [26, 27, 28];
+        const MAX_GRID_DIM: [c_int; 3] = [29, 30, 31];
+        const MAX_THREADS_PER_BLOCK: c_int = 56;
+        const MAX_SHARED_MEMORY_PER_BLOCK: c_int = 74;
+        *self.limits.get_or_init(|| {
+            let p = LaunchLimits::PORTABLE;
+            let q = |attr: c_int, fallback: u32| -> u32 {
+                let Some(get) = self.rt.api.device_get_attribute else {
+                    return fallback;
+                };
+                let mut v: c_int = 0;
+                // SAFETY: `v` receives one int; the ordinal was checked when the device opened.
+                let code = unsafe { get(&mut v, attr, self.ordinal) };
+                u32::try_from(v)
+                    .ok()
+                    .filter(|&v| code == 0 && v > 0)
+                    .unwrap_or(fallback)
+            };
+            LaunchLimits {
+                grid: [0, 1, 2].map(|i| q(MAX_GRID_DIM[i], p.grid[i])),
+                block: [0, 1, 2].map(|i| q(MAX_BLOCK_DIM[i], p.block[i])),
+                block_threads: q(MAX_THREADS_PER_BLOCK, p.block_threads),
+                shared_bytes: q(MAX_SHARED_MEMORY_PER_BLOCK, p.shared_bytes),
+            }
         })
     }
 

@@ -10,6 +10,9 @@ use std::sync::Mutex;
 use libloading::Library;
 use thiserror::Error;
 
+use super::amd_targets::AmdTargets;
+use super::libraries::{self, OpenError};
+
 /// Libraries tried in order.
 pub const HIPRTC_LIBRARIES: [&str; 4] = [
     "libhiprtc.so.7",
@@ -22,8 +25,16 @@ pub const HIPRTC_LIBRARIES: [&str; 4] = [
 pub enum HiprtcError {
     #[error("hiprtc not found (tried {tried}); install ROCm or Debian's libamdhip64-5 and libhiprtc-builtins5")]
     NotFound { tried: String },
+    #[error("{reason}")]
+    Unusable { reason: String },
     #[error("{library} has no symbol {symbol}")]
     MissingSymbol { library: String, symbol: String },
+    #[error("hiprtc cannot compile for target `{target}`: {reason}; it supports {supported}")]
+    UnsupportedTarget {
+        target: String,
+        reason: String,
+        supported: String,
+    },
     #[error("hiprtc could not compile kernel `{kernel}` for {target}:\n{log}")]
     Compile {
         kernel: String,
@@ -71,6 +82,8 @@ pub struct Hiprtc {
     pub library: String,
     /// hiprtc's own version (major, minor).
     pub version: (i32, i32),
+    /// The target ids it accepts; nothing else is handed to it.
+    pub targets: AmdTargets,
 }
 
 impl std::fmt::Debug for Hiprtc {
@@ -84,23 +97,15 @@ impl std::fmt::Debug for Hiprtc {
 }
 
 impl Hiprtc {
-    /// Loads the first hiprtc found (`ROCMFORGE_HIPRTC` may name a library file to use instead).
+    /// Loads the hiprtc `ROCMFORGE_HIPRTC` names (that file only), else the first of
+    /// [`HIPRTC_LIBRARIES`] found, and learns which targets it accepts (see `amd_targets`).
     pub fn load() -> Result<Hiprtc, HiprtcError> {
-        let candidates: Vec<String> = match std::env::var("ROCMFORGE_HIPRTC") {
-            Ok(path) if !path.is_empty() => vec![path],
-            _ => HIPRTC_LIBRARIES.iter().map(|s| s.to_string()).collect(),
-        };
-        for name in &candidates {
-            // SAFETY: loading a shared library runs its initialisers; the candidates are the
-            // ROCm hiprtc libraries (or the one the user named), whose initialisers are safe.
-            let Ok(lib) = (unsafe { Library::new(name) }) else {
-                continue;
-            };
-            return Hiprtc::from_library(lib, name);
+        let search = HIPRTC_LIBRARIES.map(String::from);
+        match libraries::open("ROCMFORGE_HIPRTC", &search) {
+            Ok(opened) => Hiprtc::from_library(opened.lib, &opened.name),
+            Err(OpenError::NotFound { tried }) => Err(HiprtcError::NotFound { tried }),
+            Err(OpenError::Unusable { reason }) => Err(HiprtcError::Unusable { reason }),
         }
-        Err(HiprtcError::NotFound {
-            tried: candidates.join(", "),
-        })
     }
 
     fn from_library(lib: Library, name: &str) -> Result<Hiprtc, HiprtcError> {
@@ -117,7 +122,9 @@ impl Hiprtc {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: hiprtcVersion writes two ints through valid pointers.
         unsafe { version_fn(&mut major, &mut minor) };
+        let targets = AmdTargets::of(&lib);
         Ok(Hiprtc {
+            targets,
             create: sym(&lib, name, "hiprtcCreateProgram")?,
             compile: sym(&lib, name, "hiprtcCompileProgram")?,
             destroy: sym(&lib, name, "hiprtcDestroyProgram")?,
@@ -154,8 +161,15 @@ impl Hiprtc {
         }
     }
 
+    /// Whether this hiprtc accepts target id `arch`; the error lists those it does.
+    pub fn check_target(&self, arch: &str) -> Result<(), HiprtcError> {
+        self.targets.check(arch)
+    }
+
     /// Compiles HIP source for `arch` (a full target id such as `gfx90a:sramecc+:xnack-`) and
-    /// returns the code object. A compile error carries the kernel name, target and log.
+    /// returns the code object. A compile error carries the kernel name, target and log. A
+    /// target this hiprtc does not accept is refused before hiprtc sees it (ROCm 5.2's aborts
+    /// the process on one).
     pub fn compile(
         &self,
         source: &str,
@@ -163,6 +177,7 @@ impl Hiprtc {
         arch: &str,
         options: &[String],
     ) -> Result<Vec<u8>, HiprtcError> {
+        self.check_target(arch)?;
         let nul = |s: &str| CString::new(s.replace('\0', "")).expect("NULs removed");
         let (src, file) = (nul(source), nul(&format!("{kernel}.hip")));
         let mut opts: Vec<CString> = vec![nul(&format!("--gpu-architecture={arch}"))];

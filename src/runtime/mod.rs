@@ -4,12 +4,14 @@
 pub mod amd_clang;
 pub mod amd_compiler;
 pub mod amd_metadata;
+pub mod amd_targets;
 pub mod cache;
 pub mod cuda;
 pub mod device;
 mod error;
 pub mod hip;
 pub mod hiprtc;
+mod libraries;
 mod memory;
 
 pub use amd_clang::{occupancy_table, AmdClang, AmdClangError, ClangOutput};
@@ -19,8 +21,11 @@ pub use amd_compiler::{
 pub use amd_metadata::{
     parse_code_object, report_table, CodeObjectInfo, KernelResources, MetadataError,
 };
-pub use cache::{CacheEntryInfo, CacheKey, DiskCache, KernelCache};
-pub use device::{Device, DeviceBuffer, DeviceKind, Stream};
+pub use cache::{
+    CacheEntryInfo, CacheKey, CacheListing, Cleared, DiskCache, KernelCache, SkippedEntry,
+    CACHE_ENTRY,
+};
+pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Stream};
 pub use error::RuntimeError;
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;

@@ -149,3 +149,31 @@ pub fn zoo() -> Vec<Graph> {
     graphs.push(g);
     graphs
 }
+
+/// Names no kernel may be affected by: a line of C after a newline, a comment terminator and
+/// code, a trailing backslash (which splices the next line into a `//` comment), quotes, a
+/// NUL (which ends a C string), a carriage return, non-ASCII and Unicode line separators,
+/// braces, and text that looks like an escape.
+pub const HOSTILE_NAMES: [&str; 9] = [
+    "x\n#define float double\n",
+    "*/ asm(\"trap;\"); /*",
+    "evil\\",
+    "q\"'`$?\\n",
+    "é名前\u{2028}\r",
+    "a\0b",
+    "}; __global__ void pwn() { //",
+    "%0A#include <stdio.h>",
+    "{{ entry }}{% raw %}",
+];
+
+/// `g` with the graph and every node renamed to hostile text (each name made unique by a
+/// leading number, so a trailing backslash stays trailing).
+pub fn with_hostile_names(g: &Graph) -> Graph {
+    let mut h = g.clone();
+    h.name = format!("{}{}", g.name, HOSTILE_NAMES[0]);
+    for (i, id) in g.node_ids().enumerate() {
+        let name = format!("{i}{}", HOSTILE_NAMES[i % HOSTILE_NAMES.len()]);
+        h.rename(id, &name).unwrap();
+    }
+    h
+}

@@ -115,6 +115,39 @@ fn lookup(processor: &str) -> Option<&'static Arch> {
     })
 }
 
+/// What one kernel launch may ask of a device: grid and block dimensions, threads per block,
+/// shared memory. Codegen checks every kernel against its target's; the runtime checks every
+/// launch again against the limits the device itself reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchLimits {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub block_threads: u32,
+    pub shared_bytes: u32,
+}
+
+impl LaunchLimits {
+    /// Limits every target here shares: CUDA's grid of 2³¹−1 × 65535 × 65535 blocks of at
+    /// most 1024 threads (HIP documents the same), and 48 KiB of shared memory per block
+    /// without opting in (no row has less: see the tests).
+    pub const PORTABLE: LaunchLimits = LaunchLimits {
+        grid: [i32::MAX as u32, 65535, 65535],
+        block: [1024, 1024, 64],
+        block_threads: 1024,
+        shared_bytes: 48 * 1024,
+    };
+}
+
+impl Target {
+    /// The launch limits kernels for this target are generated within: a target-level fact,
+    /// the same for every row. AMD GPUs take larger grids in y and z and more LDS than 48 KiB
+    /// (`Arch::shared_bytes_per_block`), but kernels are generated to run on either vendor's
+    /// limits, so a plan never depends on which one it was made for.
+    pub fn limits(&self) -> LaunchLimits {
+        LaunchLimits::PORTABLE
+    }
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} (wave {})", self.arch, self.wave_size)
@@ -250,6 +283,20 @@ mod tests {
             row("gfx1201").isa_version_file().as_deref(),
             Some("oclc_isa_version_1201.bc")
         );
+    }
+
+    /// The portable launch limits fit every row: no processor has less shared memory a block
+    /// may declare statically, nor a narrower wave than a block's threads can hold whole.
+    #[test]
+    fn portable_launch_limits_fit_every_row() {
+        let p = LaunchLimits::PORTABLE;
+        for a in arches() {
+            let t = Target::parse(a.name).unwrap();
+            assert_eq!(t.limits(), p, "{}", a.name);
+            assert!(p.shared_bytes <= a.static_shared_bytes, "{}", a.name);
+            assert_eq!(p.block_threads % a.wave_size, 0, "{}", a.name);
+        }
+        assert_eq!(p.grid[0], i32::MAX as u32);
     }
 
     #[test]

@@ -1,0 +1,77 @@
+//! Gather (embedding lookup) and its index check. On the CPU an index outside the table is
+//! `InterpError::IndexOutOfRange` naming the first such index; on a GPU the gather kernel
+//! records the first failing position in a status buffer and a one-thread kernel after it adds
+//! the index found there, so the runtime can raise the same error after the run
+//! ([`IndexCheck`]).
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::ctype::ctype;
+use super::limits::{launch, launch_1d};
+use super::lower::finish;
+use super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
+use super::{CodegenError, Target};
+use crate::ir::{DType, Graph, NodeId, TensorType};
+
+/// Appends the gather kernel of node `id` and its check (none when there are no indices).
+pub(crate) fn gather(
+    g: &Graph,
+    id: NodeId,
+    ops: &[NodeId],
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
+    let name = &g.node(id).name;
+    let (table, indices) = (g.ty(ops[0]), g.ty(ops[1]));
+    let count = indices.shape.numel();
+    if count == 0 {
+        return Ok(());
+    }
+    let rows = table.shape.dims()[0];
+    let row: usize = table.shape.dims()[1..].iter().product();
+    // One thread per output element, or one per index when rows are empty: every index is
+    // checked either way. count × row is the output's element count, checked by inference.
+    let per_index = row.max(1);
+    let threads = count * per_index;
+    let status = plan.buffers.len();
+    plan.buffers.push(Buffer {
+        id: status,
+        name: name.clone(),
+        ty: TensorType::new(DType::I64, vec![2]),
+        role: BufferRole::Status,
+    });
+    plan.checks.push(IndexCheck {
+        node: name.clone(),
+        table_rows: rows,
+        status,
+    });
+    let c = ctype(table.dtype);
+    let bad = if table.dtype.is_float() {
+        format!("{}NAN{}", c.store_pre, c.store_post)
+    } else {
+        "0".into()
+    };
+    let itype = ctype(indices.dtype).storage;
+    let ctx = json!({"ctype": c.storage, "itype": itype, "row": row, "per_index": per_index,
+        "rows": rows, "count": count, "threads": threads, "bad": bad});
+    plan.kernels.push(finish(
+        "gather",
+        "gather.hip",
+        ctx,
+        launch_1d(name, target, threads)?,
+        vec![buf[&ops[0]], buf[&ops[1]], status, buf[&id]],
+        name,
+    )?);
+    plan.kernels.push(finish(
+        "gather_check",
+        "gather_check.hip",
+        json!({"itype": itype}),
+        launch(name, target, [1, 1, 1], 1)?,
+        vec![buf[&ops[1]], status],
+        name,
+    )?);
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! Runs a kernel plan on the CPU, for plans whose kernels are pointwise: threads that never
+//! share memory, shuffle or wait at a barrier (elementwise, copy, gather and its check,
+//! reduce, causal mask, rope). The generated source — the AMD prelude, the kernels, exactly as
+//! hiprtc gets them — is compiled for the host by clang++ behind a shim for the GPU built-ins,
+//! and every thread of every block is called in turn, kernels in plan order. That executes the
+//! kernels' C here, without a GPU: the numeric tests of codegen compare it with the interpreter.
+#![allow(dead_code)]
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rocmforge::codegen::{prelude, BufferRole, KernelPlan, Target, STATUS_BYTES};
+use rocmforge::interp::{Bindings, InterpError};
+use rocmforge::ir::{random_weight, Graph, Op, Tensor};
+
+/// Families whose kernels run correctly one thread at a time.
+pub const POINTWISE: [&str; 7] = [
+    "elementwise",
+    "copy",
+    "gather",
+    "gather_check",
+    "reduce",
+    "causal_mask",
+    "rope",
+];
+
+/// The GPU built-ins the prelude and pointwise kernels use, for the host. Block and thread
+/// indices are globals the driver loop sets; atomics need no atomicity on one thread.
+const SHIM: &str = r#"
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+struct rf_host_dim3 { unsigned x, y, z; };
+static rf_host_dim3 blockIdx, threadIdx;
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __shfl_xor(float v, int, int) { return v; }
+static inline void __syncthreads() {}
+static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    const unsigned long long old = *p;
+    if (v > old) *p = v;
+    return old;
+}
+// Converts a buffer to whatever pointer type the kernel parameter has.
+struct rf_host_ptr {
+    unsigned char* p;
+    template <class T> operator T*() const { return (T*)p; }
+};
+"#;
+
+/// A C++ compiler for the host that has `_Float16` (the AMD prelude's half type): clang.
+/// `ROCMFORGE_HOST_CXX` names one explicitly.
+pub fn host_cxx() -> Result<PathBuf, String> {
+    let candidates: Vec<String> = match std::env::var("ROCMFORGE_HOST_CXX") {
+        Ok(c) if !c.is_empty() => vec![c],
+        _ => [
+            "clang++",
+            "clang++-19",
+            "clang++-18",
+            "clang++-17",
+            "clang++-16",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    for c in &candidates {
+        let ok = Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Ok(PathBuf::from(c));
+        }
+    }
+    Err(format!(
+        "no host clang++ for running kernels on the CPU (tried {})",
+        candidates.join(", ")
+    ))
+}
+
+/// The bytes each buffer of `plan` starts a run with: bound inputs, weights (seed 0, as
+/// `Graph::compile` draws them when none are given), constants; computed buffers poisoned with
+/// 0xFF (NaN in every float dtype), status buffers zeroed.
+fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec<u8>>, String> {
+    plan.buffers
+        .iter()
+        .map(|buf| {
+            let n = buf.ty.shape.numel() * buf.ty.dtype.size_bytes();
+            Ok(match &buf.role {
+                BufferRole::Input(_) => b
+                    .inputs
+                    .get(&buf.name)
+                    .ok_or(format!("no input `{}`", buf.name))?
+                    .to_bytes(),
+                BufferRole::Weight(init) => b
+                    .weights
+                    .get(&buf.name)
+                    .cloned()
+                    .map_or_else(|| random_weight(&buf.name, &buf.ty, init, b.seed), Ok)
+                    .map_err(|e| e.to_string())?
+                    .to_bytes(),
+                BufferRole::Constant(values) => {
+                    let full = if values.len() == buf.ty.shape.numel() {
+                        values.clone()
+                    } else {
+                        vec![values[0]; buf.ty.shape.numel()]
+                    };
+                    Tensor::from_f64(buf.ty.dtype, buf.ty.shape.clone(), &full)
+                        .map_err(|e| e.to_string())?
+                        .to_bytes()
+                }
+                BufferRole::Computed => vec![0xFF; n],
+                BufferRole::Status => vec![0; STATUS_BYTES],
+            })
+        })
+        .collect::<Result<_, String>>()
+        .map_err(|e| format!("{}: {e}", g.name))
+}
+
+/// The prelude without its matrix-core fragment helpers: they call MFMA built-ins the host
+/// compiler does not have, and no pointwise kernel uses them.
+fn without_matrix_helpers(prelude: &str) -> String {
+    const START: &str = "\n// ---- matrix-core fragment helpers for ";
+    const END: &str = "// ---- end of the matrix-core fragment helpers ----\n";
+    match (prelude.find(START), prelude.find(END)) {
+        (Some(a), Some(b)) if a < b => format!("{}{}", &prelude[..a], &prelude[b + END.len()..]),
+        _ => prelude.to_string(),
+    }
+}
+
+/// The C++ program: shim, prelude, kernels, then a main that reads the buffers from argv[1],
+/// runs the kernels in order and writes the buffers to argv[2].
+fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
+    let target = Target::parse("gfx90a").expect("a known target");
+    let mut s = String::from(SHIM);
+    s.push_str(&without_matrix_helpers(&prelude(&target)));
+    let mut seen = std::collections::HashSet::new();
+    for k in &plan.kernels {
+        if seen.insert(&k.entry) {
+            s.push('\n');
+            s.push_str(&k.body);
+        }
+    }
+    let _ = writeln!(s, "\nstatic const size_t rf_sizes[] = {{0{}}};", {
+        let mut list = String::new();
+        for n in sizes {
+            let _ = write!(list, ", {n}");
+        }
+        list
+    });
+    s.push_str(
+        "int main(int argc, char** argv) {\n    const int nb = sizeof(rf_sizes) / sizeof(rf_sizes[0]) - 1;\n    unsigned char** buf = (unsigned char**)calloc(nb + 1, sizeof(void*));\n    FILE* in = fopen(argv[1], \"rb\");\n    if (!in) return 2;\n    for (int b = 0; b < nb; ++b) {\n        buf[b] = (unsigned char*)malloc(rf_sizes[b + 1] + 1);\n        if (fread(buf[b], 1, rf_sizes[b + 1], in) != rf_sizes[b + 1]) return 3;\n    }\n    fclose(in);\n",
+    );
+    for k in &plan.kernels {
+        let args: Vec<String> = k
+            .args
+            .iter()
+            .map(|&a| format!("rf_host_ptr{{buf[{a}]}}"))
+            .collect();
+        let [gx, gy, gz] = k.launch.grid;
+        let [bx, by, bz] = k.launch.block;
+        let _ = writeln!(
+            s,
+            "    for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx)\n    for (unsigned tz = 0; tz < {bz}u; ++tz) for (unsigned ty = 0; ty < {by}u; ++ty) for (unsigned tx = 0; tx < {bx}u; ++tx) {{\n        blockIdx = {{gx, gy, gz}}; threadIdx = {{tx, ty, tz}};\n        {}({});\n    }}",
+            k.entry,
+            args.join(", ")
+        );
+    }
+    s.push_str(
+        "    FILE* out = fopen(argv[2], \"wb\");\n    if (!out) return 4;\n    for (int b = 0; b < nb; ++b) fwrite(buf[b], 1, rf_sizes[b + 1], out);\n    fclose(out);\n    return 0;\n}\n",
+    );
+    s
+}
+
+/// What a run on the host gave: the plan's outputs, or the error its index checks raise (the
+/// interpreter's error, as `Compiled::run` raises it on a GPU).
+pub type HostResult = Result<Vec<Tensor>, InterpError>;
+
+/// Runs `plan` (generated from `g`) on the host with `bindings`; `Err(String)` when the plan
+/// cannot run here (a kernel that is not pointwise) or the compiler fails.
+pub fn run_plan(
+    cxx: &Path,
+    g: &Graph,
+    plan: &KernelPlan,
+    bindings: &Bindings,
+) -> Result<HostResult, String> {
+    if let Some(k) = plan.kernels.iter().find(|k| !POINTWISE.contains(&k.family)) {
+        return Err(format!("{}: {} is not pointwise", g.name, k.entry));
+    }
+    let init = initial_buffers(g, plan, bindings)?;
+    let sizes: Vec<usize> = init.iter().map(Vec::len).collect();
+    let dir = std::env::temp_dir().join(format!(
+        "rocmforge-host-{}-{}",
+        std::process::id(),
+        unique()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (src, exe, input, output) = (
+        dir.join("plan.cpp"),
+        dir.join("plan"),
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+    );
+    std::fs::write(&src, program(plan, &sizes)).map_err(|e| e.to_string())?;
+    std::fs::write(&input, init.concat()).map_err(|e| e.to_string())?;
+    // -ffp-contract=off: no fused multiply-adds, so float results round as the interpreter's.
+    let cc = Command::new(cxx)
+        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !cc.status.success() {
+        return Err(format!(
+            "{}: host compile failed ({}):\n{}",
+            g.name,
+            src.display(),
+            String::from_utf8_lossy(&cc.stderr)
+        ));
+    }
+    let run = Command::new(&exe)
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !run.status.success() {
+        return Err(format!("{}: host run failed: {:?}", g.name, run.status));
+    }
+    let bytes = std::fs::read(&output).map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    let mut at = 0;
+    let buffers: Vec<&[u8]> = sizes
+        .iter()
+        .map(|&n| {
+            let b = &bytes[at..at + n];
+            at += n;
+            b
+        })
+        .collect();
+    for check in &plan.checks {
+        if let Some(index) = check.failed_index(buffers[check.status]) {
+            return Ok(Err(InterpError::IndexOutOfRange {
+                node: check.node.clone(),
+                index,
+                size: check.table_rows,
+            }));
+        }
+    }
+    plan.outputs
+        .iter()
+        .map(|o| {
+            let n = o.ty.shape.numel() * o.ty.dtype.size_bytes();
+            Tensor::from_bytes(&o.ty, &buffers[o.buffer][..n]).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map(Ok)
+}
+
+fn unique() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether every kernel of `plan` can run on the host.
+pub fn is_pointwise(plan: &KernelPlan) -> bool {
+    plan.kernels.iter().all(|k| POINTWISE.contains(&k.family))
+}
+
+/// The weights `Graph::compile` draws for `g` (seed 0) as bindings, so the interpreter sees
+/// what the kernels see.
+pub fn with_weights(g: &Graph, mut b: Bindings) -> Bindings {
+    for id in g.node_ids() {
+        if let Op::Weight { init, .. } = g.op(id) {
+            let n = g.node(id);
+            b.weights.entry(n.name.clone()).or_insert_with(|| {
+                random_weight(&n.name, &n.ty, init, 0).expect("a test graph's weights fit")
+            });
+        }
+    }
+    b
+}
