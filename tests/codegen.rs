@@ -16,10 +16,11 @@ use std::path::Path;
 use attention_graphs::{build, Mask, Spec};
 use rocmforge::codegen::{
     generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan, Target,
-    MAX_EXPR_OPS, MAX_KERNEL_ARGS,
+    MAX_KERNEL_ARGS,
 };
 use rocmforge::compile::plan_memory;
-use rocmforge::ir::{format, BinaryOp, DType, Expr, Graph, Op, UnaryOp};
+use rocmforge::ir::expr::{MAX_INPUTS, MAX_OPS};
+use rocmforge::ir::{format, BinaryOp, DType, Expr, Graph, GraphError, Op, UnaryOp};
 use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
@@ -394,16 +395,14 @@ fn int_indexed_sizes_past_32_bits_are_typed_errors() {
     assert_eq!(range(refusal(&g)), big as u64);
 }
 
-/// Issue 11, item 4: a fused node with more operands than a kernel takes is a typed error.
-/// Since the semantics merge `ir` refuses a fused node past `ir::expr::MAX_INPUTS` operands
-/// first, so codegen's own cap (`MAX_KERNEL_ARGS`, unit-tested in `codegen::limits`) stays a
-/// second line: the widest node `ir` takes fits it, and a wider one is refused with the limit.
+/// Issue 11, item 4: a fused node is bounded before it reaches codegen: past
+/// `ir::expr::MAX_INPUTS` operands or `ir::expr::MAX_OPS` ops it is a typed graph error, so no
+/// kernel gets more parameters than [`MAX_KERNEL_ARGS`] (checked again in codegen, see
+/// `codegen::limits`), and the widest fused node allowed generates.
 #[test]
-fn a_kernel_with_too_many_parameters_is_a_typed_error() {
-    use rocmforge::ir::expr::MAX_INPUTS;
-    const { assert!(MAX_INPUTS < MAX_KERNEL_ARGS) };
+fn fused_nodes_are_bounded_before_codegen() {
     let wide = |n: usize| {
-        let mut g = Graph::new(format!("wide_fusion_{n}"));
+        let mut g = Graph::new("wide_fusion");
         let xs: Vec<_> = (0..n)
             .map(|i| g.input(&format!("x{i}"), DType::F32, &[4]).unwrap())
             .collect();
@@ -411,24 +410,25 @@ fn a_kernel_with_too_many_parameters_is_a_typed_error() {
         for i in 1..n {
             e = Expr::Binary(BinaryOp::Add, Box::new(e), Box::new(Expr::Input(i)));
         }
-        g.add_op(Op::FusedElementwise(e), &xs).map(|f| (g, f))
+        let f = g.add_op(Op::FusedElementwise(e), &xs);
+        (g, f)
     };
-    let (mut g, f) = wide(MAX_INPUTS).unwrap();
-    g.add_output(f).unwrap();
-    let plan = generate(&g, &Target::parse("sm_90").unwrap()).unwrap();
-    assert_eq!(plan.kernels[0].args.len(), MAX_INPUTS + 1);
-    let e = wide(MAX_INPUTS + 1).map(|_| ()).unwrap_err().to_string();
-    assert!(e.contains("MAX_INPUTS"), "{e}");
+    let (mut g, f) = wide(MAX_INPUTS);
+    g.add_output(f.unwrap()).unwrap();
+    let t = Target::parse("gfx90a").unwrap();
+    let plan = generate(&g, &t).unwrap();
+    assert!(plan.kernels[0].args.len() <= MAX_KERNEL_ARGS);
+    let n = MAX_INPUTS + 1;
+    assert!(
+        matches!(wide(n).1, Err(GraphError::BadAttribute { ref reason, .. }) if reason.contains("MAX_INPUTS")),
+        "{n} operands"
+    );
 }
 
 /// Issue 11, item 4: an expression is rendered without recursion (one line per op, on a small
-/// stack). Since the semantics merge `ir` caps an expression at `ir::expr::MAX_OPS` ops, below
-/// codegen's own [`MAX_EXPR_OPS`] (unit-tested where it is checked): the deepest expression
-/// `ir` takes renders, a deeper one is refused with the limit.
+/// stack) up to the IR's cap, and an expression past the cap is a typed graph error.
 #[test]
 fn deep_expressions_render_without_recursion() {
-    use rocmforge::ir::expr::MAX_OPS;
-    const { assert!(MAX_OPS < MAX_EXPR_OPS) };
     let build = |depth: usize| {
         let mut g = Graph::new(format!("deep_{depth}"));
         let x = g.input("x", DType::F32, &[8]).unwrap();
@@ -441,12 +441,15 @@ fn deep_expressions_render_without_recursion() {
             };
             e = Expr::Unary(op, Box::new(e));
         }
-        g.add_op(Op::FusedElementwise(e), &[x]).map(|f| (g, f))
+        let f = g.add_op(Op::FusedElementwise(e), &[x])?;
+        g.add_output(f)?;
+        Ok::<_, GraphError>(g)
     };
-    let (mut ok, f) = build(MAX_OPS).unwrap();
-    ok.add_output(f).unwrap();
-    let e = build(MAX_OPS + 1).map(|_| ()).unwrap_err().to_string();
-    assert!(e.contains("MAX_OPS"), "{e}");
+    let ok = build(MAX_OPS).unwrap();
+    assert!(matches!(
+        build(MAX_OPS + 1),
+        Err(GraphError::BadAttribute { ref reason, .. }) if reason.contains("MAX_OPS")
+    ));
     std::thread::scope(|s| {
         std::thread::Builder::new()
             .stack_size(128 << 10)

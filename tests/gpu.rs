@@ -905,6 +905,141 @@ fn launch_past_the_device_limits(device: &Device) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Elementwise ops and casts at their edge values (±0, ±∞, NaN, f16's limit and overflow,
+/// values past every integer type, the integer limits) on the device, fused and unfused, bit for
+/// bit against the interpreter (`ir::scalar`, docs/ops.md "Scalar semantics"). Only ops IEEE
+/// specifies exactly are compared: transcendental functions may differ in the last place.
+fn elementwise_edges_bit_for_bit(device: &Device, dt: DType, fuse: bool) -> Result<(), Failed> {
+    use rocmforge::ir::{BinaryOp, Op, UnaryOp};
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let values: Vec<f64> = match dt {
+        DType::F32 | DType::F16 | DType::BF16 => vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.5,
+            -2.5,
+            1e-8,
+            1e-45,
+            65504.0,
+            65519.0,
+            65520.0,
+            -65520.0,
+            70000.0,
+            3e9,
+            -3e9,
+            1e19,
+            3.0e38,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ],
+        DType::I32 => [0, 1, -1, 7, -7, 65536, i32::MAX, i32::MIN]
+            .map(f64::from)
+            .to_vec(),
+        DType::I64 => [
+            0i64,
+            1,
+            -1,
+            1 << 31,
+            -(1 << 31) - 1,
+            1 << 32,
+            1 << 53,
+            1 << 62,
+            i64::MIN,
+        ]
+        .map(|v| v as f64)
+        .to_vec(),
+        DType::Bool => vec![0.0, 1.0],
+    };
+    let k = values.len();
+    let mut g = Graph::new(format!("edges_{dt}"));
+    let a = g.input("a", dt, &[k, 1]).map_err(|e| e.to_string())?;
+    let b = g.input("b", dt, &[1, k]).map_err(|e| e.to_string())?;
+    let mut outs = Vec::new();
+    let mut add = |g: &mut Graph, op: Op, ins: &[rocmforge::ir::NodeId]| {
+        if let Ok(id) = g.add_op(op, ins) {
+            outs.push(id);
+        }
+    };
+    for u in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sqrt, UnaryOp::Recip] {
+        add(&mut g, Op::Unary(u), &[a]);
+    }
+    for op in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Equal,
+        BinaryOp::Less,
+        BinaryOp::Greater,
+    ] {
+        add(&mut g, Op::Binary(op), &[a, b]);
+    }
+    for to in DType::ALL {
+        add(&mut g, Op::Cast { to }, &[a]);
+        // Fused: the sum is stored to its dtype (wrapped, rounded) before the cast.
+        if let Ok(s) = g.add(a, b) {
+            add(&mut g, Op::Cast { to }, &[s]);
+        }
+    }
+    // Fused: a wrapped integer sum compared with zero.
+    if dt.is_int() {
+        let zero = g.scalar(0.0, dt).map_err(|e| e.to_string())?;
+        let s = g.add(a, b).map_err(|e| e.to_string())?;
+        add(&mut g, Op::Binary(BinaryOp::Less), &[s, zero]);
+    }
+    g.set_outputs(&outs).map_err(|e| e.to_string())?;
+    let bindings = Bindings::default()
+        .with_input(
+            "a",
+            Tensor::from_f64(dt, vec![k, 1], &values).map_err(|e| e.to_string())?,
+        )
+        .with_input(
+            "b",
+            Tensor::from_f64(dt, vec![1, k], &values).map_err(|e| e.to_string())?,
+        );
+    let c = Graph::compile_with(&g, device, &CompileOptions { fuse, ..options() })
+        .map_err(|e| e.to_string())?;
+    let got = c.run(&bindings).map_err(|e| e.to_string())?;
+    let want = run(&g, &bindings).map_err(|e| e.to_string())?;
+    let bits = |t: &Tensor| -> Vec<u64> {
+        match (t.as_f32(), t.as_i64()) {
+            (Some(f), _) => f
+                .iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        u64::MAX
+                    } else {
+                        u64::from(x.to_bits())
+                    }
+                })
+                .collect(),
+            (_, Some(i)) => i.iter().map(|&x| x as u64).collect(),
+            _ => vec![],
+        }
+    };
+    for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
+        let (gb, wb) = (bits(gt), bits(wt));
+        if let Some(i) = (0..wb.len()).find(|&i| gb.get(i) != Some(&wb[i])) {
+            return Err(format!(
+                "{} ({}): element {i} of {}: device {:?}, interpreter {:?} (edge values {values:?})",
+                g.node(*o).op,
+                if fuse { "fused" } else { "unfused" },
+                wt.shape(),
+                gt.to_f64_vec().get(i),
+                wt.to_f64_vec()[i]
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 /// A trial, or the same trial marked ignored with `ignored` as the reason.
@@ -1029,6 +1164,20 @@ fn main() {
             name,
             Box::new(move || edge_values(&d, &case)),
         );
+    }
+    for dt in DType::ALL {
+        for fuse in [true, false] {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &ignored,
+                format!(
+                    "semantics::{dt}_edge_values_bit_for_bit::{}",
+                    if fuse { "fused" } else { "unfused" }
+                ),
+                Box::new(move || elementwise_edges_bit_for_bit(&d, dt, fuse)),
+            );
+        }
     }
     let shapes = [
         (1, 1, 1, 1, 1, 1, DType::F32, Mask::None, Scale::MulScores),

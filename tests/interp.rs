@@ -1112,6 +1112,21 @@ fn every_op_accepts_zero_size_dimensions() {
         )),
         [0, 2, 4]
     );
+    // A fused chain over an empty tensor, and a constant with no elements.
+    let mut g = Graph::new("fused_empty");
+    let x = g.input("x", DType::F16, &[0, 3]).unwrap();
+    let c = g.constant(DType::F16, &[0, 3], vec![2.0]).unwrap();
+    let e = g.exp(x).unwrap();
+    let m = g.mul(e, c).unwrap();
+    let t = g.tanh(m).unwrap();
+    g.add_output(t).unwrap();
+    let (fused, _) = rocmforge::passes::optimize(&g).unwrap();
+    assert!(fused
+        .node_ids()
+        .any(|id| matches!(fused.op(id), rocmforge::ir::Op::FusedElementwise(_))));
+    let x0 = Tensor::from_f32(DType::F16, vec![0, 3], vec![]).unwrap();
+    assert_eq!(shape_of(run_with(&fused, vec![("x", x0.clone())])), [0, 3]);
+    assert_eq!(shape_of(run_with(&g, vec![("x", x0)])), [0, 3]);
     // Causal masks with no rows or columns.
     let mut g = Graph::new("mask");
     let m = g.causal_mask(0, 4, 0).unwrap();

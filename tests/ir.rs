@@ -450,3 +450,35 @@ fn declared_huge_tensors_get_typed_errors_not_allocation_aborts() {
     let err = rocmforge::ir::try_collect(usize::MAX / 2, std::iter::empty::<f32>()).unwrap_err();
     assert!(matches!(err, TensorError::OutOfMemory { .. }));
 }
+
+#[test]
+fn edits_rewrite_exactly_the_operand_slots_that_read_a_value() {
+    use rocmforge::passes::{CommonSubexpressions, PassManager};
+    // A concat of 3000 products of which every third is a duplicate: CSE rewrites those slots
+    // (and only those) of one wide node.
+    let mut g = Graph::new("wide_concat");
+    let x = g.input("x", DType::F32, &[1]).unwrap();
+    let cs: Vec<_> = (0..3)
+        .map(|i| g.scalar(f64::from(i) + 2.0, DType::F32).unwrap())
+        .collect();
+    let parts: Vec<_> = (0..3000).map(|i| g.mul(x, cs[i % 3]).unwrap()).collect();
+    let cat = g.concat(&parts, 0).unwrap();
+    let twice = g.concat(&[parts[0], parts[0], parts[1]], 0).unwrap();
+    g.set_outputs(&[cat, twice]).unwrap();
+    let mut merged = g.clone();
+    PassManager::new()
+        .with(CommonSubexpressions)
+        .run(&mut merged)
+        .unwrap();
+    assert_eq!(merged.node_count(), 1 + 3 + 3 + 2);
+    let cat_id = merged.outputs()[0];
+    assert_eq!(merged.operands(cat_id).len(), 3000);
+    assert_eq!(merged.consumers(merged.operands(cat_id)[0]).len(), 2);
+    assert_eq!(merged.use_count(merged.operands(cat_id)[0]), 1000 + 2);
+    let b = Bindings::random(&g, 4);
+    assert_eq!(run(&merged, &b).unwrap(), run(&g, &b).unwrap());
+    // Removing a node that is still read leaves a typed error for validation, not a panic.
+    let mut broken = g.clone();
+    broken.remove_node(parts[5]);
+    assert_eq!(broken.validate().unwrap_err().kind(), "dangling_input");
+}

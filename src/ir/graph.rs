@@ -68,10 +68,41 @@ struct Slot {
     node: Node,
     /// Operands in slot order.
     operands: Vec<NodeId>,
-    /// Each consumer, with how many of its operand slots read this node.
-    users: NodeMap<u32>,
-    /// The sum of `users`' counts: operand slots that read this node.
+    /// Each consumer, with the operand slots of it that read this node (so replacing a value
+    /// rewrites those slots without scanning a concat of a hundred thousand operands).
+    users: NodeMap<Slots>,
+    /// The number of operand slots, over all consumers, that read this node.
     reads: usize,
+}
+
+/// Operand slots of one consumer; almost always one, kept without allocating.
+#[derive(Clone, Debug)]
+enum Slots {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Slots {
+    fn len(&self) -> usize {
+        match self {
+            Slots::One(_) => 1,
+            Slots::Many(v) => v.len(),
+        }
+    }
+
+    fn to_vec(&self) -> Vec<u32> {
+        match self {
+            Slots::One(s) => vec![*s],
+            Slots::Many(v) => v.clone(),
+        }
+    }
+
+    fn push(&mut self, slot: u32) {
+        match self {
+            Slots::One(s) => *self = Slots::Many(vec![*s, slot]),
+            Slots::Many(v) => v.push(slot),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -172,7 +203,15 @@ impl Graph {
         let mut indeg = vec![0usize; self.g.node_bound()];
         let mut ready: BinaryHeap<Reverse<NodeId>> = BinaryHeap::new();
         for n in self.g.node_indices() {
-            indeg[n.index()] = self.g[n].operands.len();
+            let operands = &self.g[n].operands;
+            // Only a removed node that still had a consumer leaves an operand dangling.
+            if let Some(o) = operands.iter().find(|&&o| !self.g.contains_node(o)) {
+                return Err(GraphError::DanglingInput {
+                    node: self.g[n].node.name.clone(),
+                    input: format!("#{} (a removed node)", o.index()),
+                });
+            }
+            indeg[n.index()] = operands.len();
             if indeg[n.index()] == 0 {
                 ready.push(Reverse(n));
             }
@@ -180,9 +219,9 @@ impl Graph {
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(Reverse(n)) = ready.pop() {
             order.push(n);
-            for (&user, &times) in &self.g[n].users {
+            for (&user, slots) in &self.g[n].users {
                 let d = &mut indeg[user.index()];
-                *d -= times as usize;
+                *d -= slots.len();
                 if *d == 0 {
                     ready.push(Reverse(user));
                 }
@@ -293,6 +332,15 @@ impl Graph {
             None => self.fresh_name(op.name()),
         };
         let ty = self.infer_for(&name, &op, operands)?;
+        // Slots are numbered in u32 (no file can list 2^32 operands, but say so if one does).
+        if u32::try_from(operands.len()).is_err() {
+            return Err(GraphError::Arity {
+                node: name,
+                op: op.name().to_string(),
+                expected: format!("at most {}", u32::MAX),
+                got: operands.len(),
+            });
+        }
         let id = self.g.add_node(Slot {
             node: Node {
                 name: name.clone(),
@@ -303,18 +351,23 @@ impl Graph {
             users: NodeMap::default(),
             reads: 0,
         });
-        for &o in operands {
-            self.read(o, id, 1);
+        for (slot, &o) in operands.iter().enumerate() {
+            self.read(o, id, slot as u32);
         }
         self.names.insert(name, id);
         Ok(id)
     }
 
-    /// Records that `times` more operand slots of `user` read `id`.
-    fn read(&mut self, id: NodeId, user: NodeId, times: u32) {
-        let slot = &mut self.g[id];
-        *slot.users.entry(user).or_insert(0) += times;
-        slot.reads += times as usize;
+    /// Records that operand slot `slot` of `user` reads `id`.
+    fn read(&mut self, id: NodeId, user: NodeId, slot: u32) {
+        let node = &mut self.g[id];
+        match node.users.get_mut(&user) {
+            Some(slots) => slots.push(slot),
+            None => {
+                node.users.insert(user, Slots::One(slot));
+            }
+        }
+        node.reads += 1;
     }
 
     /// Adds a node with an automatic name.
@@ -390,13 +443,11 @@ impl Graph {
         }
         let users = std::mem::take(&mut self.g[old].users);
         self.g[old].reads = 0;
-        for (&user, &times) in &users {
-            for o in &mut self.g[user].operands {
-                if *o == old {
-                    *o = new;
-                }
+        for (user, slots) in users {
+            for slot in slots.to_vec() {
+                self.g[user].operands[slot as usize] = new;
+                self.read(new, user, slot);
             }
-            self.read(new, user, times);
         }
         if let Some(k) = self.output_uses.remove(&old) {
             for o in &mut self.outputs {
@@ -410,19 +461,14 @@ impl Graph {
     }
 
     /// Removes a node. The caller makes sure nothing still needs it: a consumer left behind
-    /// loses the operand, which validation reports as a wrong arity.
+    /// keeps an operand that is no longer in the graph, which validation reports.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
         let slot = self.g.remove_node(id)?;
         for &o in &slot.operands {
             if let Some(s) = self.g.node_weight_mut(o) {
-                if let Some(times) = s.users.remove(&id) {
-                    s.reads -= times as usize;
+                if let Some(slots) = s.users.remove(&id) {
+                    s.reads -= slots.len();
                 }
-            }
-        }
-        for &user in slot.users.keys() {
-            if let Some(s) = self.g.node_weight_mut(user) {
-                s.operands.retain(|&o| o != id);
             }
         }
         self.names.remove(&slot.node.name);

@@ -681,7 +681,7 @@ pub(super) fn parse_number(v: &Value) -> Result<f64, String> {
             } else if let Some(u) = n.as_u64() {
                 // Past i64::MAX: exact only when the f64 converts back to the same integer.
                 let f = u as f64;
-                (f < 18_446_744_073_709_551_616.0 && f as u64 == u).then_some(f)
+                (f < 1.844_674_407_370_955_2e19 && f as u64 == u).then_some(f)
             } else {
                 n.as_f64()
             };

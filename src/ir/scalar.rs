@@ -17,6 +17,9 @@ use super::{BinaryOp, DType, UnaryOp};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
+/// 2^63: the f64 nearest `i64::MAX`, and the first value past every i64.
+const TWO_POW_63: f64 = 9.223_372_036_854_776e18;
+
 /// One element as host tensors hold it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Element {
@@ -35,7 +38,7 @@ impl Element {
             Element::Int(i) => {
                 let f = i as f64;
                 // 2^63 is the f64 nearest i64::MAX but not equal to it; `as` saturates it back.
-                (f != -(i64::MIN as f64) && f as i64 == i).then_some(f)
+                (f != TWO_POW_63 && f as i64 == i).then_some(f)
             }
         }
     }
@@ -113,7 +116,7 @@ pub fn check_constant(dtype: DType, v: f64) -> Result<(), String> {
         DType::F32 | DType::F16 | DType::BF16 => return Ok(()),
         DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
         // i64::MAX is not an f64; 2^63 is the first value past it.
-        DType::I64 => (i64::MIN as f64, -(i64::MIN as f64)),
+        DType::I64 => (i64::MIN as f64, TWO_POW_63),
         DType::Bool => (0.0, 1.0),
     };
     let in_range = if dtype == DType::I64 {
@@ -200,13 +203,10 @@ pub fn binary_f32(op: BinaryOp, a: f32, b: f32) -> f32 {
 fn ieee_maximum(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
-    } else if a > b {
+    } else if a > b || (a == b && b.is_sign_negative()) {
         a
-    } else if b > a || a.is_sign_negative() {
-        // Equal unless one is −0: +0 is the larger.
-        b
     } else {
-        a
+        b
     }
 }
 
@@ -214,11 +214,7 @@ fn ieee_maximum(a: f32, b: f32) -> f32 {
 fn ieee_minimum(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
-    } else if a < b {
-        a
-    } else if b < a {
-        b
-    } else if a.is_sign_negative() {
+    } else if a < b || (a == b && a.is_sign_negative()) {
         a
     } else {
         b
@@ -309,8 +305,8 @@ mod tests {
     fn integer_constants_must_be_values_of_their_dtype() {
         assert!(check_constant(DType::I32, 2147483647.0).is_ok());
         assert!(check_constant(DType::I32, 2147483648.0).is_err());
-        assert!(check_constant(DType::I64, i64::MIN as f64).is_ok());
-        assert!(check_constant(DType::I64, -(i64::MIN as f64)).is_err());
+        assert!(check_constant(DType::I64, -TWO_POW_63).is_ok());
+        assert!(check_constant(DType::I64, TWO_POW_63).is_err());
         assert!(check_constant(DType::I64, 0.5).is_err());
         assert!(check_constant(DType::I64, f64::NAN).is_err());
         assert!(check_constant(DType::Bool, 2.0).is_err());

@@ -123,16 +123,17 @@ pub fn elementwise_edges() -> Vec<Case> {
     cases
 }
 
-/// A constant as `dt` holds it (f16/bf16 rounded, i32 wrapped): shape inference takes only
-/// constants that are values of their dtype.
+/// The least value of an integer dtype, as a constant holds it.
+fn int_min(dt: DType) -> f64 {
+    if dt == DType::I32 {
+        f64::from(i32::MIN)
+    } else {
+        i64::MIN as f64
+    }
+}
+
 fn c(v: f64, dt: DType) -> Box<Expr> {
-    let held = match dt {
-        DType::F16 | DType::BF16 | DType::I32 => rocmforge::ir::scalar::constant(dt, v)
-            .exact_f64()
-            .unwrap_or(v),
-        DType::F32 | DType::I64 | DType::Bool => v,
-    };
-    Box::new(Expr::Const(held, dt))
+    Box::new(Expr::constant(v, dt))
 }
 fn input(i: usize) -> Box<Expr> {
     Box::new(Expr::Input(i))
@@ -223,16 +224,32 @@ pub fn fused_edges() -> Vec<Case> {
                 )),
                 &[x, y],
             ),
-            // 3e9 as an i32 constant is its wrapped value; i64::MIN must stay signed.
-            fused(&mut g, bin(BinaryOp::Greater, input(0), c(3e9, dt)), &[x]),
+            // The largest i32 as a constant (an integer constant out of its dtype's range is a
+            // graph error, see ir::scalar::check_constant); i64::MIN must stay signed.
             fused(
                 &mut g,
-                bin(BinaryOp::Greater, input(0), c(i64::MIN as f64, dt)),
+                bin(BinaryOp::Greater, input(0), c(f64::from(i32::MAX), dt)),
+                &[x],
+            ),
+            fused(
+                &mut g,
+                bin(
+                    BinaryOp::Greater,
+                    input(0),
+                    c(
+                        if dt == DType::I32 {
+                            f64::from(i32::MIN)
+                        } else {
+                            i64::MIN as f64
+                        },
+                        dt,
+                    ),
+                ),
                 &[y],
             ),
             fused(
                 &mut g,
-                bin(BinaryOp::Sub, c(i64::MIN as f64, dt), input(0)),
+                bin(BinaryOp::Sub, c(int_min(dt), dt), input(0)),
                 &[y],
             ),
             fused(&mut g, Box::new(Expr::Cast(DType::F16, sum())), &[x, y]),
