@@ -1,40 +1,38 @@
-// FlashAttention on tensor cores ({{ dtype }}, mma.sync m16n8k16 with f32 accumulation; NVIDIA sm_80+ only,
-// every other target uses flash_attention.hip): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}],
+// FlashAttention on tensor cores ({{ dtype }}, the {{ p }} matrix atom with f32 accumulation, where the
+// target's table has it; every other target uses flash_attention.hip): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}],
 // scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
-// A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), 16 per warp; each warp keeps its
+// A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), {{ am }} per warp; each warp keeps its
 // Q rows as mma fragments in registers for the whole kernel. Key/value tiles of {{ block_n }} rows are staged
 // in shared memory (rows padded by 8 halves so that fragment loads hit distinct banks), loaded by cp.async one
 // tile ahead of use. Per tile a warp
-// computes S = Q·Kᵀ (16 × {{ block_n }}) in registers, applies scale and masks, updates the online softmax in
+// computes S = Q·Kᵀ ({{ am }} × {{ block_n }}) in registers, applies scale and masks, updates the online softmax in
 // the log2 domain, and multiplies P — converted to {{ dtype }} where the S accumulator already holds it in the
 // A-fragment layout, so P never touches shared memory — by V, read with ldmatrix.trans.
-// Each thread holds two rows (g and g + 8 of its warp's 16); the four threads of a group share a row,
-// so row max and sum are reduced over xor-shuffles 1 and 2. Masked keys get -inf and contribute
-// nothing; a row with no visible key writes zeros.
+// Fragments are indexed only through the {{ p }}_* helpers generated from the atom: each thread holds
+// {{ p }}_C_ROWS rows of its warp's {{ am }} (row slots), and row max and sum combine the lanes that hold the
+// rest of a row ({{ p }}_c_row_max/_sum). Masked keys get -inf and contribute nothing; a row with no
+// visible key writes zeros.
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{{ ctype }}* __restrict__ out) {
     __shared__ __align__(16) unsigned short Ks[{{ block_n }}][{{ d + 8 }}];
     __shared__ __align__(16) unsigned short Vs[{{ block_n }}][{{ dv + 8 }}];
     const float LOG2E = 1.4426950408889634f;
     const int bh = blockIdx.x;
     const int bi = bh / {{ hq }}, h = bh % {{ hq }}, kvh = h / {{ group }};
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int row0 = blockIdx.y * {{ block_m }} + warp * 16;
-    const int rows[2] = {row0 + g, row0 + g + 8};
+    const int warp = threadIdx.x / {{ p }}_LANES, lane = threadIdx.x % {{ p }}_LANES;
+    const int row0 = blockIdx.y * {{ block_m }} + warp * {{ p }}_M;
+    const long long q_base = (long long)bh * {{ sq }} * {{ d }};
     const long long k_base = ((long long)bi * {{ hkv }} + kvh) * {{ sk }} * {{ d }};
     const long long v_base = ((long long)bi * {{ hkv }} + kvh) * {{ sk }} * {{ dv }};
-    const unsigned* q32 = (const unsigned*)q;
-    unsigned qf[{{ d // 16 }}][4];
-    for (int kk = 0; kk < {{ d // 16 }}; ++kk) {
-        for (int e = 0; e < 4; ++e) {
-            const int r = rows[e & 1], c = kk * 16 + t4 * 2 + (e >> 1) * 8;
-            qf[kk][e] = r < {{ sq }} ? q32[(((long long)bh * {{ sq }} + r) * {{ d }} + c) / 2] : 0u;
-        }
+    {{ p }}_a qf[{{ d // ak }}];
+    for (int kk = 0; kk < {{ d // ak }}; ++kk)
+        {{ p }}_load_a(qf[kk], q + q_base + kk * {{ p }}_K, {{ d }}, row0, {{ sq }}, lane);
+    {{ p }}_c o[{{ dv // an }}];
+    for (int n = 0; n < {{ dv // an }}; ++n) {{ p }}_zero_c(o[n]);
+    float m[{{ p }}_C_ROWS], l[{{ p }}_C_ROWS];
+    for (int r = 0; r < {{ p }}_C_ROWS; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
     }
-    float o[{{ dv // 8 }}][4];
-    for (int n = 0; n < {{ dv // 8 }}; ++n)
-        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 {% if causal %}    // Keys after the last visible key of this block's last row are never needed.
     const long long last_row = min((long long)blockIdx.y * {{ block_m }} + {{ block_m - 1 }}, {{ sq - 1 }}LL);
     const long long end_ll = last_row + {{ offset }} + 1;
@@ -65,36 +63,35 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
         rf_cp_async_wait_one();  // K(j0) has landed; V(j0) may still be in flight
         __syncthreads();
-        float s[{{ block_n // 8 }}][4];
-        for (int n = 0; n < {{ block_n // 8 }}; ++n)
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-        for (int n = 0; n < {{ block_n // 8 }}; n += 2) {
-            for (int kk = 0; kk < {{ d // 16 }}; ++kk) {
+        {{ p }}_c s[{{ block_n // an }}];
+        for (int n = 0; n < {{ block_n // an }}; ++n) {{ p }}_zero_c(s[n]);
+        for (int n = 0; n < {{ block_n // an }}; n += 2) {
+            for (int kk = 0; kk < {{ d // ak }}; ++kk) {
                 // K fragments of key tiles n and n + 1: B[k][key] = K[key][k], read as rows of K.
-                unsigned kb[4];
-                rf_ldsm_x4(kb, &Ks[n * 8 + (lane >> 4) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
-                {{ mma }}(s[n], qf[kk], kb[0], kb[1]);
-                {{ mma }}(s[n + 1], qf[kk], kb[2], kb[3]);
+                {{ p }}_b kb[2];
+                {{ p }}_load_b_pair_nk_smem(kb, &Ks[n * {{ p }}_N][kk * {{ p }}_K], {{ d + 8 }}, lane);
+                {{ p }}_mma(s[n], qf[kk], kb[0]);
+                {{ p }}_mma(s[n + 1], qf[kk], kb[1]);
             }
         }
-        float mx[2] = {-INFINITY, -INFINITY};
-        for (int n = 0; n < {{ block_n // 8 }}; ++n) {
-            for (int e = 0; e < 4; ++e) {
-{% if causal or mask %}                const int i = rows[e >> 1];
-{% endif %}                const int j = j0 + n * 8 + t4 * 2 + (e & 1);
+        float mx[{{ p }}_C_ROWS];
+        for (int r = 0; r < {{ p }}_C_ROWS; ++r) mx[r] = -INFINITY;
+        for (int n = 0; n < {{ block_n // an }}; ++n) {
+            for (int e = 0; e < {{ p }}_C_ELEMS; ++e) {
+{% if causal or mask %}                const int i = row0 + {{ p }}_c_row(lane, e);
+{% endif %}                const int j = j0 + n * {{ p }}_N + {{ p }}_c_col(lane, e);
                 float x = s[n][e] * {{ scale_f }};
 {% if mask == "additive" %}                if (j < {{ sk }}) x += {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)min(i, {{ sq - 1 }}) * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }};
 {% elif mask == "boolean" %}                if (j < {{ sk }} && !mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)min(i, {{ sq - 1 }}) * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
 {% endif %}{% if causal %}                if ((long long)j > (long long)i + {{ offset }}) x = -INFINITY;
 {% endif %}                if (j >= {{ sk }}) x = -INFINITY;
                 s[n][e] = x * LOG2E;
-                mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                mx[{{ p }}_c_row_slot(e)] = fmaxf(mx[{{ p }}_c_row_slot(e)], s[n][e]);
             }
         }
-        float corr[2], base[2];
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], rf_shfl_xor(mx[r], 1));
-            mx[r] = fmaxf(mx[r], rf_shfl_xor(mx[r], 2));
+        float corr[{{ p }}_C_ROWS], base[{{ p }}_C_ROWS];
+        for (int r = 0; r < {{ p }}_C_ROWS; ++r) {
+            mx[r] = {{ p }}_c_row_max(mx[r]);
             const float m_new = fmaxf(m[r], mx[r]);
             // With every key so far masked, the row keeps max -inf: subtract 0 instead of -inf.
             base[r] = m_new == -INFINITY ? 0.0f : m_new;
@@ -102,12 +99,12 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             m[r] = m_new;
             l[r] *= corr[r];
         }
-        for (int n = 0; n < {{ dv // 8 }}; ++n)
-            for (int e = 0; e < 4; ++e) o[n][e] *= corr[e >> 1];
-        for (int n = 0; n < {{ block_n // 8 }}; ++n) {
-            for (int e = 0; e < 4; ++e) {
-                s[n][e] = exp2f(s[n][e] - base[e >> 1]);
-                l[e >> 1] += s[n][e];
+        for (int n = 0; n < {{ dv // an }}; ++n)
+            for (int e = 0; e < {{ p }}_C_ELEMS; ++e) o[n][e] *= corr[{{ p }}_c_row_slot(e)];
+        for (int n = 0; n < {{ block_n // an }}; ++n) {
+            for (int e = 0; e < {{ p }}_C_ELEMS; ++e) {
+                s[n][e] = exp2f(s[n][e] - base[{{ p }}_c_row_slot(e)]);
+                l[{{ p }}_c_row_slot(e)] += s[n][e];
             }
         }
         __syncthreads();  // every warp is done with Ks
@@ -115,34 +112,31 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
         else rf_cp_async_commit();  // an empty group keeps the count of groups in flight fixed
         rf_cp_async_wait_one();     // V(j0) has landed
         __syncthreads();
-        for (int kk = 0; kk < {{ block_n // 16 }}; ++kk) {
-            unsigned pa[4];
-            pa[0] = {{ pack }}(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = {{ pack }}(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = {{ pack }}(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = {{ pack }}(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            for (int n2 = 0; n2 < {{ dv // 16 }}; ++n2) {
-                unsigned vb[4];
-                rf_ldsm_x4_trans(vb, &Vs[kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][n2 * 16 + (lane >> 4) * 8]);
-                {{ mma }}(o[2 * n2], pa, vb[0], vb[1]);
-                {{ mma }}(o[2 * n2 + 1], pa, vb[2], vb[3]);
+        for (int kk = 0; kk < {{ block_n // ak }}; ++kk) {
+            // P's accumulators for keys kk*K.. become the A operand where they are.
+            {{ p }}_a pa;
+            {{ p }}_c_to_a(pa, &s[kk * {{ ak // an }}]);
+            for (int n2 = 0; n2 < {{ dv // (2 * an) }}; ++n2) {
+                {{ p }}_b vb[2];
+                {{ p }}_load_b_pair_kn_smem(vb, &Vs[kk * {{ p }}_K][n2 * 2 * {{ p }}_N], {{ dv + 8 }}, lane);
+                {{ p }}_mma(o[2 * n2], pa, vb[0]);
+                {{ p }}_mma(o[2 * n2 + 1], pa, vb[1]);
             }
         }
         __syncthreads();  // every warp is done with Vs
         if (j0 + {{ block_n }} < key_end) load_v(j0 + {{ block_n }});
         else rf_cp_async_commit();
     }
-    for (int r = 0; r < 2; ++r) {
-        l[r] += rf_shfl_xor(l[r], 1);
-        l[r] += rf_shfl_xor(l[r], 2);
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        if (rows[r] < {{ sq }}) {
-            const long long o_base = ((long long)bh * {{ sq }} + rows[r]) * {{ dv }};
-            for (int n = 0; n < {{ dv // 8 }}; ++n) {
-                const int c = n * 8 + t4 * 2;
-                out[o_base + c] = {{ store_pre }}(o[n][2 * r] * inv){{ store_post }};
-                out[o_base + c + 1] = {{ store_pre }}(o[n][2 * r + 1] * inv){{ store_post }};
-            }
+    float inv[{{ p }}_C_ROWS];
+    for (int r = 0; r < {{ p }}_C_ROWS; ++r) {
+        l[r] = {{ p }}_c_row_sum(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+    for (int n = 0; n < {{ dv // an }}; ++n) {
+        for (int e = 0; e < {{ p }}_C_ELEMS; ++e) {
+            const int row = row0 + {{ p }}_c_row(lane, e);
+            if (row < {{ sq }})
+                out[((long long)bh * {{ sq }} + row) * {{ dv }} + n * {{ p }}_N + {{ p }}_c_col(lane, e)] = {{ store_pre }}(o[n][e] * inv[{{ p }}_c_row_slot(e)]){{ store_post }};
         }
     }
 }

@@ -25,20 +25,12 @@ RF_INLINE rf_half rf_f2h(float f) {
 // HIP's __shfl_xor is wave-wide and implicitly synchronous; CUDA needs the explicit mask.
 RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, RF_WAVE); }
 
-// Tensor-core primitives (sm_80+), used only by flash_attention_mma.hip. Fragment layouts are
-// PTX's for mma.m16n8k16: https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float
+// ---- matrix-core primitives (the MMA block of this prelude) ----
+// What the fragment helpers generated from the target's matrix atoms (codegen/mma, appended after
+// the common prelude) build on: 16-bit packing, ldmatrix and cp.async. Layouts are PTX's:
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float
 // (raw: the asm operands' braces are not template syntax)
-{% raw %}RF_INLINE void rf_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-RF_INLINE void rf_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two floats into one register, `lo` in the low half (cvt puts its first source in the high half).
+{% raw %}// Two floats into one register, `lo` in the low half (cvt puts its first source in the high half).
 RF_INLINE unsigned rf_pack_f16x2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -72,4 +64,5 @@ RF_INLINE void rf_cp_async16(void* smem, const void* gmem, bool valid) {
 RF_INLINE void rf_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 // Waits until at most one committed group is still in flight.
 RF_INLINE void rf_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-{% endraw %}
+{% endraw %}// ---- end of the matrix-core primitives ----
+

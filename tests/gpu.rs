@@ -23,6 +23,8 @@ use std::sync::{Arc, RwLock};
 
 use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
+use rocmforge::codegen::mma::MmaAtom;
+use rocmforge::codegen::{mma_probe_kernel, Platform};
 use rocmforge::compile::CompileOptions;
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{format, DType, Graph, Tensor};
@@ -384,6 +386,67 @@ fn planted_bug_is_caught(device: &Device) -> Result<(), Failed> {
     let want = run(&g, &Bindings::random(&g, 1)).unwrap().remove(0);
     if compare(&out, &want, "planted").is_ok() {
         return Err("the comparison accepted an unwritten element".into());
+    }
+    Ok(())
+}
+
+/// One matrix atom of the device's target, run by its probe kernel (one wave, two accumulating
+/// MMAs through the generated fragment helpers) on integer matrices: every product and sum is
+/// exact in f16, bf16 and f32, so the result must equal the f64 product exactly. A wrong
+/// fragment layout puts some element in the wrong place and fails this.
+fn mma_atom_probe(device: &Device, atom: &'static MmaAtom) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("the device has no codegen target")?;
+    let probe = mma_probe_kernel(target, atom).map_err(|e| e.to_string())?;
+    let options: Vec<String> = match target.platform {
+        Platform::Amd => vec!["-O3".into()],
+        Platform::Nvidia => vec![],
+    };
+    let image = device
+        .compile_source(&probe.source, &probe.entry, &options)
+        .map_err(|e| e.to_string())?;
+    let kernel = device
+        .load_kernel(&image, &probe.entry)
+        .map_err(|e| e.to_string())?;
+    let (m, n, k) = (probe.m, probe.n, probe.k);
+    let a: Vec<f64> = (0..m * k).map(|i| ((i * 7 + 3) % 9) as f64 - 4.0).collect();
+    let b: Vec<f64> = (0..k * n).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
+    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+    let bits = |v: &[f64]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| match atom.input {
+                DType::BF16 => half::bf16::from_f64(x).to_bits().to_le_bytes(),
+                _ => half::f16::from_f64(x).to_bits().to_le_bytes(),
+            })
+            .collect()
+    };
+    let e = |e: rocmforge::runtime::RuntimeError| e.to_string();
+    let stream = device.new_stream().map_err(e)?;
+    let (da, db, dbt) = (
+        stream.upload(&bits(&a)).map_err(e)?,
+        stream.upload(&bits(&b)).map_err(e)?,
+        stream.upload(&bits(&bt)).map_err(e)?,
+    );
+    let dc = stream.alloc(m * n * 4, true).map_err(e)?;
+    stream
+        .launch(
+            &kernel,
+            [1, 1, 1],
+            [probe.lanes, 1, 1],
+            0,
+            &[&da, &db, &dbt, &dc],
+        )
+        .map_err(e)?;
+    let out = stream.download(&dc).map_err(e)?;
+    for r in 0..m {
+        for c in 0..n {
+            let want: f64 = (0..k).map(|x| a[r * k + x] * b[x * n + c]).sum();
+            let at = 4 * (r * n + c);
+            let got = f32::from_le_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]]);
+            if f64::from(got) != want {
+                return Err(format!("{}: C[{r}][{c}] = {got}, want {want}", atom.name).into());
+            }
+        }
     }
     Ok(())
 }
@@ -1275,6 +1338,27 @@ fn main() {
             ),
             None => push(&mut trials, &ignored, name, Box::new(|| Ok(()))),
         }
+    }
+
+    // The matrix atoms of the device's target, each through its probe kernel.
+    match device.target().map(|t| t.caps.mma) {
+        Some(atoms) => {
+            for &atom in atoms {
+                let d = device.clone();
+                push(
+                    &mut trials,
+                    &ignored,
+                    format!("mma::{}::exact_product", atom.name),
+                    Box::new(move || mma_atom_probe(&d, atom)),
+                );
+            }
+        }
+        None => push(
+            &mut trials,
+            &ignored,
+            "mma::atoms_of_the_device".into(),
+            Box::new(|| Ok(())),
+        ),
     }
 
     let spec = device.spec().to_string();

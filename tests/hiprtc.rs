@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::codegen::{generate_with, CodegenOptions, Target};
+use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions, Target};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
@@ -118,6 +118,25 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
             "resource report of {name} ({mode}, {arch}) differs from its snapshot"
         ))
     })
+}
+
+/// The MMA probe kernel of every matrix atom of `arch` (the fragment helpers generated into its
+/// prelude) compiles with hiprtc without spilling.
+fn mma_probes(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    for atom in target.caps.mma {
+        let probe = mma_probe_kernel(&target, atom).map_err(|e| e.to_string())?;
+        let code = rtc
+            .compile(&probe.source, &probe.entry, arch, &["-O3".to_string()])
+            .map_err(|e| e.to_string())?;
+        let info = parse_code_object(&code).map_err(|e| e.to_string())?;
+        match info.kernels.iter().find(|k| k.name == probe.entry) {
+            Some(k) if !k.spills() => {}
+            Some(k) => return Err(format!("{} spills on {arch}: {k:?}", probe.entry).into()),
+            None => return Err(format!("{} not in its code object", probe.entry).into()),
+        }
+    }
+    Ok(())
 }
 
 fn metadata_reader_on_real_and_corrupt_input() -> Result<(), Failed> {
@@ -399,10 +418,15 @@ fn main() {
     const CXX: &str = "ROCMFORGE_REQUIRE_HOST_CXX";
     let rtc = Hiprtc::load().map(Arc::new);
     let cxx = host_kernels::host_cxx();
-    let mut trials = vec![Trial::test(
-        "metadata_reader_on_real_and_corrupt_input",
-        metadata_reader_on_real_and_corrupt_input,
-    )];
+    let mut trials = vec![
+        Trial::test(
+            "metadata_reader_on_real_and_corrupt_input",
+            metadata_reader_on_real_and_corrupt_input,
+        ),
+        needs(&rtc, RTC, "compile::gfx90a::mma_probes".into(), |rtc| {
+            mma_probes(&rtc, "gfx90a")
+        }),
+    ];
     type HostTrial = fn(&Path) -> Result<(), Failed>;
     let host_trials: [(&str, HostTrial); 6] = [
         ("host::op_zoo_pointwise_graphs", host_op_zoo),

@@ -14,7 +14,8 @@ use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, DType, Graph, GraphError, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
 use rocmforge::runtime::{
-    parse_code_object, report_table, Device, DiskCache, Hiprtc, KernelResources,
+    amd_compiler_for, occupancy_table, parse_code_object, report_table, AmdCompiler,
+    AmdCompilerChoice, Device, DiskCache, Hiprtc, KernelResources,
 };
 
 /// `println!` that ends the program quietly when stdout is closed (`rocmforge ... | head`).
@@ -131,10 +132,14 @@ enum Command {
         /// Generate kernels for this target: gfx90a, gfx90a:sramecc+:xnack-, gfx1030, sm_90, ...
         #[arg(long, value_name = "ARCH")]
         target: Option<String>,
-        /// Compile every kernel with hiprtc (AMD targets) and print VGPRs, SGPRs, LDS, scratch and
-        /// spills per kernel.
+        /// Compile every kernel (AMD targets) and print VGPRs, AGPRs, SGPRs, LDS, scratch and
+        /// spills per kernel, and with clang LLVM's occupancy (waves per SIMD).
         #[arg(long, requires = "target")]
         report: bool,
+        /// The AMD compiler for --report: hiprtc where the installed one knows the target
+        /// (auto), else the offline clang (17+ with the ROCm device libraries).
+        #[arg(long, value_name = "WHICH", requires = "report", value_parser = ["auto", "hiprtc", "clang"], default_value = "auto")]
+        compiler: String,
         /// Write the generated sources (`hip`): one .hip file per kernel plus plan.txt.
         #[arg(long, value_name = "WHAT", requires = "target", value_parser = ["hip"])]
         emit: Option<String>,
@@ -440,6 +445,7 @@ fn cmd_run(
 struct CodegenArgs<'a> {
     target: Option<&'a str>,
     report: bool,
+    compiler: AmdCompilerChoice,
     emit_dir: Option<&'a Path>,
 }
 
@@ -470,7 +476,7 @@ fn cmd_compile(
         out!("{}", explain_text(&reports));
     }
     if let Some(arch) = cg.target {
-        return codegen_for(&graph, arch, no_fuse, cg.report, cg.emit_dir);
+        return codegen_for(&graph, arch, no_fuse, &cg);
     }
     if !dump {
         out!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
@@ -488,33 +494,40 @@ fn cmd_compile(
     Ok(())
 }
 
-fn codegen_for(
-    graph: &Graph,
-    arch: &str,
-    no_fuse: bool,
-    report: bool,
-    emit_dir: Option<&Path>,
-) -> Result<(), String> {
-    // With --report, the compiler's own list of targets decides first (and lists them), so
-    // hiprtc is never handed one it cannot take.
-    let rtc = if report {
+fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Result<(), String> {
+    // With --report, hiprtc's own list of targets decides first (and lists them), so hiprtc is
+    // never handed one it cannot take. Under `auto` a target hiprtc lacks but our table has a
+    // row for goes to clang (see `amd_compiler_for`); one neither knows is hiprtc's error, as
+    // is a hiprtc library ROCMFORGE_HIPRTC names that cannot be loaded.
+    if cg.report {
         if Target::parse(arch).is_ok_and(|t| t.platform == Platform::Nvidia) {
             return Err(format!(
                 "--report reads AMD code objects; {arch} is an NVIDIA target"
             ));
         }
-        let rtc = Hiprtc::load().map_err(|e| e.to_string())?;
-        rtc.check_target(arch).map_err(|e| e.to_string())?;
-        Some(rtc)
-    } else {
-        None
-    };
+        if cg.compiler != AmdCompilerChoice::Clang {
+            let forced = cg.compiler == AmdCompilerChoice::Hiprtc;
+            match Hiprtc::load() {
+                Ok(rtc) => {
+                    if let Err(e) = rtc.check_target(arch) {
+                        if forced || Target::parse(arch).is_err() {
+                            return Err(e.to_string());
+                        }
+                    }
+                }
+                Err(e) if forced || std::env::var_os("ROCMFORGE_HIPRTC").is_some() => {
+                    return Err(e.to_string())
+                }
+                Err(_) => {}
+            }
+        }
+    }
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
     let options = CodegenOptions {
         matmul_epilogues: !no_fuse,
     };
     let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
-    if let Some(dir) = emit_dir {
+    if let Some(dir) = cg.emit_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         for k in &plan.kernels {
@@ -529,59 +542,62 @@ fn codegen_for(
             dir.display()
         );
     }
-    let Some(rtc) = rtc else {
-        if emit_dir.is_none() {
+    if !cg.report {
+        if cg.emit_dir.is_none() {
             out!("{}", plan.listing());
         }
         return Ok(());
-    };
-    let total = plan.kernels.len();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    let start = Instant::now();
-    let show_progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let results: Vec<Result<(String, KernelResources), String>> = plan
-        .kernels
-        .par_iter()
-        .map(|k| {
-            let code = rtc
-                .compile(
-                    &plan.source(k),
-                    &k.entry,
-                    &target.arch,
-                    &["-O3".to_string()],
-                )
-                .map_err(|e| e.to_string())?;
-            let info = parse_code_object(&code).map_err(|e| format!("{}: {e}", k.entry))?;
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            if show_progress && start.elapsed().as_millis() > 300 {
-                eprint!(
-                    "\rcompiling {n}/{total} kernels for {} ({:.1} s)",
-                    target.arch,
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            let res = info
-                .kernels
-                .into_iter()
-                .find(|r| r.name == k.entry)
-                .ok_or_else(|| format!("{} missing from its code object", k.entry))?;
-            Ok((k.node.clone(), res))
-        })
-        .collect();
-    if show_progress && start.elapsed().as_millis() > 300 {
-        eprintln!();
     }
-    let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    outln!(
-        "{} on {} ({}, hiprtc {}.{} from {})",
-        graph.name,
-        target,
-        total,
-        rtc.version.0,
-        rtc.version.1,
-        rtc.library
-    );
-    out!("{}", report_table(&rows));
+    let total = plan.kernels.len();
+    let options = ["-O3".to_string()];
+    let (table, compiler, rows) = match amd_compiler_for(&target, cg.compiler)? {
+        AmdCompiler::Hiprtc(rtc) => {
+            let rows = compile_kernels(&plan, |k| {
+                let code = rtc
+                    .compile(&plan.source(k), &k.entry, &target.arch, &options)
+                    .map_err(|e| e.to_string())?;
+                Ok((k.node.clone(), resources_of(&code, &k.entry)?))
+            })?;
+            let compiler = format!(
+                "hiprtc {}.{} from {}",
+                rtc.version.0, rtc.version.1, rtc.library
+            );
+            (report_table(&rows), compiler, rows)
+        }
+        AmdCompiler::Clang(clang) => {
+            // Many kernels to a clang run: each run costs mostly headers and device libraries.
+            let prelude = codegen::prelude(&target);
+            let batches: Vec<Result<Vec<_>, String>> = plan
+                .kernels
+                .par_chunks(24)
+                .map(|chunk| {
+                    let pairs: Vec<(&str, &str)> = chunk
+                        .iter()
+                        .map(|k| (k.entry.as_str(), k.body.as_str()))
+                        .collect();
+                    let rows = clang
+                        .compile_batch(&prelude, &pairs, &target, &options)
+                        .map_err(|e| e.to_string())?;
+                    Ok(chunk
+                        .iter()
+                        .zip(rows)
+                        .map(|(k, (r, occupancy))| (k.node.clone(), r, occupancy))
+                        .collect())
+                })
+                .collect();
+            let rows: Vec<(String, KernelResources, u32)> = batches
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .flatten()
+                .collect();
+            let table = occupancy_table(&rows);
+            let rows = rows.into_iter().map(|(n, r, _)| (n, r)).collect();
+            (table, clang.describe(), rows)
+        }
+    };
+    outln!("{} on {} ({}, {})", graph.name, target, total, compiler);
+    out!("{table}");
     let spilling: Vec<&str> = rows
         .iter()
         .filter(|(_, r)| r.spills())
@@ -595,6 +611,48 @@ fn codegen_for(
         );
     }
     Ok(())
+}
+
+/// The resources of `entry` in an AMD code object.
+fn resources_of(code: &[u8], entry: &str) -> Result<KernelResources, String> {
+    parse_code_object(code)
+        .map_err(|e| format!("{entry}: {e}"))?
+        .kernels
+        .into_iter()
+        .find(|r| r.name == entry)
+        .ok_or_else(|| format!("{entry} missing from its code object"))
+}
+
+/// Runs `compile` on every kernel of `plan` in parallel, with progress on a terminal; the
+/// results in plan order, or the first error.
+fn compile_kernels<T: Send>(
+    plan: &codegen::KernelPlan,
+    compile: impl Fn(&codegen::Kernel) -> Result<T, String> + Sync,
+) -> Result<Vec<T>, String> {
+    let total = plan.kernels.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let start = Instant::now();
+    let show_progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let results: Vec<Result<T, String>> = plan
+        .kernels
+        .par_iter()
+        .map(|k| {
+            let row = compile(k)?;
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if show_progress && start.elapsed().as_millis() > 300 {
+                eprint!(
+                    "\rcompiling {n}/{total} kernels for {} ({:.1} s)",
+                    plan.target.arch,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Ok(row)
+        })
+        .collect();
+    if show_progress && start.elapsed().as_millis() > 300 {
+        eprintln!();
+    }
+    results.into_iter().collect()
 }
 
 fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> {
@@ -639,6 +697,7 @@ fn main() -> ExitCode {
             no_fuse,
             target,
             report,
+            compiler,
             emit,
             out,
         } => {
@@ -648,6 +707,11 @@ fn main() -> ExitCode {
             let cg = CodegenArgs {
                 target: target.as_deref(),
                 report: *report,
+                compiler: match compiler.as_str() {
+                    "hiprtc" => AmdCompilerChoice::Hiprtc,
+                    "clang" => AmdCompilerChoice::Clang,
+                    _ => AmdCompilerChoice::Auto,
+                },
                 emit_dir: emit_dir.as_deref(),
             };
             cmd_compile(file, *dump_passes, *explain, *no_fuse, cg)

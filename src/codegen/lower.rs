@@ -9,6 +9,7 @@ use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
 use super::expr_c::{describe, op_expr, render, round_to};
 use super::gather::gather;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
+use super::mma::MmaAtom;
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 use super::{templates, CodegenError, CodegenOptions, Target};
 use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, Shape, TensorType};
@@ -630,27 +631,24 @@ fn flash(
         "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
         "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post,
     });
-    // Tensor cores where the target has mma.sync for this dtype and the head sizes fit its tiles
-    // (and the fragments fit in registers). A head size of 0 has no fragment to hold.
-    let mma = match q.dtype {
-        DType::F16 => Some(("rf_mma_f16", "rf_pack_f16x2")),
-        DType::BF16 => Some(("rf_mma_bf16", "rf_pack_bf16x2")),
-        _ => None,
-    }
-    .filter(|_| {
-        target.nvidia_sm().is_some_and(|sm| sm >= 80)
-            && d % 16 == 0
-            && dv % 16 == 0
-            && (16..=128).contains(&d)
-            && (16..=128).contains(&dv)
+    // Tensor cores where the target's table has an atom the kernel is written for (see
+    // `tensor_core_atom`), the head sizes are whole atoms (D in K steps, Dv in pairs of N
+    // tiles) and the fragments fit in registers (up to 128). A head size of 0 has no fragment
+    // to hold.
+    let mma = tensor_core_atom(target, q.dtype).filter(|a| {
+        d % a.k as usize == 0
+            && dv % (2 * a.n as usize) == 0
+            && (1..=128).contains(&d)
+            && (1..=128).contains(&dv)
     });
     let (template, block_m, threads) = match mma {
-        Some((mma, pack)) => {
+        Some(atom) => {
             let warps = 4;
-            let tile = json!({"warps": warps, "block_m": 16 * warps, "block_n": 64, "threads": 32 * warps,
-                "dtype": q.dtype.to_string(), "mma": mma, "pack": pack});
+            let (block_m, threads) = (atom.m as usize * warps, atom.lanes as usize * warps);
+            let tile = json!({"warps": warps, "block_m": block_m, "block_n": 64, "threads": threads,
+                "dtype": q.dtype.to_string(), "p": atom.prefix(), "am": atom.m, "an": atom.n, "ak": atom.k});
             merge(&mut ctx, tile);
-            ("flash_attention_mma.hip", 16 * warps, 32 * warps)
+            ("flash_attention_mma.hip", block_m, threads)
         }
         None => {
             let tpr = d.div_ceil(8).next_power_of_two().clamp(1, 16);
@@ -675,6 +673,21 @@ fn flash(
     let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
     finish("flash_attention", template, ctx, launch, args, name)
+}
+
+/// The matrix atom `flash_attention_mma.hip` runs on, if the target's table has one for `dtype`:
+/// f32 accumulation, S accumulators that become the P·V operand in registers, K and V
+/// fragments by `ldmatrix` pairs, and `cp.async` for the K/V tiles.
+fn tensor_core_atom(target: &Target, dtype: DType) -> Option<&'static MmaAtom> {
+    if !target.caps.async_copy.has_cp_async() {
+        return None;
+    }
+    target.caps.mma.iter().copied().find(|a| {
+        a.input == dtype
+            && a.acc == DType::F32
+            && a.accumulators_feed_a()
+            && a.loads_b_pairs_by_ldmatrix()
+    })
 }
 
 /// Adds the keys of `extra` (a JSON object) to `ctx`.

@@ -11,9 +11,11 @@ mod expr_c;
 mod gather;
 mod limits;
 mod lower;
+pub mod mma;
+mod mma_probe;
 mod names;
 mod plan;
-mod target;
+pub mod target;
 mod templates;
 
 use thiserror::Error;
@@ -21,16 +23,17 @@ use thiserror::Error;
 use crate::ir::{Graph, GraphError};
 
 pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
+pub use mma_probe::mma_probe_kernel;
 pub use names::display_name;
 pub use plan::{
     Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
 };
-pub use target::{LaunchLimits, Platform, Target};
+pub use target::{Arch, AsyncCopy, LaunchLimits, Platform, Target};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {
-    #[error("unknown target arch `{arch}` (expected e.g. gfx90a, gfx90a:sramecc+:xnack-, gfx1030, sm_90)")]
-    UnknownArch { arch: String },
+    #[error("unknown target arch `{arch}`: {reason}")]
+    UnknownArch { arch: String, reason: String },
     #[error("node `{node}` cannot be compiled: {reason}")]
     Unsupported { node: String, reason: String },
     #[error("kernel template `{template}` failed to render: {message}")]
@@ -102,7 +105,8 @@ pub fn generate_with(
 }
 
 /// The prelude every kernel source starts with on `target`: platform mappings, then the
-/// helpers all platforms share.
+/// helpers all platforms share, then the fragment helpers of the target's matrix instructions
+/// (generated from `mma::atoms`).
 pub fn prelude(target: &Target) -> String {
     let name = match target.platform {
         Platform::Amd => "prelude_amd.hip",
@@ -114,5 +118,15 @@ pub fn prelude(target: &Target) -> String {
     let mut s = templates::render(name, ctx.clone()).expect("preludes render (checked by tests)");
     s.push('\n');
     s.push_str(&templates::render("common.hip", ctx).expect("common prelude renders"));
+    if !target.caps.mma.is_empty() {
+        s.push_str(&format!(
+            "\n// ---- matrix-core fragment helpers for {}, generated from codegen/mma/atoms.rs ----\n",
+            target.caps.name
+        ));
+        for atom in target.caps.mma {
+            s.push_str(&mma::fragment_helpers(atom));
+        }
+        s.push_str("// ---- end of the matrix-core fragment helpers ----\n");
+    }
     s
 }

@@ -7,7 +7,7 @@ use minijinja::Environment;
 
 use super::CodegenError;
 
-const TEMPLATES: [(&str, &str); 16] = [
+const TEMPLATES: [(&str, &str); 17] = [
     (
         "prelude_amd.hip",
         include_str!("../../kernel_templates/prelude_amd.hip"),
@@ -65,6 +65,10 @@ const TEMPLATES: [(&str, &str); 16] = [
     (
         "flash_attention_mma.hip",
         include_str!("../../kernel_templates/flash_attention_mma.hip"),
+    ),
+    (
+        "mma_probe.hip",
+        include_str!("../../kernel_templates/mma_probe.hip"),
     ),
 ];
 

@@ -1,6 +1,8 @@
 //! The runtime: devices, run-time compilation, the per-device kernel cache, buffers and
 //! streams. The only home of `unsafe` FFI; every unsafe block says why it holds.
 
+pub mod amd_clang;
+pub mod amd_compiler;
 pub mod amd_metadata;
 pub mod amd_targets;
 pub mod cache;
@@ -12,6 +14,10 @@ pub mod hiprtc;
 mod libraries;
 mod memory;
 
+pub use amd_clang::{occupancy_table, AmdClang, AmdClangError, ClangOutput};
+pub use amd_compiler::{
+    amd_compiler_for, hiprtc_knows, hiprtc_rocm_version, AmdCompiler, AmdCompilerChoice,
+};
 pub use amd_metadata::{
     parse_code_object, report_table, CodeObjectInfo, KernelResources, MetadataError,
 };

@@ -123,12 +123,23 @@ fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec
         .map_err(|e| format!("{}: {e}", g.name))
 }
 
+/// The prelude without its matrix-core fragment helpers: they call MFMA built-ins the host
+/// compiler does not have, and no pointwise kernel uses them.
+fn without_matrix_helpers(prelude: &str) -> String {
+    const START: &str = "\n// ---- matrix-core fragment helpers for ";
+    const END: &str = "// ---- end of the matrix-core fragment helpers ----\n";
+    match (prelude.find(START), prelude.find(END)) {
+        (Some(a), Some(b)) if a < b => format!("{}{}", &prelude[..a], &prelude[b + END.len()..]),
+        _ => prelude.to_string(),
+    }
+}
+
 /// The C++ program: shim, prelude, kernels, then a main that reads the buffers from argv[1],
 /// runs the kernels in order and writes the buffers to argv[2].
 fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
     let target = Target::parse("gfx90a").expect("a known target");
     let mut s = String::from(SHIM);
-    s.push_str(&prelude(&target));
+    s.push_str(&without_matrix_helpers(&prelude(&target)));
     let mut seen = std::collections::HashSet::new();
     for k in &plan.kernels {
         if seen.insert(&k.entry) {

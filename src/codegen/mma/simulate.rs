@@ -1,0 +1,379 @@
+//! The layout data checked without hardware. Each instruction is simulated the way its
+//! document describes it: the formulas below are transcribed from the documents, independently
+//! of the bit tables in `atoms.rs`, and say which matrix element the instruction takes from (or
+//! puts into) each register slot of each lane. The fragments are filled and drained by the same
+//! index expressions the generated helpers print, so a wrong table row, a wrong expression or a
+//! wrong address composition shows up as a wrong product.
+
+use super::atoms::ALL;
+use super::helpers::{c_to_a, fragment_helpers, ldmatrix_pairs};
+use super::{Layout, MmaAtom, MmaKind};
+
+/// Which operand a formula is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Operand {
+    A,
+    B,
+    C,
+}
+
+/// (row, col) of element `e` of lane `l`, from the documents:
+/// - PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
+/// - AMD CDNA2/CDNA3 ISA, "Matrix Arithmetic Instructions" (and AMD's matrix instruction
+///   calculator) for v_mfma_f32_32x32x8{f16,bf16_1k} and v_mfma_f32_16x16x16{f16,bf16_1k};
+/// - RDNA3 ISA, "Wave Matrix Multiply Accumulate" (A/B copied in both half-waves, D rows
+///   interleaved between them);
+/// - RDNA4 ISA, "Wave Matrix Multiply Accumulate" (K split between the half-waves, D rows 0-7
+///   in the lower half-wave, 8-15 in the upper).
+fn documented(atom: &MmaAtom, op: Operand, l: u32, e: u32) -> (u32, u32) {
+    match (atom.kind, atom.m, op) {
+        (MmaKind::MmaSync, _, op) => {
+            let (g, t) = (l >> 2, l % 4);
+            match op {
+                Operand::A => (g + 8 * ((e >> 1) & 1), 2 * t + (e & 1) + 8 * (e >> 2)),
+                Operand::B => (2 * t + (e & 1) + 8 * (e >> 1), g),
+                Operand::C => (g + 8 * (e >> 1), 2 * t + (e & 1)),
+            }
+        }
+        (MmaKind::Mfma, 32, Operand::A) => (l % 32, 4 * (l / 32) + e),
+        (MmaKind::Mfma, 32, Operand::B) => (4 * (l / 32) + e, l % 32),
+        (MmaKind::Mfma, 32, Operand::C) => (8 * (e / 4) + 4 * (l / 32) + e % 4, l % 32),
+        (MmaKind::Mfma, _, Operand::A) => (l % 16, 4 * (l / 16) + e),
+        (MmaKind::Mfma, _, Operand::B) => (4 * (l / 16) + e, l % 16),
+        (MmaKind::Mfma, _, Operand::C) => (4 * (l / 16) + e, l % 16),
+        (MmaKind::WmmaGfx11, _, Operand::A) => (l % 16, e),
+        (MmaKind::WmmaGfx11, _, Operand::B) => (e, l % 16),
+        (MmaKind::WmmaGfx11, _, Operand::C) => (2 * e + l / 16, l % 16),
+        (MmaKind::WmmaGfx12, _, Operand::A) => (l % 16, 8 * (l / 16) + e),
+        (MmaKind::WmmaGfx12, _, Operand::B) => (8 * (l / 16) + e, l % 16),
+        (MmaKind::WmmaGfx12, _, Operand::C) => (8 * (l / 16) + e, l % 16),
+    }
+}
+
+fn layouts(atom: &MmaAtom) -> [(Operand, &Layout, (u32, u32)); 3] {
+    [
+        (Operand::A, &atom.a, (atom.m, atom.k)),
+        (Operand::B, &atom.b, (atom.k, atom.n)),
+        (Operand::C, &atom.c, (atom.m, atom.n)),
+    ]
+}
+
+#[test]
+fn every_layout_is_the_documented_one_and_covers_its_matrix() {
+    for atom in ALL {
+        for (op, layout, (rows, cols)) in layouts(atom) {
+            assert_eq!((layout.rows, layout.cols), (rows, cols), "{}", atom.name);
+            assert_eq!(layout.lanes(), atom.lanes, "{}", atom.name);
+            let mut held = vec![0u32; (rows * cols) as usize];
+            for l in 0..atom.lanes {
+                for e in 0..layout.elems() {
+                    let at = layout.coord(l, e);
+                    assert_eq!(
+                        at,
+                        documented(atom, op, l, e),
+                        "{} lane {l} elem {e}",
+                        atom.name
+                    );
+                    assert!(at.0 < rows && at.1 < cols, "{}", atom.name);
+                    held[(at.0 * cols + at.1) as usize] += 1;
+                }
+            }
+            // Every element is held, each as often (copies in both RDNA3 half-waves).
+            let copies = atom.lanes * layout.elems() / (rows * cols);
+            assert!(copies >= 1, "{}", atom.name);
+            assert!(held.iter().all(|&h| h == copies), "{} {held:?}", atom.name);
+            assert_eq!(
+                copies > 1,
+                atom.kind == MmaKind::WmmaGfx11 && op != Operand::C,
+                "{}",
+                atom.name
+            );
+        }
+    }
+}
+
+/// Deterministic small integers, so every product and sum is exact in f16, bf16 and f32.
+fn small_ints(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 7) as f64 - 3.0
+        })
+        .collect()
+}
+
+/// Runs the probe kernel (`kernel_templates/mma_probe.hip`) in simulation: the helpers' index
+/// expressions fill the fragments from memory, the instruction computes as documented, and the
+/// store helper's expressions write C back.
+fn simulate_probe(atom: &MmaAtom, a: &[f64], b: &[f64], bt: &[f64]) -> Vec<f64> {
+    let (m, n, k) = (atom.m, atom.n, atom.k);
+    let lanes = atom.lanes;
+    let ld_a = 2 * k;
+    let mut acc = vec![vec![0.0f64; atom.c.elems() as usize]; lanes as usize];
+    for step in 0..2u32 {
+        // load_a(fa, a + step*K, 2K, 0, M): A[m][k] = t[(row0 + m)*ld + k], t = a + step*K.
+        let fa: Vec<Vec<f64>> = (0..lanes)
+            .map(|l| {
+                (0..atom.a.elems())
+                    .map(|e| {
+                        let (r, c) = (atom.a.row().eval(l, e), atom.a.col().eval(l, e));
+                        assert!(r < m, "bounded rows");
+                        a[(r * ld_a + c + step * k) as usize]
+                    })
+                    .collect()
+            })
+            .collect();
+        // Step 0: load_b_kn(fb, b, N): t[k*ld + n]. Step 1: load_b_nk(fb, bt + K, 2K): t[n*ld + k].
+        let fb: Vec<Vec<f64>> = (0..lanes)
+            .map(|l| {
+                (0..atom.b.elems())
+                    .map(|e| {
+                        let (r, c) = (atom.b.row().eval(l, e), atom.b.col().eval(l, e));
+                        if step == 0 {
+                            b[(r * n + c) as usize]
+                        } else {
+                            bt[(c * ld_a + r + k) as usize]
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        // The instruction: gather A and B as the document says it reads them (every copy must
+        // agree), multiply, scatter D the same way.
+        let gather = |op: Operand, f: &[Vec<f64>], rows: u32, cols: u32| -> Vec<f64> {
+            let mut out = vec![f64::NAN; (rows * cols) as usize];
+            for l in 0..lanes {
+                for (e, &v) in f[l as usize].iter().enumerate() {
+                    let (r, c) = documented(atom, op, l, e as u32);
+                    let slot = &mut out[(r * cols + c) as usize];
+                    assert!(slot.is_nan() || *slot == v, "{}: copies differ", atom.name);
+                    *slot = v;
+                }
+            }
+            out
+        };
+        let (am, bm) = (gather(Operand::A, &fa, m, k), gather(Operand::B, &fb, k, n));
+        for l in 0..lanes {
+            for e in 0..atom.c.elems() {
+                let (r, c) = documented(atom, Operand::C, l, e);
+                let dot: f64 = (0..k)
+                    .map(|i| am[(r * k + i) as usize] * bm[(i * n + c) as usize])
+                    .sum();
+                acc[l as usize][e as usize] += dot;
+            }
+        }
+    }
+    // store_c(c, N, acc): t[row*ld + col] = c[e].
+    let mut out = vec![f64::NAN; (m * n) as usize];
+    for l in 0..lanes {
+        for e in 0..atom.c.elems() {
+            let (r, c) = (atom.c.row().eval(l, e), atom.c.col().eval(l, e));
+            out[(r * n + c) as usize] = acc[l as usize][e as usize];
+        }
+    }
+    out
+}
+
+#[test]
+fn a_simulated_mma_over_the_layouts_computes_a_times_b() {
+    for (i, atom) in ALL.iter().enumerate() {
+        let (m, n, k) = (atom.m as usize, atom.n as usize, 2 * atom.k as usize);
+        let a = small_ints(m * k, 11 + i as u64);
+        let b = small_ints(k * n, 101 + i as u64);
+        let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        let got = simulate_probe(atom, &a, &b, &bt);
+        for r in 0..m {
+            for c in 0..n {
+                let want: f64 = (0..k).map(|x| a[r * k + x] * b[x * n + c]).sum();
+                assert_eq!(got[r * n + c], want, "{} C[{r}][{c}]", atom.name);
+            }
+        }
+    }
+}
+
+/// A planted error in a layout (two lane bits swapped) is caught by the checks above: the
+/// simulation is not vacuous.
+#[test]
+fn a_wrong_layout_is_caught() {
+    use super::Bit::{Col, Row};
+    let mut wrong = super::atoms::M16N8K16_F16.clone();
+    wrong.c = Layout {
+        lane_bits: &[Col(2), Col(1), Row(0), Row(1), Row(2)],
+        ..wrong.c
+    };
+    let differs = (0..32)
+        .any(|l| (0..4).any(|e| wrong.c.coord(l, e) != documented(&wrong, Operand::C, l, e)));
+    assert!(differs);
+    let (m, n, k) = (16, 8, 32);
+    let a = small_ints(m * k, 3);
+    let b = small_ints(k * n, 4);
+    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+    let got = simulate_probe(&wrong, &a, &b, &bt);
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
+        .collect();
+    assert_ne!(got, want);
+}
+
+#[test]
+fn accumulators_become_an_a_operand_in_place_only_where_the_layouts_line_up() {
+    for atom in ALL {
+        let map = c_to_a(atom);
+        assert_eq!(
+            map.is_some(),
+            atom.kind == MmaKind::MmaSync,
+            "{}",
+            atom.name
+        );
+        let Some(map) = map else { continue };
+        // P (M x K) held as K/N accumulator tiles; the A fragment built from them must be
+        // exactly what load_a of P gives.
+        let (m, k) = (atom.m, atom.k);
+        let p = small_ints((m * k) as usize, 7);
+        for l in 0..atom.lanes {
+            for (ea, &(tile, ec)) in map.iter().enumerate() {
+                let (r, c) = documented(atom, Operand::C, l, ec);
+                let from_c = p[(r * k + tile * atom.n + c) as usize];
+                let (ar, ac) = documented(atom, Operand::A, l, ea as u32);
+                assert_eq!(
+                    from_c,
+                    p[(ar * k + ac) as usize],
+                    "{} lane {l} slot {ea}",
+                    atom.name
+                );
+            }
+        }
+    }
+}
+
+/// `ldmatrix.x4` as the PTX ISA describes it, from the addresses the generated helpers give.
+#[test]
+fn ldmatrix_pairs_load_the_documented_b_fragments() {
+    for atom in ALL {
+        let pairs = ldmatrix_pairs(atom);
+        assert_eq!(
+            pairs.is_some(),
+            atom.kind == MmaKind::MmaSync,
+            "{}",
+            atom.name
+        );
+        let Some(pairs) = pairs else { continue };
+        let (k, n2) = (atom.k, 2 * atom.n);
+        let ld = 24; // a padded row, as in shared memory
+                     // B (k x 2N); stored transposed (nk: row n) and as is (kn: row k).
+        let b = small_ints((k * n2) as usize, 5);
+        let mut nk = vec![f64::NAN; (n2 * ld) as usize];
+        let mut kn = vec![f64::NAN; (k * ld.max(n2)) as usize];
+        for kk in 0..k {
+            for nn in 0..n2 {
+                nk[(nn * ld + kk) as usize] = b[(kk * n2 + nn) as usize];
+                kn[(kk * ld + nn) as usize] = b[(kk * n2 + nn) as usize];
+            }
+        }
+        for trans in [false, true] {
+            let (row, col, mem) = if trans {
+                (&pairs.kn_row, &pairs.kn_col, &kn)
+            } else {
+                (&pairs.nk_row, &pairs.nk_col, &nk)
+            };
+            let addr = |lane: u32| row.eval(lane, 0) * ld + col.eval(lane, 0);
+            for t in 0..32u32 {
+                for j in 0..4u32 {
+                    for h in 0..2u32 {
+                        // Non-trans: row T/4 of matrix j, columns 2(T%4)+h. Trans: element
+                        // (2(T%4)+h, T/4) of matrix j, i.e. row 2(T%4)+h, column T/4 in memory.
+                        let v = if trans {
+                            mem[(addr(8 * j + 2 * (t % 4) + h) + t / 4) as usize]
+                        } else {
+                            mem[(addr(8 * j + t / 4) + 2 * (t % 4) + h) as usize]
+                        };
+                        let (f, r) = (j / 2, j % 2);
+                        let (kk, nn) = documented(atom, Operand::B, t, 2 * r + h);
+                        let want = b[(kk * n2 + nn + f * atom.n) as usize];
+                        assert_eq!(v, want, "{} trans {trans} thread {t} matrix {j}", atom.name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_reductions_reach_exactly_the_lanes_of_a_row() {
+    for atom in ALL {
+        let masks = atom.c.row_lane_masks();
+        let slots = atom.c.row_slot();
+        for l in 0..atom.lanes {
+            // Lanes reached by xor-ing any subset of the masks.
+            let reached: Vec<u32> = (0..1u32 << masks.len())
+                .map(|s| {
+                    masks
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| s >> i & 1 == 1)
+                        .fold(l, |x, (_, m)| x ^ m)
+                })
+                .collect();
+            for e in 0..atom.c.elems() {
+                let row = atom.c.coord(l, e).0;
+                // Elements of one slot are in one row.
+                for e2 in 0..atom.c.elems() {
+                    if slots.eval(0, e2) == slots.eval(0, e) {
+                        assert_eq!(atom.c.coord(l, e2).0, row, "{}", atom.name);
+                    }
+                }
+                // The reached lanes' elements of this slot are the whole row, once each.
+                let slot = slots.eval(0, e);
+                let same_slot: Vec<u32> = (0..atom.c.elems())
+                    .filter(|&e2| slots.eval(0, e2) == slot)
+                    .collect();
+                let mut cols: Vec<u32> = reached
+                    .iter()
+                    .flat_map(|&x| same_slot.iter().map(move |&e2| atom.c.coord(x, e2)))
+                    .map(|(r, c)| {
+                        assert_eq!(r, row, "{}", atom.name);
+                        c
+                    })
+                    .collect();
+                cols.sort_unstable();
+                assert_eq!(cols, (0..atom.n).collect::<Vec<_>>(), "{}", atom.name);
+            }
+        }
+        assert!(atom.c.row_slots() <= atom.c.elems());
+    }
+}
+
+#[test]
+fn generated_helpers_spell_the_instruction_and_the_layouts() {
+    let nv = fragment_helpers(&super::atoms::M16N8K16_F16);
+    assert!(nv.contains(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    ));
+    assert!(nv.contains(
+        "RF_INLINE int rf_m16n8k16_f16_a_row(int lane, int e) { return (lane >> 2) + (((e >> 1) & 1) << 3); }"
+    ));
+    assert!(nv.contains("a[0] = rf_pack_f16x2(c[0][0], c[0][1]);"));
+    assert!(nv.contains("a[3] = rf_pack_f16x2(c[1][2], c[1][3]);"));
+    // The addresses the hand-written kernel used: row (lane & 7) + 8*(lane >> 4), column
+    // 8*((lane >> 3) & 1) for K; row lane & 15, column 8*(lane >> 4) for V (ldmatrix.trans).
+    assert!(nv.contains(
+        "rf_ldsm_x4(r, t + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((((lane >> 3) & 1) << 3)));"
+    ));
+    assert!(nv.contains("rf_ldsm_x4_trans(r, t + ((lane & 15)) * ld + (((lane >> 4) << 3)));"));
+    assert!(nv.contains("rf_shfl_xor(v, 1)") && nv.contains("rf_shfl_xor(v, 2)"));
+    let mfma = fragment_helpers(&super::atoms::MFMA_32X32X8_BF16);
+    assert!(mfma.contains("c = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a, b, c, 0, 0, 0);"));
+    assert!(
+        mfma.contains("typedef float rf_mfma_32x32x8_bf16_c __attribute__((ext_vector_type(16)));")
+    );
+    assert!(!mfma.contains("c_to_a") && !mfma.contains("ldsm"));
+    for atom in ALL {
+        let h = fragment_helpers(atom);
+        // No fragment index is a literal wave size: lanes come from the expressions.
+        assert!(!h.contains("% 32") && !h.contains("% 64"), "{}", atom.name);
+        assert!(h.contains(&format!("#define {}_LANES {}", atom.prefix(), atom.lanes)));
+    }
+}

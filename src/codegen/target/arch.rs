@@ -1,0 +1,74 @@
+//! What one GPU architecture can do, as data: a row per processor in `amd.rs` and `nvidia.rs`.
+//! Every choice codegen and the runtime make per target reads a row; nothing is inferred from
+//! the shape of the arch string.
+
+use super::Platform;
+use crate::codegen::mma::MmaAtom;
+
+/// How a kernel can move global memory into shared memory without staging it in registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AsyncCopy {
+    /// Loads go through registers.
+    None,
+    /// `cp.async` (NVIDIA sm_80+): per-thread 4/8/16-byte copies tracked in commit groups.
+    CpAsync,
+    /// `cp.async` and the Tensor Memory Accelerator (`cp.async.bulk.tensor`, sm_90+).
+    Tma,
+}
+
+impl AsyncCopy {
+    pub fn has_cp_async(self) -> bool {
+        match self {
+            AsyncCopy::None => false,
+            AsyncCopy::CpAsync | AsyncCopy::Tma => true,
+        }
+    }
+}
+
+/// One processor's capabilities.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Arch {
+    /// The processor as compilers name it: `gfx942`, `sm_90`.
+    pub name: &'static str,
+    /// The marketing generation, for messages: `CDNA3`, `Hopper`.
+    pub family: &'static str,
+    pub platform: Platform,
+    /// Lanes of a wavefront (AMD) or warp (NVIDIA) as our kernels are compiled: gfx10+ can
+    /// also run wave64, but hiprtc and clang default to wave32 there and so do we.
+    pub wave_size: u32,
+    /// Shared memory (LDS) one block may use at most, dynamic opt-in included.
+    pub shared_bytes_per_block: u32,
+    /// Shared memory statically declared `__shared__` arrays may total: 48 KiB on NVIDIA (more
+    /// needs dynamic shared memory and an opt-in), the whole LDS on AMD.
+    pub static_shared_bytes: u32,
+    pub async_copy: AsyncCopy,
+    /// The matrix instructions we have atoms for (`codegen::mma`); empty where the arch has
+    /// none or only ones we do not model (Volta's m8n8k4, Turing's m16n8k8).
+    pub mma: &'static [&'static MmaAtom],
+    /// Target features the arch string may switch (`gfx90a:sramecc+:xnack-`).
+    pub features: &'static [&'static str],
+    /// Arch-specific variants of an NVIDIA processor (`sm_90a`: the `a` suffix).
+    pub variants: &'static [&'static str],
+    /// AMD: the ISA version (major, minor, stepping) the device libraries key on
+    /// (`oclc_isa_version_<major><minor><stepping>.bc`, value `major*1000 + minor*100 + stepping`).
+    pub isa_version: Option<(u32, u32, u32)>,
+    /// AMD: the first ROCm release whose hiprtc compiles for this processor. Older hiprtc
+    /// builds do not report an unknown processor as an error: ROCm 5.2's aborts the process.
+    pub hiprtc_since_rocm: Option<(u32, u32)>,
+}
+
+impl Arch {
+    /// The value of `__oclc_ISA_version` for this processor.
+    pub fn isa_version_number(&self) -> Option<u32> {
+        self.isa_version
+            .map(|(major, minor, stepping)| major * 1000 + minor * 100 + stepping)
+    }
+
+    /// The device-library file name for this processor's ISA version (`942` for gfx942,
+    /// `90a` for gfx90a: the stepping is one hex digit).
+    pub fn isa_version_file(&self) -> Option<String> {
+        self.isa_version.map(|(major, minor, stepping)| {
+            format!("oclc_isa_version_{major}{minor}{stepping:x}.bc")
+        })
+    }
+}

@@ -1,0 +1,102 @@
+//! NVIDIA processors. Sources: the CUDA C++ Programming Guide ("Compute Capabilities":
+//! shared memory per block, opt-in included) and the PTX ISA (`mma`, `cp.async` and
+//! `cp.async.bulk.tensor` target requirements). Statically declared shared memory is capped at
+//! 48 KiB on every one of them.
+
+use super::arch::{Arch, AsyncCopy};
+use super::Platform;
+use crate::codegen::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
+use crate::codegen::mma::MmaAtom;
+
+const STATIC_SHARED: u32 = 48 * 1024;
+/// `mma.sync.m16n8k16` with f16 or bf16 inputs: sm_80 and later.
+const MMA_SYNC: &[&MmaAtom] = &[&M16N8K16_F16, &M16N8K16_BF16];
+
+const fn nvidia(
+    name: &'static str,
+    family: &'static str,
+    shared_bytes_per_block: u32,
+    async_copy: AsyncCopy,
+    mma: &'static [&'static MmaAtom],
+    variants: &'static [&'static str],
+) -> Arch {
+    Arch {
+        name,
+        family,
+        platform: Platform::Nvidia,
+        wave_size: 32,
+        shared_bytes_per_block,
+        static_shared_bytes: STATIC_SHARED,
+        async_copy,
+        mma,
+        features: &[],
+        variants,
+        isa_version: None,
+        hiprtc_since_rocm: None,
+    }
+}
+
+/// V100: tensor cores through `mma.m8n8k4` only, which has no atom here.
+pub static SM_70: Arch = nvidia("sm_70", "Volta", 96 * 1024, AsyncCopy::None, &[], &[]);
+/// T4, RTX 20: `mma.m16n8k8` (no k16 for f16, no bf16): no atom here.
+pub static SM_75: Arch = nvidia("sm_75", "Turing", 64 * 1024, AsyncCopy::None, &[], &[]);
+/// A100.
+pub static SM_80: Arch = nvidia(
+    "sm_80",
+    "Ampere",
+    163 * 1024,
+    AsyncCopy::CpAsync,
+    MMA_SYNC,
+    &[],
+);
+/// RTX 30, A10, A40.
+pub static SM_86: Arch = nvidia(
+    "sm_86",
+    "Ampere",
+    99 * 1024,
+    AsyncCopy::CpAsync,
+    MMA_SYNC,
+    &[],
+);
+/// Jetson Orin.
+pub static SM_87: Arch = nvidia(
+    "sm_87",
+    "Ampere",
+    163 * 1024,
+    AsyncCopy::CpAsync,
+    MMA_SYNC,
+    &[],
+);
+/// RTX 40, L4, L40.
+pub static SM_89: Arch = nvidia("sm_89", "Ada", 99 * 1024, AsyncCopy::CpAsync, MMA_SYNC, &[]);
+/// H100, H200 (`sm_90a` unlocks wgmma and setmaxnreg).
+pub static SM_90: Arch = nvidia(
+    "sm_90",
+    "Hopper",
+    227 * 1024,
+    AsyncCopy::Tma,
+    MMA_SYNC,
+    &["a"],
+);
+/// B200.
+pub static SM_100: Arch = nvidia(
+    "sm_100",
+    "Blackwell",
+    227 * 1024,
+    AsyncCopy::Tma,
+    MMA_SYNC,
+    &["a", "f"],
+);
+/// RTX 50.
+pub static SM_120: Arch = nvidia(
+    "sm_120",
+    "Blackwell",
+    99 * 1024,
+    AsyncCopy::Tma,
+    MMA_SYNC,
+    &["a", "f"],
+);
+
+pub static NVIDIA: &[&Arch] = &[
+    &SM_70, &SM_75, &SM_80, &SM_86, &SM_87, &SM_89, &SM_90, &SM_100, &SM_120,
+];
