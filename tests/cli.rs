@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Longer than any command here takes on a loaded machine, far shorter than a hang.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -38,17 +38,19 @@ fn rocmforge_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String)
     let out = drain(Box::new(child.stdout.take().unwrap()));
     let err = drain(Box::new(child.stderr.take().unwrap()));
     let _stdin = child.stdin.take();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > LIMIT {
-            child.kill().ok();
-            child.wait().ok();
+    // The exit is waited for on a thread, so the test wakes on the exit itself, or at LIMIT.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait()).ok());
+    let status = match rx.recv_timeout(LIMIT) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status()
+                .ok();
             panic!("rocmforge {args:?} still running after {LIMIT:?}: it blocked");
         }
-        std::thread::sleep(Duration::from_millis(20));
     };
     (status.success(), out.join().unwrap(), err.join().unwrap())
 }
