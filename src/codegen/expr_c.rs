@@ -277,6 +277,7 @@ pub(crate) fn op_expr(op: &Op, arity: usize) -> Option<Cow<'_, Expr>> {
         | Op::RmsNorm { .. }
         | Op::Rope { .. }
         | Op::MatMul
-        | Op::FlashAttention(_) => return None,
+        | Op::FlashAttention(_)
+        | Op::Gemm(_) => return None,
     })
 }

@@ -321,6 +321,7 @@ fn lower_node(
             )?
         }
         Op::MatMul => matmul(g, id, None, buf, target)?,
+        Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
         Op::FlashAttention(att) => flash(g, id, att, &ops, buf, target)?,
     };
     plan.kernels.push(k);

@@ -9,6 +9,7 @@
 mod ctype;
 mod expr_c;
 mod gather;
+mod kernels;
 mod limits;
 mod lower;
 pub mod mma;

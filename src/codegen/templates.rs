@@ -7,7 +7,7 @@ use minijinja::Environment;
 
 use super::CodegenError;
 
-const TEMPLATES: [(&str, &str); 17] = [
+const TEMPLATES: &[(&str, &str)] = &[
     (
         "prelude_amd.hip",
         include_str!("../../kernel_templates/prelude_amd.hip"),
@@ -40,6 +40,10 @@ const TEMPLATES: [(&str, &str); 17] = [
     (
         "matmul.hip",
         include_str!("../../kernel_templates/matmul.hip"),
+    ),
+    (
+        "gemm_scalar.hip",
+        include_str!("../../kernel_templates/gemm_scalar.hip"),
     ),
     (
         "softmax.hip",

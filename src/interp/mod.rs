@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod gemm;
 mod layout;
 mod matmul;
 mod reduce;
@@ -280,6 +281,7 @@ fn eval(
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
         Op::Rope { theta, offset } => attention::rope(args[0], *theta, *offset),
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
+        Op::Gemm(g) => gemm::gemm(g, args, ty),
         Op::FusedElementwise(expr) => elementwise::fused(expr, args),
         Op::FlashAttention(att) => {
             attention::flash_attention(att, args[0], args[1], args[2], args.get(3).copied(), ty)

@@ -667,6 +667,20 @@ impl Graph {
         self.add_op(Op::MatMul, &[a, b])
     }
 
+    /// A Gemm reading `a` and `b` (then `extras`, the epilogue's operands) through the views
+    /// in `gemm` (see `ir::gemm`).
+    pub fn gemm(
+        &mut self,
+        gemm: crate::ir::Gemm,
+        a: NodeId,
+        b: NodeId,
+        extras: &[NodeId],
+    ) -> Result<NodeId, GraphError> {
+        let mut operands = vec![a, b];
+        operands.extend_from_slice(extras);
+        self.add_op(Op::Gemm(Box::new(gemm)), &operands)
+    }
+
     /// FlashAttention; the mask kind follows the mask operand's dtype.
     pub fn flash_attention(
         &mut self,

@@ -1,6 +1,7 @@
 //! The shape and dtype rule of every op: given the operand types, the result type or why there
 //! is none.
 
+use super::gemm::Gemm;
 use super::op::{Attention, BinaryOp, MaskKind, Op};
 use super::scalar::check_constant;
 use super::{normalize_axis, DType, Shape, TensorType};
@@ -237,6 +238,7 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
         }
         Op::MatMul => matmul(ins[0], ins[1]),
         Op::FlashAttention(att) => flash_attention(att, ins),
+        Op::Gemm(g) => gemm(g, ins),
         Op::FusedElementwise(expr) => {
             // Sizes are checked before the (recursive) typing walk.
             expr.check(ins.len()).map_err(InferError::Attribute)?;
@@ -363,6 +365,76 @@ fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, InferError> {
     let mut dims = batch.0;
     dims.extend([m, n]);
     Ok(TensorType::new(a.dtype, dims))
+}
+
+/// A Gemm: A and B of one float dtype, each view inside its tensor, the result view writing
+/// every element of the result exactly once, and the epilogue typed over `$0` (the product in
+/// A's dtype) and the extra operands, all at the problem's shape.
+fn gemm(g: &Gemm, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    use super::gemm::Operand;
+    let (a, b) = (ins[0], ins[1]);
+    if a.dtype != b.dtype {
+        return dtype_err(format!("operands mix {} and {}", a.dtype, b.dtype));
+    }
+    require_float(a)?;
+    if ins.len() != 2 + g.extras.len() {
+        return attr_err(format!(
+            "{} epilogue views for {} epilogue operands",
+            g.extras.len(),
+            ins.len() - 2
+        ));
+    }
+    let Some([nb, m, n, _]) = g.dims.sizes() else {
+        return Err(InferError::Overflow("the problem's size overflows".into()));
+    };
+    let numel = |t: &TensorType| t.shape.checked_numel(t.dtype).unwrap_or(usize::MAX);
+    g.a.check(&g.dims, Operand::A, numel(a), "a")
+        .map_err(InferError::Shape)?;
+    g.b.check(&g.dims, Operand::B, numel(b), "b")
+        .map_err(InferError::Shape)?;
+    for (i, (v, t)) in g.extras.iter().zip(&ins[2..]).enumerate() {
+        v.check(&g.dims, Operand::Out, numel(t), &format!("extra {i}"))
+            .map_err(InferError::Shape)?;
+    }
+    let out_numel = g
+        .shape
+        .dims()
+        .iter()
+        .try_fold(1usize, |p, &d| p.checked_mul(d));
+    let problem = nb.checked_mul(m).and_then(|x| x.checked_mul(n));
+    if out_numel.is_none() || out_numel != problem {
+        return shape_err(format!(
+            "the result {} does not hold the {nb}×{m}×{n} products",
+            g.shape
+        ));
+    }
+    g.out
+        .check(&g.dims, Operand::Out, out_numel.unwrap_or(0), "out")
+        .map_err(InferError::Shape)?;
+    if !g
+        .out
+        .is_bijection(&g.dims, Operand::Out, out_numel.unwrap_or(0))
+    {
+        return shape_err(format!(
+            "the out view does not write each element of {} exactly once",
+            g.shape
+        ));
+    }
+    let problem_shape = Shape(vec![nb, m, n]);
+    let dtype = match &g.epilogue {
+        None if g.extras.is_empty() => a.dtype,
+        None => return attr_err("epilogue operands without an epilogue"),
+        Some(e) => {
+            e.check(ins.len() - 1).map_err(InferError::Attribute)?;
+            let typed: Vec<TensorType> = std::iter::once(a.dtype)
+                .chain(ins[2..].iter().map(|t| t.dtype))
+                .map(|dt| TensorType::new(dt, problem_shape.clone()))
+                .collect();
+            let refs: Vec<&TensorType> = typed.iter().collect();
+            e.ty(&refs)?.dtype
+        }
+    };
+    Ok(TensorType::new(dtype, g.shape.clone()))
 }
 
 fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, InferError> {

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::expr::Expr;
+use super::gemm::{Gemm, View};
 use super::scalar::Element;
 use super::{DType, Shape};
 
@@ -321,6 +322,10 @@ pub enum Op {
     /// Fused `softmax(scale·Q·Kᵀ + mask)·V` with GQA: q `[B,Hq,Sq,D]`, k `[B,Hkv,Sk,D]`,
     /// v `[B,Hkv,Sk,Dv]`, optional mask broadcastable to `[B,Hq,Sq,Sk]`.
     FlashAttention(Attention),
+    /// A batched matrix product read and written through strided views, with an elementwise
+    /// epilogue (`ir::gemm`): made by the GEMM pass from a MatMul and the layout ops and
+    /// elementwise ops around it. Operands: A, B, then the epilogue's.
+    Gemm(Box<Gemm>),
     /// A chain of elementwise ops evaluated in one pass over the result, operands broadcast.
     FusedElementwise(Expr),
 }
@@ -413,6 +418,7 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::MatMul => "matmul",
             Op::FlashAttention(_) => "flash_attention",
+            Op::Gemm(_) => "gemm",
             Op::FusedElementwise(_) => "fused_elementwise",
         }
     }
@@ -432,6 +438,7 @@ impl Op {
             | Op::Softmax { .. }
             | Op::Rope { .. } => Arity::Exact(1),
             Op::Concat { .. } | Op::FusedElementwise(_) => Arity::AtLeast(1),
+            Op::Gemm(_) => Arity::AtLeast(2),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
             Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::FlashAttention(a) => match a.mask {
@@ -448,7 +455,10 @@ impl Op {
 
     /// Ops made by fusion passes (drawn highlighted in pictures).
     pub fn is_fused(&self) -> bool {
-        matches!(self, Op::FlashAttention(_) | Op::FusedElementwise(_))
+        matches!(
+            self,
+            Op::FlashAttention(_) | Op::FusedElementwise(_) | Op::Gemm(_)
+        )
     }
 
     /// The op's attributes in a fixed order, as written to files and dumps. Attributes equal to
@@ -535,6 +545,19 @@ impl Op {
                 }
             }
             Op::FusedElementwise(expr) => a.push(("expr", expr.to_json())),
+            Op::Gemm(g) => {
+                a.push(("dims", json(&g.dims)));
+                a.push(("a", json(&g.a)));
+                a.push(("b", json(&g.b)));
+                a.push(("out", json(&g.out)));
+                if !g.extras.is_empty() {
+                    a.push(("extras", json(&g.extras)));
+                }
+                if let Some(e) = &g.epilogue {
+                    a.push(("epilogue", e.to_json()));
+                }
+                a.push(("shape", json(&g.shape.0)));
+            }
         }
         a
     }
@@ -599,6 +622,15 @@ impl Op {
             },
             "matmul" => Op::MatMul,
             "fused_elementwise" => Op::FusedElementwise(a.expr("expr")?),
+            "gemm" => Op::Gemm(Box::new(Gemm {
+                dims: a.req("dims")?,
+                a: a.req("a")?,
+                b: a.req("b")?,
+                out: a.req("out")?,
+                extras: a.opt("extras")?.unwrap_or_default(),
+                epilogue: a.opt_expr("epilogue")?,
+                shape: Shape(a.req("shape")?),
+            })),
             "flash_attention" => Op::FlashAttention(Attention {
                 scale: a.req("scale")?,
                 causal: a.opt("causal")?.unwrap_or(false),
@@ -639,6 +671,33 @@ impl Op {
             .iter()
             .map(|(k, v)| match (self, *k) {
                 (Op::FusedElementwise(e), "expr") => format!("{e}"),
+                (Op::Gemm(g), "epilogue") => match &g.epilogue {
+                    Some(e) => format!("epilogue={e}"),
+                    None => String::new(),
+                },
+                (Op::Gemm(g), view @ ("a" | "b" | "out")) => {
+                    let v = match view {
+                        "a" => &g.a,
+                        "b" => &g.b,
+                        _ => &g.out,
+                    };
+                    format!("{view}={}", view_text(v))
+                }
+                (Op::Gemm(g), "extras") => format!(
+                    "extras=[{}]",
+                    g.extras
+                        .iter()
+                        .map(view_text)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                (Op::Gemm(g), "dims") if g.dims.batch.is_empty() => {
+                    format!("m={:?}, n={:?}, k={:?}", g.dims.m, g.dims.n, g.dims.k)
+                }
+                (Op::Gemm(g), "dims") => format!(
+                    "batch={:?}, m={:?}, n={:?}, k={:?}",
+                    g.dims.batch, g.dims.m, g.dims.n, g.dims.k
+                ),
                 _ => format!("{k}={}", compact_value(v)),
             })
             .collect();
@@ -697,6 +756,21 @@ pub(super) fn parse_number(v: &Value) -> Result<f64, String> {
             _ => Err(format!("\"{s}\" is not a number")),
         },
         other => Err(format!("{other} is not a number")),
+    }
+}
+
+/// A Gemm view as dumps show it: strides per sub-axis, `batch|rows|cols`.
+fn view_text(v: &View) -> String {
+    let list = |s: &[usize]| {
+        s.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if v.batch.is_empty() {
+        format!("({}|{})", list(&v.rows), list(&v.cols))
+    } else {
+        format!("({}|{}|{})", list(&v.batch), list(&v.rows), list(&v.cols))
     }
 }
 
@@ -761,6 +835,16 @@ impl<'a> AttrReader<'a> {
                 items.iter().map(|v| parse_number(v).map_err(bad)).collect()
             }
             Some(v) => Ok(vec![parse_number(v).map_err(bad)?]),
+        }
+    }
+
+    fn opt_expr(&mut self, key: &'static str) -> Result<Option<Expr>, OpParseError> {
+        match self.map.get(key) {
+            None => {
+                self.used.insert(key);
+                Ok(None)
+            }
+            Some(_) => self.expr(key).map(Some),
         }
     }
 

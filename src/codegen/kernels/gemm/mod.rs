@@ -1,0 +1,220 @@
+//! The GEMM family: kernels for `Op::Gemm`. A [`Problem`] is what every kernel of the family
+//! reads from the node: sizes, dtypes, each view's address arithmetic as C, and the epilogue as
+//! C statements. `lower` picks the kernel; the views are read in place by all of them.
+
+mod scalar;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::super::ctype::ctype;
+use super::super::expr_c::{describe, render, round_to};
+use super::super::limits::int_index;
+use super::super::plan::{BufferId, Kernel};
+use super::super::{CodegenError, Target};
+use crate::ir::gemm::{Axis, Operand};
+use crate::ir::{DType, Gemm, Graph, NodeId, Shape, TensorType, View};
+
+/// One epilogue operand as kernels read it.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Extra {
+    /// Operand slot (the kernel parameter is `in{index}`, its value `x{index}`).
+    pub index: usize,
+    pub ctype: &'static str,
+    pub vtype: &'static str,
+    /// `in{index}[...]` converted to its value type, at problem coordinates `(bz, row, col)`.
+    pub load: String,
+}
+
+/// What every GEMM kernel needs to know about the node.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Problem {
+    /// Products of the batch, M, N and K sub-axes.
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Storage types of A, B and the result.
+    pub a_t: &'static str,
+    pub b_t: &'static str,
+    pub c_t: &'static str,
+    /// Element offsets (C expressions of `long long bz, m, k` / `bz, k, n` / `bz, m, n`).
+    pub a_at: String,
+    pub b_at: String,
+    pub c_at: String,
+    /// The conversions around a loaded A or B element that make it a float.
+    pub a_pre: &'static str,
+    pub a_post: &'static str,
+    pub b_pre: &'static str,
+    pub b_post: &'static str,
+    pub extras: Vec<Extra>,
+    /// Offsets of each extra, as `rf_x{index}_at(bz, row, col)` bodies.
+    pub extra_at: Vec<(usize, String)>,
+    /// The epilogue: statements, then the stored value (of `acc_v`, the f32 product).
+    pub lines: Vec<String>,
+    pub store: String,
+    /// The product as the epilogue reads it (rounded to A's dtype, as a MatMul's value is).
+    pub acc: String,
+    /// Whether there is an epilogue (then `acc_r` holds the rounded product).
+    pub epilogue: bool,
+    /// A one-line description for the kernel's comment.
+    pub what: String,
+}
+
+/// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
+/// mixed-radix index. Size-1 and stride-0 sub-axes add nothing and are left out.
+pub(crate) fn offset_c(var: &str, axes: &[Axis]) -> String {
+    let mut terms = Vec::new();
+    let mut inner: usize = 1;
+    for (j, a) in axes.iter().enumerate().rev() {
+        if a.size != 1 && a.stride != 0 {
+            let mut digit = if inner == 1 {
+                format!("({var})")
+            } else {
+                format!("(({var}) / {inner}LL)")
+            };
+            // The outermost digit needs no modulo: the index is below the axis's size.
+            if j != 0 {
+                digit = format!("({digit} % {}LL)", a.size);
+            }
+            terms.push(if a.stride == 1 {
+                digit
+            } else {
+                format!("{digit} * {}LL", a.stride)
+            });
+        }
+        inner = inner.saturating_mul(a.size);
+    }
+    if terms.is_empty() {
+        "0LL".into()
+    } else {
+        terms.reverse();
+        terms.join(" + ")
+    }
+}
+
+/// The C offset of a view at problem coordinates (`b`, `rows`, `cols`).
+fn view_c(g: &Gemm, view: &View, operand: Operand, [b, r, c]: [&str; 3]) -> String {
+    let [batch, rows, cols] = g.dims.of(operand);
+    let axes = |sizes: &[usize], strides: &[usize]| -> Vec<Axis> {
+        sizes
+            .iter()
+            .zip(strides)
+            .map(|(&size, &stride)| Axis { size, stride })
+            .collect()
+    };
+    [
+        offset_c(b, &axes(batch, &view.batch)),
+        offset_c(r, &axes(rows, &view.rows)),
+        offset_c(c, &axes(cols, &view.cols)),
+    ]
+    .into_iter()
+    .filter(|t| t != "0LL")
+    .reduce(|a, b| format!("{a} + {b}"))
+    .unwrap_or_else(|| "0LL".into())
+}
+
+impl Problem {
+    pub(crate) fn new(g: &Graph, id: NodeId, gemm: &Gemm) -> Result<Problem, CodegenError> {
+        let name = &g.node(id).name;
+        let ops = g.operands(id);
+        let (at, bt, ot) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(id));
+        let [batch, m, n, k] = gemm.dims.sizes().expect("checked by shape inference");
+        for (what, v) in [
+            ("rows (M)", m),
+            ("the contraction (K)", k),
+            ("columns (N)", n),
+            ("the batch", batch),
+        ] {
+            int_index(name, what, v)?;
+        }
+        let (ac, bc, oc) = (ctype(at.dtype), ctype(bt.dtype), ctype(ot.dtype));
+        let a_at = view_c(gemm, &gemm.a, Operand::A, ["bz", "m", "k"]);
+        let b_at = view_c(gemm, &gemm.b, Operand::B, ["bz", "k", "n"]);
+        let c_at = view_c(gemm, &gemm.out, Operand::Out, ["bz", "m", "n"]);
+        let problem_t = |dt: DType| TensorType::new(dt, Shape(vec![batch, m, n]));
+        let mut extras = Vec::new();
+        let mut extra_at = Vec::new();
+        for (i, (view, &o)) in gemm.extras.iter().zip(&ops[2..]).enumerate() {
+            let index = i + 1;
+            let c = ctype(g.ty(o).dtype);
+            extra_at.push((index, view_c(gemm, view, Operand::Out, ["bz", "m", "n"])));
+            extras.push(Extra {
+                index,
+                ctype: c.storage,
+                vtype: c.value,
+                load: format!(
+                    "{}in{index}[rf_x{index}_at(bz, row, col)]{}",
+                    c.load_pre, c.load_post
+                ),
+            });
+        }
+        let (lines, store, acc, what) = match &gemm.epilogue {
+            None => (
+                vec![],
+                format!("{}acc_v{}", oc.store_pre, oc.store_post),
+                "acc_v".to_string(),
+                "product stored".to_string(),
+            ),
+            Some(expr) => {
+                let ins: Vec<TensorType> = std::iter::once(problem_t(at.dtype))
+                    .chain(ops[2..].iter().map(|&o| problem_t(g.ty(o).dtype)))
+                    .collect();
+                let vars: Vec<String> = (0..ins.len())
+                    .map(|i| {
+                        if i == 0 {
+                            "acc_r".to_string()
+                        } else {
+                            format!("x{i}")
+                        }
+                    })
+                    .collect();
+                let code = render(expr, &vars, &ins, "t", name)?;
+                (
+                    code.lines,
+                    format!("{}{}{}", oc.store_pre, code.value, oc.store_post),
+                    round_to(at.dtype, "acc_v".into()),
+                    format!("epilogue {}, $0 the product", describe(expr)),
+                )
+            }
+        };
+        Ok(Problem {
+            batch,
+            m,
+            n,
+            k,
+            a_t: ac.storage,
+            b_t: bc.storage,
+            c_t: oc.storage,
+            a_pre: ac.load_pre,
+            a_post: ac.load_post,
+            b_pre: bc.load_pre,
+            b_post: bc.load_post,
+            a_at,
+            b_at,
+            c_at,
+            extras,
+            extra_at,
+            lines,
+            store,
+            acc,
+            what,
+            epilogue: gemm.epilogue.is_some(),
+        })
+    }
+}
+
+/// The kernel for Gemm node `id`: operands A, B, the extras, then the result.
+pub(crate) fn lower(
+    g: &Graph,
+    id: NodeId,
+    gemm: &Gemm,
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
+    let p = Problem::new(g, id, gemm)?;
+    let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
+    args.push(buf[&id]);
+    scalar::kernel(&p, &g.node(id).name, args, target)
+}

@@ -1,0 +1,56 @@
+//! Gemm: the operands are gathered through their views into contiguous matrices, multiplied by
+//! the MatMul reference (so a Gemm's product is bit for bit the MatMul it replaced), the
+//! epilogue is evaluated by the fused-expression reference, and the result is scattered through
+//! the out view.
+
+use crate::ir::gemm::{Axis, Operand};
+use crate::ir::{Gemm, Shape, Tensor, TensorError, TensorType};
+
+use super::elementwise::fused;
+use super::matmul::matmul;
+use super::strided::{pick, Offsets};
+
+fn offsets(axes: &[Axis]) -> Offsets {
+    let sizes: Vec<usize> = axes.iter().map(|a| a.size).collect();
+    let strides: Vec<usize> = axes.iter().map(|a| a.stride).collect();
+    Offsets::new(&sizes, &strides, 0)
+}
+
+/// The elements of `x` read through `view` as a contiguous `shape` tensor.
+fn gather(
+    x: &Tensor,
+    g: &Gemm,
+    view: &crate::ir::View,
+    operand: Operand,
+    shape: Shape,
+) -> Result<Tensor, TensorError> {
+    let ty = TensorType::new(x.dtype(), shape);
+    crate::ir::check_host_size(&ty)?;
+    pick(x, &ty, offsets(&view.axes(&g.dims, operand)))
+}
+
+pub fn gemm(g: &Gemm, args: &[&Tensor], out: &TensorType) -> Result<Tensor, TensorError> {
+    let [nb, m, n, k] = g.dims.sizes().expect("checked by shape inference");
+    let a = gather(args[0], g, &g.a, Operand::A, Shape(vec![nb, m, k]))?;
+    let b = gather(args[1], g, &g.b, Operand::B, Shape(vec![nb, k, n]))?;
+    let problem = Shape(vec![nb, m, n]);
+    let product = matmul(&a, &b, &TensorType::new(a.dtype(), problem.clone()))?;
+    let value = match &g.epilogue {
+        None => product,
+        Some(expr) => {
+            let mut ins = vec![product];
+            for (x, view) in args[2..].iter().zip(&g.extras) {
+                ins.push(gather(x, g, view, Operand::Out, problem.clone())?);
+            }
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            fused(expr, &refs)?
+        }
+    };
+    // Scatter: element i of the problem (row-major) goes to the out view's i-th offset, which
+    // shape inference has checked to be a bijection onto the result.
+    let mut at = vec![0usize; value.len()];
+    for (i, o) in offsets(&g.out.axes(&g.dims, Operand::Out)).enumerate() {
+        at[o] = i;
+    }
+    pick(&value, out, at.into_iter())
+}

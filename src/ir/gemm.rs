@@ -1,0 +1,187 @@
+//! The attributes of a Gemm node: a batched matrix product whose operands are read, and whose
+//! result is written, in place through strided views, followed by an elementwise epilogue.
+//!
+//! The problem has batch axes, M, N and K. Each is a list of sub-axes (outer first): a head
+//! merge reads K as (head, d) and a flattened batch reads M as (batch, seq), so one Gemm covers a
+//! matmul together with the transposes, head splits and merges around it. Every tensor the node
+//! touches (A, B, the result, each epilogue operand) has a [`View`]: an element stride per
+//! sub-axis into its own contiguous storage (0 where it is broadcast).
+//!
+//! Operands: A (slot 0), B (slot 1), then the epilogue's extra operands. The epilogue is an
+//! expression where `$0` is the product, already rounded to A's dtype (the value an unfused
+//! MatMul holds), and `$i` (i ≥ 1) is operand `i + 1`, read through `extras[i - 1]`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Expr, Shape};
+
+/// Sub-axis sizes of the problem, outer first. An empty list is a single index (size 1).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmDims {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<usize>,
+    pub m: Vec<usize>,
+    pub n: Vec<usize>,
+    pub k: Vec<usize>,
+}
+
+/// Element strides of one tensor, per sub-axis of the problem. For A the rows are M's sub-axes
+/// and the columns K's; for B rows are K and columns N; for the result and the epilogue
+/// operands rows are M and columns N.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct View {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<usize>,
+    pub rows: Vec<usize>,
+    pub cols: Vec<usize>,
+}
+
+/// Which problem axes a view's rows and columns run over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    /// Rows M, columns K.
+    A,
+    /// Rows K, columns N.
+    B,
+    /// Rows M, columns N: the result and every epilogue operand.
+    Out,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    pub dims: GemmDims,
+    pub a: View,
+    pub b: View,
+    /// Where element (batch, m, n) of the result is stored in the result tensor.
+    pub out: View,
+    /// One view per epilogue operand (operands 2..).
+    pub extras: Vec<View>,
+    /// `$0` the product, `$i` operand `i + 1`; `None` stores the product itself.
+    pub epilogue: Option<Expr>,
+    /// The result tensor's shape (stored contiguously; `out` indexes into it).
+    pub shape: Shape,
+}
+
+/// One sub-axis as a tensor walks it: its size and the tensor's stride along it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Axis {
+    pub size: usize,
+    pub stride: usize,
+}
+
+impl GemmDims {
+    /// The number of (batch, M, N, K) indices, each the product of its sub-axes, or `None`
+    /// when a product overflows.
+    pub fn sizes(&self) -> Option<[usize; 4]> {
+        let p = |v: &[usize]| v.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        Some([p(&self.batch)?, p(&self.m)?, p(&self.n)?, p(&self.k)?])
+    }
+
+    /// The sub-axis sizes a view of `operand` pairs its strides with: batch, rows, columns.
+    pub fn of(&self, operand: Operand) -> [&[usize]; 3] {
+        match operand {
+            Operand::A => [&self.batch, &self.m, &self.k],
+            Operand::B => [&self.batch, &self.k, &self.n],
+            Operand::Out => [&self.batch, &self.m, &self.n],
+        }
+    }
+}
+
+impl View {
+    /// A view's sub-axes in order (batch, rows, columns; outer first), paired with the
+    /// problem's sizes. The caller has checked the lengths (shape inference does).
+    pub fn axes(&self, dims: &GemmDims, operand: Operand) -> Vec<Axis> {
+        let [batch, rows, cols] = dims.of(operand);
+        [(batch, &self.batch), (rows, &self.rows), (cols, &self.cols)]
+            .into_iter()
+            .flat_map(|(sizes, strides)| {
+                sizes
+                    .iter()
+                    .zip(strides)
+                    .map(|(&size, &stride)| Axis { size, stride })
+            })
+            .collect()
+    }
+
+    /// The row-major strides of a contiguous tensor whose axes are the given sub-axes.
+    pub fn contiguous(dims: &GemmDims, operand: Operand) -> View {
+        let [batch, rows, cols] = dims.of(operand);
+        let all: Vec<usize> = batch.iter().chain(rows).chain(cols).copied().collect();
+        let strides = Shape(all).strides();
+        let (b, rest) = strides.split_at(batch.len());
+        let (r, c) = rest.split_at(rows.len());
+        View {
+            batch: b.to_vec(),
+            rows: r.to_vec(),
+            cols: c.to_vec(),
+        }
+    }
+
+    /// Checks the view against the problem and the tensor it reads (`numel` elements): one
+    /// stride per sub-axis, and every offset it forms inside the tensor.
+    pub fn check(
+        &self,
+        dims: &GemmDims,
+        operand: Operand,
+        numel: usize,
+        what: &str,
+    ) -> Result<(), String> {
+        let [batch, rows, cols] = dims.of(operand);
+        for (part, sizes, strides) in [
+            ("batch", batch, &self.batch),
+            ("rows", rows, &self.rows),
+            ("cols", cols, &self.cols),
+        ] {
+            if sizes.len() != strides.len() {
+                return Err(format!(
+                    "{what}: {} {part} strides for {} sub-axes",
+                    strides.len(),
+                    sizes.len()
+                ));
+            }
+        }
+        let axes = self.axes(dims, operand);
+        if axes.iter().any(|a| a.size == 0) {
+            return Ok(()); // nothing is read
+        }
+        let last = axes.iter().try_fold(0usize, |acc, a| {
+            (a.size - 1)
+                .checked_mul(a.stride)
+                .and_then(|x| acc.checked_add(x))
+        });
+        match last {
+            Some(l) if l < numel => Ok(()),
+            Some(l) => Err(format!(
+                "{what}: the view reaches element {l} of a tensor of {numel}"
+            )),
+            None => Err(format!("{what}: the view's offsets overflow")),
+        }
+    }
+
+    /// Whether the view writes every element of a tensor of `numel` elements exactly once:
+    /// its sub-axes of size > 1, ordered by stride, are the contiguous strides of their sizes.
+    pub fn is_bijection(&self, dims: &GemmDims, operand: Operand, numel: usize) -> bool {
+        let mut axes: Vec<Axis> = self
+            .axes(dims, operand)
+            .into_iter()
+            .filter(|a| a.size != 1)
+            .collect();
+        if axes.iter().any(|a| a.size == 0) {
+            return numel == 0;
+        }
+        axes.sort_by_key(|a| a.stride);
+        let mut expect = 1usize;
+        for a in axes {
+            if a.stride != expect {
+                return false;
+            }
+            match expect.checked_mul(a.size) {
+                Some(e) => expect = e,
+                None => return false,
+            }
+        }
+        expect == numel
+    }
+}
