@@ -7,6 +7,8 @@
 //! keys or a head size of 0, reductions over an empty axis, causal offsets near the i64
 //! limits, gathers out of range (the CPU's typed error), edge values through every elementwise
 //! row, hostile node names, and launches past the device's limits.
+//!
+//! GEMM (issue 12): the small-M and CUDA-core kernels at odd and model sizes (`gemm::`).
 
 #[path = "common/files.rs"]
 mod files;
@@ -15,6 +17,8 @@ mod files;
 mod attention_graphs;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -1410,5 +1414,19 @@ fn main() {
         "cache::disk_across_processes".into(),
         Box::new(move || disk_cache_across_processes(&spec)),
     );
+    // The GEMM kernels (issue 12): small-M decode (M ≤ 16) and the CUDA-core kernel, at odd and
+    // model sizes, both weight layouts, bias + SiLU, batches, every float dtype.
+    for case in gemm_cases::small_m()
+        .into_iter()
+        .chain(gemm_cases::large_m())
+    {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("gemm::{}", case.name()),
+            Box::new(move || check_graph(&d, &case.graph(), false, 8)),
+        );
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -46,6 +46,14 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_scalar.hip"),
     ),
     (
+        "gemm_small_m.hip",
+        include_str!("../../kernel_templates/gemm_small_m.hip"),
+    ),
+    (
+        "gemm_parts.hip",
+        include_str!("../../kernel_templates/gemm_parts.hip"),
+    ),
+    (
         "softmax.hip",
         include_str!("../../kernel_templates/softmax.hip"),
     ),

@@ -1,8 +1,10 @@
-//! Runs a kernel plan on the CPU, for plans whose kernels are pointwise: threads that never
-//! share memory, shuffle or wait at a barrier (elementwise, copy, gather and its check,
-//! reduce, causal mask, rope). The generated source — the AMD prelude, the kernels, exactly as
-//! hiprtc gets them — is compiled for the host by clang++ behind a shim for the GPU built-ins,
-//! and every thread of every block is called in turn, kernels in plan order. That executes the
+//! Runs a kernel plan on the CPU. Pointwise kernels (threads that never share memory, shuffle
+//! or wait at a barrier: elementwise, copy, gather and its check, reduce, causal mask, rope) run
+//! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
+//! shuffles within a wave) run each block as one OS thread per GPU thread, meeting at a
+//! `std::barrier`; a shuffle is a store, a barrier, a load and a barrier. The generated source —
+//! the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled for the host by
+//! clang++ behind a shim for the GPU built-ins, kernels run in plan order. That executes the
 //! kernels' C here, without a GPU: the numeric tests of codegen compare it with the interpreter.
 #![allow(dead_code)]
 
@@ -10,7 +12,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rocmforge::codegen::{prelude, BufferRole, KernelPlan, Target, STATUS_BYTES};
+use rocmforge::codegen::{prelude, BufferRole, KernelPlan, Platform, Target, STATUS_BYTES};
 use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_weight, Graph, Op, Tensor};
 
@@ -25,23 +27,42 @@ pub const POINTWISE: [&str; 7] = [
     "rope",
 ];
 
-/// The GPU built-ins the prelude and pointwise kernels use, for the host. Block and thread
-/// indices are globals the driver loop sets; atomics need no atomicity on one thread.
+/// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
+/// memory); their blocks are one-dimensional.
+pub const COOPERATIVE: [&str; 2] = ["gemm", "gemm_small_m"];
+
+/// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices
+/// are per host thread (one host thread runs a GPU thread of every block in turn); atomics need no
+/// atomicity (pointwise kernels run one thread at a time). Without a block barrier (pointwise
+/// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
+#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __shared__ static
 struct rf_host_dim3 { unsigned x, y, z; };
-static rf_host_dim3 blockIdx, threadIdx;
+static thread_local rf_host_dim3 blockIdx, threadIdx;
+static std::barrier<>* rf_host_barrier = nullptr;
+static float rf_host_lanes[1024];
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float __shfl_xor(float v, int, int) { return v; }
-static inline void __syncthreads() {}
+static inline void __syncthreads() { if (rf_host_barrier) rf_host_barrier->arrive_and_wait(); }
+static inline float __shfl_xor(float v, int mask, int) {
+    if (!rf_host_barrier) return v;
+    rf_host_lanes[threadIdx.x] = v;
+    __syncthreads();
+    const float r = rf_host_lanes[threadIdx.x ^ mask];
+    __syncthreads();
+    return r;
+}
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     const unsigned long long old = *p;
     if (v > old) *p = v;
@@ -137,7 +158,13 @@ fn without_matrix_helpers(prelude: &str) -> String {
 /// The C++ program: shim, prelude, kernels, then a main that reads the buffers from argv[1],
 /// runs the kernels in order and writes the buffers to argv[2].
 fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
-    let target = Target::parse("gfx90a").expect("a known target");
+    // The plan's own AMD prelude (its wave size is the one cooperative kernels were shaped
+    // for); an NVIDIA plan's prelude has PTX, so its pointwise kernels take gfx90a's.
+    let target = if plan.target.platform == Platform::Amd {
+        plan.target.clone()
+    } else {
+        Target::parse("gfx90a").expect("a known target")
+    };
     let mut s = String::from(SHIM);
     s.push_str(&without_matrix_helpers(&prelude(&target)));
     let mut seen = std::collections::HashSet::new();
@@ -165,6 +192,15 @@ fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
             .collect();
         let [gx, gy, gz] = k.launch.grid;
         let [bx, by, bz] = k.launch.block;
+        if COOPERATIVE.contains(&k.family) {
+            let _ = writeln!(
+                s,
+                "    {{\n        std::barrier<> bar({bx});\n        rf_host_barrier = &bar;\n        std::vector<std::thread> threads;\n        for (unsigned tx = 0; tx < {bx}u; ++tx) threads.emplace_back([&, tx] {{\n            threadIdx = {{tx, 0, 0}};\n            for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx) {{\n                blockIdx = {{gx, gy, gz}};\n                {}({});\n                bar.arrive_and_wait();  // the block's shared memory is the next block's\n            }}\n        }});\n        for (auto& t : threads) t.join();\n        rf_host_barrier = nullptr;\n    }}",
+                k.entry,
+                args.join(", ")
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "    for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx)\n    for (unsigned tz = 0; tz < {bz}u; ++tz) for (unsigned ty = 0; ty < {by}u; ++ty) for (unsigned tx = 0; tx < {bx}u; ++tx) {{\n        blockIdx = {{gx, gy, gz}}; threadIdx = {{tx, ty, tz}};\n        {}({});\n    }}",
@@ -190,8 +226,15 @@ pub fn run_plan(
     plan: &KernelPlan,
     bindings: &Bindings,
 ) -> Result<HostResult, String> {
-    if let Some(k) = plan.kernels.iter().find(|k| !POINTWISE.contains(&k.family)) {
-        return Err(format!("{}: {} is not pointwise", g.name, k.entry));
+    let runs_here = |k: &&rocmforge::codegen::Kernel| {
+        POINTWISE.contains(&k.family)
+            || (COOPERATIVE.contains(&k.family) && k.launch.block[1..] == [1, 1])
+    };
+    if let Some(k) = plan.kernels.iter().find(|k| !runs_here(k)) {
+        return Err(format!(
+            "{}: {} is neither pointwise nor a one-dimensional cooperative kernel",
+            g.name, k.entry
+        ));
     }
     let init = initial_buffers(g, plan, bindings)?;
     let sizes: Vec<usize> = init.iter().map(Vec::len).collect();
@@ -211,7 +254,14 @@ pub fn run_plan(
     std::fs::write(&input, init.concat()).map_err(|e| e.to_string())?;
     // -ffp-contract=off: no fused multiply-adds, so float results round as the interpreter's.
     let cc = Command::new(cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-pthread",
+            "-w",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&src)
         .output()

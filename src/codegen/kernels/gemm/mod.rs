@@ -3,6 +3,10 @@
 //! C statements. `lower` picks the kernel; the views are read in place by all of them.
 
 mod scalar;
+mod small_m;
+#[cfg(test)]
+mod tests;
+mod vectors;
 
 use std::collections::HashMap;
 
@@ -216,5 +220,12 @@ pub(crate) fn lower(
     let p = Problem::new(g, id, gemm)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
-    scalar::kernel(&p, &g.node(id).name, args, target)
+    let node = &g.node(id).name;
+    let dtype = g.ty(g.operands(id)[0]).dtype;
+    if small_m::takes(&p) {
+        // Decoding: memory-bound on the weights whatever the dtype.
+        small_m::kernel(&p, gemm, dtype, node, args, target)
+    } else {
+        scalar::kernel(&p, gemm, dtype, node, args, target)
+    }
 }

@@ -1,0 +1,85 @@
+{% import "gemm_parts.hip" as parts -%}
+// GEMM for small M (decoding), GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
+// place through their views; {{ p.what }}. A block computes {{ c.cols }} columns for all {{ p.m }} rows; its threads split K
+// in chunks of {{ c.vec }} elements (B: {% if c.b_vec %}one 16-byte load{% else %}element loads{% endif %}, A: {% if c.a_vec %}one 16-byte load{% else %}element loads{% endif %} per chunk), accumulate in f32, and
+// the waves' sums meet in shared memory, added in a fixed order (no atomics: the result is
+// deterministic).
+// Memory-bound: per batch it moves N·K elements of B from DRAM exactly once and N·M of the result
+// (and of each epilogue operand) once: bytes ≈ batch·(N·K·|B| + N·M·|C|). A (M·K) is read once
+// per block, ceil(N / {{ c.cols }}) times in all, from L2: M/{{ c.cols }} of B's traffic, never from DRAM twice.
+// Helpers in a namespace of their own: several kernels may share one translation unit.
+namespace {{ entry }}_ns {
+constexpr int RF_M = {{ p.m }};
+constexpr long long RF_N = {{ p.n }};
+constexpr long long RF_K = {{ p.k }};
+constexpr int RF_COLS = {{ c.cols }};
+constexpr int RF_VEC = {{ c.vec }};
+constexpr int RF_CHUNKS = {{ chunks }};
+constexpr int RF_THREADS = {{ threads }};
+{{ parts.views(p) }}
+// Sixteen bytes, loaded with one instruction.
+struct alignas(16) rf_v16 { unsigned w[4]; };
+RF_INLINE void rf_unpack(const rf_v16 v, float* f) {
+{% if c.vec == 8 %}    for (int i = 0; i < 8; ++i) f[i] = {{ p.b_pre }}({{ p.b_t }})((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.b_post }};
+{% else %}    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(v.w[i]);
+{% endif %}}
+// RF_VEC elements of A's row `m` from `k0` (k0 < K; past K reads as 0).
+RF_INLINE void rf_load_a(const {{ p.a_t }}* __restrict__ A, long long bz, long long m, long long k0, float* f) {
+{% if c.a_vec %}    rf_unpack(*(const rf_v16*)(A + rf_a_at(bz, m, k0)), f);
+{% else %}    for (int i = 0; i < RF_VEC; ++i) f[i] = k0 + i < RF_K ? {{ p.a_pre }}A[rf_a_at(bz, m, k0 + i)]{{ p.a_post }} : 0.0f;
+{% endif %}}
+// RF_VEC elements of B's column `n` from `k0` (k0 < K; past K reads as 0).
+RF_INLINE void rf_load_b(const {{ p.b_t }}* __restrict__ B, long long bz, long long k0, long long n, float* f) {
+{% if c.b_vec %}    rf_unpack(*(const rf_v16*)(B + rf_b_at(bz, k0, n)), f);
+{% else %}    for (int i = 0; i < RF_VEC; ++i) f[i] = k0 + i < RF_K ? {{ p.b_pre }}B[rf_b_at(bz, k0 + i, n)]{{ p.b_post }} : 0.0f;
+{% endif %}}
+}  // namespace {{ entry }}_ns
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+    using namespace {{ entry }}_ns;
+    __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
+    const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
+    const long long bz = blockIdx.y;
+    const long long n0 = (long long)blockIdx.x * RF_COLS;
+    float acc[RF_M][RF_COLS];
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m)
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) acc[m][j] = 0.0f;
+    for (int chunk = threadIdx.x; chunk < RF_CHUNKS; chunk += RF_THREADS) {
+        const long long k0 = (long long)chunk * RF_VEC;
+        float b[RF_COLS][RF_VEC];
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) {
+            if (n0 + j < RF_N) {
+                rf_load_b(B, bz, k0, n0 + j, b[j]);
+            } else {
+                for (int i = 0; i < RF_VEC; ++i) b[j][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) {
+            float a[RF_VEC];
+            rf_load_a(A, bz, m, k0, a);
+#pragma unroll
+            for (int j = 0; j < RF_COLS; ++j)
+#pragma unroll
+                for (int i = 0; i < RF_VEC; ++i) acc[m][j] += a[i] * b[j][i];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) {
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) {
+            const float s = rf_wave_sum(acc[m][j]);
+            if (lane == 0) partial[wave][m * RF_COLS + j] = s;
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
+        const long long row = t / RF_COLS, col = n0 + t % RF_COLS;
+        if (col >= RF_N) continue;
+        float acc_v = 0.0f;
+        for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
+{{ parts.store(p, "        ") }}
+    }
+}

@@ -1,0 +1,112 @@
+//! The small-M GEMM (decoding: one to a few rows of activations against a weight): GEMV-style,
+//! memory-bound, B read exactly once. A block owns a few columns of the result for all M rows;
+//! its threads split K in 16-byte chunks of B, and the waves' sums are added through shared
+//! memory in a fixed order. Any float dtype, any views; 16-byte loads where the view allows them
+//! (see `vectors`), element loads otherwise.
+
+use serde::Serialize;
+
+use super::super::super::limits::launch as checked_launch;
+use super::super::super::lower::finish;
+use super::super::super::plan::{BufferId, Kernel, Launch};
+use super::super::super::{CodegenError, Target};
+use super::vectors::{vectorizes, Along};
+use super::Problem;
+use crate::ir::gemm::Operand;
+use crate::ir::{DType, Gemm};
+
+/// The most rows this kernel takes: each thread keeps M × `cols` sums in registers.
+pub(crate) const MAX_M: usize = 16;
+/// Accumulators per thread (M × cols) at most: beyond, registers spill on wave64 targets.
+const MAX_ACC: usize = 64;
+/// Columns per block at most: each column is one 16-byte load in flight per chunk.
+const MAX_COLS: usize = 4;
+/// Waves per block at most.
+const MAX_WAVES: usize = 4;
+/// Chunks of K each thread should have at least before another wave is added: with fewer, the
+/// reduction costs more than the loads it shares out.
+const CHUNKS_PER_THREAD: usize = 2;
+/// Blocks that keep a large GPU busy (H100: 132 SMs, MI300X: 304 CUs, a few blocks each):
+/// fewer columns per block are taken while the grid is smaller than this.
+const FILL_BLOCKS: usize = 512;
+/// Bytes one vector load reads.
+const VECTOR_BYTES: usize = 16;
+
+/// How one small-M kernel is shaped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Config {
+    /// Columns of the result per block.
+    pub cols: usize,
+    /// Waves (warps) per block, splitting K.
+    pub waves: usize,
+    /// Elements per chunk of K: 16 bytes of the dtype.
+    pub vec: usize,
+    /// Whether A (along K) and B (along K) are read 16 bytes at a time.
+    pub a_vec: bool,
+    pub b_vec: bool,
+}
+
+/// Whether this kernel takes the problem: 1 to [`MAX_M`] rows.
+pub(crate) fn takes(p: &Problem) -> bool {
+    (1..=MAX_M).contains(&p.m)
+}
+
+/// The shape of the kernel for a problem of `dtype` (A's and B's).
+pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> Config {
+    let vec = VECTOR_BYTES / dtype.size_bytes();
+    let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
+    while cols > 1 && p.batch.saturating_mul(p.n.div_ceil(cols)) < FILL_BLOCKS {
+        cols /= 2;
+    }
+    let wave = target.wave_size as usize;
+    let chunks = p.k.div_ceil(vec);
+    let waves = chunks
+        .div_ceil(wave * CHUNKS_PER_THREAD)
+        .clamp(1, MAX_WAVES);
+    Config {
+        cols,
+        waves,
+        vec,
+        a_vec: vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec),
+        b_vec: vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec),
+    }
+}
+
+/// The launch of `c` for `p`: one block per `cols` columns (x) and batch index (y).
+pub(crate) fn launch(
+    c: &Config,
+    p: &Problem,
+    node: &str,
+    target: &Target,
+) -> Result<Launch, CodegenError> {
+    let threads = c.waves * target.wave_size as usize;
+    checked_launch(node, target, [p.n.div_ceil(c.cols), p.batch, 1], threads)
+}
+
+#[derive(Serialize)]
+struct Context<'a> {
+    p: &'a Problem,
+    c: &'a Config,
+    chunks: usize,
+    threads: usize,
+}
+
+pub(crate) fn kernel(
+    p: &Problem,
+    gemm: &Gemm,
+    dtype: DType,
+    node: &str,
+    args: Vec<BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
+    let c = config(p, gemm, dtype, target);
+    let launch = launch(&c, p, node, target)?;
+    let ctx = Context {
+        p,
+        c: &c,
+        chunks: p.k.div_ceil(c.vec),
+        threads: launch.block[0] as usize,
+    };
+    let ctx = serde_json::to_value(ctx).expect("a context serialises");
+    finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
+}

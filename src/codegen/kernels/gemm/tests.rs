@@ -1,0 +1,160 @@
+//! How the GEMM family chooses among its kernels and shapes them, per problem and target.
+
+use super::{scalar, small_m, Problem};
+use crate::codegen::Target;
+use crate::ir::gemm::Operand;
+use crate::ir::{DType, Gemm, GemmDims, Graph, Op, Shape, View};
+
+/// `batch` × [m, k] · [k, n] with B stored [N, K] (`nk`) or [K, N], and its Problem.
+fn problem(dtype: DType, batch: usize, m: usize, n: usize, k: usize, nk: bool) -> (Problem, Gemm) {
+    let dims = GemmDims {
+        batch: vec![batch],
+        m: vec![m],
+        n: vec![n],
+        k: vec![k],
+    };
+    let b = if nk {
+        View {
+            batch: vec![n * k],
+            rows: vec![1],
+            cols: vec![k],
+        }
+    } else {
+        View::contiguous(&dims, Operand::B)
+    };
+    let gemm = Gemm {
+        a: View::contiguous(&dims, Operand::A),
+        b,
+        out: View::contiguous(&dims, Operand::Out),
+        extras: vec![],
+        epilogue: None,
+        shape: Shape(vec![batch, m, n]),
+        dims,
+    };
+    let mut g = Graph::new("gemm");
+    let a = g.input("a", dtype, &[batch, m, k]).unwrap();
+    let b_shape = if nk { [batch, n, k] } else { [batch, k, n] };
+    let bi = g.input("b", dtype, &b_shape).unwrap();
+    let id = g.gemm(gemm.clone(), a, bi, &[]).unwrap();
+    let Op::Gemm(stored) = g.op(id) else {
+        unreachable!("a gemm node")
+    };
+    (Problem::new(&g, id, stored).unwrap(), gemm)
+}
+
+fn target(arch: &str) -> Target {
+    Target::parse(arch).unwrap()
+}
+
+#[test]
+fn small_m_takes_one_to_sixteen_rows() {
+    for (m, takes) in [(1, true), (16, true), (17, false)] {
+        let (p, _) = problem(DType::F16, 1, m, 64, 64, true);
+        assert_eq!(small_m::takes(&p), takes, "M = {m}");
+    }
+}
+
+#[test]
+fn small_m_reads_weights_in_16_byte_chunks_when_k_allows() {
+    // Decode against a 4096² f16 weight: 8 halves a chunk, 4 columns a block (1024 blocks
+    // fill the GPU), 4 waves (512 chunks: 4 per thread on wave32, 2 on wave64).
+    let (p, g) = problem(DType::F16, 1, 1, 4096, 4096, true);
+    for arch in ["sm_90", "gfx90a"] {
+        let c = small_m::config(&p, &g, DType::F16, &target(arch));
+        assert_eq!(
+            c,
+            small_m::Config {
+                cols: 4,
+                waves: 4,
+                vec: 8,
+                a_vec: true,
+                b_vec: true,
+            },
+            "{arch}"
+        );
+    }
+    // f32: 4 floats a chunk.
+    let (p, g) = problem(DType::F32, 1, 3, 4096, 4096, true);
+    assert_eq!(small_m::config(&p, &g, DType::F32, &target("sm_90")).vec, 4);
+    // K = 37: every vector would cross a column; [K, N] weights are not K-contiguous.
+    let (p, g) = problem(DType::F16, 1, 3, 45, 37, true);
+    let c = small_m::config(&p, &g, DType::F16, &target("sm_90"));
+    assert!(!c.a_vec && !c.b_vec);
+    let (p, g) = problem(DType::BF16, 1, 3, 45, 40, false);
+    let c = small_m::config(&p, &g, DType::BF16, &target("sm_90"));
+    assert!(c.a_vec && !c.b_vec);
+}
+
+#[test]
+fn small_m_shapes_follow_rows_columns_and_wave_size() {
+    // 16 rows: at most 64 sums a thread, so 4 columns; a grid of 45 columns is too small to
+    // fill a GPU, so one column a block.
+    let (p, g) = problem(DType::F16, 1, 16, 45, 40, true);
+    let c = small_m::config(&p, &g, DType::F16, &target("sm_90"));
+    assert_eq!((c.cols, c.waves), (1, 1));
+    let (p, g) = problem(DType::F16, 1, 16, 8192, 576, true);
+    let c = small_m::config(&p, &g, DType::F16, &target("sm_90"));
+    assert_eq!((c.cols, c.waves), (4, 2));
+    // 72 chunks of K: two waves of 32 threads, one of 64.
+    let c64 = small_m::config(&p, &g, DType::F16, &target("gfx942"));
+    assert_eq!(c64.waves, 1);
+    let launch = small_m::launch(&c, &p, "n", &target("sm_90")).unwrap();
+    assert_eq!((launch.grid, launch.block), ([2048, 1, 1], [64, 1, 1]));
+    let launch = small_m::launch(&c64, &p, "n", &target("gfx942")).unwrap();
+    assert_eq!(launch.block, [64, 1, 1]);
+    // A batch multiplies the grid: 200 columns alone take one a block, eight batches two.
+    let (p, g) = problem(DType::F32, 1, 2, 200, 40, true);
+    assert_eq!(
+        small_m::config(&p, &g, DType::F32, &target("gfx1100")).cols,
+        1
+    );
+    let (p, g) = problem(DType::F32, 8, 2, 200, 40, true);
+    let c = small_m::config(&p, &g, DType::F32, &target("gfx1100"));
+    assert_eq!(c.cols, 2);
+    let launch = small_m::launch(&c, &p, "n", &target("gfx1100")).unwrap();
+    assert_eq!(launch.grid, [100, 8, 1]);
+}
+
+#[test]
+fn scalar_tiles_shrink_until_the_grid_fills_the_gpu() {
+    // 32 × 32 blocks of 128×128 are enough.
+    let (p, g) = problem(DType::F32, 1, 4096, 4096, 4096, false);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.block_m, c.block_n, c.threads()), (128, 128, 256));
+    // 4096 × 384: 96 blocks of 128×128, 192 of 128×64, 384 of 64×64.
+    let (p, g) = problem(DType::F32, 1, 4096, 384, 1536, true);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.block_m, c.block_n, c.threads()), (64, 64, 64));
+    let launch = scalar::launch(&c, &p, "n", &target("sm_90")).unwrap();
+    assert_eq!((launch.grid, launch.block), ([6, 64, 1], [64, 1, 1]));
+    // 1031 × 2053: 153 blocks of 128×128, 297 of 128×64.
+    let (p, g) = problem(DType::F32, 1, 1031, 2053, 515, false);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.block_m, c.block_n), (128, 64));
+    // A batch counts.
+    let (p, g) = problem(DType::F32, 4, 1031, 2053, 515, false);
+    assert_eq!(scalar::config(&p, &g, DType::F32).block_n, 128);
+}
+
+#[test]
+fn scalar_loads_follow_the_views() {
+    use scalar::Load;
+    // A [M, K] along K; B [K, N] along N; B [N, K] along K.
+    let (p, g) = problem(DType::F32, 1, 77, 48, 40, false);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.a_load, c.b_load), (Load::K, Load::X));
+    let (p, g) = problem(DType::F32, 1, 77, 45, 40, true);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.a_load, c.b_load), (Load::K, Load::K));
+    // K = 37, N = 45: no float4 fits; elements in the order memory has them.
+    let (p, g) = problem(DType::F32, 1, 77, 45, 37, false);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.a_load, c.b_load), (Load::Ek, Load::Ex));
+    let (p, g) = problem(DType::F32, 1, 77, 45, 37, true);
+    let c = scalar::config(&p, &g, DType::F32);
+    assert_eq!((c.a_load, c.b_load), (Load::Ek, Load::Ek));
+    // 16-bit operands are read element by element.
+    let (p, g) = problem(DType::F16, 1, 77, 48, 40, false);
+    let c = scalar::config(&p, &g, DType::F16);
+    assert_eq!((c.a_load, c.b_load), (Load::Ek, Load::Ex));
+}

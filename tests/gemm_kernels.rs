@@ -1,0 +1,364 @@
+//! The GEMM kernels (`codegen/kernels/gemm`: the small-M decode kernel and the CUDA-core one)
+//! without a GPU:
+//!
+//! - `host::` runs them on the CPU (the generated AMD source compiled by the host's clang++,
+//!   one OS thread per GPU thread, see `common/host_kernels.rs`) against the interpreter at
+//!   the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1030) plans; outputs start
+//!   poisoned, so an element never written fails.
+//! - `compile::` compiles them with hiprtc (gfx90a, gfx1030), the offline clang (gfx942,
+//!   gfx1100, gfx1201) and NVRTC + ptxas (sm_90): no spills, no scratch, the target's wave size.
+//! - `snapshot::` keeps one kernel of each as generated for sm_90.
+//!
+//! Each trial is reported ignored, with the reason, where its tool is missing;
+//! `ROCMFORGE_REQUIRE_HIPRTC=1`, `ROCMFORGE_REQUIRE_CLANG=1`, `ROCMFORGE_REQUIRE_HOST_CXX=1` and
+//! `ROCMFORGE_REQUIRE_PTXAS=1` turn that into a failure. NVRTC is found as cudarc finds it
+//! (`LD_LIBRARY_PATH`), ptxas through `ROCMFORGE_PTXAS` or the `PATH`.
+
+#[path = "common/files.rs"]
+mod files;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
+#[path = "common/host_kernels.rs"]
+mod host_kernels;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use gemm_cases::Case;
+use libtest_mimic::{Arguments, Failed, Trial};
+use rocmforge::codegen::{generate_with, prelude, CodegenOptions, Kernel, Target};
+use rocmforge::interp::{self, Bindings};
+use rocmforge::ir::{DType, Tensor};
+use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
+
+/// The design's tolerances: relative L2 error against the interpreter.
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 2e-3,
+        DType::BF16 => 1e-2,
+        _ => 1e-5,
+    }
+}
+
+/// Relative L2 error of `got` against `want`; any NaN (the poison, an unwritten element) fails.
+fn rel_l2(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
+    if got.ty() != want.ty() {
+        return Err(format!("{what}: {} vs {}", got.ty(), want.ty()).into());
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        if !a.is_finite() || !b.is_finite() {
+            return Err(format!("{what}: element {i} is {a}, want {b}").into());
+        }
+        num += (a - b).powi(2);
+        den += b * b;
+    }
+    Ok(if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    })
+}
+
+/// The Gemm kernel of `case`'s graph for `arch` (the graph is one Gemm node).
+fn gemm_kernel(case: &Case, arch: &str) -> Result<(Kernel, String), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let g = case.graph();
+    let plan = generate_with(
+        &g,
+        &target,
+        &CodegenOptions {
+            matmul_epilogues: true,
+        },
+    )
+    .map_err(|e| format!("{}: {e}", case.name()))?;
+    match plan.kernels.as_slice() {
+        [k] if k.family.starts_with("gemm") => Ok((k.clone(), plan.source(k))),
+        ks => Err(format!("{}: {} kernels, not one GEMM", case.name(), ks.len()).into()),
+    }
+}
+
+/// Runs `case` on the host for `arch`'s plan and compares with the interpreter.
+fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
+    let g = case.graph();
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(
+        &g,
+        &target,
+        &CodegenOptions {
+            matmul_epilogues: true,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 11);
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want, &case.name())?;
+    let tol = tolerance(case.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
+    }
+    Ok(())
+}
+
+/// The cases the host runs (one OS thread per GPU thread is slow, so the sizes are small):
+/// the odd small-M cases, a K long enough for every wave of a block to have chunks, and the
+/// odd CUDA-core cases.
+fn host_cases() -> Vec<Case> {
+    let odd = |c: &Case| c.n == 45 && (c.k == 40 || (c.k == 37 && !c.nk));
+    let mut v: Vec<Case> = gemm_cases::small_m()
+        .into_iter()
+        .filter(|c| odd(c) || (c.batch > 1 && c.n == 45))
+        .collect();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        v.push(Case {
+            dtype,
+            batch: 1,
+            m: 3,
+            n: 5,
+            k: 1600,
+            nk: true,
+            bias_silu: false,
+        });
+    }
+    v.extend(
+        gemm_cases::large_m()
+            .into_iter()
+            .filter(|c| c.batch * c.m * c.n * c.k <= 15_000_000),
+    );
+    v
+}
+
+/// The cases compiled for every target: each dtype and path of both kernels, once.
+fn compile_cases() -> Vec<Case> {
+    let mut v: Vec<Case> = gemm_cases::small_m()
+        .into_iter()
+        .filter(|c| [1, 16].contains(&c.m) && (c.n, c.k) != (1536, 576) && c.batch == 1)
+        .collect();
+    v.extend(gemm_cases::small_m().into_iter().filter(|c| c.batch > 1));
+    v.extend(gemm_cases::large_m());
+    v
+}
+
+/// The unique kernels of the compile cases for `arch`: entry → (source, body, case).
+fn compile_set(arch: &str) -> Result<BTreeMap<String, (String, String, String)>, Failed> {
+    let mut out = BTreeMap::new();
+    for c in compile_cases() {
+        let (k, src) = gemm_kernel(&c, arch)?;
+        out.entry(k.entry.clone())
+            .or_insert((src, k.body.clone(), c.name()));
+    }
+    Ok(out)
+}
+
+/// What is wrong with a compiled AMD kernel, if anything.
+fn amd_problems(target: &Target, r: &KernelResources, case: &str) -> Option<String> {
+    let mut p = Vec::new();
+    if r.spills() {
+        p.push(format!("spills ({r:?})"));
+    }
+    if r.scratch_bytes > 0 {
+        p.push(format!("{} B of scratch", r.scratch_bytes));
+    }
+    if r.wave_size != u64::from(target.wave_size) {
+        p.push(format!("wave{}", r.wave_size));
+    }
+    (!p.is_empty()).then(|| format!("{case} on {}: {}", target.arch, p.join(", ")))
+}
+
+fn compile_hiprtc(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let mut failures = Vec::new();
+    for (entry, (src, _, case)) in compile_set(arch)? {
+        let code = rtc
+            .compile(&src, &entry, arch, &["-O3".to_string()])
+            .map_err(|e| format!("{case}: {e}"))?;
+        let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
+        let r = info
+            .kernels
+            .iter()
+            .find(|k| k.name == entry)
+            .ok_or(format!("{case}: {entry} not in its code object"))?;
+        failures.extend(amd_problems(&target, r, &case));
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+fn compile_offline(clang: &AmdClang, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let set = compile_set(arch)?;
+    let pairs: Vec<(&str, &str)> = set
+        .iter()
+        .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
+        .collect();
+    let rows = clang
+        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
+        .map_err(|e| e.to_string())?;
+    let failures: Vec<String> = rows
+        .iter()
+        .zip(set.values())
+        .filter_map(|((r, _), (_, _, case))| amd_problems(&target, r, case))
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+/// ptxas: `ROCMFORGE_PTXAS`, else the one on the `PATH`.
+fn ptxas() -> Result<PathBuf, String> {
+    let p = std::env::var("ROCMFORGE_PTXAS").unwrap_or_else(|_| "ptxas".into());
+    match Command::new(&p).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(PathBuf::from(p)),
+        _ => Err(format!("no ptxas ({p}); set ROCMFORGE_PTXAS")),
+    }
+}
+
+/// Every kernel of the set through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
+/// loads and no stack frame.
+fn compile_nvrtc(ptxas: &Path) -> Result<(), Failed> {
+    let arch = "sm_90";
+    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut failures = Vec::new();
+    for (entry, (src, _, case)) in compile_set(arch)? {
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some("sm_90"),
+            ..Default::default()
+        };
+        // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
+        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
+            .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
+            .map_err(|e| format!("{case}: NVRTC: {e}"))?;
+        let file = dir.join(format!("{entry}.ptx"));
+        std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
+        let out = Command::new(ptxas)
+            .args(["-v", "-arch=sm_90", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            failures.push(format!("{case}: ptxas failed:\n{log}"));
+            continue;
+        }
+        let bad = log.lines().any(|l| {
+            (l.contains("spill stores") && !l.contains("0 bytes spill stores"))
+                || (l.contains("spill loads") && !l.contains("0 bytes spill loads"))
+                || (l.contains("stack frame") && !l.contains("0 bytes stack frame"))
+        });
+        if bad {
+            failures.push(format!("{case} spills on {arch}:\n{log}"));
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+/// The body of one kernel of each family, as generated for sm_90.
+fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
+    let (k, _) = gemm_kernel(&case, "sm_90")?;
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings().bind(|| insta::assert_snapshot!(name, k.body))
+    })
+    .map_err(|_| Failed::from(format!("{name} differs from its snapshot")))
+}
+
+/// A trial that needs a tool: it runs with it; without it, it fails when `require` is set to
+/// 1 and is reported ignored, with the reason, otherwise.
+fn needs<T: Clone + Send + 'static, E: std::fmt::Display>(
+    tool: &Result<T, E>,
+    require: &str,
+    name: String,
+    f: impl FnOnce(T) -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    match tool {
+        Ok(t) => {
+            let t = t.clone();
+            Trial::test(name, move || f(t))
+        }
+        Err(e) if std::env::var(require).is_ok_and(|v| v == "1") => {
+            let msg = format!("{require}=1 but {e}");
+            Trial::test(name, move || Err(msg.clone().into()))
+        }
+        Err(e) => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {e}")),
+    }
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let cxx = host_kernels::host_cxx();
+    let rtc = Hiprtc::load().map(Arc::new);
+    let clang = AmdClang::probe().map(Arc::new);
+    let ptxas = ptxas();
+    let mut trials = Vec::new();
+    for arch in ["gfx90a", "gfx1030"] {
+        for case in host_cases() {
+            let name = format!("host::{arch}::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| host_run(&cxx, &case, arch),
+            ));
+        }
+        trials.push(needs(
+            &rtc,
+            "ROCMFORGE_REQUIRE_HIPRTC",
+            format!("compile::hiprtc::{arch}"),
+            move |rtc| compile_hiprtc(&rtc, arch),
+        ));
+    }
+    for arch in ["gfx942", "gfx1100", "gfx1201"] {
+        trials.push(needs(
+            &clang,
+            "ROCMFORGE_REQUIRE_CLANG",
+            format!("compile::offline::{arch}"),
+            move |clang| compile_offline(&clang, arch),
+        ));
+    }
+    trials.push(needs(
+        &ptxas,
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".into(),
+        move |p| compile_nvrtc(&p),
+    ));
+    let one = |dtype, m, n, k, nk| Case {
+        dtype,
+        batch: 1,
+        m,
+        n,
+        k,
+        nk,
+        bias_silu: true,
+    };
+    trials.push(Trial::test("snapshot::gemm_small_m", move || {
+        snapshot(
+            "kernels__gemm_small_m__f16__sm_90",
+            one(DType::F16, 3, 45, 40, true),
+        )
+    }));
+    trials.push(Trial::test("snapshot::gemm_scalar", move || {
+        snapshot(
+            "kernels__gemm_scalar__f32__sm_90",
+            one(DType::F32, 77, 45, 40, false),
+        )
+    }));
+    libtest_mimic::run(&args, trials).exit();
+}
