@@ -60,7 +60,7 @@ impl Case {
                 v
             }
         };
-        let mut g = Graph::new(&format!("gemm_{}", self.name()));
+        let mut g = Graph::new(format!("gemm_{}", self.name()));
         let a = g.input("a", dtype, &lead(vec![m, k])).unwrap();
         let (b_shape, b_view) = if nk {
             let view = View {

@@ -1,8 +1,8 @@
 //! Runs a kernel plan on the CPU. Pointwise kernels (threads that never share memory, shuffle
 //! or wait at a barrier: elementwise, copy, gather and its check, reduce, causal mask, rope) run
 //! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
-//! shuffles within a wave) run each block as one OS thread per GPU thread, meeting at a
-//! `std::barrier`; a shuffle is a store, a barrier, a load and a barrier. The generated source —
+//! shuffles within a wave) run with one OS thread per GPU thread of a block, block after
+//! block, meeting at a `std::barrier`; a shuffle is a store, a barrier, a load and a barrier. The generated source —
 //! the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled for the host by
 //! clang++ behind a shim for the GPU built-ins, kernels run in plan order. That executes the
 //! kernels' C here, without a GPU: the numeric tests of codegen compare it with the interpreter.
