@@ -1,10 +1,13 @@
 {% import "gemm_parts.hip" as parts -%}
 // GEMM for small M (decoding), GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
-// place through their views; {{ p.what }}. A block computes {{ c.cols }} columns for all {{ p.m }} rows; its threads split K
-// in chunks of {{ c.vec }} elements (B: {% if c.b_vec %}one 16-byte load{% else %}element loads{% endif %}, A: {% if c.a_vec %}one 16-byte load{% else %}element loads{% endif %} per chunk), accumulate in f32, and
-// the waves' sums meet in shared memory, added in a fixed order (no atomics: the result is
-// deterministic).
-// Memory-bound: per batch it moves N·K elements of B from DRAM exactly once and N·M of the result
+// place through their views; {{ p.what }}. A block computes {{ c.cols }} column(s) for all {{ p.m }} rows; its threads
+// split K, accumulate in f32, and the waves' sums meet in shared memory, added in a fixed order
+// (no atomics: the result is deterministic).
+{% if c.along_n %}// B is read 16 bytes along N ({{ c.vec }} columns; B is N-contiguous, not K-contiguous): {{ c.groups }} lane(s) cover
+// the block's columns of one row of B, the other lanes other rows; lanes with the same columns
+// are summed by shuffles. A is read element by element (each value serves {{ c.vec }} columns).
+{% else %}// K is split in chunks of {{ c.vec }} elements; B: {% if c.b_vec %}one 16-byte load{% else %}element loads{% endif %}, A: {% if c.a_vec %}one 16-byte load{% else %}element loads{% endif %} per chunk.
+{% endif %}// Memory-bound: per batch it moves N·K elements of B from DRAM exactly once and N·M of the result
 // (and of each epilogue operand) once: bytes ≈ batch·(N·K·|B| + N·M·|C|). A (M·K) is read once
 // per block, ceil(N / {{ c.cols }}) times in all, from L2: M/{{ c.cols }} of B's traffic, never from DRAM twice.
 // Helpers in a namespace of their own: several kernels may share one translation unit.
@@ -15,6 +18,7 @@ constexpr long long RF_K = {{ p.k }};
 constexpr int RF_COLS = {{ c.cols }};
 constexpr int RF_VEC = {{ c.vec }};
 constexpr int RF_CHUNKS = {{ chunks }};
+constexpr int RF_GROUPS = {{ c.groups }};
 constexpr int RF_THREADS = {{ threads }};
 {{ parts.views(p) }}
 // Sixteen bytes, loaded with one instruction.
@@ -40,7 +44,36 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;
     const long long n0 = (long long)blockIdx.x * RF_COLS;
-    float acc[RF_M][RF_COLS];
+{% if c.along_n %}    const int g = lane % RF_GROUPS;
+    const long long n = n0 + g * RF_VEC;
+    float acc[RF_M][RF_VEC];
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m)
+#pragma unroll
+        for (int i = 0; i < RF_VEC; ++i) acc[m][i] = 0.0f;
+    // N is a multiple of RF_VEC (the view vectorizes): a vector is inside the problem or outside.
+    if (n < RF_N) {
+        for (long long k = threadIdx.x / RF_GROUPS; k < RF_K; k += RF_THREADS / RF_GROUPS) {
+            float b[RF_VEC];
+            rf_unpack(*(const rf_v16*)(B + rf_b_at(bz, k, n)), b);
+#pragma unroll
+            for (int m = 0; m < RF_M; ++m) {
+                const float a = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+#pragma unroll
+                for (int i = 0; i < RF_VEC; ++i) acc[m][i] += a * b[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) {
+#pragma unroll
+        for (int i = 0; i < RF_VEC; ++i) {
+            float s = acc[m][i];
+            for (int mask = RF_GROUPS; mask < RF_WAVE; mask <<= 1) s += rf_shfl_xor(s, mask);
+            if (lane < RF_GROUPS) partial[wave][m * RF_COLS + g * RF_VEC + i] = s;
+        }
+    }
+{% else %}    float acc[RF_M][RF_COLS];
 #pragma unroll
     for (int m = 0; m < RF_M; ++m)
 #pragma unroll
@@ -74,7 +107,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             if (lane == 0) partial[wave][m * RF_COLS + j] = s;
         }
     }
-    __syncthreads();
+{% endif %}    __syncthreads();
     for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
         const long long row = t / RF_COLS, col = n0 + t % RF_COLS;
         if (col >= RF_N) continue;

@@ -122,8 +122,8 @@ fn case(dtype: DType, m: usize, n: usize, k: usize, nk: bool) -> Case {
 }
 
 /// Small-M problems (the decode kernel): M ∈ {1, 3, 16} × odd and model-sized N, K; K = 37 is
-/// not a multiple of any vector width (the element path); both layouts of B; a bias + SiLU
-/// epilogue; batches.
+/// not a multiple of any vector width (the element path); both layouts of B ([K, N] with N a
+/// multiple of 8 is read along N); a bias + SiLU epilogue; batches.
 pub fn small_m() -> Vec<Case> {
     let mut v = Vec::new();
     for dtype in FLOATS {
@@ -133,6 +133,13 @@ pub fn small_m() -> Vec<Case> {
                     v.push(case(dtype, m, n, k, nk));
                 }
             }
+            // [K, N] weights with N a multiple of 8: read 16 bytes along N (K odd).
+            v.push(case(dtype, m, 48, 37, false));
+            v.push(Case {
+                batch: 3,
+                bias_silu: true,
+                ..case(dtype, m, 48, 37, false)
+            });
             v.push(Case {
                 bias_silu: true,
                 ..case(dtype, m, 45, 40, true)

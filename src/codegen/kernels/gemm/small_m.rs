@@ -2,7 +2,8 @@
 //! memory-bound, B read exactly once. A block owns a few columns of the result for all M rows;
 //! its threads split K in 16-byte chunks of B, and the waves' sums are added through shared
 //! memory in a fixed order. Any float dtype, any views; 16-byte loads where the view allows them
-//! (see `vectors`), element loads otherwise.
+//! (see `vectors`), element loads otherwise. Weights stored `[K, N]` (N-contiguous) are read 16
+//! bytes along N instead, the lanes splitting K.
 
 use serde::Serialize;
 
@@ -44,6 +45,10 @@ pub(crate) struct Config {
     /// Whether A (along K) and B (along K) are read 16 bytes at a time.
     pub a_vec: bool,
     pub b_vec: bool,
+    /// B read 16 bytes along N instead (N-contiguous weights, `[K, N]`): lanes own `vec`
+    /// columns each, `groups` lanes a row, the others further rows.
+    pub along_n: bool,
+    pub groups: usize,
 }
 
 /// Whether this kernel takes the problem: 1 to [`MAX_M`] rows.
@@ -54,21 +59,43 @@ pub(crate) fn takes(p: &Problem) -> bool {
 /// The shape of the kernel for a problem of `dtype` (A's and B's).
 pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> Config {
     let vec = VECTOR_BYTES / dtype.size_bytes();
+    let wave = target.wave_size as usize;
+    let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
+    let waves = |per_wave: usize| {
+        p.k.div_ceil(per_wave * CHUNKS_PER_THREAD)
+            .clamp(1, MAX_WAVES)
+    };
+    let a_vec = vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec);
+    let b_vec = vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec);
+    let along_n = !b_vec
+        && p.m * vec <= MAX_ACC
+        && vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Cols, vec);
+    if along_n {
+        // Two lanes a row read a whole 32-byte sector; one where that leaves the GPU idle.
+        let groups = if blocks(2 * vec) >= FILL_BLOCKS { 2 } else { 1 };
+        return Config {
+            cols: groups * vec,
+            waves: waves(wave / groups),
+            vec,
+            a_vec,
+            b_vec,
+            along_n,
+            groups,
+        };
+    }
     let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
-    while cols > 1 && p.batch.saturating_mul(p.n.div_ceil(cols)) < FILL_BLOCKS {
+    while cols > 1 && blocks(cols) < FILL_BLOCKS {
         cols /= 2;
     }
-    let wave = target.wave_size as usize;
-    let chunks = p.k.div_ceil(vec);
-    let waves = chunks
-        .div_ceil(wave * CHUNKS_PER_THREAD)
-        .clamp(1, MAX_WAVES);
     Config {
         cols,
-        waves,
+        // Chunks of `vec` elements of K, one per lane.
+        waves: waves(wave * vec),
         vec,
-        a_vec: vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec),
-        b_vec: vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec),
+        a_vec,
+        b_vec,
+        along_n,
+        groups: 1,
     }
 }
 

@@ -69,6 +69,8 @@ fn small_m_reads_weights_in_16_byte_chunks_when_k_allows() {
                 vec: 8,
                 a_vec: true,
                 b_vec: true,
+                along_n: false,
+                groups: 1,
             },
             "{arch}"
         );
@@ -83,6 +85,28 @@ fn small_m_reads_weights_in_16_byte_chunks_when_k_allows() {
     let (p, g) = problem(DType::BF16, 1, 3, 45, 40, false);
     let c = small_m::config(&p, &g, DType::BF16, &target("sm_90"));
     assert!(c.a_vec && !c.b_vec);
+}
+
+#[test]
+fn small_m_reads_n_contiguous_weights_along_n() {
+    // [K, N] f16 weights, 4096²: 8 columns a lane; 16 a block would give 256 blocks, too few,
+    // so one lane a row; 64 rows of K per wave, 2 steps each: 4 waves.
+    let (p, g) = problem(DType::F16, 1, 1, 4096, 4096, false);
+    let c = small_m::config(&p, &g, DType::F16, &target("sm_90"));
+    assert!(c.along_n && !c.b_vec);
+    assert_eq!((c.groups, c.cols, c.waves), (1, 8, 4));
+    // 11008 columns: two lanes a row (a whole sector), 688 blocks.
+    let (p, g) = problem(DType::F16, 1, 3, 11008, 4096, false);
+    let c = small_m::config(&p, &g, DType::F16, &target("gfx942"));
+    assert_eq!((c.along_n, c.groups, c.cols), (true, 2, 16));
+    // 16 rows × 8 columns would be 128 sums a thread: K-chunks instead; f32 fits (16 × 4).
+    let (p, g) = problem(DType::F16, 1, 16, 4096, 4096, false);
+    assert!(!small_m::config(&p, &g, DType::F16, &target("sm_90")).along_n);
+    let (p, g) = problem(DType::F32, 1, 16, 4096, 4096, false);
+    assert!(small_m::config(&p, &g, DType::F32, &target("sm_90")).along_n);
+    // N = 45: no vector fits along N either.
+    let (p, g) = problem(DType::F32, 1, 2, 45, 64, false);
+    assert!(!small_m::config(&p, &g, DType::F32, &target("sm_90")).along_n);
 }
 
 #[test]
@@ -157,4 +181,35 @@ fn scalar_loads_follow_the_views() {
     let (p, g) = problem(DType::F16, 1, 77, 48, 40, false);
     let c = scalar::config(&p, &g, DType::F16);
     assert_eq!((c.a_load, c.b_load), (Load::Ek, Load::Ex));
+}
+
+#[test]
+fn lowering_picks_small_m_up_to_sixteen_rows() {
+    for (m, family) in [(1, "gemm_small_m"), (16, "gemm_small_m"), (17, "gemm")] {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let dims = GemmDims {
+                batch: vec![],
+                m: vec![m],
+                n: vec![45],
+                k: vec![40],
+            };
+            let gemm = Gemm {
+                a: View::contiguous(&dims, Operand::A),
+                b: View::contiguous(&dims, Operand::B),
+                out: View::contiguous(&dims, Operand::Out),
+                extras: vec![],
+                epilogue: None,
+                shape: Shape(vec![m, 45]),
+                dims,
+            };
+            let mut g = Graph::new("gemm");
+            let a = g.input("a", dtype, &[m, 40]).unwrap();
+            let b = g.input("b", dtype, &[40, 45]).unwrap();
+            let c = g.gemm(gemm, a, b, &[]).unwrap();
+            g.set_outputs(&[c]).unwrap();
+            let plan = crate::codegen::generate(&g, &target("gfx1100")).unwrap();
+            let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+            assert_eq!(families, [family], "M = {m}, {dtype}");
+        }
+    }
 }
