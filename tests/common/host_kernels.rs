@@ -2,7 +2,7 @@
 //! or wait at a barrier: elementwise, copy, gather and its check, reduce, causal mask, rope) run
 //! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
 //! shuffles within a wave) run with one OS thread per GPU thread of a block, block after
-//! block, meeting at a `std::barrier`; a shuffle is a store, a barrier, a load and a barrier. The generated source —
+//! block, meeting at a barrier; a shuffle is a store, a barrier, a load and a barrier. The generated source —
 //! the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled for the host by
 //! clang++ behind a shim for the GPU built-ins, kernels run in plan order. That executes the
 //! kernels' C here, without a GPU: the numeric tests of codegen compare it with the interpreter.
@@ -36,11 +36,12 @@ pub const COOPERATIVE: [&str; 2] = ["gemm", "gemm_small_m"];
 /// atomicity (pointwise kernels run one thread at a time). Without a block barrier (pointwise
 /// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
-#include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 #define __global__
@@ -50,7 +51,26 @@ const SHIM: &str = r#"
 #define __shared__ static
 struct rf_host_dim3 { unsigned x, y, z; };
 static thread_local rf_host_dim3 blockIdx, threadIdx;
-static std::barrier<>* rf_host_barrier = nullptr;
+// A reusable barrier for the threads of one block (C++17 has no std::barrier).
+struct rf_host_block_barrier {
+    explicit rf_host_block_barrier(unsigned n) : n(n) {}
+    void arrive_and_wait() {
+        std::unique_lock<std::mutex> lock(m);
+        const unsigned long long gen = generation;
+        if (++count == n) {
+            count = 0;
+            ++generation;
+            cv.notify_all();
+        } else {
+            cv.wait(lock, [&] { return gen != generation; });
+        }
+    }
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned n, count = 0;
+    unsigned long long generation = 0;
+};
+static rf_host_block_barrier* rf_host_barrier = nullptr;
 static float rf_host_lanes[1024];
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -195,7 +215,7 @@ fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
         if COOPERATIVE.contains(&k.family) {
             let _ = writeln!(
                 s,
-                "    {{\n        std::barrier<> bar({bx});\n        rf_host_barrier = &bar;\n        std::vector<std::thread> threads;\n        for (unsigned tx = 0; tx < {bx}u; ++tx) threads.emplace_back([&, tx] {{\n            threadIdx = {{tx, 0, 0}};\n            for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx) {{\n                blockIdx = {{gx, gy, gz}};\n                {}({});\n                bar.arrive_and_wait();  // the block's shared memory is the next block's\n            }}\n        }});\n        for (auto& t : threads) t.join();\n        rf_host_barrier = nullptr;\n    }}",
+                "    {{\n        rf_host_block_barrier bar({bx});\n        rf_host_barrier = &bar;\n        std::vector<std::thread> threads;\n        for (unsigned tx = 0; tx < {bx}u; ++tx) threads.emplace_back([&, tx] {{\n            threadIdx = {{tx, 0, 0}};\n            for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx) {{\n                blockIdx = {{gx, gy, gz}};\n                {}({});\n                bar.arrive_and_wait();  // the block's shared memory is the next block's\n            }}\n        }});\n        for (auto& t : threads) t.join();\n        rf_host_barrier = nullptr;\n    }}",
                 k.entry,
                 args.join(", ")
             );
@@ -255,7 +275,7 @@ pub fn run_plan(
     // -ffp-contract=off: no fused multiply-adds, so float results round as the interpreter's.
     let cc = Command::new(cxx)
         .args([
-            "-std=c++20",
+            "-std=c++17",
             "-O1",
             "-ffp-contract=off",
             "-pthread",
