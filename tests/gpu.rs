@@ -15,6 +15,8 @@ mod files;
 mod attention_graphs;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
+#[path = "common/linear_graphs.rs"]
+mod linear_graphs;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -1040,6 +1042,121 @@ fn elementwise_edges_bit_for_bit(device: &Device, dt: DType, fuse: bool) -> Resu
     Ok(())
 }
 
+/// The linear-layer graphs benches/gemm.rs times, at sizes no tile divides (M = 1 and 17,
+/// MiniLM's and SmolLM2's K), against the interpreter: the bench times kernels that compute
+/// the right thing.
+fn linear_layer_matches_interpreter(
+    device: &Device,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+    bias_gelu: bool,
+) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g =
+        linear_graphs::linear("linear", m, n, k, dtype, bias_gelu).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let (_, v) = c
+        .verify(&Bindings::random(&g, 12))
+        .map_err(|e| e.to_string())?;
+    if v.max_error() > tolerance(dtype) {
+        return Err(format!("M{m} N{n} K{k} {dtype}: relative L2 {:e}", v.max_error()).into());
+    }
+    Ok(())
+}
+
+/// A held stream starts nothing queued behind the hold until it is released: two markers with
+/// 50 ms of host time between their records are stamped together. A hold never released gives
+/// up at its limit and says so.
+fn hold_keeps_the_stream_until_released(device: &Device) -> Result<(), Failed> {
+    use std::time::Duration;
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let stream = device.new_stream().map_err(|e| e.to_string())?;
+    let timed = |limit: Duration| -> Result<(Duration, bool), Failed> {
+        let mut hold = stream.hold(limit).map_err(|e| e.to_string())?;
+        let a = stream.mark().map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_millis(50));
+        let b = stream.mark().map_err(|e| e.to_string())?;
+        hold.release();
+        stream.synchronize().map_err(|e| e.to_string())?;
+        Ok((b.since(&a).map_err(|e| e.to_string())?, hold.expired()))
+    };
+    let (held, expired) = timed(Duration::from_secs(10))?;
+    if expired || held > Duration::from_millis(5) {
+        return Err(format!("held: markers {held:?} apart (expired: {expired})").into());
+    }
+    let (gave_up, expired) = timed(Duration::from_millis(5))?;
+    if !expired || gave_up < Duration::from_millis(20) {
+        return Err(format!("a 5 ms hold: markers {gave_up:?} apart (expired: {expired})").into());
+    }
+    Ok(())
+}
+
+/// `Prepared::profile` on the fused BERT layer: one time per kernel of the plan, in its order,
+/// each positive, their sum within the span, the span within a plain run's host-timed pass
+/// (which adds launch latency), and the profiled run's outputs still the interpreter's.
+fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
+    use std::time::{Duration, Instant};
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json");
+    let g = format::load(&path).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
+    let b = Bindings::random(&g, 5);
+    let p = c.prepare(&b).map_err(|e| e.to_string())?;
+    let profile = p.profile().map_err(|e| e.to_string())?;
+    let order: Vec<(&str, &str)> = profile
+        .kernels
+        .iter()
+        .map(|k| (k.entry.as_str(), k.family))
+        .collect();
+    let want: Vec<(&str, &str)> = plan
+        .kernels
+        .iter()
+        .map(|k| (k.entry.as_str(), k.family))
+        .collect();
+    if order != want {
+        return Err(format!("profile kernels {order:?}, plan {want:?}").into());
+    }
+    if let Some(k) = profile.kernels.iter().find(|k| k.time.is_zero()) {
+        return Err(format!("kernel {} ({}) timed at zero", k.index, k.entry).into());
+    }
+    // Event stamps are about half a microsecond apart at best: one of rounding per kernel.
+    let slack = Duration::from_micros(plan.kernels.len() as u64);
+    if profile.total() > profile.span + slack {
+        return Err(format!("sum {:?} past span {:?}", profile.total(), profile.span).into());
+    }
+    let families: usize = profile.by_family().iter().map(|f| f.kernels).sum();
+    if families != plan.kernels.len() {
+        return Err(format!(
+            "families count {families} of {} kernels",
+            plan.kernels.len()
+        )
+        .into());
+    }
+    let mut walls: Vec<Duration> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            p.launch()
+                .and_then(|_| p.synchronize())
+                .map(|_| t.elapsed())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    walls.sort();
+    if profile.span > walls[2] * 2 {
+        return Err(format!("span {:?}, a host-timed pass {:?}", profile.span, walls[2]).into());
+    }
+    let got = p.outputs().map_err(|e| e.to_string())?;
+    let want = run(&g, &with_weights(&g, &b)).map_err(|e| e.to_string())?;
+    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+        let err = compare(x, y, &format!("output {i}"))?;
+        if err > tolerance(x.ty().dtype) {
+            return Err(format!("output {i} after profiling: relative L2 {err:e}").into());
+        }
+    }
+    Ok(())
+}
+
 type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 /// A trial, or the same trial marked ignored with `ignored` as the reason.
@@ -1360,6 +1477,45 @@ fn main() {
             Box::new(|| Ok(())),
         ),
     }
+
+    // The graphs benches/gemm.rs times, at sizes no tile divides.
+    for (m, n, k) in [
+        (1, 384, 384),
+        (17, 1536, 384),
+        (17, 384, 1536),
+        (17, 192, 576),
+    ] {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for bias_gelu in [false, true] {
+                let d = device.clone();
+                push(
+                    &mut trials,
+                    &ignored,
+                    format!(
+                        "gemm::linear_M{m}_N{n}_K{k}_{dtype}{}",
+                        if bias_gelu { "_bias_gelu" } else { "" }
+                    ),
+                    Box::new(move || {
+                        linear_layer_matches_interpreter(&d, (m, n, k), dtype, bias_gelu)
+                    }),
+                );
+            }
+        }
+    }
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "profile::hold_keeps_the_stream_until_released".into(),
+        Box::new(move || hold_keeps_the_stream_until_released(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "profile::times_every_kernel_of_the_plan".into(),
+        Box::new(move || profile_times_every_kernel(&d)),
+    );
 
     let spec = device.spec().to_string();
     let s2 = spec.clone();

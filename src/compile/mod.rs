@@ -2,6 +2,7 @@
 //! the best device or one given. On the CPU, a compiled model runs the interpreter.
 
 mod memory_plan;
+mod profile;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use crate::runtime::device::LoadedKernel;
 use crate::runtime::{CacheKey, Device, DeviceBuffer, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
+pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
 
 #[derive(Debug, Error)]
 pub enum CompileError {
@@ -38,6 +40,15 @@ pub enum CompileError {
          (CompileOptions::weights); a run binds inputs only"
     )]
     WeightAtRun { name: String },
+    #[error(
+        "profiling times kernels on a GPU, but this model runs on {device}, in the interpreter"
+    )]
+    ProfileNeedsGpu { device: String },
+    #[error(
+        "profile: the stream was held {limit:?} and the host had still not enqueued the \
+         {kernels} kernels of the run (a full launch queue?), so their times include the host's"
+    )]
+    ProfileHoldExpired { kernels: usize, limit: Duration },
     #[error("verify: output `{output}` is {got} in the run but {want} in the interpreter")]
     VerifyType {
         output: String,
@@ -232,15 +243,26 @@ impl Prepared<'_> {
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
         for (k, loaded) in plan.kernels.iter().zip(&self.compiled.kernels) {
-            let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
-            run.stream.launch(
-                loaded,
-                k.launch.grid,
-                k.launch.block,
-                k.launch.shared_bytes,
-                &args,
-            )?;
+            self.launch_kernel(run, k, loaded)?;
         }
+        Ok(())
+    }
+
+    /// Enqueues one kernel of the plan with its buffers.
+    fn launch_kernel(
+        &self,
+        run: &GpuRun,
+        k: &Kernel,
+        loaded: &LoadedKernel,
+    ) -> Result<(), CompileError> {
+        let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
+        run.stream.launch(
+            loaded,
+            k.launch.grid,
+            k.launch.block,
+            k.launch.shared_bytes,
+            &args,
+        )?;
         Ok(())
     }
 
