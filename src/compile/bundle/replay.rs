@@ -1,0 +1,305 @@
+//! Running a bundle on a device: load each kernel from the bundle's code object (or compile
+//! its source), upload the data, launch the kernels in order with one buffer per id (no memory
+//! reuse, so every computed buffer still holds its value at the end), then download every
+//! computed buffer and compare it with the interpreter's value.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::format::{tolerance, Role};
+use super::{Bundle, BundleError};
+use crate::codegen::{IndexCheck, Target};
+use crate::compile::{compare_output, compiler_options};
+use crate::ir::{DType, Tensor, TensorType};
+use crate::runtime::device::LoadedKernel;
+use crate::runtime::{Device, DeviceBuffer};
+
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOptions {
+    /// Compile every kernel from its source with the device's own compiler, ignoring the
+    /// bundle's code objects.
+    pub recompile: bool,
+}
+
+/// Where a kernel's binary came from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum KernelSource {
+    /// The bundle's code object, loaded as it is.
+    CodeObject,
+    /// The bundle's source, compiled here, and why.
+    Compiled { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelReport {
+    pub index: usize,
+    pub entry: String,
+    pub loaded: KernelSource,
+}
+
+/// One computed buffer against `expected/`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BufferReport {
+    pub id: usize,
+    pub name: String,
+    pub dtype: DType,
+    pub role: Role,
+    /// The last kernel (launch index) that writes it.
+    pub written_by: Option<usize>,
+    /// Relative L2 error over the elements finite in both; `None` when not compared.
+    pub error: Option<f64>,
+    pub tolerance: f64,
+    /// Elements NaN or ±inf in both, at the same places.
+    pub non_finite: usize,
+    pub passed: bool,
+    /// Why it failed or was not compared.
+    pub note: Option<String>,
+}
+
+/// A gather's index check after the run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CheckResult {
+    pub node: String,
+    pub status: usize,
+    /// The first index found outside `0..table_rows`, if any.
+    pub failed_index: Option<i64>,
+}
+
+/// The first kernel, in launch order, whose output does not match.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Mismatch {
+    pub kernel: Option<usize>,
+    pub entry: Option<String>,
+    pub buffer: usize,
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayReport {
+    pub device: String,
+    pub target: String,
+    pub kernels: Vec<KernelReport>,
+    pub buffers: Vec<BufferReport>,
+    pub checks: Vec<CheckResult>,
+    pub first_mismatch: Option<Mismatch>,
+    /// Every compared buffer within its tolerance and every check clean.
+    pub passed: bool,
+}
+
+impl Bundle {
+    /// Replays the bundle on `device` (a GPU of the bundle's processor) and compares every
+    /// computed buffer with the interpreter's value.
+    pub fn replay(
+        &self,
+        device: &Device,
+        options: &ReplayOptions,
+    ) -> Result<ReplayReport, BundleError> {
+        self.check()?;
+        let plan = &self.plan;
+        let target = device_target(device, &plan.target.arch)?;
+        let rt = BundleError::runtime;
+
+        // Each entry is loaded once: identical kernels share a name.
+        let mut loaded: HashMap<&str, (LoadedKernel, KernelSource)> = HashMap::new();
+        for k in &plan.kernels {
+            if !loaded.contains_key(k.entry.as_str()) {
+                let kernel = self.load(device, &target, &k.entry, options)?;
+                loaded.insert(&k.entry, kernel);
+            }
+        }
+
+        let stream = device.new_stream().map_err(rt(None))?;
+        let bufs: Vec<DeviceBuffer> = plan
+            .buffers
+            .iter()
+            .map(|b| {
+                let bytes = usize::try_from(b.bytes).map_err(|_| BundleError::TooLarge {
+                    bytes: b.bytes,
+                    limit: usize::MAX as u64,
+                })?;
+                match b.role {
+                    Role::Input | Role::Weight | Role::Constant => {
+                        stream.upload(&self.data(b.id)?).map_err(rt(None))
+                    }
+                    // Poisoned, so a value no kernel wrote fails the comparison.
+                    Role::Computed | Role::Output => stream.alloc(bytes, true).map_err(rt(None)),
+                    Role::Status => stream.alloc(bytes, false).map_err(rt(None)),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+
+        let mut written_by: Vec<Option<usize>> = vec![None; plan.buffers.len()];
+        for (i, k) in plan.kernels.iter().enumerate() {
+            let args: Vec<&DeviceBuffer> = k.args.iter().map(|a| &bufs[a.buffer]).collect();
+            let (kernel, _) = &loaded[k.entry.as_str()];
+            let at = rt(Some(&k.entry));
+            stream
+                .launch(kernel, k.grid, k.block, k.shared_bytes, &args)
+                .map_err(&at)?;
+            // One kernel at a time, so a fault names its kernel.
+            stream.synchronize().map_err(&at)?;
+            for a in &k.args {
+                if a.access == super::format::Access::Write {
+                    written_by[a.buffer] = Some(i);
+                }
+            }
+        }
+
+        let mut buffers = Vec::new();
+        for b in plan.buffers.iter().filter(|b| b.role.is_computed()) {
+            let got = stream.download(&bufs[b.id]).map_err(rt(None))?;
+            let mut report = BufferReport {
+                id: b.id,
+                name: b.name.clone(),
+                dtype: b.dtype,
+                role: b.role,
+                written_by: written_by[b.id],
+                error: None,
+                tolerance: tolerance(b.dtype),
+                non_finite: 0,
+                passed: true,
+                note: None,
+            };
+            match self.expected(b.id)? {
+                None => report.note = Some("no interpreter value (scratch)".into()),
+                Some(want) => compare(&mut report, &TensorType::new(b.dtype, b.shape.clone()), &got, &want),
+            }
+            buffers.push(report);
+        }
+        let checks = plan
+            .checks
+            .iter()
+            .map(|c| {
+                let bytes = stream.download(&bufs[c.status]).map_err(rt(None))?;
+                let check = IndexCheck {
+                    node: c.node.clone(),
+                    table_rows: usize::try_from(c.table_rows).unwrap_or(usize::MAX),
+                    status: c.status,
+                };
+                Ok(CheckResult {
+                    node: c.node.clone(),
+                    status: c.status,
+                    failed_index: check.failed_index(&bytes),
+                })
+            })
+            .collect::<Result<Vec<_>, BundleError>>()?;
+
+        let first_mismatch = buffers
+            .iter()
+            .filter(|r| !r.passed)
+            .min_by_key(|r| (r.written_by.unwrap_or(usize::MAX), r.id))
+            .map(|r| Mismatch {
+                kernel: r.written_by,
+                entry: r.written_by.map(|i| plan.kernels[i].entry.clone()),
+                buffer: r.id,
+                name: r.name.clone(),
+                reason: r.note.clone().unwrap_or_default(),
+            });
+        let passed = first_mismatch.is_none() && checks.iter().all(|c| c.failed_index.is_none());
+        Ok(ReplayReport {
+            device: device.label().to_string(),
+            target: plan.target.arch.clone(),
+            kernels: plan
+                .kernels
+                .iter()
+                .enumerate()
+                .map(|(index, k)| KernelReport {
+                    index,
+                    entry: k.entry.clone(),
+                    loaded: loaded[k.entry.as_str()].1.clone(),
+                })
+                .collect(),
+            buffers,
+            checks,
+            first_mismatch,
+            passed,
+        })
+    }
+
+    /// Kernel `entry` loaded on `device`: the bundle's code object where it has one that
+    /// loads, else its source compiled by the device's own compiler (the code object may be
+    /// from a compiler newer than this driver, or absent).
+    fn load(
+        &self,
+        device: &Device,
+        target: &Target,
+        entry: &str,
+        options: &ReplayOptions,
+    ) -> Result<(LoadedKernel, KernelSource), BundleError> {
+        let at = BundleError::runtime(Some(entry));
+        let from_source = |reason: String| -> Result<(LoadedKernel, KernelSource), BundleError> {
+            let source = self.source(entry)?;
+            // Our own options for the platform: a bundle does not choose compiler flags.
+            let image = device
+                .compile_source(&source, entry, &compiler_options(target.platform))
+                .map_err(&at)?;
+            let kernel = device.load_kernel(&image, entry).map_err(&at)?;
+            Ok((kernel, KernelSource::Compiled { reason }))
+        };
+        if options.recompile {
+            return from_source("--recompile".into());
+        }
+        match self.code_object(entry)? {
+            None => from_source("the bundle has no code objects".into()),
+            Some(image) => match device.load_kernel(&image, entry) {
+                Ok(kernel) => Ok((kernel, KernelSource::CodeObject)),
+                Err(e) => from_source(format!("its code object did not load: {e}")),
+            },
+        }
+    }
+}
+
+/// The device's target, which must be the bundle's processor: the sources carry that
+/// target's prelude (wave size, matrix instructions) and the code objects its ISA.
+fn device_target(device: &Device, arch: &str) -> Result<Target, BundleError> {
+    let Some(have) = device.target() else {
+        return Err(BundleError::NoGpu {
+            reason: format!("{} runs the interpreter, not kernels", device.label()),
+        });
+    };
+    let want = Target::parse(arch).map_err(|e| BundleError::Malformed {
+        reason: format!("target: {e}"),
+    })?;
+    if want.caps.name != have.caps.name {
+        return Err(BundleError::TargetMismatch {
+            bundle: arch.to_string(),
+            vendor: format!("{:?}", want.platform),
+            device: format!("{} ({})", device.label(), have.arch),
+        });
+    }
+    Ok(have.clone())
+}
+
+/// Fills `report` with how `got` compares with `want` (both raw bytes of `ty`).
+fn compare(report: &mut BufferReport, ty: &TensorType, got: &[u8], want: &[u8]) {
+    let tensors = Tensor::from_bytes(ty, got).and_then(|g| Ok((g, Tensor::from_bytes(ty, want)?)));
+    let (got, want) = match tensors {
+        Ok(pair) => pair,
+        Err(e) => {
+            report.passed = false;
+            report.note = Some(e.to_string());
+            return;
+        }
+    };
+    match compare_output(&report.name, &got, &want) {
+        Ok(check) => {
+            report.error = Some(check.error);
+            report.non_finite = check.non_finite;
+            report.passed = check.error <= report.tolerance;
+            if !report.passed {
+                report.note = Some(format!(
+                    "relative L2 error {:.3e} is past the {} tolerance {:e}",
+                    check.error, report.dtype, report.tolerance
+                ));
+            }
+        }
+        // NaN or ±inf where the interpreter has none (or the reverse), named by element.
+        Err(e) => {
+            report.passed = false;
+            report.note = Some(e.to_string());
+        }
+    }
+}
