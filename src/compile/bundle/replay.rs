@@ -187,17 +187,7 @@ impl Bundle {
             })
             .collect::<Result<Vec<_>, BundleError>>()?;
 
-        let first_mismatch = buffers
-            .iter()
-            .filter(|r| !r.passed)
-            .min_by_key(|r| (r.written_by.unwrap_or(usize::MAX), r.id))
-            .map(|r| Mismatch {
-                kernel: r.written_by,
-                entry: r.written_by.map(|i| plan.kernels[i].entry.clone()),
-                buffer: r.id,
-                name: r.name.clone(),
-                reason: r.note.clone().unwrap_or_default(),
-            });
+        let first_mismatch = first_mismatch(&buffers, |i| plan.kernels[i].entry.clone());
         let passed = first_mismatch.is_none() && checks.iter().all(|c| c.failed_index.is_none());
         Ok(ReplayReport {
             device: device.label().to_string(),
@@ -273,6 +263,22 @@ fn device_target(device: &Device, arch: &str) -> Result<Target, BundleError> {
     Ok(have.clone())
 }
 
+/// The failing buffer whose writer ran first (a buffer no kernel writes comes last): later
+/// mismatches may only follow from it.
+fn first_mismatch(buffers: &[BufferReport], entry: impl Fn(usize) -> String) -> Option<Mismatch> {
+    buffers
+        .iter()
+        .filter(|r| !r.passed)
+        .min_by_key(|r| (r.written_by.unwrap_or(usize::MAX), r.id))
+        .map(|r| Mismatch {
+            kernel: r.written_by,
+            entry: r.written_by.map(entry),
+            buffer: r.id,
+            name: r.name.clone(),
+            reason: r.note.clone().unwrap_or_default(),
+        })
+}
+
 /// Fills `report` with how `got` compares with `want` (both raw bytes of `ty`).
 fn compare(report: &mut BufferReport, ty: &TensorType, got: &[u8], want: &[u8]) {
     let tensors = Tensor::from_bytes(ty, got).and_then(|g| Ok((g, Tensor::from_bytes(ty, want)?)));
@@ -301,5 +307,86 @@ fn compare(report: &mut BufferReport, ty: &TensorType, got: &[u8], want: &[u8]) 
             report.passed = false;
             report.note = Some(e.to_string());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(id: usize, dtype: DType, written_by: Option<usize>) -> BufferReport {
+        BufferReport {
+            id,
+            name: format!("b{id}"),
+            dtype,
+            role: Role::Computed,
+            written_by,
+            error: None,
+            tolerance: tolerance(dtype),
+            non_finite: 0,
+            passed: true,
+            note: None,
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn buffers_compare_by_relative_l2_against_the_dtype_tolerance() {
+        let ty = TensorType::new(DType::F32, vec![4]);
+        let want = [3.0f32, 0.0, -4.0, 0.0];
+        // |(0, 0, 0, 1e-5)| / |(3, 0, -4, 0)| = 2e-6: within f32's 1e-5.
+        let mut r = report(0, DType::F32, Some(0));
+        compare(&mut r, &ty, &f32_bytes(&[3.0, 0.0, -4.0, 1e-5]), &f32_bytes(&want));
+        assert!(r.passed, "{r:?}");
+        assert!((r.error.unwrap() - 2e-6).abs() < 1e-12, "{r:?}");
+        // 5e-4 / 5 = 1e-4: past it.
+        let mut r = report(0, DType::F32, Some(0));
+        compare(&mut r, &ty, &f32_bytes(&[3.0, 5e-4, -4.0, 0.0]), &f32_bytes(&want));
+        assert!(!r.passed);
+        assert!((r.error.unwrap() - 1e-4).abs() < 1e-9, "{r:?}");
+        assert!(r.note.as_ref().unwrap().contains("tolerance"), "{r:?}");
+    }
+
+    #[test]
+    fn poison_left_in_a_buffer_and_off_by_one_integers_fail() {
+        let ty = TensorType::new(DType::F32, vec![2]);
+        let mut r = report(1, DType::F32, Some(0));
+        compare(&mut r, &ty, &[0xFF; 8], &f32_bytes(&[1.0, 2.0]));
+        assert!(!r.passed);
+        assert!(r.note.as_ref().unwrap().contains("NaN"), "{r:?}");
+        let ty = TensorType::new(DType::I32, vec![2]);
+        let ints = |v: [i32; 2]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut r = report(2, DType::I32, Some(0));
+        compare(&mut r, &ty, &ints([7, 9]), &ints([7, 8]));
+        assert!(!r.passed, "integers must match exactly: {r:?}");
+        let mut r = report(2, DType::I32, Some(0));
+        compare(&mut r, &ty, &ints([7, 8]), &ints([7, 8]));
+        assert_eq!((r.passed, r.error), (true, Some(0.0)));
+        let mut r = report(2, DType::I32, Some(0));
+        compare(&mut r, &ty, &ints([7, 8])[..5], &ints([7, 8]));
+        assert!(!r.passed, "a short download is a failure");
+    }
+
+    #[test]
+    fn the_first_mismatch_is_the_one_whose_writer_ran_first() {
+        let mut bufs = vec![
+            report(0, DType::F32, Some(0)),
+            report(1, DType::F32, Some(3)),
+            report(2, DType::F32, Some(1)),
+            report(3, DType::F32, None),
+        ];
+        assert_eq!(first_mismatch(&bufs, |i| format!("k{i}")), None);
+        for i in [1, 2, 3] {
+            bufs[i].passed = false;
+        }
+        let m = first_mismatch(&bufs, |i| format!("k{i}")).unwrap();
+        assert_eq!((m.kernel, m.entry.as_deref(), m.buffer), (Some(1), Some("k1"), 2));
+        bufs[2].passed = true;
+        bufs[1].passed = true;
+        let m = first_mismatch(&bufs, |i| format!("k{i}")).unwrap();
+        assert_eq!((m.kernel, m.buffer), (None, 3));
     }
 }
