@@ -602,3 +602,25 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
     assert!(compared >= 4, "{compared} computed buffers");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_emit_that_fails_leaves_no_half_written_bundle() {
+    // Indices drawn past the table: the interpreter refuses them, naming the gather.
+    let mut g = Graph::new("bad_indices");
+    let table = g.weight("table", DType::F32, &[4, 3]).unwrap();
+    let idx = g
+        .input_sampled("idx", DType::I32, &[9], Sample::Range { low: 0, high: 40 })
+        .unwrap();
+    let rows = g.gather(table, idx).unwrap();
+    g.add_output(rows).unwrap();
+    let dir = scratch("failed");
+    match bundle::emit(&g, &Target::parse("gfx90a").unwrap(), &dir, &EmitOptions::default()) {
+        Err(BundleError::Compile(e)) => assert!(e.to_string().contains("outside a table of 4 rows"), "{e}"),
+        other => panic!("{:?}", other.map(|e| e.bytes)),
+    }
+    assert!(!dir.exists(), "the new directory is removed again");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(bundle::emit(&g, &Target::parse("gfx90a").unwrap(), &dir, &EmitOptions::default()).is_err());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "an empty directory stays empty");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

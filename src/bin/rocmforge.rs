@@ -789,6 +789,7 @@ fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::TooLarge { .. } => 3,
         BundleError::NoGpu { .. } | BundleError::TargetMismatch { .. } => 4,
         BundleError::Compile(_)
+        | BundleError::NoCompiler { .. }
         | BundleError::CodeObject { .. }
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }

@@ -67,7 +67,7 @@ pub fn emit(
 ) -> Result<Emitted, BundleError> {
     let graph = optimise(source, options.fuse)?;
     let plan = lower(&graph, target, options.fuse)?;
-    let mut buffers = describe_buffers(&graph, &plan)?;
+    let buffers = describe_buffers(&graph, &plan)?;
     // The data files alone must fit before anything is drawn or interpreted.
     let data_bytes = buffers
         .iter()
@@ -80,13 +80,45 @@ pub fn emit(
             limit: options.max_bytes,
         });
     }
+    let compiler = find_compiler(target, options.compiler);
+    // A compiler asked for by name must be there; only `auto` falls back to sources alone.
+    if let (Err(reason), AmdCompilerChoice::Hiprtc | AmdCompilerChoice::Clang) =
+        (&compiler, options.compiler)
+    {
+        if target.platform == Platform::Amd {
+            return Err(BundleError::NoCompiler {
+                reason: reason.clone(),
+            });
+        }
+    }
+    let existed = dir.exists();
     let mut out = Writer::create(dir, options.max_bytes)?;
+    let written = write_files(&mut out, &graph, &plan, buffers, compiler, target, options);
+    if written.is_err() {
+        // No half-written bundle is left behind: the directory was new or empty.
+        let _ = std::fs::remove_dir_all(dir);
+        if existed {
+            let _ = std::fs::create_dir(dir);
+        }
+    }
+    written
+}
 
-    let data = host_data(&plan, options.seed)?;
+/// Everything after the directory is made: data, expected values, kernels, README, plan.
+fn write_files(
+    out: &mut Writer,
+    graph: &Graph,
+    plan: &KernelPlan,
+    mut buffers: Vec<BundleBuffer>,
+    compiler: Result<Compiler, String>,
+    target: &Target,
+    options: &EmitOptions,
+) -> Result<Emitted, BundleError> {
+    let data = host_data(plan, options.seed)?;
     for (id, t) in &data {
         out.write(&paths::data(*id), &t.to_bytes())?;
     }
-    let expected = interpret(&graph, &plan, &buffers, &data, options.seed)?;
+    let expected = interpret(graph, plan, &buffers, &data, options.seed)?;
     for b in &mut buffers {
         match expected.get(&b.id) {
             Some(t) => out.write(&paths::expected(b.id), &t.to_bytes())?,
@@ -94,7 +126,6 @@ pub fn emit(
         }
     }
 
-    let compiler = find_compiler(target, options.compiler);
     let compile_opts = compiler_options(target.platform);
     let (compiler_desc, missing) = match &compiler {
         Ok(c) => (Some(c.describe()), None),
@@ -290,8 +321,7 @@ fn interpret(
     let first = g.outputs().len();
     let mut wanted = Vec::new();
     for (b, d) in plan.buffers.iter().zip(buffers) {
-        if d.expected.is_some() {
-            let id = reference_node(graph, b).expect("checked by describe_buffers");
+        if let (Some(_), Some(id)) = (&d.expected, reference_node(graph, b)) {
             g.add_output(id).map_err(CompileError::from)?;
             wanted.push(b.id);
         }

@@ -33,6 +33,9 @@ pub enum BundleError {
     /// Passes, codegen, the interpreter or a compiler failed while emitting.
     #[error(transparent)]
     Compile(Box<CompileError>),
+    /// The compiler `--compiler` named is not usable here.
+    #[error("{reason}")]
+    NoCompiler { reason: String },
     #[error("cannot compile kernel {entry} into a code object: {message}")]
     CodeObject { entry: String, message: String },
     #[error("cannot write {path}: {message}")]
