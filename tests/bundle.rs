@@ -71,7 +71,10 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         };
         let emitted = bundle::emit(&source, &target, &dir, &options).unwrap();
         let plan = read_plan(&dir);
-        assert_eq!(plan, emitted.plan, "{name}: plan.json is what emit returned");
+        assert_eq!(
+            plan, emitted.plan,
+            "{name}: plan.json is what emit returned"
+        );
         assert_eq!(plan.format, "rocmforge-bundle/1");
         assert_eq!(
             (plan.target.arch.as_str(), plan.target.wave_size),
@@ -95,7 +98,11 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             // The written buffer is last, and declared without const.
             assert_eq!(k.args.last().unwrap().access, Access::Write);
             let text = std::fs::read_to_string(dir.join(&k.source)).unwrap();
-            assert_eq!(text, reference.source(r), "{name}: full source with prelude");
+            assert_eq!(
+                text,
+                reference.source(r),
+                "{name}: full source with prelude"
+            );
             match &k.code_object {
                 Some(co) => {
                     assert!(rtc, "{name}: a code object without hiprtc");
@@ -124,15 +131,13 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         let run = with_outputs(&fused, &computed);
         let values = interp::run(&run, &bindings).unwrap();
         let first = fused.outputs().len();
-        let value: HashMap<&str, &Tensor> = computed
-            .iter()
-            .copied()
-            .zip(&values[first..])
-            .collect();
+        let value: HashMap<&str, &Tensor> =
+            computed.iter().copied().zip(&values[first..]).collect();
         for (b, r) in plan.buffers.iter().zip(&reference.buffers) {
             assert_eq!((b.id, &b.name), (r.id, &r.name));
             assert_eq!(TensorType::new(b.dtype, b.shape.clone()), r.ty);
-            let file = |rel: &Option<String>| std::fs::read(dir.join(rel.as_ref().unwrap())).unwrap();
+            let file =
+                |rel: &Option<String>| std::fs::read(dir.join(rel.as_ref().unwrap())).unwrap();
             match &r.role {
                 BufferRole::Input(_) => {
                     assert_eq!(b.role, Role::Input);
@@ -145,11 +150,21 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                 }
                 BufferRole::Constant(v) => {
                     assert_eq!(b.role, Role::Constant);
-                    assert_eq!(file(&b.data), Tensor::constant(&r.ty, v).unwrap().to_bytes());
+                    assert_eq!(
+                        file(&b.data),
+                        Tensor::constant(&r.ty, v).unwrap().to_bytes()
+                    );
                 }
                 BufferRole::Computed => {
                     let is_output = reference.outputs.iter().any(|o| o.buffer == r.id);
-                    assert_eq!(b.role, if is_output { Role::Output } else { Role::Computed });
+                    assert_eq!(
+                        b.role,
+                        if is_output {
+                            Role::Output
+                        } else {
+                            Role::Computed
+                        }
+                    );
                     assert_eq!(
                         file(&b.expected),
                         value[r.name.as_str()].to_bytes(),
@@ -167,8 +182,8 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         let unfused = interp::run(&source, &bindings).unwrap();
         for (o, want) in plan.outputs.iter().zip(&unfused) {
             let bytes = std::fs::read(dir.join(format!("expected/{}.bin", o.buffer))).unwrap();
-            let got = Tensor::from_bytes(&TensorType::new(o.dtype, o.shape.clone()), &bytes)
-                .unwrap();
+            let got =
+                Tensor::from_bytes(&TensorType::new(o.dtype, o.shape.clone()), &bytes).unwrap();
             assert_eq!(got.ty(), want.ty(), "{name}: output {}", o.name);
             let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
             let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b).powi(2)).sum();
@@ -184,10 +199,22 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         let opened = Bundle::open(&dir, u64::MAX).unwrap();
         let report = opened.check().unwrap();
         assert_eq!(report.kernels, plan.kernels.len());
-        assert_eq!(report.expected_files, computed.len(), "{name}: every computed buffer");
-        assert_eq!(report.code_objects, if rtc { plan.kernels.len() } else { 0 });
+        assert_eq!(
+            report.expected_files,
+            computed.len(),
+            "{name}: every computed buffer"
+        );
+        assert_eq!(
+            report.code_objects,
+            if rtc { plan.kernels.len() } else { 0 }
+        );
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
-        for part in ["plan.json", "expected/<id>.bin", "| f16 | 2e-3 |", "kernelParams"] {
+        for part in [
+            "plan.json",
+            "expected/<id>.bin",
+            "| f16 | 2e-3 |",
+            "kernelParams",
+        ] {
             assert!(readme.contains(part), "{name}: README lacks {part}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
@@ -293,7 +320,10 @@ fn bad_json_unknown_fields_and_other_versions_are_refused() {
     let path = dir.join("plan.json");
     let good = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, &good[..good.len() / 2]).unwrap();
-    assert!(matches!(open_and_check(&dir), Err(BundleError::Json { .. })));
+    assert!(matches!(
+        open_and_check(&dir),
+        Err(BundleError::Json { .. })
+    ));
     std::fs::write(&path, &good).unwrap();
 
     edit_plan(&dir, |v| v["format"] = "rocmforge-bundle/2".into());
@@ -311,7 +341,10 @@ fn bad_json_unknown_fields_and_other_versions_are_refused() {
     edit_plan(&dir, |v| {
         v.as_object_mut().unwrap().remove("format");
     });
-    assert!(matches!(open_and_check(&dir), Err(BundleError::Json { .. })));
+    assert!(matches!(
+        open_and_check(&dir),
+        Err(BundleError::Json { .. })
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -323,8 +356,14 @@ fn plans_that_contradict_themselves_are_malformed() {
     let n = read_plan(&dir).buffers.len();
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit)> = vec![
-        ("bytes, not 48", Box::new(|v| v["buffers"][0]["bytes"] = 48.into())),
-        ("ids must count up", Box::new(|v| v["buffers"][1]["id"] = 7.into())),
+        (
+            "bytes, not 48",
+            Box::new(|v| v["buffers"][0]["bytes"] = 48.into()),
+        ),
+        (
+            "ids must count up",
+            Box::new(|v| v["buffers"][1]["id"] = 7.into()),
+        ),
         (
             "not in the table",
             Box::new(move |v| v["kernels"][0]["args"][0]["buffer"] = n.into()),
@@ -356,9 +395,18 @@ fn plans_that_contradict_themselves_are_malformed() {
                 v["kernels"][0]["args"].as_array_mut().unwrap().insert(0, a);
             }),
         ),
-        ("too large to address", Box::new(|v| v["buffers"][0]["shape"] = serde_json::json!([usize::MAX, 4]))),
-        ("target", Box::new(|v| v["target"]["arch"] = "gfx9999".into())),
-        ("wave size", Box::new(|v| v["target"]["wave_size"] = 32.into())),
+        (
+            "too large to address",
+            Box::new(|v| v["buffers"][0]["shape"] = serde_json::json!([usize::MAX, 4])),
+        ),
+        (
+            "target",
+            Box::new(|v| v["target"]["arch"] = "gfx9999".into()),
+        ),
+        (
+            "wave size",
+            Box::new(|v| v["target"]["wave_size"] = 32.into()),
+        ),
         (
             "output viewed as",
             Box::new(|v| v["outputs"][0]["shape"] = serde_json::json!([3])),
@@ -368,7 +416,9 @@ fn plans_that_contradict_themselves_are_malformed() {
         std::fs::write(&path, &good).unwrap();
         edit_plan(&dir, edit);
         match open_and_check(&dir) {
-            Err(BundleError::Malformed { reason }) => assert!(reason.contains(why), "{why}: {reason}"),
+            Err(BundleError::Malformed { reason }) => {
+                assert!(reason.contains(why), "{why}: {reason}")
+            }
             other => panic!("{why}: {other:?}"),
         }
     }
@@ -436,8 +486,8 @@ fn a_target_without_a_compiler_here_gets_sources_and_the_reason() {
             assert!(name.starts_with("nvrtc "), "{name}");
             assert_eq!(report.code_objects, plan.kernels.len());
             for k in &plan.kernels {
-                let ptx = std::fs::read_to_string(dir.join(k.code_object.as_ref().unwrap()))
-                    .unwrap();
+                let ptx =
+                    std::fs::read_to_string(dir.join(k.code_object.as_ref().unwrap())).unwrap();
                 assert!(ptx.contains(&format!(".entry {}", k.entry)), "{}", k.entry);
             }
         }
@@ -449,7 +499,10 @@ fn a_target_without_a_compiler_here_gets_sources_and_the_reason() {
             assert!(readme.contains("No code objects"), "{readme}");
         }
     }
-    assert_eq!(report.expected_files, plan.buffers.iter().filter(|b| b.role.is_computed()).count());
+    assert_eq!(
+        report.expected_files,
+        plan.buffers.iter().filter(|b| b.role.is_computed()).count()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -482,7 +535,10 @@ fn index_and_status_buffers_in_their_storage_layout() {
     let plan = &emitted.plan;
     assert_eq!(plan.checks.len(), 1, "the gather's index check");
     let status = &plan.buffers[plan.checks[0].status];
-    assert_eq!((status.role, status.bytes, status.data.as_ref()), (Role::Status, 16, None));
+    assert_eq!(
+        (status.role, status.bytes, status.data.as_ref()),
+        (Role::Status, 16, None)
+    );
     let idx_buf = plan.buffers.iter().find(|b| b.name == "idx").unwrap();
     let bytes = std::fs::read(dir.join(idx_buf.data.as_ref().unwrap())).unwrap();
     assert_eq!(bytes.len(), 6 * 4);
@@ -517,7 +573,12 @@ fn pointwise_graph() -> Graph {
     let r = g.reduce(ReduceOp::Sum, p, &[1], false).unwrap();
     let table = g.weight("table", DType::F16, &[11, 7]).unwrap();
     let idx = g
-        .input_sampled("idx", DType::I32, &[2, 3], Sample::Range { low: 0, high: 11 })
+        .input_sampled(
+            "idx",
+            DType::I32,
+            &[2, 3],
+            Sample::Range { low: 0, high: 11 },
+        )
         .unwrap();
     let rows = g.gather(table, idx).unwrap();
     for o in [p, r, rows] {
@@ -538,7 +599,11 @@ fn rule_error(got: &[f64], want: &[f64]) -> Option<f64> {
             return None;
         }
     }
-    Some(if den == 0.0 { num.sqrt() } else { (num / den).sqrt() })
+    Some(if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    })
 }
 
 /// A bundle replayed by hand from its files alone, as its README says, each kernel's source
@@ -558,7 +623,13 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
         seed: 9,
         ..EmitOptions::default()
     };
-    bundle::emit(&pointwise_graph(), &Target::parse("gfx90a").unwrap(), &dir, &options).unwrap();
+    bundle::emit(
+        &pointwise_graph(),
+        &Target::parse("gfx90a").unwrap(),
+        &dir,
+        &options,
+    )
+    .unwrap();
     let opened = Bundle::open(&dir, u64::MAX).unwrap();
     opened.check().unwrap();
     let plan = &opened.plan;
@@ -596,7 +667,12 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
         let want = Tensor::from_bytes(&ty, &want).unwrap().to_f64_vec();
         let err = rule_error(&got, &want).unwrap_or(f64::INFINITY);
         let tol = plan.compare.tolerances[&b.dtype];
-        assert!(err <= tol, "buffer {} ({}): error {err:e} > {tol:e}", b.id, b.name);
+        assert!(
+            err <= tol,
+            "buffer {} ({}): error {err:e} > {tol:e}",
+            b.id,
+            b.name
+        );
         compared += 1;
     }
     assert!(compared >= 4, "{compared} computed buffers");
@@ -614,13 +690,30 @@ fn an_emit_that_fails_leaves_no_half_written_bundle() {
     let rows = g.gather(table, idx).unwrap();
     g.add_output(rows).unwrap();
     let dir = scratch("failed");
-    match bundle::emit(&g, &Target::parse("gfx90a").unwrap(), &dir, &EmitOptions::default()) {
-        Err(BundleError::Compile(e)) => assert!(e.to_string().contains("outside a table of 4 rows"), "{e}"),
+    match bundle::emit(
+        &g,
+        &Target::parse("gfx90a").unwrap(),
+        &dir,
+        &EmitOptions::default(),
+    ) {
+        Err(BundleError::Compile(e)) => {
+            assert!(e.to_string().contains("outside a table of 4 rows"), "{e}")
+        }
         other => panic!("{:?}", other.map(|e| e.bytes)),
     }
     assert!(!dir.exists(), "the new directory is removed again");
     std::fs::create_dir_all(&dir).unwrap();
-    assert!(bundle::emit(&g, &Target::parse("gfx90a").unwrap(), &dir, &EmitOptions::default()).is_err());
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "an empty directory stays empty");
+    assert!(bundle::emit(
+        &g,
+        &Target::parse("gfx90a").unwrap(),
+        &dir,
+        &EmitOptions::default()
+    )
+    .is_err());
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "an empty directory stays empty"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

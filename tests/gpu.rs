@@ -1128,7 +1128,11 @@ fn bundle_names_first_mismatch(device: &Device, g: &Graph) -> Result<(), Failed>
         .map_err(|e| e.to_string())?;
     std::fs::remove_dir_all(&dir).ok();
     let m = report.first_mismatch.ok_or("the corrupted value passed")?;
-    if report.passed || m.buffer != written || m.kernel.is_none_or(|i| plan.kernels[i].entry != plan.kernels[k].entry) {
+    if report.passed
+        || m.buffer != written
+        || m.kernel
+            .is_none_or(|i| plan.kernels[i].entry != plan.kernels[k].entry)
+    {
         return Err(format!("want kernel {k} buffer {written}, got {m:?}").into());
     }
     Ok(())

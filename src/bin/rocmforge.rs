@@ -9,8 +9,7 @@ use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::bundle::{
-    self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport,
-    DEFAULT_MAX_BUNDLE_BYTES,
+    self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport, DEFAULT_MAX_BUNDLE_BYTES,
 };
 use rocmforge::compile::CompileOptions;
 use rocmforge::frontend::{self, BertEncoder};
@@ -944,9 +943,8 @@ fn main() -> ExitCode {
         } => {
             let is_bundle = emit.as_deref() == Some("bundle");
             let emit_dir = emit.as_ref().map(|_| {
-                out.clone().unwrap_or_else(|| {
-                    PathBuf::from(if is_bundle { "bundle" } else { "kernels" })
-                })
+                out.clone()
+                    .unwrap_or_else(|| PathBuf::from(if is_bundle { "bundle" } else { "kernels" }))
             });
             if compiler != "auto" && !*report && !is_bundle {
                 eprintln!("error: --compiler applies to --report and --emit bundle");

@@ -125,8 +125,12 @@ fn nvrtc_archs() -> Result<Vec<i32>, String> {
 /// NVRTC on its own, without a GPU or driver: how `--emit bundle` makes PTX for an `sm_*` target
 /// on any machine that has the library. Returns NVRTC's version, or why it cannot be used.
 pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
-    probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS)
-        .map_err(|reason| RuntimeError::NoCompiler { what: "NVRTC", reason })?;
+    probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(|reason| {
+        RuntimeError::NoCompiler {
+            what: "NVRTC",
+            reason,
+        }
+    })?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: libnvrtc was probed just above (nvrtcVersion is among NVRTC_SYMBOLS); both
     // out-pointers are valid.

@@ -121,11 +121,8 @@ impl Bundle {
             let source = self.source(&k.entry)?;
             let params = signature::parameters(&source, &k.entry)
                 .map_err(|why| malformed(format!("{}: {why}", k.source)))?;
-            let recorded: Vec<(String, Access)> = k
-                .args
-                .iter()
-                .map(|a| (a.ctype.clone(), a.access))
-                .collect();
+            let recorded: Vec<(String, Access)> =
+                k.args.iter().map(|a| (a.ctype.clone(), a.access)).collect();
             if params != recorded {
                 return Err(malformed(format!(
                     "kernel {} declares parameters {params:?} in {}, but plan.json binds {recorded:?}",
@@ -248,8 +245,7 @@ fn code_object_limit() -> FileLimit {
 /// Checks the plan against itself; returns the bytes its data and expected files hold.
 fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
     let t = &plan.target;
-    let target = Target::parse(&t.arch)
-        .map_err(|e| malformed(format!("target: {e}")))?;
+    let target = Target::parse(&t.arch).map_err(|e| malformed(format!("target: {e}")))?;
     if target.processor != t.processor
         || target.wave_size != t.wave_size
         || super::format::Vendor::from(target.platform) != t.vendor
@@ -332,7 +328,10 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
         }
         for a in &k.args {
             let b = plan.buffers.get(a.buffer).ok_or_else(|| {
-                at(format!("argument buffer {} is not in the table ({n})", a.buffer))
+                at(format!(
+                    "argument buffer {} is not in the table ({n})",
+                    a.buffer
+                ))
             })?;
             if a.access == Access::Write && !(b.role.is_computed() || b.role == Role::Status) {
                 return Err(at(format!(
@@ -344,7 +343,10 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
     }
     for o in &plan.outputs {
         let b = plan.buffers.get(o.buffer).ok_or_else(|| {
-            malformed(format!("output buffer {} is not in the table ({n})", o.buffer))
+            malformed(format!(
+                "output buffer {} is not in the table ({n})",
+                o.buffer
+            ))
         })?;
         if byte_size(o.dtype, &o.shape) != Some(b.bytes) {
             return Err(malformed(format!(

@@ -9,8 +9,8 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::format::{
-    paths, BundleArg, BundleBuffer, BundleCheck, BundleCompiler, BundleKernel,
-    BundleOutput, BundlePlan, BundleTarget, CodeObjectKind, CompareRule, Role, FORMAT,
+    paths, BundleArg, BundleBuffer, BundleCheck, BundleCompiler, BundleKernel, BundleOutput,
+    BundlePlan, BundleTarget, CodeObjectKind, CompareRule, Role, FORMAT,
 };
 use super::{readme, signature, BundleError, DEFAULT_MAX_BUNDLE_BYTES};
 use crate::codegen::{Buffer, BufferId, BufferRole, KernelPlan, Platform, Target};
@@ -343,7 +343,10 @@ fn interpret(
         }
     }
     let values = interp::run_with_weights(&g, &bindings, &weights).map_err(CompileError::from)?;
-    Ok(wanted.into_iter().zip(values.into_iter().skip(first)).collect())
+    Ok(wanted
+        .into_iter()
+        .zip(values.into_iter().skip(first))
+        .collect())
 }
 
 /// The compiler that makes code objects for a target.

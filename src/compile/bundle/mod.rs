@@ -42,7 +42,9 @@ pub enum BundleError {
     Write { path: String, message: String },
     #[error("{path} is not empty; a bundle is written into a new or empty directory")]
     NotEmpty { path: String },
-    #[error("the bundle would hold {bytes} bytes, more than the limit of {limit} (--max-bundle-bytes)")]
+    #[error(
+        "the bundle would hold {bytes} bytes, more than the limit of {limit} (--max-bundle-bytes)"
+    )]
     TooLarge { bytes: u64, limit: u64 },
     #[error(transparent)]
     File(#[from] FileError),
@@ -59,7 +61,9 @@ pub enum BundleError {
         expected: u64,
         found: u64,
     },
-    #[error("replay needs a GPU: {reason} (`rocmforge replay --check` checks a bundle without one)")]
+    #[error(
+        "replay needs a GPU: {reason} (`rocmforge replay --check` checks a bundle without one)"
+    )]
     NoGpu { reason: String },
     #[error("the bundle was made for {bundle} ({vendor}); the device is {device}")]
     TargetMismatch {

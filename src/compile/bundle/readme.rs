@@ -25,7 +25,8 @@ pub(super) fn render(plan: &BundlePlan) -> String {
         ),
     };
     let _ = writeln!(s, "# rocmforge replay bundle\n");
-    let _ = writeln!(
+    let _ =
+        writeln!(
         s,
         "Graph {} compiled for **{}** ({vendor}, wave size {}), {}, inputs and weights drawn with \
          seed {} (as `rocmforge run --seed {}`). Format `{}`.\n",

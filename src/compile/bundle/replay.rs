@@ -165,7 +165,12 @@ impl Bundle {
             };
             match self.expected(b.id)? {
                 None => report.note = Some("no interpreter value (scratch)".into()),
-                Some(want) => compare(&mut report, &TensorType::new(b.dtype, b.shape.clone()), &got, &want),
+                Some(want) => compare(
+                    &mut report,
+                    &TensorType::new(b.dtype, b.shape.clone()),
+                    &got,
+                    &want,
+                ),
             }
             buffers.push(report);
         }
@@ -339,12 +344,22 @@ mod tests {
         let want = [3.0f32, 0.0, -4.0, 0.0];
         // |(0, 0, 0, 1e-5)| / |(3, 0, -4, 0)| = 2e-6: within f32's 1e-5.
         let mut r = report(0, DType::F32, Some(0));
-        compare(&mut r, &ty, &f32_bytes(&[3.0, 0.0, -4.0, 1e-5]), &f32_bytes(&want));
+        compare(
+            &mut r,
+            &ty,
+            &f32_bytes(&[3.0, 0.0, -4.0, 1e-5]),
+            &f32_bytes(&want),
+        );
         assert!(r.passed, "{r:?}");
         assert!((r.error.unwrap() - 2e-6).abs() < 1e-12, "{r:?}");
         // 5e-4 / 5 = 1e-4: past it.
         let mut r = report(0, DType::F32, Some(0));
-        compare(&mut r, &ty, &f32_bytes(&[3.0, 5e-4, -4.0, 0.0]), &f32_bytes(&want));
+        compare(
+            &mut r,
+            &ty,
+            &f32_bytes(&[3.0, 5e-4, -4.0, 0.0]),
+            &f32_bytes(&want),
+        );
         assert!(!r.passed);
         assert!((r.error.unwrap() - 1e-4).abs() < 1e-9, "{r:?}");
         assert!(r.note.as_ref().unwrap().contains("tolerance"), "{r:?}");
@@ -383,7 +398,10 @@ mod tests {
             bufs[i].passed = false;
         }
         let m = first_mismatch(&bufs, |i| format!("k{i}")).unwrap();
-        assert_eq!((m.kernel, m.entry.as_deref(), m.buffer), (Some(1), Some("k1"), 2));
+        assert_eq!(
+            (m.kernel, m.entry.as_deref(), m.buffer),
+            (Some(1), Some("k1"), 2)
+        );
         bufs[2].passed = true;
         bufs[1].passed = true;
         let m = first_mismatch(&bufs, |i| format!("k{i}")).unwrap();

@@ -33,9 +33,9 @@ pub(super) fn parameters(source: &str, entry: &str) -> Result<Vec<(String, Acces
                 .split_whitespace()
                 .filter(|w| *w != "__restrict__")
                 .collect();
-            let name_ok = words.last().is_some_and(|n| {
-                n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            });
+            let name_ok = words
+                .last()
+                .is_some_and(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
             let ty = if name_ok && words.len() >= 2 {
                 words[..words.len() - 1].join(" ")
             } else {
