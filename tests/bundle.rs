@@ -7,6 +7,8 @@
 mod files;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/op_zoo.rs"]
+mod op_zoo;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -716,4 +718,47 @@ fn an_emit_that_fails_leaves_no_half_written_bundle() {
         "an empty directory stays empty"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every file name from ids and entries, every name in plan.json as data: hostile names come
+/// back byte for byte from plan.json and appear nowhere raw in the README or the file tree,
+/// and the kernels are the plain graph's.
+#[test]
+fn hostile_names_are_data_only() {
+    let target = Target::parse("gfx90a").unwrap();
+    for g in op_zoo::zoo().into_iter().take(3) {
+        let h = op_zoo::with_hostile_names(&g);
+        let (plain_dir, dir) = (scratch("plain"), scratch("hostile"));
+        let plain = bundle::emit(&g, &target, &plain_dir, &EmitOptions::default()).unwrap();
+        let hostile = bundle::emit(&h, &target, &dir, &EmitOptions::default()).unwrap();
+        let entries = |p: &BundlePlan| {
+            p.kernels
+                .iter()
+                .map(|k| k.entry.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(entries(&plain.plan), entries(&hostile.plan), "{}", g.name);
+        let plan = read_plan(&dir);
+        assert_eq!(plan.graph, h.name);
+        for b in &plan.buffers {
+            assert!(h.find(&b.name).is_some(), "{:?} is a node's name", b.name);
+        }
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        for name in op_zoo::HOSTILE_NAMES {
+            assert!(!readme.contains(name), "README holds {name:?}");
+        }
+        for sub in ["kernels", "buffers", "expected"] {
+            for e in std::fs::read_dir(dir.join(sub)).unwrap() {
+                let f = e.unwrap().file_name().into_string().unwrap();
+                assert!(
+                    f.bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.'),
+                    "{sub}/{f}"
+                );
+            }
+        }
+        Bundle::open(&dir, u64::MAX).unwrap().check().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&plain_dir).unwrap();
+    }
 }
