@@ -451,9 +451,9 @@ fn size_limits_and_occupied_directories_are_refused() {
         Err(BundleError::NotEmpty { .. })
     ));
     let opened = Bundle::open(&dir, u64::MAX).unwrap();
-    assert!(opened.data_bytes <= emitted.bytes);
+    assert!(opened.data_bytes() <= emitted.bytes);
     assert!(matches!(
-        Bundle::open(&dir, opened.data_bytes - 1),
+        Bundle::open(&dir, opened.data_bytes() - 1),
         Err(BundleError::TooLarge { .. })
     ));
     // No GPU is needed to check, and replaying on the CPU says what is missing.
@@ -634,7 +634,7 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
     .unwrap();
     let opened = Bundle::open(&dir, u64::MAX).unwrap();
     opened.check().unwrap();
-    let plan = &opened.plan;
+    let plan = opened.plan();
     let mut bufs: Vec<Vec<u8>> = plan
         .buffers
         .iter()

@@ -846,10 +846,10 @@ fn cmd_replay(dir: &Path, args: &ReplayArgs) -> Result<bool, BundleError> {
 }
 
 fn print_replay(bundle: &Bundle, r: &ReplayReport) {
-    let plan = &bundle.plan;
+    let plan = bundle.plan();
     outln!(
         "bundle: {} (graph {}, target {}, {} kernels, {} buffers)",
-        bundle.dir.display(),
+        bundle.dir().display(),
         codegen::display_name(&plan.graph),
         plan.target.arch,
         plan.kernels.len(),

@@ -20,13 +20,13 @@ const PLAN_LIMIT: u64 = 256 << 20;
 const SOURCE_LIMIT: u64 = 64 << 20;
 const CODE_OBJECT_LIMIT: u64 = 256 << 20;
 
-/// An opened bundle whose plan is consistent with itself.
+/// An opened bundle whose plan is consistent with itself. The fields are private so that only
+/// a checked plan is ever replayed.
 #[derive(Clone, Debug)]
 pub struct Bundle {
-    pub dir: PathBuf,
-    pub plan: BundlePlan,
-    /// Bytes of the data and expected files the buffer table promises.
-    pub data_bytes: u64,
+    pub(super) dir: PathBuf,
+    pub(super) plan: BundlePlan,
+    data_bytes: u64,
 }
 
 /// What [`Bundle::check`] looked at.
@@ -98,6 +98,26 @@ impl Bundle {
             plan,
             data_bytes,
         })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn plan(&self) -> &BundlePlan {
+        &self.plan
+    }
+
+    /// Bytes of the data and expected files the buffer table promises.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_bytes
+    }
+
+    fn buffer(&self, id: usize) -> Result<&super::format::BundleBuffer, BundleError> {
+        self.plan
+            .buffers
+            .get(id)
+            .ok_or_else(|| malformed(format!("no buffer {id}")))
     }
 
     fn file(&self, rel: &str) -> PathBuf {
@@ -217,7 +237,7 @@ impl Bundle {
 
     /// The contents of an input, weight or constant buffer.
     pub fn data(&self, id: usize) -> Result<Vec<u8>, BundleError> {
-        let b = &self.plan.buffers[id];
+        let b = self.buffer(id)?;
         let rel = b
             .data
             .as_ref()
@@ -227,7 +247,7 @@ impl Bundle {
 
     /// The interpreter's value of a computed buffer, where the bundle has one.
     pub fn expected(&self, id: usize) -> Result<Option<Vec<u8>>, BundleError> {
-        let b = &self.plan.buffers[id];
+        let b = self.buffer(id)?;
         b.expected
             .as_ref()
             .map(|rel| self.sized(rel, b.bytes))
