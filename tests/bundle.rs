@@ -198,6 +198,12 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             );
         }
 
+        // Identical kernels share an entry and its files.
+        let unique: std::collections::HashSet<&str> =
+            plan.kernels.iter().map(|k| k.entry.as_str()).collect();
+        let files = std::fs::read_dir(dir.join("kernels")).unwrap().count();
+        assert_eq!(files, unique.len() * if rtc { 2 } else { 1 }, "{name}");
+
         let opened = Bundle::open(&dir, u64::MAX).unwrap();
         let report = opened.check().unwrap();
         assert_eq!(report.kernels, plan.kernels.len());

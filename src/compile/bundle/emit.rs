@@ -3,7 +3,7 @@
 //! weights and constants `rocmforge run` would draw; and the interpreter's value of every
 //! computed buffer, so a replay can be compared buffer by buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -13,7 +13,7 @@ use super::format::{
     BundlePlan, BundleTarget, CodeObjectKind, CompareRule, Role, FORMAT,
 };
 use super::{readme, signature, BundleError, DEFAULT_MAX_BUNDLE_BYTES};
-use crate::codegen::{Buffer, BufferId, BufferRole, KernelPlan, Platform, Target};
+use crate::codegen::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Platform, Target};
 use crate::compile::{compiler_options, lower, optimise, CompileError};
 use crate::interp::{self, Bindings, InterpError};
 use crate::ir::{random_input, random_weight, DType, Graph, Shape, Tensor, TensorError};
@@ -131,8 +131,15 @@ fn write_files(
         Ok(c) => (Some(c.describe()), None),
         Err(why) => (None, Some(why.clone())),
     };
-    let kernels = plan
+    // Identical kernels share an entry (it is the hash of the body): each is compiled and
+    // written once.
+    let mut seen = HashSet::new();
+    let unique: Vec<&Kernel> = plan
         .kernels
+        .iter()
+        .filter(|k| seen.insert(k.entry.as_str()))
+        .collect();
+    let built = unique
         .par_iter()
         .map(|k| {
             let source = plan.source(k);
@@ -155,23 +162,23 @@ fn write_files(
         })
         .collect::<Result<Vec<_>, BundleError>>()?;
     let kind = compiler.as_ref().ok().map(Compiler::kind);
-    let mut described = Vec::with_capacity(kernels.len());
-    for (k, (source, params, code)) in plan.kernels.iter().zip(kernels) {
+    let mut params_of = HashMap::new();
+    for (k, (source, params, code)) in unique.iter().zip(built) {
         out.write(&paths::source(&k.entry), source.as_bytes())?;
-        let code_object = match (code, kind) {
-            (Some(code), Some(kind)) => {
-                let path = paths::code_object(&k.entry, kind);
-                out.write(&path, &code)?;
-                Some(path)
-            }
-            _ => None,
-        };
+        if let (Some(code), Some(kind)) = (code, kind) {
+            out.write(&paths::code_object(&k.entry, kind), &code)?;
+        }
+        params_of.insert(k.entry.as_str(), params);
+    }
+    let mut described = Vec::with_capacity(plan.kernels.len());
+    for k in &plan.kernels {
+        let params = params_of[k.entry.as_str()].clone();
         described.push(BundleKernel {
             entry: k.entry.clone(),
             family: k.family.to_string(),
             node: k.node.clone(),
             source: paths::source(&k.entry),
-            code_object,
+            code_object: kind.map(|kind| paths::code_object(&k.entry, kind)),
             grid: k.launch.grid,
             block: k.launch.block,
             shared_bytes: k.launch.shared_bytes,
