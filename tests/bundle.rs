@@ -214,7 +214,7 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         );
         assert_eq!(
             report.code_objects,
-            if rtc { plan.kernels.len() } else { 0 }
+            if rtc { unique.len() } else { 0 }
         );
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         for part in [

@@ -4,6 +4,7 @@
 //! past a file, launches a kernel with the wrong number of arguments, or opens a path the plan
 //! made up. Every inconsistency is a typed error naming what is wrong.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -32,7 +33,9 @@ pub struct Bundle {
 /// What [`Bundle::check`] looked at.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CheckReport {
+    /// Launches.
     pub kernels: usize,
+    /// Code-object files (one per distinct entry).
     pub code_objects: usize,
     pub buffers: usize,
     pub data_files: usize,
@@ -137,22 +140,28 @@ impl Bundle {
             expected_files: 0,
             bytes: 0,
         };
+        // Identical kernels share an entry: its files are read once.
+        let mut declared: HashMap<&str, Vec<(String, Access)>> = HashMap::new();
         for k in &plan.kernels {
-            let source = self.source(&k.entry)?;
-            let params = signature::parameters(&source, &k.entry)
-                .map_err(|why| malformed(format!("{}: {why}", k.source)))?;
+            if !declared.contains_key(k.entry.as_str()) {
+                let source = self.source(&k.entry)?;
+                let params = signature::parameters(&source, &k.entry)
+                    .map_err(|why| malformed(format!("{}: {why}", k.source)))?;
+                if let Some(co) = &k.code_object {
+                    let (_, size) = open_regular(&self.file(co), code_object_limit())?;
+                    report.code_objects += 1;
+                    report.bytes = report.bytes.saturating_add(size);
+                }
+                declared.insert(&k.entry, params);
+            }
+            let params = &declared[k.entry.as_str()];
             let recorded: Vec<(String, Access)> =
                 k.args.iter().map(|a| (a.ctype.clone(), a.access)).collect();
-            if params != recorded {
+            if *params != recorded {
                 return Err(malformed(format!(
                     "kernel {} declares parameters {params:?} in {}, but plan.json binds {recorded:?}",
                     k.entry, k.source
                 )));
-            }
-            if let Some(co) = &k.code_object {
-                let (_, size) = open_regular(&self.file(co), code_object_limit())?;
-                report.code_objects += 1;
-                report.bytes = report.bytes.saturating_add(size);
             }
         }
         for b in &plan.buffers {
