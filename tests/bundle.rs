@@ -212,10 +212,7 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             computed.len(),
             "{name}: every computed buffer"
         );
-        assert_eq!(
-            report.code_objects,
-            if rtc { unique.len() } else { 0 }
-        );
+        assert_eq!(report.code_objects, if rtc { unique.len() } else { 0 });
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         for part in [
             "plan.json",

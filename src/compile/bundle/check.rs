@@ -317,8 +317,9 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
         let want_data = b.role.is_data().then(|| paths::data(i));
         if b.data != want_data {
             return Err(at(format!(
-                "a {:?} buffer's data file is {want_data:?}, not {:?}",
-                b.role, b.data
+                "a buffer of role {} has data file {want_data:?}, not {:?}",
+                b.role.name(),
+                b.data
             )));
         }
         if let Some(e) = &b.expected {
@@ -364,8 +365,9 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
             })?;
             if a.access == Access::Write && !(b.role.is_computed() || b.role == Role::Status) {
                 return Err(at(format!(
-                    "writes buffer {}, a {:?} buffer",
-                    a.buffer, b.role
+                    "writes buffer {}, of role {}",
+                    a.buffer,
+                    b.role.name()
                 )));
             }
         }

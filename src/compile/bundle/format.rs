@@ -163,6 +163,18 @@ pub enum Role {
 }
 
 impl Role {
+    /// As `plan.json` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Input => "input",
+            Role::Weight => "weight",
+            Role::Constant => "constant",
+            Role::Computed => "computed",
+            Role::Output => "output",
+            Role::Status => "status",
+        }
+    }
+
     /// Whether a kernel writes it and the interpreter has its value.
     pub fn is_computed(self) -> bool {
         match self {

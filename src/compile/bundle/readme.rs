@@ -86,7 +86,11 @@ pub(super) fn render(plan: &BundlePlan) -> String {
         plan.compare.rule
     );
     for (d, tol) in &plan.compare.tolerances {
-        let _ = writeln!(s, "| {d} | {tol:e} |");
+        if *tol == 0.0 {
+            let _ = writeln!(s, "| {d} | exact |");
+        } else {
+            let _ = writeln!(s, "| {d} | {tol:e} |");
+        }
     }
     let _ = writeln!(
         s,
@@ -135,8 +139,12 @@ pub(super) fn render(plan: &BundlePlan) -> String {
             });
         let _ = writeln!(
             s,
-            "| {} | {:?} | {} | {:?} | {} | `{file}` |",
-            b.id, b.role, b.dtype, b.shape, b.bytes
+            "| {} | {} | {} | {:?} | {} | `{file}` |",
+            b.id,
+            b.role.name(),
+            b.dtype,
+            b.shape,
+            b.bytes
         );
     }
     s
