@@ -1138,6 +1138,30 @@ fn bundle_names_first_mismatch(device: &Device, g: &Graph) -> Result<(), Failed>
     Ok(())
 }
 
+/// A code object that is not one (refused before the driver sees it) is replaced by the
+/// kernel's source compiled on the device, and the replay still matches.
+fn bundle_falls_back_to_source(device: &Device, g: &Graph) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("no target")?.clone();
+    let dir = bundle_dir(&format!("{}_fallback", g.name));
+    let emitted = bundle::emit(g, &target, &dir, &bundle::EmitOptions::default())
+        .map_err(|e| e.to_string())?;
+    let k = &emitted.plan.kernels[0];
+    let co = k.code_object.as_ref().ok_or("no code objects")?;
+    std::fs::write(dir.join(co), vec![b'x'; 4096]).map_err(|e| e.to_string())?;
+    let report = bundle::Bundle::open(&dir, u64::MAX)
+        .and_then(|b| b.replay(device, &bundle::ReplayOptions::default()))
+        .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    if !report.passed {
+        return Err(format!("{:?}", report.first_mismatch).into());
+    }
+    match &report.kernels[0].loaded {
+        bundle::KernelSource::Compiled { reason } if reason.contains("its code object") => Ok(()),
+        other => Err(format!("kernel {} loaded as {other:?}", k.entry).into()),
+    }
+}
+
 fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
     trials.push(match ignored {
         None => Trial::test(name, f),
@@ -1481,6 +1505,16 @@ fn main() {
             Box::new(move || bundle_replays(&d, &g, true)),
         );
     }
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "bundle::unloadable_code_object_falls_back_to_source".into(),
+        Box::new(move || {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/attention_causal.json");
+            bundle_falls_back_to_source(&d, &format::load(&p).map_err(|e| e.to_string())?)
+        }),
+    );
     let d = device.clone();
     push(
         &mut trials,

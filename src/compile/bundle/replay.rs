@@ -7,13 +7,13 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::format::{tolerance, Role};
+use super::format::{tolerance, CodeObjectKind, Role};
 use super::{Bundle, BundleError};
 use crate::codegen::{IndexCheck, Target};
 use crate::compile::{compare_output, compiler_options};
 use crate::ir::{DType, Tensor, TensorType};
 use crate::runtime::device::LoadedKernel;
-use crate::runtime::{Device, DeviceBuffer};
+use crate::runtime::{parse_code_object, Device, DeviceBuffer};
 
 #[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
@@ -237,13 +237,44 @@ impl Bundle {
         if options.recompile {
             return from_source("--recompile".into());
         }
-        match self.code_object(entry)? {
-            None => from_source("the bundle has no code objects".into()),
-            Some(image) => match device.load_kernel(&image, entry) {
-                Ok(kernel) => Ok((kernel, KernelSource::CodeObject)),
-                Err(e) => from_source(format!("its code object did not load: {e}")),
-            },
+        let Some(kind) = self.plan.compiler.code_object else {
+            return from_source("the bundle has no code objects".into());
+        };
+        let image = self
+            .code_object(entry)?
+            .ok_or_else(|| BundleError::malformed(format!("no code object for {entry}")))?;
+        if let Err(why) = holds_entry(kind, &image, entry) {
+            return from_source(format!(
+                "its code object was not handed to the driver: {why}"
+            ));
         }
+        match device.load_kernel(&image, entry) {
+            Ok(kernel) => Ok((kernel, KernelSource::CodeObject)),
+            Err(e) => from_source(format!("its code object did not load: {e}")),
+        }
+    }
+}
+
+/// Whether `image` is a code object of `kind` that defines `entry`, checked before the driver
+/// sees it: the driver parses what it is given without bounds a bundle's bytes can be trusted
+/// to respect. AMD code objects are read with the bounds-checked ELF reader; PTX must be text
+/// that declares the entry.
+fn holds_entry(kind: CodeObjectKind, image: &[u8], entry: &str) -> Result<(), String> {
+    let found = match kind {
+        CodeObjectKind::Co => parse_code_object(image)
+            .map_err(|e| e.to_string())?
+            .kernels
+            .iter()
+            .any(|k| k.name == entry),
+        CodeObjectKind::Ptx => {
+            let text = std::str::from_utf8(image).map_err(|_| "PTX that is not text")?;
+            !text.contains('\0') && text.contains(&format!(".entry {entry}"))
+        }
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(format!("it does not define {entry}"))
     }
 }
 
@@ -383,6 +414,30 @@ mod tests {
         let mut r = report(2, DType::I32, Some(0));
         compare(&mut r, &ty, &ints([7, 8])[..5], &ints([7, 8]));
         assert!(!r.passed, "a short download is a failure");
+    }
+
+    #[test]
+    fn code_objects_must_define_their_entry_before_a_driver_sees_them() {
+        let ptx = b".version 8.0\n.target sm_90\n.visible .entry rf_x_1(\n.param .u64 a\n)\n{\n}\n";
+        assert!(holds_entry(CodeObjectKind::Ptx, ptx, "rf_x_1").is_ok());
+        assert!(holds_entry(CodeObjectKind::Ptx, ptx, "rf_y_2").is_err());
+        assert!(holds_entry(CodeObjectKind::Ptx, b"\xff\xfe", "rf_x_1").is_err());
+        assert!(holds_entry(CodeObjectKind::Ptx, b".entry rf_x_1\0", "rf_x_1").is_err());
+        // A real AMD code object holding one kernel, `add`.
+        let co = include_bytes!("../../../tests/data/code_objects/add_gfx90a.co");
+        assert!(holds_entry(CodeObjectKind::Co, co, "add").is_ok());
+        assert!(holds_entry(CodeObjectKind::Co, co, "rf_x_1").is_err());
+        assert!(holds_entry(CodeObjectKind::Co, &co[..co.len() / 2], "add").is_err());
+        for junk in [
+            &b""[..],
+            b"not a code object",
+            &[0x7f, b'E', b'L', b'F', 2, 1, 1][..],
+        ] {
+            assert!(
+                holds_entry(CodeObjectKind::Co, junk, "rf_x_1").is_err(),
+                "{junk:?}"
+            );
+        }
     }
 
     #[test]
