@@ -7,13 +7,13 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::format::{tolerance, CodeObjectKind, Role};
+use super::format::{tolerance, Access, CodeObjectKind, Role};
 use super::{Bundle, BundleError};
 use crate::codegen::{IndexCheck, Target};
 use crate::compile::{compare_output, compiler_options};
 use crate::ir::{DType, Tensor, TensorType};
 use crate::runtime::device::LoadedKernel;
-use crate::runtime::{parse_code_object, Device, DeviceBuffer};
+use crate::runtime::{parse_code_object, Device, DeviceBuffer, Stream};
 
 #[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
@@ -112,25 +112,7 @@ impl Bundle {
         }
 
         let stream = device.new_stream().map_err(rt(None))?;
-        let bufs: Vec<DeviceBuffer> = plan
-            .buffers
-            .iter()
-            .map(|b| {
-                let bytes = usize::try_from(b.bytes).map_err(|_| BundleError::TooLarge {
-                    bytes: b.bytes,
-                    limit: usize::MAX as u64,
-                })?;
-                match b.role {
-                    Role::Input | Role::Weight | Role::Constant => {
-                        stream.upload(&self.data(b.id)?).map_err(rt(None))
-                    }
-                    // Poisoned, so a value no kernel wrote fails the comparison.
-                    Role::Computed | Role::Output => stream.alloc(bytes, true).map_err(rt(None)),
-                    Role::Status => stream.alloc(bytes, false).map_err(rt(None)),
-                }
-            })
-            .collect::<Result<_, _>>()?;
-
+        let bufs = self.allocate(&stream)?;
         let mut written_by: Vec<Option<usize>> = vec![None; plan.buffers.len()];
         for (i, k) in plan.kernels.iter().enumerate() {
             let args: Vec<&DeviceBuffer> = k.args.iter().map(|a| &bufs[a.buffer]).collect();
@@ -141,57 +123,12 @@ impl Bundle {
                 .map_err(&at)?;
             // One kernel at a time, so a fault names its kernel.
             stream.synchronize().map_err(&at)?;
-            for a in &k.args {
-                if a.access == super::format::Access::Write {
-                    written_by[a.buffer] = Some(i);
-                }
+            for a in k.args.iter().filter(|a| a.access == Access::Write) {
+                written_by[a.buffer] = Some(i);
             }
         }
-
-        let mut buffers = Vec::new();
-        for b in plan.buffers.iter().filter(|b| b.role.is_computed()) {
-            let got = stream.download(&bufs[b.id]).map_err(rt(None))?;
-            let mut report = BufferReport {
-                id: b.id,
-                name: b.name.clone(),
-                dtype: b.dtype,
-                role: b.role,
-                written_by: written_by[b.id],
-                error: None,
-                tolerance: tolerance(b.dtype),
-                non_finite: 0,
-                passed: true,
-                note: None,
-            };
-            match self.expected(b.id)? {
-                None => report.note = Some("no interpreter value (scratch)".into()),
-                Some(want) => compare(
-                    &mut report,
-                    &TensorType::new(b.dtype, b.shape.clone()),
-                    &got,
-                    &want,
-                ),
-            }
-            buffers.push(report);
-        }
-        let checks = plan
-            .checks
-            .iter()
-            .map(|c| {
-                let bytes = stream.download(&bufs[c.status]).map_err(rt(None))?;
-                let check = IndexCheck {
-                    node: c.node.clone(),
-                    table_rows: usize::try_from(c.table_rows).unwrap_or(usize::MAX),
-                    status: c.status,
-                };
-                Ok(CheckResult {
-                    node: c.node.clone(),
-                    status: c.status,
-                    failed_index: check.failed_index(&bytes),
-                })
-            })
-            .collect::<Result<Vec<_>, BundleError>>()?;
-
+        let buffers = self.compare_all(&stream, &bufs, &written_by)?;
+        let checks = self.read_checks(&stream, &bufs)?;
         let first_mismatch = first_mismatch(&buffers, |i| plan.kernels[i].entry.clone());
         let passed = first_mismatch.is_none() && checks.iter().all(|c| c.failed_index.is_none());
         Ok(ReplayReport {
@@ -212,6 +149,92 @@ impl Bundle {
             first_mismatch,
             passed,
         })
+    }
+
+    /// One device buffer per buffer id (no reuse): data uploaded, computed buffers poisoned so
+    /// a value no kernel wrote fails the comparison, status buffers zeroed.
+    fn allocate(&self, stream: &Stream) -> Result<Vec<DeviceBuffer>, BundleError> {
+        let rt = BundleError::runtime(None);
+        self.plan
+            .buffers
+            .iter()
+            .map(|b| {
+                let bytes = usize::try_from(b.bytes).map_err(|_| BundleError::TooLarge {
+                    bytes: b.bytes,
+                    limit: usize::MAX as u64,
+                })?;
+                match b.role {
+                    Role::Input | Role::Weight | Role::Constant => {
+                        stream.upload(&self.data(b.id)?).map_err(&rt)
+                    }
+                    Role::Computed | Role::Output => stream.alloc(bytes, true).map_err(&rt),
+                    Role::Status => stream.alloc(bytes, false).map_err(&rt),
+                }
+            })
+            .collect()
+    }
+
+    /// Every computed buffer downloaded and compared with its expected value.
+    fn compare_all(
+        &self,
+        stream: &Stream,
+        bufs: &[DeviceBuffer],
+        written_by: &[Option<usize>],
+    ) -> Result<Vec<BufferReport>, BundleError> {
+        let mut reports = Vec::new();
+        for b in self.plan.buffers.iter().filter(|b| b.role.is_computed()) {
+            let got = stream
+                .download(&bufs[b.id])
+                .map_err(BundleError::runtime(None))?;
+            let mut report = BufferReport {
+                id: b.id,
+                name: b.name.clone(),
+                dtype: b.dtype,
+                role: b.role,
+                written_by: written_by[b.id],
+                error: None,
+                tolerance: tolerance(b.dtype),
+                non_finite: 0,
+                passed: true,
+                note: None,
+            };
+            match self.expected(b.id)? {
+                None => report.note = Some("no interpreter value (scratch)".into()),
+                Some(want) => {
+                    let ty = TensorType::new(b.dtype, b.shape.clone());
+                    compare(&mut report, &ty, &got, &want)
+                }
+            }
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+
+    /// What each gather's index check found.
+    fn read_checks(
+        &self,
+        stream: &Stream,
+        bufs: &[DeviceBuffer],
+    ) -> Result<Vec<CheckResult>, BundleError> {
+        self.plan
+            .checks
+            .iter()
+            .map(|c| {
+                let bytes = stream
+                    .download(&bufs[c.status])
+                    .map_err(BundleError::runtime(None))?;
+                let check = IndexCheck {
+                    node: c.node.clone(),
+                    table_rows: usize::try_from(c.table_rows).unwrap_or(usize::MAX),
+                    status: c.status,
+                };
+                Ok(CheckResult {
+                    node: c.node.clone(),
+                    status: c.status,
+                    failed_index: check.failed_index(&bytes),
+                })
+            })
+            .collect()
     }
 
     /// Kernel `entry` loaded on `device`: the bundle's code object where it has one that
