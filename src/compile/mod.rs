@@ -1,6 +1,7 @@
 //! `Graph::compile(model)`: passes → codegen → memory plan → kernels loaded → [`Compiled`], on
 //! the best device or one given. On the CPU, a compiled model runs the interpreter.
 
+pub mod bundle;
 mod memory_plan;
 mod profile;
 
@@ -377,20 +378,47 @@ fn compare_output(name: &str, got: &Tensor, want: &Tensor) -> Result<OutputCheck
     })
 }
 
+/// The graph a model runs as: validated, then the default pipeline (or clean-up only when not
+/// fusing). `compile` and bundles both start here, so a bundle holds what a run launches.
+fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
+    source.validate()?;
+    let mut graph = source.clone();
+    let pm = if fuse {
+        PassManager::default_pipeline()
+    } else {
+        PassManager::cleanup()
+    };
+    pm.run(&mut graph)?;
+    Ok(graph)
+}
+
+/// The kernel plan of an optimised graph, with matmul epilogues when fusing.
+fn lower(graph: &Graph, target: &codegen::Target, fuse: bool) -> Result<KernelPlan, CompileError> {
+    Ok(codegen::generate_with(
+        graph,
+        target,
+        &CodegenOptions {
+            matmul_epilogues: fuse,
+        },
+    )?)
+}
+
+/// Options every kernel is compiled with: hiprtc (and clang) take -O3; NVRTC optimises by
+/// default and refuses it.
+fn compiler_options(platform: codegen::Platform) -> Vec<String> {
+    match platform {
+        codegen::Platform::Amd => vec!["-O3".into()],
+        codegen::Platform::Nvidia => vec![],
+    }
+}
+
 fn compile(
     source: Graph,
     device: &Device,
     options: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    source.validate()?;
-    let mut graph = source.clone();
-    let pm = if options.fuse {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut graph)?;
+    let graph = optimise(&source, options.fuse)?;
     // The budget belongs to the device, shared by every model on it: compiling with no budget
     // must not clear one that was set.
     if options.memory_budget.is_some() {
@@ -430,13 +458,7 @@ fn compile(
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };
-    let mut plan = codegen::generate_with(
-        &compiled.graph,
-        &target,
-        &CodegenOptions {
-            matmul_epilogues: options.fuse,
-        },
-    )?;
+    let mut plan = lower(&compiled.graph, &target, options.fuse)?;
     if let Some(rewrite) = &options.rewrite_kernels {
         plan.kernels.iter_mut().for_each(|k| rewrite(k));
     }
@@ -444,11 +466,7 @@ fn compile(
     let total = plan.kernels.len();
     let done = AtomicUsize::new(0);
     let show = options.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // hiprtc takes clang's -O3; NVRTC optimises by default and refuses it.
-    let compile_opts: Vec<String> = match target.platform {
-        codegen::Platform::Amd => vec!["-O3".into()],
-        codegen::Platform::Nvidia => vec![],
-    };
+    let compile_opts = compiler_options(target.platform);
     let toolchain = device.toolchain();
     let kernels = plan
         .kernels

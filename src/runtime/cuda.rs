@@ -132,6 +132,44 @@ fn nvrtc_archs() -> Result<Vec<i32>, String> {
     Ok(archs)
 }
 
+/// NVRTC on its own, without a GPU or driver: how `--emit bundle` makes PTX for an `sm_*` target
+/// on any machine that has the library. Returns NVRTC's version, or why it cannot be used.
+pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
+    probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(|reason| {
+        RuntimeError::NoCompiler {
+            what: "NVRTC",
+            reason,
+        }
+    })?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc was probed just above (nvrtcVersion is among NVRTC_SYMBOLS); both
+    // out-pointers are valid.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    Ok((major, minor))
+}
+
+/// Compiles HIP source (with the NVIDIA prelude) to PTX for `arch` (`sm_90`, `sm_90a`). NVRTC
+/// must have been probed ([`nvrtc_version`], or a device opened).
+pub fn compile_ptx(
+    source: &str,
+    entry: &str,
+    arch: &str,
+    options: &[String],
+) -> Result<Vec<u8>, RuntimeError> {
+    let opts = CompileOptions {
+        arch: Some(Box::leak(arch.to_string().into_boxed_str())),
+        options: options.to_vec(),
+        ..Default::default()
+    };
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| RuntimeError::Nvrtc {
+            kernel: entry.to_string(),
+            target: arch.to_string(),
+            log: e.to_string(),
+        })?;
+    Ok(ptx.to_src().into_bytes())
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     pub name: String,
@@ -248,19 +286,7 @@ impl CudaDevice {
         entry: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RuntimeError> {
-        let opts = CompileOptions {
-            arch: Some(Box::leak(self.arch.clone().into_boxed_str())),
-            options: options.to_vec(),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
-            RuntimeError::Nvrtc {
-                kernel: entry.to_string(),
-                target: self.arch.clone(),
-                log: e.to_string(),
-            }
-        })?;
-        Ok(ptx.to_src().into_bytes())
+        compile_ptx(source, entry, &self.arch, options)
     }
 
     pub fn load(&self, image: &[u8], entry: &str) -> Result<CudaFunction, RuntimeError> {

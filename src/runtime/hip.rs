@@ -343,7 +343,8 @@ impl HipDevice {
     pub fn load(&self, image: &[u8], entry: &str) -> Result<HipFunction, RuntimeError> {
         self.bind()?;
         let mut module: Handle = ptr::null_mut();
-        // SAFETY: `image` is a complete code object (hiprtc output or a checksummed cache entry).
+        // SAFETY: `image` is a complete code object (hiprtc output, a checksummed cache entry,
+        // or a replay bundle's, which the bounds-checked ELF reader parsed first).
         self.rt.check("hipModuleLoadData", unsafe {
             (self.rt.api.module_load_data)(&mut module, image.as_ptr().cast())
         })?;
