@@ -63,7 +63,7 @@ pub type KernelRewrite = Arc<dyn Fn(&mut Kernel) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct CompileOptions {
-    /// Run the default pass pipeline and matmul epilogues; off: clean-up only, one kernel per op.
+    /// Run the default pass pipeline (GEMM epilogues included); off: clean-up only, one kernel per op.
     pub fuse: bool,
     /// Fill fresh device buffers with a NaN pattern, so a kernel that reads what nobody wrote
     /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
@@ -408,13 +408,7 @@ fn compile(
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };
-    let mut plan = codegen::generate_with(
-        &compiled.graph,
-        &target,
-        &CodegenOptions {
-            matmul_epilogues: options.fuse,
-        },
-    )?;
+    let mut plan = codegen::generate_with(&compiled.graph, &target, &CodegenOptions::default())?;
     if let Some(rewrite) = &options.rewrite_kernels {
         plan.kernels.iter_mut().for_each(|k| rewrite(k));
     }

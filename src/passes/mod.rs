@@ -9,6 +9,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod elementwise;
+mod gemm;
 mod matchers;
 mod norms;
 mod softmax;
@@ -26,6 +27,7 @@ pub use const_fold::ConstantFold;
 pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
+pub use gemm::FormGemm;
 pub use norms::RecognizeNorms;
 pub use softmax::RecognizeSoftmax;
 
@@ -141,7 +143,8 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, then fuse the elementwise chains left around it.
+    /// attention, then fuse the elementwise chains left around it, then make every matmul left
+    /// a Gemm with the layouts and the epilogue around it.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -150,6 +153,8 @@ impl PassManager {
             .with(FuseAttention)
             .with(DeadCode)
             .with(FuseElementwise)
+            .with(DeadCode)
+            .with(FormGemm)
             .with(DeadCode)
     }
 
