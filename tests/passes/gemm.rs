@@ -118,6 +118,27 @@ fn example_graphs_keep_every_bit_when_their_matmuls_become_gemms() {
     }
 }
 
+#[test]
+fn the_text_dump_and_the_dot_picture_show_the_gemm() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json");
+    let (f, _) = optimize(&format::load(&path).unwrap()).unwrap();
+    let text = to_text(&f).unwrap();
+    assert!(
+        text.contains("= gemm[m=[2, 128], n=[12, 32], k=[384], a=(49152,384|1), b=(384|32,1)"),
+        "{text}"
+    );
+    let dot = rocmforge::ir::to_dot(&f).unwrap();
+    let boxes: Vec<&str> = dot.lines().filter(|l| l.contains("\\ngemm\\n")).collect();
+    assert_eq!(boxes.len(), 6, "{dot}");
+    for b in boxes {
+        // Filled as a fused op, one attribute per line.
+        assert!(b.contains("fillcolor"), "{b}");
+        assert!(b.contains("\\nm=[") && b.contains("\\nk=["), "{b}");
+        assert!(b.contains("\\nshape=["), "{b}");
+    }
+    assert!(dot.contains("\\nepilogue=gelu(add($0, $1))\\n"), "{dot}");
+}
+
 // ---- hand-built layouts, with strides worked out by hand --------------------------------------
 
 #[test]
@@ -298,6 +319,22 @@ fn an_expanded_operand_is_read_with_stride_zero() {
     let gm = the_gemm(&f);
     assert_eq!(gm.dims, dims(&[3], &[5], &[2], &[4]));
     assert_eq!(gm.a, view(&[0], &[4], &[1]));
+}
+
+#[test]
+fn layouts_at_odd_sizes_read_and_write_every_layout_in_place() {
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for g in crate::common::gemm_graphs::layouts(dt) {
+            let (before, after, report) = around_gemm_pass(&g);
+            assert_same_bits(&before, &after, 16);
+            assert!(report.skipped.is_empty(), "{}: {report}", g.name);
+            assert_eq!(count(&after, |o| matches!(o, Op::MatMul)), 0);
+            let copies = count(&after, |o| {
+                matches!(o, Op::Permute { .. } | Op::Expand { .. })
+            });
+            assert_eq!(copies, 0, "{}", to_text(&after).unwrap());
+        }
+    }
 }
 
 // ---- refusals ---------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ impl Problem {
             }
             let (z, s) = (self.axes[j].size, self.axes[j].strides[slot]);
             let i = axis_of(s).ok_or_else(|| format!("stride {s} lies outside {dims:?}"))?;
-            if s % st[i] != 0 {
+            if !s.is_multiple_of(st[i]) {
                 return Err(format!("stride {s} falls between the axes of {dims:?}"));
             }
             let c = s / st[i];
@@ -122,7 +122,7 @@ impl Problem {
             }
             // The sub-axis runs past axis i: its inner `w` steps stay, the rest moves out.
             let w = dims[i] / c;
-            if dims[i] % c != 0 || z % w != 0 {
+            if !dims[i].is_multiple_of(c) || !z.is_multiple_of(w) {
                 return Err(format!(
                     "a sub-axis of {z} steps of {s} cannot be split over the axes of {dims:?}"
                 ));
