@@ -201,7 +201,7 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassReport>), PassError> {
 }
 
 /// The `--explain` text: every attention candidate, fused or with the reason it was not, then
-/// every other candidate a pass left alone.
+/// every other candidate a pass left alone (for the GEMM pass, each part it kept out of a gemm).
 pub fn explain_text(reports: &[PassReport]) -> String {
     let mut out = String::new();
     for r in reports.iter().filter(|r| r.pass == "fuse_attention") {
@@ -219,9 +219,15 @@ pub fn explain_text(reports: &[PassReport]) -> String {
         }
     }
     for r in reports.iter().filter(|r| r.pass != "fuse_attention") {
+        // The GEMM pass makes its node anyway; what it reports is a part left outside it.
+        let verb = if r.pass == "form_gemm" {
+            "kept out"
+        } else {
+            "left alone"
+        };
         for s in &r.skipped {
             out.push_str(&format!(
-                "{} %{}: left alone: {} ({})\n",
+                "{} %{}: {verb}: {} ({})\n",
                 r.pass, s.at, s.code, s.detail
             ));
         }

@@ -8,7 +8,7 @@
 //!   chains (whatever else reads them: reading in place computes nothing twice), so a weight
 //!   transpose `permute(W, [1, 0])` becomes B read transposed and the head merge before an
 //!   output projection (`permute(ctx, [0, 2, 1, 3])` + `reshape`) becomes A's K read as (H, D).
-//!   A step the views cannot express (`layout`) ends the walk: that layout op stays, a copy
+//!   A step the views cannot express (see `layout.rs`) ends the walk: that layout op stays, a copy
 //!   visible in the plan (`view_not_expressible`).
 //! - the epilogue: when the product's only live use is an elementwise node (`binary`, `unary`,
 //!   `where`, `cast`, `fused_elementwise`) of the product's shape, its expression is folded in
