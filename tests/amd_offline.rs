@@ -37,19 +37,17 @@ type Rows = Result<HashMap<String, Row>, String>;
 /// batches make the whole set about twenty times cheaper than one kernel per run.
 const BATCH: usize = 24;
 
-/// One set of graphs as the suites compile it: the op zoo as built (with epilogues), each
-/// example graph after the default pipeline (fused) or clean-up only without epilogues.
+/// One set of graphs as the suites compile it: the op zoo as built, each example graph after
+/// the default pipeline (fused) or clean-up only (unfused).
 struct GraphSet {
     name: String,
     graphs: Vec<Graph>,
-    fused: bool,
 }
 
 fn graph_sets() -> Result<Vec<GraphSet>, String> {
     let mut sets = vec![GraphSet {
         name: "op_zoo".into(),
         graphs: op_zoo::zoo(),
-        fused: true,
     }];
     for path in files::graph_files() {
         for fused in [true, false] {
@@ -63,7 +61,6 @@ fn graph_sets() -> Result<Vec<GraphSet>, String> {
             sets.push(GraphSet {
                 name: set_name(&path, fused),
                 graphs: vec![g],
-                fused,
             });
         }
     }
@@ -82,14 +79,8 @@ fn set_name(path: &Path, fused: bool) -> String {
 fn kernels(set: &GraphSet, target: &Target) -> Result<Vec<(String, String, String)>, String> {
     let mut unique: HashMap<String, (String, String)> = HashMap::new();
     for g in &set.graphs {
-        let plan = generate_with(
-            g,
-            target,
-            &CodegenOptions {
-                matmul_epilogues: set.fused,
-            },
-        )
-        .map_err(|e| format!("{}: {e}", g.name))?;
+        let plan = generate_with(g, target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", g.name))?;
         for k in plan.kernels {
             unique.entry(k.entry).or_insert((k.body, k.node));
         }

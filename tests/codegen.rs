@@ -25,7 +25,7 @@ use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
 
-/// The graph as compiled: the default pipeline, or clean-up only without epilogues (unfused).
+/// The graph as compiled: the default pipeline, or clean-up only (unfused).
 fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
     let mut g = format::load(path).unwrap();
     let pm = if fused {
@@ -34,12 +34,7 @@ fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
         PassManager::cleanup()
     };
     pm.run(&mut g).unwrap();
-    (
-        g,
-        CodegenOptions {
-            matmul_epilogues: fused,
-        },
-    )
+    (g, CodegenOptions::default())
 }
 
 #[test]
@@ -188,14 +183,8 @@ fn all_graphs() -> Vec<(Graph, bool)> {
     out
 }
 
-fn plan_for(g: &Graph, fused: bool, arch: &str) -> Result<KernelPlan, CodegenError> {
-    generate_with(
-        g,
-        &Target::parse(arch).unwrap(),
-        &CodegenOptions {
-            matmul_epilogues: fused,
-        },
-    )
+fn plan_for(g: &Graph, arch: &str) -> Result<KernelPlan, CodegenError> {
+    generate_with(g, &Target::parse(arch).unwrap(), &CodegenOptions::default())
 }
 
 /// Issue 11, item 3: the same graph with hostile names and with plain names gives
@@ -203,12 +192,12 @@ fn plan_for(g: &Graph, fused: bool, arch: &str) -> Result<KernelPlan, CodegenErr
 /// on one line, with nothing a C comment would act on.
 #[test]
 fn hostile_names_never_reach_kernel_source() {
-    for (g, fused) in all_graphs() {
+    for (g, _) in all_graphs() {
         let hostile = op_zoo::with_hostile_names(&g);
         for arch in TARGETS {
             let (plain, bad) = (
-                plan_for(&g, fused, arch).unwrap(),
-                plan_for(&hostile, fused, arch).unwrap(),
+                plan_for(&g, arch).unwrap(),
+                plan_for(&hostile, arch).unwrap(),
             );
             assert_eq!(plain.kernels.len(), bad.kernels.len(), "{}", g.name);
             for (a, b) in plain.kernels.iter().zip(&bad.kernels) {
@@ -255,7 +244,7 @@ fn zero_size_dims_in_every_op_generate_and_get_memory() {
             };
             pm.run(&mut c).unwrap();
             for arch in TARGETS {
-                let plan = plan_for(&c, fused, arch).unwrap();
+                let plan = plan_for(&c, arch).unwrap();
                 for k in &plan.kernels {
                     assert!(k.launch.grid.iter().all(|&d| d > 0), "{}", k.entry);
                     // A head size of 0 keeps the scalar kernel: tensor-core fragments of 0

@@ -17,6 +17,8 @@ mod attention_graphs;
 mod edge_cases;
 #[path = "common/linear_graphs.rs"]
 mod linear_graphs;
+#[path = "common/gemm_graphs.rs"]
+mod gemm_graphs;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -1331,6 +1333,19 @@ fn main() {
             format!("zoo::{}", g.name),
             Box::new(move || check_graph(&d, &g, true, 4)),
         );
+    }
+    // Gemm kernels reading and writing the layouts around them in place, at odd sizes.
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for g in gemm_graphs::layouts(dt) {
+            let d = device.clone();
+            let name = format!("gemm_layouts::{}", g.name);
+            push(
+                &mut trials,
+                &ignored,
+                name,
+                Box::new(move || check_graph(&d, &g, true, 6)),
+            );
+        }
     }
     // Hostile names compile to the plain graph's kernels and run like any graph.
     for g in op_zoo::zoo() {

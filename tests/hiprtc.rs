@@ -44,20 +44,13 @@ fn root() -> &'static Path {
 fn compile_all(
     rtc: &Hiprtc,
     graphs: &[rocmforge::ir::Graph],
-    fused: bool,
     arch: &str,
 ) -> Result<Vec<(String, rocmforge::runtime::KernelResources)>, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
     let mut unique: HashMap<String, (String, String)> = HashMap::new();
     for g in graphs {
-        let plan = generate_with(
-            g,
-            &target,
-            &CodegenOptions {
-                matmul_epilogues: fused,
-            },
-        )
-        .map_err(|e| format!("{}: {e}", g.name))?;
+        let plan = generate_with(g, &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", g.name))?;
         for k in &plan.kernels {
             unique
                 .entry(k.entry.clone())
@@ -105,7 +98,7 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
         PassManager::cleanup()
     };
     pm.run(&mut g).map_err(|e| e.to_string())?;
-    let rows = compile_all(rtc, &[g], fused, arch)?;
+    let rows = compile_all(rtc, &[g], arch)?;
     let name = path.file_stem().unwrap().to_string_lossy().into_owned();
     let mode = if fused { "fused" } else { "unfused" };
     let table = report_table(&rows);
@@ -237,7 +230,7 @@ fn hostile_names_compile_to_the_plain_kernels(rtc: &Hiprtc, arch: &str) -> Resul
             return Err(format!("{}: hostile names changed the kernels", p.name).into());
         }
     }
-    compile_all(rtc, &hostile, true, arch).map(|_| ())
+    compile_all(rtc, &hostile, arch).map(|_| ())
 }
 
 /// The plan of `g` (fused or not) for the host runs.
@@ -252,9 +245,7 @@ fn host_plan(g: &Graph, fused: bool) -> Result<(Graph, rocmforge::codegen::Kerne
     let plan = generate_with(
         &c,
         &Target::parse("gfx90a").map_err(|e| e.to_string())?,
-        &CodegenOptions {
-            matmul_epilogues: fused,
-        },
+        &CodegenOptions::default(),
     )
     .map_err(|e| e.to_string())?;
     Ok((c, plan))
@@ -458,7 +449,7 @@ fn main() {
             &rtc,
             RTC,
             format!("compile::{arch}::edge_graphs"),
-            move |rtc| compile_all(&rtc, &edge, true, arch).map(|_| ()),
+            move |rtc| compile_all(&rtc, &edge, arch).map(|_| ()),
         ));
         trials.push(needs(
             &rtc,
@@ -470,7 +461,7 @@ fn main() {
             &rtc,
             RTC,
             format!("compile::{arch}::every_op_and_dtype"),
-            move |rtc| compile_all(&rtc, &op_zoo::zoo(), true, arch).map(|_| ()),
+            move |rtc| compile_all(&rtc, &op_zoo::zoo(), arch).map(|_| ()),
         ));
         for path in files::graph_files() {
             for fused in [true, false] {

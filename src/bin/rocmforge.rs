@@ -533,10 +533,10 @@ fn cmd_compile(
             emit_dir: None,
             ..cg
         };
-        return codegen_for(&graph, arch, no_fuse, &report_only);
+        return codegen_for(&graph, arch, &report_only);
     }
     if let Some(arch) = cg.target {
-        return codegen_for(&graph, arch, no_fuse, &cg);
+        return codegen_for(&graph, arch, &cg);
     }
     if !dump {
         out!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
@@ -592,7 +592,7 @@ fn emit_bundle(
     Ok(())
 }
 
-fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Result<(), String> {
+fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result<(), String> {
     // With --report, hiprtc's own list of targets decides first (and lists them), so hiprtc is
     // never handed one it cannot take. Under `auto` a target hiprtc lacks but our table has a
     // row for goes to clang (see `amd_compiler_for`); one neither knows is hiprtc's error, as
@@ -621,9 +621,7 @@ fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Re
         }
     }
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let options = CodegenOptions {
-        matmul_epilogues: !no_fuse,
-    };
+    let options = CodegenOptions::default();
     let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
     if let Some(dir) = cg.emit_dir {
         std::fs::create_dir_all(dir)

@@ -75,7 +75,7 @@ pub type KernelRewrite = Arc<dyn Fn(&mut Kernel) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct CompileOptions {
-    /// Run the default pass pipeline and matmul epilogues; off: clean-up only, one kernel per op.
+    /// Run the default pass pipeline (GEMM epilogues included); off: clean-up only, one kernel per op.
     pub fuse: bool,
     /// Fill fresh device buffers with a NaN pattern, so a kernel that reads what nobody wrote
     /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
@@ -393,13 +393,11 @@ fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
 }
 
 /// The kernel plan of an optimised graph, with matmul epilogues when fusing.
-fn lower(graph: &Graph, target: &codegen::Target, fuse: bool) -> Result<KernelPlan, CompileError> {
+fn lower(graph: &Graph, target: &codegen::Target) -> Result<KernelPlan, CompileError> {
     Ok(codegen::generate_with(
         graph,
         target,
-        &CodegenOptions {
-            matmul_epilogues: fuse,
-        },
+        &CodegenOptions::default(),
     )?)
 }
 
@@ -458,7 +456,7 @@ fn compile(
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };
-    let mut plan = lower(&compiled.graph, &target, options.fuse)?;
+    let mut plan = lower(&compiled.graph, &target)?;
     if let Some(rewrite) = &options.rewrite_kernels {
         plan.kernels.iter_mut().for_each(|k| rewrite(k));
     }

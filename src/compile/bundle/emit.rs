@@ -66,7 +66,7 @@ pub fn emit(
     options: &EmitOptions,
 ) -> Result<Emitted, BundleError> {
     let graph = optimise(source, options.fuse)?;
-    let plan = lower(&graph, target, options.fuse)?;
+    let plan = lower(&graph, target)?;
     let buffers = describe_buffers(&graph, &plan)?;
     // The data files alone must fit before anything is drawn or interpreted.
     let data_bytes = buffers
