@@ -15,6 +15,8 @@ mod files;
 mod attention_graphs;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -1095,6 +1097,20 @@ fn main() {
             format!("zoo::{}", g.name),
             Box::new(move || check_graph(&d, &g, true, 4)),
         );
+    }
+    // Gemm nodes on the matrix cores (where the device has an atom for the dtype): odd sizes,
+    // element loads, both B layouts, head merge/split views, epilogues, a batch, a large shape;
+    // poisoned outputs against the interpreter.
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::cases(dt, true) {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &ignored,
+                format!("gemm_mma::{}", g.name),
+                Box::new(move || check_graph(&d, &g, false, 12)),
+            );
+        }
     }
     // Hostile names compile to the plain graph's kernels and run like any graph.
     for g in op_zoo::zoo() {
