@@ -107,6 +107,29 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const unsigned short* p, bool ok) {
 #pragma unroll
             for (int i = 0; i < {{ b_iters }}; ++i) *(rf_gemm_u4*)&Bs[st_][rf_gemm_sb(b_r[i], b_c[i])] = b_reg[i];
         }{% endmacro %}
+{#- The stored value of element e + h of accumulator tile (i, j), at column col0 + h, into `to`. -#}
+{%- macro value(h, to) %}{
+                    const int col = col0 + {{ h }};
+                    const float acc_v = acc[i][j][e + {{ h }}];
+{%- if p.epilogue %}
+                    const float acc_r = {{ p.acc }};
+{%- endif %}
+{%- for x in p.extras %}
+                    const {{ x.vtype }} x{{ x.index }} = {{ x.load }};
+{%- endfor %}
+{%- for l in p.lines %}
+                    {{ l }}
+{%- endfor %}
+                    {{ to }} = {{ p.store }};
+                }{% endmacro %}
+{%- if c_pairs %}
+// Two adjacent outputs in one store (the address is aligned to the pair: checked when generated).
+{%- if p.c_t == "float" %}
+RF_INLINE void rf_gemm_store2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+{%- else %}
+RF_INLINE void rf_gemm_store2(unsigned short* p, unsigned short a, unsigned short b) { *(unsigned*)p = (unsigned)a | ((unsigned)b << 16); }
+{%- endif %}
+{%- endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
     __shared__ __align__(16) unsigned short As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
     __shared__ __align__(16) unsigned short Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
@@ -171,21 +194,32 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 {{ compute("kt & 1") }}        if (next) {{ store_tile("(kt + 1) & 1") }}
         __syncthreads();
     }
-{% endif %}    // The epilogue, on each accumulator where the atom's C layout puts it.
+{% endif %}    // The epilogue, on each accumulator where the atom's C layout puts it{% if c_pairs %}: elements 2h and 2h + 1 of
+    // a lane are adjacent columns, and the out view is contiguous along N with even strides, so
+    // each pair is one aligned store{% endif %}.
 #pragma unroll
     for (int i = 0; i < {{ fm }}; ++i) {
 #pragma unroll
         for (int j = 0; j < {{ fn_ }}; ++j) {
 #pragma unroll
-            for (int e = 0; e < {{ P }}_C_ELEMS; ++e) {
+            for (int e = 0; e < {{ P }}_C_ELEMS; e += {{ 2 if c_pairs else 1 }}) {
                 const int row = m0 + wm0 + i * {{ P }}_M + {{ P }}_c_row(lane, e);
-                const int col = n0 + wn0 + j * {{ P }}_N + {{ P }}_c_col(lane, e);
-                if (row >= {{ p.m }} || col >= {{ p.n }}) continue;
-                const float acc_v = acc[i][j][e];
-{% if p.epilogue %}                const float acc_r = {{ p.acc }};
-{% endif %}{% for x in p.extras %}                const {{ x.vtype }} x{{ x.index }} = {{ x.load }};
-{% endfor %}{% for l in p.lines %}                {{ l }}
-{% endfor %}                C[rf_c_at(bz, row, col)] = {{ p.store }};
+                const int col0 = n0 + wn0 + j * {{ P }}_N + {{ P }}_c_col(lane, e);
+                if (row >= {{ p.m }} || col0 >= {{ p.n }}) continue;
+{%- if c_pairs %}
+                {{ p.c_t }} v0, v1;
+                {{ value("0", "v0") }}
+                if (col0 + 1 < {{ p.n }}) {
+                    {{ value("1", "v1") }}
+                    rf_gemm_store2(C + rf_c_at(bz, row, col0), v0, v1);
+                } else {
+                    C[rf_c_at(bz, row, col0)] = v0;
+                }
+{%- else %}
+                {{ p.c_t }} v0;
+                {{ value("0", "v0") }}
+                C[rf_c_at(bz, row, col0)] = v0;
+{%- endif %}
             }
         }
     }

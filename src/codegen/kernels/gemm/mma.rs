@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
-use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, MmaAtom};
+use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, Bit, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::target::Arch;
 use super::super::super::{CodegenError, Target};
@@ -82,14 +82,31 @@ pub(crate) struct Access {
 /// indices along `inner` from a multiple of 8 are 8 consecutive elements at a 16-byte aligned
 /// address (buffers are allocated aligned).
 pub(crate) fn vectorizable(axes: &[Axis], inner: Option<usize>) -> bool {
+    in_pieces(axes, inner, CHUNK)
+}
+
+/// Whether `width` indices along sub-axis `inner`, from a multiple of `width`, are `width`
+/// consecutive elements at an offset that is a multiple of `width`.
+fn in_pieces(axes: &[Axis], inner: Option<usize>, width: usize) -> bool {
     let Some(inner) = inner else { return false };
     let a = axes[inner];
     a.stride == 1
-        && a.size.is_multiple_of(CHUNK)
+        && a.size.is_multiple_of(width)
         && axes
             .iter()
             .enumerate()
-            .all(|(i, x)| i == inner || x.size == 1 || x.stride.is_multiple_of(CHUNK))
+            .all(|(i, x)| i == inner || x.size == 1 || x.stride.is_multiple_of(width))
+}
+
+/// Whether the epilogue stores accumulator elements 2h and 2h + 1 together: the atom puts
+/// adjacent columns there (element bit 0 is column bit 0), the result is a 16- or 32-bit float,
+/// and the out view holds column pairs adjacent and pair-aligned.
+pub(crate) fn stores_pairs(g: &Gemm, atom: &MmaAtom, p: &Problem) -> bool {
+    let out = g.out.axes(&g.dims, Operand::Out);
+    let n_inner = (!g.dims.n.is_empty()).then(|| out.len() - 1);
+    atom.c.elem_bits.first() == Some(&Bit::Col(0))
+        && matches!(p.c_t, "float" | "rf_half" | "rf_bf16")
+        && in_pieces(&out, n_inner, 2)
 }
 
 /// The innermost sub-axis of K in A's and B's axis lists, and of N in B's.
@@ -286,6 +303,8 @@ struct Context<'a> {
     b_form: BForm,
     cp_async: bool,
     ldmatrix: bool,
+    /// The epilogue stores column pairs ([`stores_pairs`]).
+    c_pairs: bool,
     ta: TileLayout,
     tb: TileLayout,
     /// 16-byte chunks of a tile per thread.
@@ -329,6 +348,7 @@ pub(crate) fn kernel(
         b_form: acc.b_form,
         cp_async: acc.cp_async,
         ldmatrix: acc.ldmatrix,
+        c_pairs: stores_pairs(g, atom, p),
         ta,
         tb,
         a_iters: a_chunks / threads,
@@ -392,6 +412,32 @@ mod tests {
             epilogue: None,
             shape: crate::ir::Shape(vec![m, n]),
         }
+    }
+
+    #[test]
+    fn column_pairs_are_stored_together_where_the_atom_and_the_out_view_allow() {
+        let sm90 = arch("sm_90").unwrap().mma[0];
+        let p = Problem::empty_for_tests();
+        assert!(stores_pairs(&gemm(7, 48, 40, kn(48)), sm90, &p));
+        // N odd: the rows start at odd offsets.
+        assert!(!stores_pairs(&gemm(7, 45, 40, kn(45)), sm90, &p));
+        // The out view transposed (column stride 7).
+        let mut t = gemm(7, 48, 40, kn(48));
+        t.out = View {
+            batch: vec![],
+            rows: vec![1],
+            cols: vec![7],
+        };
+        assert!(!stores_pairs(&t, sm90, &p));
+        // MFMA's accumulator elements run down a column.
+        let mfma = arch("gfx942").unwrap().mma[0];
+        assert!(!stores_pairs(&gemm(7, 48, 40, kn(48)), mfma, &p));
+        // An integer result has no pair store.
+        let int = Problem {
+            c_t: "long long",
+            ..Problem::empty_for_tests()
+        };
+        assert!(!stores_pairs(&gemm(7, 48, 40, kn(48)), sm90, &int));
     }
 
     #[test]
