@@ -189,6 +189,13 @@ impl TileLayout {
     fn elems(&self) -> usize {
         self.rows * self.ld
     }
+
+    /// The element index of (r, c), as the template's `rf_gemm_sa`/`rf_gemm_sb` compute it
+    /// (tests evaluate the tiling through it).
+    #[cfg(test)]
+    fn index(&self, r: usize, c: usize) -> usize {
+        r * self.ld + ((((c >> 3) ^ ((r / self.swz_div) % self.swz_mod)) << 3) | (c & 7))
+    }
 }
 
 fn tiles(c: &Config, acc: &Access) -> (TileLayout, TileLayout) {
@@ -258,12 +265,17 @@ fn blocks(c: &Config, p: &Problem) -> usize {
 }
 
 /// The largest tile that still gives [`MIN_BLOCKS`] blocks; when none does, the one that gives
-/// the most (a small problem is spread as widely as the tiles allow).
+/// the most (a small problem is spread as widely as the tiles allow), with the most warps among
+/// those (few blocks: each should hide its own latency).
 pub(crate) fn choose(cands: &[Config], p: &Problem) -> Option<Config> {
     cands
         .iter()
         .find(|c| blocks(c, p) >= MIN_BLOCKS)
-        .or_else(|| cands.iter().max_by_key(|c| blocks(c, p)))
+        .or_else(|| {
+            cands
+                .iter()
+                .max_by_key(|c| (blocks(c, p), c.warps_m * c.warps_n))
+        })
         .copied()
 }
 
@@ -411,6 +423,146 @@ mod tests {
             extras: vec![],
             epilogue: None,
             shape: crate::ir::Shape(vec![m, n]),
+        }
+    }
+
+    /// Every tile layout of every candidate holds each element once, keeps each 16-byte chunk
+    /// whole and aligned, and (swizzled) puts the 8 rows of one ldmatrix phase on 8 distinct
+    /// 16-byte bank groups.
+    #[test]
+    fn tile_layouts_are_bijective_chunked_and_conflict_free() {
+        for name in ["sm_90", "gfx942", "gfx1100"] {
+            let caps = arch(name).unwrap();
+            let atom = caps.mma[0];
+            for form in [BForm::Nk, BForm::Kn] {
+                let acc = Access {
+                    a_vec: true,
+                    b_vec: true,
+                    b_form: form,
+                    cp_async: caps.async_copy.has_cp_async(),
+                    ldmatrix: ldmatrix_a(atom).is_some(),
+                };
+                for c in candidates(atom, &acc, caps) {
+                    let (ta, tb) = tiles(&c, &acc);
+                    for t in [ta, tb] {
+                        let mut seen = vec![false; t.elems()];
+                        for r in 0..t.rows {
+                            for col in (0..t.cols).step_by(CHUNK) {
+                                let at = t.index(r, col);
+                                assert_eq!(at % CHUNK, 0, "{t:?}");
+                                for h in 0..CHUNK {
+                                    assert_eq!(t.index(r, col + h), at + h);
+                                    assert!(!std::mem::replace(&mut seen[at + h], true));
+                                }
+                            }
+                        }
+                        if acc.ldmatrix {
+                            for r0 in (0..t.rows).step_by(8) {
+                                for col in (0..t.cols).step_by(CHUNK) {
+                                    let mut groups: Vec<usize> =
+                                        (r0..r0 + 8).map(|r| t.index(r, col) / 8 % 8).collect();
+                                    groups.sort();
+                                    groups.dedup();
+                                    assert_eq!(groups.len(), 8, "{t:?} rows {r0}.. col {col}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The kernel's fragment loads on a swizzled tile, emulated: `ldmatrix.x4` (PTX ISA: register
+    /// j of thread T holds elements 2(T%4) + {0, 1} of row T/4 of matrix j, `.trans` the
+    /// transposed pair) from the addresses the helpers give, through the tile's index, yields the
+    /// documented A and B fragments of every atom tile of every warp.
+    #[test]
+    fn ldmatrix_on_swizzled_tiles_loads_the_documented_fragments() {
+        let caps = arch("sm_90").unwrap();
+        let atom = caps.mma[0];
+        let la = ldmatrix_a(atom).unwrap();
+        let lb = ldmatrix_pairs(atom).unwrap();
+        for form in [BForm::Nk, BForm::Kn] {
+            let acc = Access {
+                a_vec: true,
+                b_vec: true,
+                b_form: form,
+                cp_async: true,
+                ldmatrix: true,
+            };
+            for c in candidates(atom, &acc, caps) {
+                let (ta, tb) = tiles(&c, &acc);
+                // Each element holds its own (row, col) of the tile.
+                let fill = |t: &TileLayout| {
+                    let mut mem = vec![(usize::MAX, usize::MAX); t.elems()];
+                    for r in 0..t.rows {
+                        for col in 0..t.cols {
+                            mem[t.index(r, col)] = (r, col);
+                        }
+                    }
+                    mem
+                };
+                let (ma, mb) = (fill(&ta), fill(&tb));
+                let (wm, wn) = (c.bm / c.warps_m, c.bn / c.warps_n);
+                let (am, an, ak) = (atom.m as usize, atom.n as usize, atom.k as usize);
+                for (wm0, wn0) in [(0, 0), (c.bm - wm, c.bn - wn)] {
+                    for kk in (0..c.bk).step_by(ak) {
+                        for i in 0..wm / am {
+                            let addr = |l: u32| {
+                                ta.index(
+                                    wm0 + i * am + la.row.eval(l, 0) as usize,
+                                    kk + la.col.eval(l, 0) as usize,
+                                )
+                            };
+                            for t in 0..32u32 {
+                                for e in 0..8u32 {
+                                    let (j, h) = (e / 2, e % 2);
+                                    let got =
+                                        ma[addr(8 * j + t / 4) + 2 * (t % 4) as usize + h as usize];
+                                    let (r, k) = atom.a.coord(t, e);
+                                    assert_eq!(got, (wm0 + i * am + r as usize, kk + k as usize));
+                                }
+                            }
+                        }
+                        for j in (0..wn / an).step_by(2) {
+                            for t in 0..32u32 {
+                                for f in 0..2u32 {
+                                    for e in 0..4u32 {
+                                        let (q, h) = (2 * f + e / 2, e % 2);
+                                        let (k, n) = atom.b.coord(t, e);
+                                        let (k, n) = (
+                                            kk + k as usize,
+                                            wn0 + (j + f as usize) * an + n as usize,
+                                        );
+                                        let got = match form {
+                                            BForm::Nk => {
+                                                let l = 8 * q + t / 4;
+                                                let at = tb.index(
+                                                    wn0 + j * an + lb.nk_row.eval(l, 0) as usize,
+                                                    kk + lb.nk_col.eval(l, 0) as usize,
+                                                );
+                                                let (rn, ck) =
+                                                    mb[at + 2 * (t % 4) as usize + h as usize];
+                                                (ck, rn)
+                                            }
+                                            BForm::Kn => {
+                                                let l = 8 * q + 2 * (t % 4) + h;
+                                                let at = tb.index(
+                                                    kk + lb.kn_row.eval(l, 0) as usize,
+                                                    wn0 + j * an + lb.kn_col.eval(l, 0) as usize,
+                                                );
+                                                mb[at + (t / 4) as usize]
+                                            }
+                                        };
+                                        assert_eq!(got, (k, n), "{c:?} {form:?} thread {t}");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
