@@ -265,16 +265,21 @@ fn blocks(c: &Config, p: &Problem) -> usize {
 }
 
 /// The largest tile that still gives [`MIN_BLOCKS`] blocks; when none does, the one that gives
-/// the most (a small problem is spread as widely as the tiles allow), with the most warps among
-/// those (few blocks: each should hide its own latency).
+/// the most (a small problem is spread as widely as the tiles allow); among those the smallest
+/// tile (the least work past the edges), then the most warps (few blocks: each should hide its
+/// own latency).
 pub(crate) fn choose(cands: &[Config], p: &Problem) -> Option<Config> {
     cands
         .iter()
         .find(|c| blocks(c, p) >= MIN_BLOCKS)
         .or_else(|| {
-            cands
-                .iter()
-                .max_by_key(|c| (blocks(c, p), c.warps_m * c.warps_n))
+            cands.iter().max_by_key(|c| {
+                (
+                    blocks(c, p),
+                    std::cmp::Reverse(c.bm * c.bn),
+                    c.warps_m * c.warps_n,
+                )
+            })
         })
         .copied()
 }
@@ -720,5 +725,7 @@ mod tests {
         assert_eq!(pick(512, 384, 16), (128, 128));
         // Small: as many blocks as the smallest tile gives.
         assert_eq!(pick(77, 45, 1), (64, 64));
+        // Every tile gives 3 blocks: the smallest wastes the least.
+        assert_eq!(pick(50, 40, 3), (64, 64));
     }
 }
