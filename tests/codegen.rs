@@ -8,6 +8,8 @@ mod attention_graphs;
 mod edge_cases;
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -480,5 +482,73 @@ fn causal_offsets_are_clamped_into_range() {
                 "{off} → {lit}"
             );
         }
+    }
+}
+
+/// f16 and bf16 Gemm nodes go to the matrix-core kernel on every target with an atom for them
+/// (one kernel each, with the geometry `launch` gives), f32 and targets without atoms to the
+/// CUDA-core one. One kernel per target family is a snapshot.
+#[test]
+fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
+    for arch in [
+        "sm_80", "sm_90", "gfx90a", "gfx942", "gfx1100", "gfx1201", "gfx1030",
+    ] {
+        let t = Target::parse(arch).unwrap();
+        for dt in [DType::F16, DType::BF16, DType::F32] {
+            for g in gemm_cases::cases(dt, true) {
+                let plan = generate(&g, &t).unwrap();
+                assert_eq!(plan.kernels.len(), 1, "{arch} {}", g.name);
+                let k = &plan.kernels[0];
+                let has_atom = t.caps.mma.iter().any(|a| a.input == dt);
+                let want = if has_atom { "gemm_mma" } else { "gemm" };
+                assert_eq!(k.family, want, "{arch} {}", g.name);
+                if has_atom {
+                    // Threads are whole waves; the grid covers M and N with the tile the
+                    // kernel's comment names.
+                    assert_eq!(k.launch.block[0] % t.wave_size, 0);
+                    let tile = k
+                        .body
+                        .lines()
+                        .find_map(|l| l.strip_prefix("// Block tile "))
+                        .unwrap();
+                    let (bm, rest) = tile.split_once('×').unwrap();
+                    let bn: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                    let (bm, bn): (u32, u32) = (bm.parse().unwrap(), bn.parse().unwrap());
+                    let Op::Gemm(gm) = g.op(g.outputs()[0]) else {
+                        panic!("{} ends in a Gemm", g.name)
+                    };
+                    let [batch, m, n, _] = gm.dims.sizes().unwrap();
+                    assert_eq!(
+                        k.launch.grid,
+                        [
+                            n.div_ceil(bn as usize) as u32,
+                            m.div_ceil(bm as usize) as u32,
+                            batch as u32
+                        ],
+                        "{arch} {}",
+                        g.name
+                    );
+                }
+            }
+        }
+    }
+    for (arch, case) in [
+        ("sm_90", "heads_bias_gelu"),
+        ("gfx942", "heads_bias_gelu"),
+        ("gfx1100", "k36"),
+        ("gfx1201", "odd_kn"),
+    ] {
+        let t = Target::parse(arch).unwrap();
+        let g = gemm_cases::cases(DType::F16, false)
+            .into_iter()
+            .find(|g| g.name.contains(case))
+            .unwrap();
+        let plan = generate(&g, &t).unwrap();
+        files::snapshot_settings().bind(|| {
+            insta::assert_snapshot!(
+                format!("kernels__gemm_mma_{case}_f16__{arch}"),
+                plan.kernels[0].body
+            )
+        });
     }
 }

@@ -19,6 +19,8 @@ mod edge_cases;
 mod linear_graphs;
 #[path = "common/gemm_graphs.rs"]
 mod gemm_graphs;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -1344,6 +1346,20 @@ fn main() {
                 &ignored,
                 name,
                 Box::new(move || check_graph(&d, &g, true, 6)),
+            );
+        }
+    }
+    // Gemm nodes on the matrix cores (where the device has an atom for the dtype): odd sizes,
+    // element loads, both B layouts, head merge/split views, epilogues, a batch, a large shape;
+    // poisoned outputs against the interpreter.
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::cases(dt, true) {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &ignored,
+                format!("gemm_mma::{}", g.name),
+                Box::new(move || check_graph(&d, &g, false, 12)),
             );
         }
     }

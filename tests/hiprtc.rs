@@ -28,6 +28,8 @@ use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError}
 
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
 #[path = "common/op_zoo.rs"]
@@ -379,6 +381,34 @@ fn host_gathers(cxx: &Path) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The matrix-core GEMM kernels of every Gemm case (f16 and bf16) compile for `arch` with no
+/// spills, no scratch and LDS within the target's; their resource report is a snapshot.
+fn gemm_mma(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let graphs: Vec<Graph> = [rocmforge::ir::DType::F16, rocmforge::ir::DType::BF16]
+        .into_iter()
+        .flat_map(|dt| gemm_cases::cases(dt, true))
+        .collect();
+    for g in &graphs {
+        let plan = rocmforge::codegen::generate(g, &target).map_err(|e| e.to_string())?;
+        if plan.kernels.iter().any(|k| k.family != "gemm_mma") {
+            return Err(format!("{}: not on the matrix cores on {arch}", g.name).into());
+        }
+    }
+    let rows = compile_all(rtc, &graphs, arch)?;
+    for (node, r) in &rows {
+        if r.scratch_bytes > 0 || r.lds_bytes > u64::from(target.caps.static_shared_bytes) {
+            return Err(format!("{} (%{node}) on {arch}: {r:?}", r.name).into());
+        }
+    }
+    let table = report_table(&rows);
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings()
+            .bind(|| insta::assert_snapshot!(format!("resources__gemm_mma__{arch}"), table))
+    })
+    .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
+}
+
 /// A trial that needs `tool` (hiprtc, a host compiler): it runs with it; without it, it fails
 /// when `require` (the environment variable that demands the tool) is set to 1, and is
 /// reported ignored, with the reason, otherwise.
@@ -416,6 +446,9 @@ fn main() {
         ),
         needs(&rtc, RTC, "compile::gfx90a::mma_probes".into(), |rtc| {
             mma_probes(&rtc, "gfx90a")
+        }),
+        needs(&rtc, RTC, "compile::gfx90a::gemm_mma".into(), |rtc| {
+            gemm_mma(&rtc, "gfx90a")
         }),
     ];
     type HostTrial = fn(&Path) -> Result<(), Failed>;

@@ -46,6 +46,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_scalar.hip"),
     ),
     (
+        "gemm_mma.hip",
+        include_str!("../../kernel_templates/gemm_mma.hip"),
+    ),
+    (
         "softmax.hip",
         include_str!("../../kernel_templates/softmax.hip"),
     ),

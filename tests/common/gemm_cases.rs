@@ -1,0 +1,179 @@
+//! Gemm nodes for the matrix-core kernel, built directly with `Graph::gemm`: odd sizes (not
+//! multiples of any tile), K not a multiple of 8 (element loads), B read as stored and
+//! transposed, a head-merged A, a head-split result, bias + GELU and residual epilogues, a batch
+//! with a broadcast B, and a large shape. Each is built for f16 and bf16.
+
+#![allow(dead_code)]
+
+use rocmforge::ir::gemm::Operand;
+use rocmforge::ir::{BinaryOp, DType, Expr, Gemm, GemmDims, Graph, Shape, UnaryOp, View};
+
+fn dims(batch: &[usize], m: &[usize], n: &[usize], k: &[usize]) -> GemmDims {
+    GemmDims {
+        batch: batch.to_vec(),
+        m: m.to_vec(),
+        n: n.to_vec(),
+        k: k.to_vec(),
+    }
+}
+
+fn plain(d: GemmDims, b: View, shape: &[usize]) -> Gemm {
+    Gemm {
+        a: View::contiguous(&d, Operand::A),
+        out: View::contiguous(&d, Operand::Out),
+        b,
+        dims: d,
+        extras: vec![],
+        epilogue: None,
+        shape: Shape(shape.to_vec()),
+    }
+}
+
+/// B stored `[N, K]` (a weight used transposed): K contiguous.
+fn b_nk(k: usize) -> View {
+    View {
+        batch: vec![],
+        rows: vec![1],
+        cols: vec![k],
+    }
+}
+
+/// B stored `[K, N]`: N contiguous.
+fn b_kn(n: usize) -> View {
+    View {
+        batch: vec![],
+        rows: vec![n],
+        cols: vec![1],
+    }
+}
+
+fn graph(name: String, dt: DType, gemm: Gemm, inputs: &[&[usize]]) -> Graph {
+    let mut g = Graph::new(name);
+    let ids: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| g.input(&format!("in{i}"), dt, s).expect("an input"))
+        .collect();
+    let out = g
+        .gemm(gemm, ids[0], ids[1], &ids[2..])
+        .expect("a valid gemm");
+    g.set_outputs(&[out]).expect("an output");
+    g
+}
+
+/// A plain `[M, K] · B` with B stored `[N, K]` (`nk`) or `[K, N]`.
+pub fn plain_case(dt: DType, m: usize, n: usize, k: usize, nk: bool) -> Graph {
+    let (b, b_shape) = if nk {
+        (b_nk(k), [n, k])
+    } else {
+        (b_kn(n), [k, n])
+    };
+    let layout = if nk { "nk" } else { "kn" };
+    graph(
+        format!("gemm_{m}x{n}x{k}_{layout}_{dt}"),
+        dt,
+        plain(dims(&[], &[m], &[n], &[k]), b, &[m, n]),
+        &[&[m, k], &b_shape],
+    )
+}
+
+/// Every case, for one dtype; `large` adds M=4096, N=384, K=384 in both B layouts.
+pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
+    let n = |s: &str| format!("gemm_{s}_{dt}");
+    let mut v = vec![
+        // Odd M and N, K = 40: A in 16-byte pieces; B [K, N] with N = 45 element by element.
+        graph(
+            n("odd_kn"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[40]), b_kn(45), &[77, 45]),
+            &[&[77, 40], &[40, 45]],
+        ),
+        // B transposed ([N, K], K = 40 contiguous): both operands in pieces.
+        graph(
+            n("odd_nk"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[40]), b_nk(40), &[77, 45]),
+            &[&[77, 40], &[45, 40]],
+        ),
+        // K = 36: no operand reads in pieces; the K tile is partial.
+        graph(
+            n("k36"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[36]), b_nk(36), &[77, 45]),
+            &[&[77, 36], &[45, 36]],
+        ),
+    ];
+    // Head merge in, bias + GELU, head split out: A [B, H, S, D] read as [B*S, H*D]; B a
+    // weight [N, K]; the result [B, H2, S, D2] written from rows (b, s) and columns (h2, d2).
+    let (b, h, s, d, h2, d2) = (2, 4, 33, 16, 3, 24);
+    let (k, nn) = (h * d, h2 * d2);
+    let hm = dims(&[], &[b, s], &[h2, d2], &[h, d]);
+    let gelu = Gemm {
+        dims: hm,
+        a: View {
+            batch: vec![],
+            rows: vec![h * s * d, d],
+            cols: vec![s * d, 1],
+        },
+        b: View {
+            batch: vec![],
+            rows: vec![d, 1],
+            cols: vec![d2 * k, k],
+        },
+        out: View {
+            batch: vec![],
+            rows: vec![h2 * s * d2, d2],
+            cols: vec![s * d2, 1],
+        },
+        extras: vec![View {
+            batch: vec![],
+            rows: vec![0, 0],
+            cols: vec![d2, 1],
+        }],
+        epilogue: Some(Expr::Unary(
+            UnaryOp::Gelu,
+            Box::new(Expr::Binary(
+                BinaryOp::Add,
+                Box::new(Expr::Input(0)),
+                Box::new(Expr::Input(1)),
+            )),
+        )),
+        shape: Shape(vec![b, h2, s, d2]),
+    };
+    v.push(graph(
+        n("heads_bias_gelu"),
+        dt,
+        gelu,
+        &[&[b, h, s, d], &[nn, k], &[nn]],
+    ));
+    // A residual added to the product.
+    let rd = dims(&[], &[130], &[96], &[72]);
+    let mut res = plain(rd.clone(), b_nk(72), &[130, 96]);
+    res.extras = vec![View::contiguous(&rd, Operand::Out)];
+    res.epilogue = Some(Expr::Binary(
+        BinaryOp::Add,
+        Box::new(Expr::Input(0)),
+        Box::new(Expr::Input(1)),
+    ));
+    v.push(graph(
+        n("residual"),
+        dt,
+        res,
+        &[&[130, 72], &[96, 72], &[130, 96]],
+    ));
+    // Batched, B [K, N] shared by every batch (batch stride 0).
+    let bd = dims(&[3], &[50], &[40], &[48]);
+    let mut bat = plain(bd, b_kn(40), &[3, 50, 40]);
+    bat.b.batch = vec![0];
+    v.push(graph(
+        n("batched_shared_b"),
+        dt,
+        bat,
+        &[&[3, 50, 48], &[48, 40]],
+    ));
+    if large {
+        v.push(plain_case(dt, 4096, 384, 384, true));
+        v.push(plain_case(dt, 4096, 384, 384, false));
+    }
+    v
+}
