@@ -1,99 +1,307 @@
-//! The CUDA-core GEMM kernels on the best GPU: the small-M (decode) kernel in GB/s of the
-//! bytes it must move (B once, A, the result: `batch·(N·K + M·K + M·N)·|dtype|`), the
-//! register-blocked kernel in TF/s (`2·batch·M·N·K`). Time is taken between stream
-//! synchronisations over `ITERS` runs after a warm-up. Without a GPU there is nothing to time.
+//! Linear layers as the models lower them, `x [M,K] @ permute(W [N,K])` with the weight stored
+//! `[N,K]` as in Hugging Face and GGUF files, compiled through the public API on the best device:
+//! whatever kernels the compiler picks for that graph (a layout copy and a matmul, or one GEMM
+//! reading the weight in place) are what is timed. Shapes are the (N, K) of all-MiniLM-L6-v2 and
+//! SmolLM2-135M at M ∈ {1, 16, 128, 4096}, in f16, bf16 and f32, plus bias + GELU in the
+//! epilogue for MiniLM's FFN-up shape. Throughput counts 2·M·N·K FLOPs.
 //!
-//! `cargo bench --bench gemm`; `ROCMFORGE_BENCH_FILTER` and `ROCMFORGE_BENCH_JSON` as described
-//! in benches/common/summary.rs.
+//! Time is taken between stream synchronisations (launches enqueued on one stream, then that
+//! stream synchronised). On a CPU-only machine the same bench runs the interpreter at M ≤ 16 on
+//! MiniLM's shapes.
+//!
+//! `cargo bench --bench gemm`; `ROCMFORGE_BENCH_FILTER`, `ROCMFORGE_BENCH_TABLE_ONLY` and
+//! `ROCMFORGE_BENCH_JSON` as described in benches/common/summary.rs (torch_compare.py --gemm
+//! reads the JSON).
 
-#[path = "../tests/common/gemm_cases.rs"]
-mod gemm_cases;
-// This bench prints only its table: `table_only` has nothing to skip here.
-#[allow(dead_code)]
+#[path = "../tests/common/linear_graphs.rs"]
+mod linear_graphs;
 #[path = "common/summary.rs"]
 mod summary;
 #[path = "common/timing.rs"]
 mod timing;
 
-use gemm_cases::Case;
-use rocmforge::compile::CompileOptions;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use linear_graphs::linear;
+use rocmforge::compile::{CompileOptions, Compiled};
 use rocmforge::interp::Bindings;
-use rocmforge::ir::{DType, Graph};
+use rocmforge::ir::{DType, Graph, GraphError};
 use rocmforge::runtime::Device;
+use timing::time_runs;
 
-const ITERS: u64 = 50;
-
-fn cases() -> Vec<Case> {
-    let case = |dtype, m, n, k, nk| Case {
-        dtype,
-        batch: 1,
-        m,
-        n,
-        k,
-        nk,
-        bias_silu: false,
-    };
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::BF16, DType::F32] {
-        for m in [1, 16] {
-            for (n, k) in [(4096, 4096), (11008, 4096), (4096, 11008), (1536, 576)] {
-                v.push(case(dtype, m, n, k, true));
-            }
-            v.push(case(dtype, m, 4096, 4096, false));
-        }
-    }
-    for nk in [false, true] {
-        v.push(case(DType::F32, 4096, 4096, 4096, nk));
-        v.push(case(DType::F32, 4096, 384, 1536, nk));
-        v.push(case(DType::F32, 1024, 1024, 1024, nk));
-    }
-    v
+/// One linear layer of a model: its output features N and input features K.
+struct Layer {
+    model: &'static str,
+    layer: &'static str,
+    n: usize,
+    k: usize,
 }
 
-fn main() {
+/// all-MiniLM-L6-v2: hidden 384, intermediate 1536.
+const MINILM: [Layer; 3] = [
+    Layer {
+        model: "minilm",
+        layer: "qkvo",
+        n: 384,
+        k: 384,
+    },
+    Layer {
+        model: "minilm",
+        layer: "ffn_up",
+        n: 1536,
+        k: 384,
+    },
+    Layer {
+        model: "minilm",
+        layer: "ffn_down",
+        n: 384,
+        k: 1536,
+    },
+];
+
+/// SmolLM2-135M: hidden 576, intermediate 1536, 9 query heads and 3 key/value heads of 64,
+/// vocabulary 49152. q and o share (576, 576); k and v (192, 576); gate and up (1536, 576).
+const SMOLLM2: [Layer; 5] = [
+    Layer {
+        model: "smollm2",
+        layer: "q_o",
+        n: 576,
+        k: 576,
+    },
+    Layer {
+        model: "smollm2",
+        layer: "kv",
+        n: 192,
+        k: 576,
+    },
+    Layer {
+        model: "smollm2",
+        layer: "gate_up",
+        n: 1536,
+        k: 576,
+    },
+    Layer {
+        model: "smollm2",
+        layer: "down",
+        n: 576,
+        k: 1536,
+    },
+    Layer {
+        model: "smollm2",
+        layer: "lm_head",
+        n: 49152,
+        k: 576,
+    },
+];
+
+/// The layer that also gets the bias + GELU epilogue: BERT's FFN up-projection.
+const EPILOGUE_LAYER: (&str, &str) = ("minilm", "ffn_up");
+
+struct Case {
+    model: &'static str,
+    layer: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    /// `gelu(x·Wᵀ + b)` instead of `x·Wᵀ`.
+    bias_gelu: bool,
+}
+
+impl Case {
+    fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// `M128_N1536_K384_f16` (`_bias_gelu` with the epilogue): what ROCMFORGE_BENCH_FILTER
+    /// matches and torch_compare.py reads back.
+    fn name(&self) -> String {
+        format!(
+            "M{}_N{}_K{}_{}{}",
+            self.m,
+            self.n,
+            self.k,
+            self.dtype,
+            if self.bias_gelu { "_bias_gelu" } else { "" }
+        )
+    }
+
+    /// The graph a model's frontend builds for this layer.
+    fn graph(&self) -> Result<Graph, GraphError> {
+        linear(
+            &self.name(),
+            self.m,
+            self.n,
+            self.k,
+            self.dtype,
+            self.bias_gelu,
+        )
+    }
+}
+
+fn cases(gpu: bool) -> Vec<Case> {
+    let (ms, dtypes, layers): (&[usize], &[DType], Vec<&Layer>) = if gpu {
+        (
+            &[1, 16, 128, 4096],
+            &[DType::F16, DType::BF16, DType::F32],
+            MINILM.iter().chain(&SMOLLM2).collect(),
+        )
+    } else {
+        // The interpreter's matmul is a plain loop: small shapes keep the bench to a minute.
+        (&[1, 16], &[DType::F32, DType::F16], MINILM.iter().collect())
+    };
+    let mut out = Vec::new();
+    for &dtype in dtypes {
+        for layer in &layers {
+            for &m in ms {
+                for bias_gelu in [false, true] {
+                    if bias_gelu && (layer.model, layer.layer) != EPILOGUE_LAYER {
+                        continue;
+                    }
+                    out.push(Case {
+                        model: layer.model,
+                        layer: layer.layer,
+                        m,
+                        n: layer.n,
+                        k: layer.k,
+                        dtype,
+                        bias_gelu,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Seconds per run: the median of `repeats` timings, each of enough back-to-back runs to last
+/// about `target` (at least one), so that the M = 1 rows are not a single launch's latency.
+fn seconds_per_run(c: &Compiled, inputs: &Bindings, target: Duration, repeats: usize) -> f64 {
+    let once = time_runs(c, inputs, 1).as_secs_f64().max(1e-7);
+    let iters = (target.as_secs_f64() / once).ceil().clamp(1.0, 2000.0) as u64;
+    let mut times: Vec<f64> = (0..repeats)
+        .map(|_| time_runs(c, inputs, iters).as_secs_f64() / iters as f64)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+struct Row {
+    case: Case,
+    seconds: f64,
+    /// The plan's kernels by family, in launch order (`copy+matmul`), or `interpreter`.
+    kernels: String,
+}
+
+fn kernel_families(c: &Compiled) -> String {
+    match &c.plan {
+        Some(plan) => plan
+            .kernels
+            .iter()
+            .map(|k| k.family)
+            .collect::<Vec<_>>()
+            .join("+"),
+        None => "interpreter".into(),
+    }
+}
+
+fn bench(c: &mut Criterion) {
     let (device, notes) = Device::best().unwrap_or_else(|e| {
         eprintln!("error: {e}");
         std::process::exit(2)
     });
-    if !device.is_gpu() {
-        eprintln!("no GPU ({}): nothing to time", notes.join("; "));
-        return;
+    let gpu = device.is_gpu();
+    if !gpu {
+        eprintln!(
+            "no GPU ({}): benchmarking the interpreter on small shapes",
+            notes.join("; ")
+        );
     }
     println!("device: {}", device.label());
     let options = CompileOptions {
         poison: false,
         progress: false,
-        fuse: false,
         ..CompileOptions::default()
     };
+    let (target, repeats) = if gpu {
+        (Duration::from_millis(2), 5)
+    } else {
+        (Duration::ZERO, 3)
+    };
     let mut rows = Vec::new();
-    println!("{:<40} {:>10} {:>10} {:>10}", "case", "µs", "GB/s", "TF/s");
-    for case in cases() {
+    let mut group = c.benchmark_group("gemm");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(1));
+    for case in cases(gpu) {
         let name = case.name();
         if !summary::selected(&name) {
             continue;
         }
-        let g: Graph = case.graph();
+        let g = case.graph().expect("a linear layer's graph");
+        let inputs = Bindings::random(&g, 1);
         let compiled = match Graph::compile_with(&g, &device, &options) {
             Ok(c) => c,
             Err(e) => {
-                println!("{name:<40} compile failed: {e}");
+                // A shape the device cannot hold is reported and skipped, not fatal.
+                eprintln!("{name}: {e}");
                 continue;
             }
         };
-        let inputs = Bindings::random(&g, 1);
-        let secs = timing::time_runs(&compiled, &inputs, ITERS).as_secs_f64() / ITERS as f64;
-        let size = case.dtype.size_bytes() as f64;
-        let (b, m, n, k) = (
-            case.batch as f64,
-            case.m as f64,
-            case.n as f64,
-            case.k as f64,
-        );
-        let gbs = b * (n * k + m * k + m * n) * size / secs / 1e9;
-        let tfs = 2.0 * b * m * n * k / secs / 1e12;
-        println!("{name:<40} {:>10.1} {gbs:>10.1} {tfs:>10.2}", secs * 1e6);
-        rows.push(serde_json::json!({"case": name, "seconds": secs, "gb_s": gbs, "tf_s": tfs}));
+        if !summary::table_only() {
+            group.throughput(Throughput::Elements(case.flops() as u64));
+            group.bench_with_input(BenchmarkId::new("ours", &name), &(), |b, _| {
+                b.iter_custom(|iters| time_runs(&compiled, &inputs, iters))
+            });
+        }
+        rows.push(Row {
+            seconds: seconds_per_run(&compiled, &inputs, target, repeats),
+            kernels: kernel_families(&compiled),
+            case,
+        });
     }
-    summary::write_json(&device, rows);
+    group.finish();
+    print_table(&device, &rows);
 }
+
+fn print_table(device: &Device, rows: &[Row]) {
+    println!("\ngemm on {}", device.label());
+    println!(
+        "{:<30} {:<18} {:>10} {:>9}  kernels",
+        "case", "layer", "ms", "TFLOP/s"
+    );
+    for r in rows {
+        println!(
+            "{:<30} {:<18} {:>10.4} {:>9.3}  {}",
+            r.case.name(),
+            format!("{} {}", r.case.model, r.case.layer),
+            r.seconds * 1e3,
+            r.case.flops() / r.seconds / 1e12,
+            r.kernels
+        );
+    }
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "case": r.case.name(),
+                "model": r.case.model,
+                "layer": r.case.layer,
+                "m": r.case.m,
+                "n": r.case.n,
+                "k": r.case.k,
+                "dtype": r.case.dtype.to_string(),
+                "bias_gelu": r.case.bias_gelu,
+                "flops": r.case.flops(),
+                "ms": r.seconds * 1e3,
+                "kernels": r.kernels,
+            })
+        })
+        .collect();
+    summary::write_json(device, json);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -5,7 +5,10 @@
 //! synchronisations.
 //!
 //! Same environment as the attention bench (benches/common/summary.rs); torch_compare.py --models
-//! reads its JSON.
+//! reads its JSON. `ROCMFORGE_BENCH_BREAKDOWN=1` also prints, per case, where the fused model's
+//! device time goes: each kernel family's count and summed device time (`Prepared::profile`:
+//! the run queued behind a hold, a marker around every kernel), the median of five profiled
+//! runs by their sum; the JSON rows then carry it too.
 
 #[path = "common/summary.rs"]
 mod summary;
@@ -16,7 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rocmforge::compile::{CompileOptions, Compiled};
+use rocmforge::compile::{CompileOptions, Compiled, Profile};
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{format, DType, Graph, Tensor};
@@ -85,6 +88,38 @@ struct Row {
     case: String,
     fused_s: f64,
     unfused_s: f64,
+    /// The fused model's kernel times, with ROCMFORGE_BENCH_BREAKDOWN=1 on a GPU.
+    profile: Option<Profile>,
+}
+
+fn breakdown() -> bool {
+    std::env::var("ROCMFORGE_BENCH_BREAKDOWN").is_ok_and(|v| v == "1")
+}
+
+/// Of five profiled runs, the one whose kernel sum is the median.
+fn median_profile(c: &Compiled, inputs: &Bindings) -> Profile {
+    let p = c.prepare(inputs).expect("prepare");
+    let mut runs: Vec<Profile> = (0..5).map(|_| p.profile().expect("profile")).collect();
+    runs.sort_by_key(Profile::total);
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// The profile as JSON: the sums, and per family its kernel count and device ms.
+fn profile_json(p: &Profile) -> serde_json::Value {
+    let families: serde_json::Map<String, serde_json::Value> = p
+        .by_family()
+        .iter()
+        .map(|f| {
+            let v = serde_json::json!({"kernels": f.kernels, "ms": f.time.as_secs_f64() * 1e3});
+            (f.family.to_string(), v)
+        })
+        .collect();
+    serde_json::json!({
+        "kernels": p.kernels.len(),
+        "kernel_sum_ms": p.total().as_secs_f64() * 1e3,
+        "span_ms": p.span.as_secs_f64() * 1e3,
+        "families": families,
+    })
 }
 
 fn bench(c: &mut Criterion) {
@@ -99,6 +134,9 @@ fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
     let mut rows = Vec::new();
+    if breakdown() && !device.is_gpu() {
+        eprintln!("ROCMFORGE_BENCH_BREAKDOWN: no kernels to time here (the interpreter runs)");
+    }
     for case in cases(device.is_gpu()) {
         if !summary::selected(&case.name) {
             continue;
@@ -132,6 +170,7 @@ fn bench(c: &mut Criterion) {
             case: case.name.clone(),
             fused_s: best(&fused),
             unfused_s: best(&unfused),
+            profile: (breakdown() && device.is_gpu()).then(|| median_profile(&fused, &case.inputs)),
         });
     }
     group.finish();
@@ -149,9 +188,24 @@ fn bench(c: &mut Criterion) {
             r.unfused_s / r.fused_s
         );
     }
+    for r in &rows {
+        if let Some(p) = &r.profile {
+            println!(
+                "\n{}, fused: device time by kernel family\n{}",
+                r.case,
+                p.family_table()
+            );
+        }
+    }
     let json: Vec<serde_json::Value> = rows
         .iter()
-        .map(|r| serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3}))
+        .map(|r| {
+            let mut row = serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3});
+            if let Some(p) = &r.profile {
+                row["breakdown"] = profile_json(p);
+            }
+            row
+        })
         .collect();
     summary::write_json(&device, json);
 }

@@ -15,6 +15,13 @@ attention, and SDPA under torch.compile.
 
     python3 benches/torch_compare.py --models --bench .gpu/bin/models-bench --model DIR
 
+With --gemm, the GEMM bench (benches/gemm.rs: linear layers x @ W^T of MiniLM and SmolLM2 at
+M = 1, 16, 128, 4096) against torch.matmul (cuBLAS) on the same shapes and dtypes, the weight
+stored [N, K] and read transposed as the models do; f32 under torch's defaults (no TF32), and
+bias + GELU rows as torch.nn.functional.gelu(x @ W.T + b). --json FILE writes the table too.
+
+    python3 benches/torch_compare.py --gemm --bench .gpu/bin/gemm-bench [--json gemm.json]
+
 Inputs are random normal, never zeros. Times are CUDA-event medians.
 """
 import argparse
@@ -27,6 +34,7 @@ import tempfile
 
 
 def run_ours(bench, name="attention"):
+    """The bench's summary rows (ROCMFORGE_BENCH_JSON), its table printed to stderr."""
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
     env = dict(os.environ, ROCMFORGE_BENCH_JSON=out, ROCMFORGE_BENCH_TABLE_ONLY="1")
     cmd = [bench, "--bench"] if bench else ["cargo", "bench", "--bench", name]
@@ -128,17 +136,71 @@ def models_table(torch, args):
     print("vs X: torch X's time over ours fused (above 1: ours is faster).")
 
 
+def torch_linear(torch, row):
+    """torch's time (ms, CUDA-event median) for one GEMM row of our bench: x [M,K] @ W[N,K]^T."""
+    dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[row["dtype"]]
+    m, n, k = row["m"], row["n"], row["k"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=dtype, generator=gen)
+    if row["bias_gelu"]:
+        b = torch.randn(n, device="cuda", dtype=dtype, generator=gen)
+        fn = lambda: torch.nn.functional.gelu(torch.matmul(x, w.t()) + b)
+    else:
+        fn = lambda: torch.matmul(x, w.t())
+    # Enough calls per timing that the M = 1 rows are not one launch's latency.
+    iters = 200 if m * n * k < 1 << 30 else 20
+    with torch.inference_mode():
+        t = time_torch(torch, fn, iters=iters)
+    del x, w
+    torch.cuda.empty_cache()
+    return t
+
+
+def gemm_table(torch, args):
+    # torch's default, stated rather than assumed: f32 matmuls in full f32, as ours are.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ours = run_ours(args.bench, "gemm")
+    print(f"rocmforge device: {ours['device']}")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()} (allow_tf32={torch.backends.cuda.matmul.allow_tf32})")
+    print(f"{'case':<30} {'layer':<18} {'ours ms':>9} {'torch ms':>9} {'torch/ours':>10} {'our TF':>8} {'torch TF':>8}  kernels")
+    table = []
+    for row in ours["rows"]:
+        t = torch_linear(torch, row)
+        o = row["ms"]
+        flops = row["flops"]
+        entry = dict(row, ours_ms=o, torch_ms=t, torch_over_ours=t / o, ours_tflops=flops / (o * 1e-3) / 1e12,
+                     torch_tflops=flops / (t * 1e-3) / 1e12)
+        table.append(entry)
+        layer = f"{row['model']} {row['layer']}"
+        print(f"{row['case']:<30} {layer:<18} {o:9.4f} {t:9.4f} {t / o:9.3f}x {entry['ours_tflops']:8.2f} "
+              f"{entry['torch_tflops']:8.2f}  {row['kernels']}")
+    print("torch/ours: torch's time over ours (1.0 = equal, above 1: ours is faster). TF = TFLOP/s (2*M*N*K).")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": ours["device"], "torch": torch.__version__,
+                       "gpu": torch.cuda.get_device_name(), "rows": table}, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", help="rocmforge's staged bench executable (default: cargo bench)")
     ap.add_argument("--models", action="store_true", help="the models bench and MiniLM against BertModel")
+    ap.add_argument("--gemm", action="store_true", help="the GEMM bench against torch.matmul (cuBLAS)")
+    ap.add_argument("--json", help="with --gemm: also write the table to this file")
     ap.add_argument("--model", help="the all-MiniLM-L6-v2 directory (with --models)",
                     default=os.path.expanduser("~/.cache/rocmforge/models/all-MiniLM-L6-v2"))
     args = ap.parse_args()
     import torch
 
+    if args.models and args.gemm:
+        ap.error("--models and --gemm are two separate runs")
+    if args.json and not args.gemm:
+        ap.error("--json goes with --gemm")
     if args.models:
         return models_table(torch, args)
+    if args.gemm:
+        return gemm_table(torch, args)
     ours = run_ours(args.bench)
     print(f"rocmforge device: {ours['device']}")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")

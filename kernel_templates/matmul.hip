@@ -1,7 +1,6 @@
 // Batched matmul: {{ batch }} × [{{ m }}, {{ k }}] · [{{ k }}, {{ n }}]. 64×64 output tiles per block of
 // 16×16 threads, each thread 4×4 outputs; K in steps of 16 through shared memory; f32 accumulation.
-{% if epilogue %}// Epilogue: {{ epilogue_text }}.
-{% endif %}extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* __restrict__ A, const {{ b_t }}* __restrict__ B, {% for e in extra %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ c_t }}* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* __restrict__ A, const {{ b_t }}* __restrict__ B, {{ c_t }}* __restrict__ C) {
     __shared__ float As[16][64 + 1];
     __shared__ float Bs[16][64 + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -39,12 +38,8 @@
             const int row = row0 + ty + 16 * y, col = col0 + tx + 16 * x;
             if (row >= {{ m }} || col >= {{ n }}) continue;
             const long long i = bz * {{ mn }}LL + (long long)row * {{ n }} + col;
-            const float acc_v = {{ acc }};
-{% if epilogue %}{% if axes or broadcast %}            long long r = i{% for e in extra %}, o{{ e.index }} = 0{% endfor %};
-{% for ax in axes %}            { const long long c = r % {{ ax.size }}LL; r /= {{ ax.size }}LL;{% for s in ax.strides %}{% if s.stride != 0 %} o{{ s.index }} += c * {{ s.stride }}LL;{% endif %}{% endfor %} }
-{% endfor %}{% endif %}{% for e in extra %}            const {{ e.vtype }} x{{ e.index }} = {{ e.load }};
-{% endfor %}{% for l in lines %}            {{ l }}
-{% endfor %}{% endif %}            C[i] = {{ store }};
+            const float acc_v = acc[y][x];
+            C[i] = {{ store }};
         }
     }
 }

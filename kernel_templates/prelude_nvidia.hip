@@ -64,5 +64,7 @@ RF_INLINE void rf_cp_async16(void* smem, const void* gmem, bool valid) {
 RF_INLINE void rf_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 // Waits until at most one committed group is still in flight.
 RF_INLINE void rf_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// Waits until at most N committed groups are still in flight (a pipeline of N + 2 stages).
+template <int N> RF_INLINE void rf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 {% endraw %}// ---- end of the matrix-core primitives ----
 

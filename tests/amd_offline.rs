@@ -12,6 +12,8 @@
 
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -37,19 +39,17 @@ type Rows = Result<HashMap<String, Row>, String>;
 /// batches make the whole set about twenty times cheaper than one kernel per run.
 const BATCH: usize = 24;
 
-/// One set of graphs as the suites compile it: the op zoo as built (with epilogues), each
-/// example graph after the default pipeline (fused) or clean-up only without epilogues.
+/// One set of graphs as the suites compile it: the op zoo as built, each example graph after
+/// the default pipeline (fused) or clean-up only (unfused).
 struct GraphSet {
     name: String,
     graphs: Vec<Graph>,
-    fused: bool,
 }
 
 fn graph_sets() -> Result<Vec<GraphSet>, String> {
     let mut sets = vec![GraphSet {
         name: "op_zoo".into(),
         graphs: op_zoo::zoo(),
-        fused: true,
     }];
     for path in files::graph_files() {
         for fused in [true, false] {
@@ -63,7 +63,6 @@ fn graph_sets() -> Result<Vec<GraphSet>, String> {
             sets.push(GraphSet {
                 name: set_name(&path, fused),
                 graphs: vec![g],
-                fused,
             });
         }
     }
@@ -82,14 +81,8 @@ fn set_name(path: &Path, fused: bool) -> String {
 fn kernels(set: &GraphSet, target: &Target) -> Result<Vec<(String, String, String)>, String> {
     let mut unique: HashMap<String, (String, String)> = HashMap::new();
     for g in &set.graphs {
-        let plan = generate_with(
-            g,
-            target,
-            &CodegenOptions {
-                matmul_epilogues: set.fused,
-            },
-        )
-        .map_err(|e| format!("{}: {e}", g.name))?;
+        let plan = generate_with(g, target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", g.name))?;
         for k in plan.kernels {
             unique.entry(k.entry).or_insert((k.body, k.node));
         }
@@ -261,6 +254,64 @@ fn mma_probes(c: &Compiler, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The matrix-core GEMM kernels of every Gemm case (f16 and bf16) on `arch`: no spills, no
+/// scratch, LDS within the target's, its wave size; the atom's instruction in the ISA of each;
+/// the resource report a snapshot.
+fn gemm_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = ["-O3".to_string()];
+    let prelude = prelude(&target);
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for dt in [rocmforge::ir::DType::F16, rocmforge::ir::DType::BF16] {
+        let atom = target
+            .caps
+            .mma
+            .iter()
+            .filter(|a| a.input == dt)
+            .max_by_key(|a| a.m * a.n * a.k)
+            .ok_or(format!("{arch} has no {dt} atom"))?;
+        for (i, g) in gemm_cases::cases(dt, true).into_iter().enumerate() {
+            let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
+            let k = &plan.kernels[0];
+            if k.family != "gemm_mma" {
+                return Err(format!("{}: not on the matrix cores on {arch}", g.name).into());
+            }
+            // The ISA of the first case of each dtype (a disassembly costs a compile).
+            if i == 0 {
+                let source = format!("{prelude}\n{}", k.body);
+                let asm = c
+                    .clang
+                    .assembly(&source, &k.entry, &target, &options)
+                    .map_err(|e| e.to_string())?;
+                if !atom.mnemonics.iter().any(|m| asm.contains(m)) {
+                    return Err(
+                        format!("{} on {arch}: none of {:?}", g.name, atom.mnemonics).into(),
+                    );
+                }
+            }
+            let mut r = c
+                .clang
+                .compile_batch(&prelude, &[(&k.entry, &k.body)], &target, &options)
+                .map_err(|e| e.to_string())?;
+            let (r, occ) = r.remove(0);
+            if let Some(p) = problems(&target, &r) {
+                failures.push(format!("{p} ({})", g.name));
+            }
+            rows.push((g.name.clone(), r, occ));
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("\n").into());
+    }
+    let table = occupancy_table(&rows);
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings()
+            .bind(|| insta::assert_snapshot!(format!("resources_clang__gemm_mma__{arch}"), table))
+    })
+    .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
+}
+
 /// Bad input to the compiler is a typed error, not a crash: a target that is not AMD, and
 /// source that does not compile (the log names the problem).
 fn errors_are_typed(c: &Compiler) -> Result<(), Failed> {
@@ -381,6 +432,10 @@ fn main() {
         trials.push(trial(
             format!("offline::{arch}::mma_probes"),
             Box::new(move |c| mma_probes(c, arch)),
+        ));
+        trials.push(trial(
+            format!("offline::{arch}::gemm_mma"),
+            Box::new(move |c| gemm_mma(c, arch)),
         ));
         trials.push(trial(
             format!("offline::{arch}::every_op_and_dtype"),

@@ -17,6 +17,12 @@ fn rocmforge(args: &[&str]) -> (bool, String, String) {
 /// Runs the CLI from the repository root with `env` set (and no ROCMFORGE_DEVICE from outside),
 /// killing it and failing the test if it runs past [`LIMIT`].
 fn rocmforge_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let (code, out, err) = rocmforge_code(args, env);
+    (code == Some(0), out, err)
+}
+
+/// As [`rocmforge_with`], with the exit code (`None` for a signal).
+fn rocmforge_code(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -52,7 +58,7 @@ fn rocmforge_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String)
             panic!("rocmforge {args:?} still running after {LIMIT:?}: it blocked");
         }
     };
-    (status.success(), out.join().unwrap(), err.join().unwrap())
+    (status.code(), out.join().unwrap(), err.join().unwrap())
 }
 
 /// A failure as the CLI must report one: a non-zero exit (not a signal) and one paragraph
@@ -677,4 +683,112 @@ fn embed_refuses_special_model_files() {
     assert_clean_error("config.json -> /dev/zero", ok, &err);
     assert!(err.contains("is a character device"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn compile_emits_a_bundle_that_replay_checks_and_refuses_to_run_without_a_gpu() {
+    let dir = scratch("bundle").join("b");
+    let d = dir.to_str().unwrap();
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        "graphs/attention_padding_mask.json",
+        "--target",
+        "gfx90a",
+        "--emit",
+        "bundle",
+        "--out",
+        d,
+        "--seed",
+        "4",
+    ]);
+    assert!(ok && err.contains("wrote a bundle to"), "{err}");
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["format"], "rocmforge-bundle/1");
+    assert_eq!(plan["seed"], 4);
+    let (ok, out, err) = rocmforge(&["replay", d, "--check"]);
+    assert!(ok && out.contains("consistent"), "{out}{err}");
+    let (ok, out, _) = rocmforge(&["replay", d, "--check", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok);
+    assert_eq!(report["kernels"], plan["kernels"].as_array().unwrap().len());
+    // The CPU runs no kernels: exit 4, said in one clean error.
+    let (code, _, err) = rocmforge_code(&["replay", d, "--device", "cpu"], &[]);
+    assert_eq!(code, Some(4), "{err}");
+    assert_clean_error("replay on the CPU", false, &err);
+    assert!(err.contains("needs a GPU"), "{err}");
+    // A second bundle into the same directory is refused.
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        "graphs/attention.json",
+        "--target",
+        "gfx90a",
+        "--emit",
+        "bundle",
+        "--out",
+        d,
+    ]);
+    assert_clean_error("bundle into a full directory", ok, &err);
+    assert!(err.contains("not empty"), "{err}");
+    // Malformed bundles: exit 3.
+    let data = std::fs::read_dir(dir.join("buffers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::read(&data).unwrap();
+    std::fs::write(&data, &bytes[1..]).unwrap();
+    let (code, _, err) = rocmforge_code(&["replay", d, "--check"], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert_clean_error("truncated buffer", false, &err);
+    assert!(err.contains("the buffer table says"), "{err}");
+    std::fs::remove_file(dir.join("plan.json")).unwrap();
+    let (code, _, err) = rocmforge_code(&["replay", d], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no such file"), "{err}");
+    std::fs::remove_dir_all(dir.parent().unwrap()).ok();
+}
+
+#[test]
+fn a_bundle_for_a_target_without_a_compiler_has_sources_and_says_so() {
+    let dir = scratch("bundle-nvrtc").join("b");
+    let d = dir.to_str().unwrap();
+    let (ok, _, err) = rocmforge_with(
+        &[
+            "compile",
+            "graphs/gqa_attention.json",
+            "--target",
+            "sm_90",
+            "--emit",
+            "bundle",
+            "--out",
+            d,
+        ],
+        &[("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so")],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("note: no compiler for sm_90 here") && err.contains("sources only"),
+        "{err}"
+    );
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(readme.contains("No code objects"), "{readme}");
+    let kernels: Vec<String> = std::fs::read_dir(dir.join("kernels"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !kernels.is_empty() && kernels.iter().all(|k| k.ends_with(".hip")),
+        "{kernels:?}"
+    );
+    let (ok, out, err) = rocmforge(&["replay", d, "--check"]);
+    assert!(ok && out.contains("0 code object(s)"), "{out}{err}");
+    std::fs::remove_dir_all(dir.parent().unwrap()).ok();
+    // --compiler only means something where a compiler is used.
+    let (code, _, err) = rocmforge_code(
+        &["compile", "graphs/attention.json", "--compiler", "clang"],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
 }

@@ -8,6 +8,8 @@ mod attention_graphs;
 mod edge_cases;
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -25,7 +27,7 @@ use rocmforge::passes::PassManager;
 
 pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
 
-/// The graph as compiled: the default pipeline, or clean-up only without epilogues (unfused).
+/// The graph as compiled: the default pipeline, or clean-up only (unfused).
 fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
     let mut g = format::load(path).unwrap();
     let pm = if fused {
@@ -34,12 +36,7 @@ fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
         PassManager::cleanup()
     };
     pm.run(&mut g).unwrap();
-    (
-        g,
-        CodegenOptions {
-            matmul_epilogues: fused,
-        },
-    )
+    (g, CodegenOptions::default())
 }
 
 #[test]
@@ -188,14 +185,8 @@ fn all_graphs() -> Vec<(Graph, bool)> {
     out
 }
 
-fn plan_for(g: &Graph, fused: bool, arch: &str) -> Result<KernelPlan, CodegenError> {
-    generate_with(
-        g,
-        &Target::parse(arch).unwrap(),
-        &CodegenOptions {
-            matmul_epilogues: fused,
-        },
-    )
+fn plan_for(g: &Graph, arch: &str) -> Result<KernelPlan, CodegenError> {
+    generate_with(g, &Target::parse(arch).unwrap(), &CodegenOptions::default())
 }
 
 /// Issue 11, item 3: the same graph with hostile names and with plain names gives
@@ -203,12 +194,12 @@ fn plan_for(g: &Graph, fused: bool, arch: &str) -> Result<KernelPlan, CodegenErr
 /// on one line, with nothing a C comment would act on.
 #[test]
 fn hostile_names_never_reach_kernel_source() {
-    for (g, fused) in all_graphs() {
+    for (g, _) in all_graphs() {
         let hostile = op_zoo::with_hostile_names(&g);
         for arch in TARGETS {
             let (plain, bad) = (
-                plan_for(&g, fused, arch).unwrap(),
-                plan_for(&hostile, fused, arch).unwrap(),
+                plan_for(&g, arch).unwrap(),
+                plan_for(&hostile, arch).unwrap(),
             );
             assert_eq!(plain.kernels.len(), bad.kernels.len(), "{}", g.name);
             for (a, b) in plain.kernels.iter().zip(&bad.kernels) {
@@ -255,7 +246,7 @@ fn zero_size_dims_in_every_op_generate_and_get_memory() {
             };
             pm.run(&mut c).unwrap();
             for arch in TARGETS {
-                let plan = plan_for(&c, fused, arch).unwrap();
+                let plan = plan_for(&c, arch).unwrap();
                 for k in &plan.kernels {
                     assert!(k.launch.grid.iter().all(|&d| d > 0), "{}", k.entry);
                     // A head size of 0 keeps the scalar kernel: tensor-core fragments of 0
@@ -491,5 +482,73 @@ fn causal_offsets_are_clamped_into_range() {
                 "{off} → {lit}"
             );
         }
+    }
+}
+
+/// f16 and bf16 Gemm nodes go to the matrix-core kernel on every target with an atom for them
+/// (one kernel each, with the geometry `launch` gives), f32 and targets without atoms to the
+/// CUDA-core one. One kernel per target family is a snapshot.
+#[test]
+fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
+    for arch in [
+        "sm_80", "sm_90", "gfx90a", "gfx942", "gfx1100", "gfx1201", "gfx1030",
+    ] {
+        let t = Target::parse(arch).unwrap();
+        for dt in [DType::F16, DType::BF16, DType::F32] {
+            for g in gemm_cases::cases(dt, true) {
+                let plan = generate(&g, &t).unwrap();
+                assert_eq!(plan.kernels.len(), 1, "{arch} {}", g.name);
+                let k = &plan.kernels[0];
+                let has_atom = t.caps.mma.iter().any(|a| a.input == dt);
+                let want = if has_atom { "gemm_mma" } else { "gemm" };
+                assert_eq!(k.family, want, "{arch} {}", g.name);
+                if has_atom {
+                    // Threads are whole waves; the grid covers M and N with the tile the
+                    // kernel's comment names.
+                    assert_eq!(k.launch.block[0] % t.wave_size, 0);
+                    let tile = k
+                        .body
+                        .lines()
+                        .find_map(|l| l.strip_prefix("// Block tile "))
+                        .unwrap();
+                    let (bm, rest) = tile.split_once('×').unwrap();
+                    let bn: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                    let (bm, bn): (u32, u32) = (bm.parse().unwrap(), bn.parse().unwrap());
+                    let Op::Gemm(gm) = g.op(g.outputs()[0]) else {
+                        panic!("{} ends in a Gemm", g.name)
+                    };
+                    let [batch, m, n, _] = gm.dims.sizes().unwrap();
+                    assert_eq!(
+                        k.launch.grid,
+                        [
+                            n.div_ceil(bn as usize) as u32,
+                            m.div_ceil(bm as usize) as u32,
+                            batch as u32
+                        ],
+                        "{arch} {}",
+                        g.name
+                    );
+                }
+            }
+        }
+    }
+    for (arch, case) in [
+        ("sm_90", "heads_bias_gelu"),
+        ("gfx942", "heads_bias_gelu"),
+        ("gfx1100", "k36"),
+        ("gfx1201", "odd_kn"),
+    ] {
+        let t = Target::parse(arch).unwrap();
+        let g = gemm_cases::cases(DType::F16, false)
+            .into_iter()
+            .find(|g| g.name.contains(case))
+            .unwrap();
+        let plan = generate(&g, &t).unwrap();
+        files::snapshot_settings().bind(|| {
+            insta::assert_snapshot!(
+                format!("kernels__gemm_mma_{case}_f16__{arch}"),
+                plan.kernels[0].body
+            )
+        });
     }
 }

@@ -19,6 +19,12 @@ mod attention_graphs;
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
 mod gemm_cases;
+#[path = "common/gemm_graphs.rs"]
+mod gemm_graphs;
+#[path = "common/gemm_small_cases.rs"]
+mod gemm_small_cases;
+#[path = "common/linear_graphs.rs"]
+mod linear_graphs;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 
@@ -29,7 +35,7 @@ use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::mma::MmaAtom;
 use rocmforge::codegen::{mma_probe_kernel, Platform};
-use rocmforge::compile::CompileOptions;
+use rocmforge::compile::{bundle, CompileOptions};
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{format, DType, Graph, Tensor};
 use rocmforge::runtime::{Device, DiskCache, KernelCache};
@@ -1044,9 +1050,243 @@ fn elementwise_edges_bit_for_bit(device: &Device, dt: DType, fuse: bool) -> Resu
     Ok(())
 }
 
+/// The linear-layer graphs benches/gemm.rs times, at sizes no tile divides (M = 1 and 17,
+/// MiniLM's and SmolLM2's K), against the interpreter: the bench times kernels that compute
+/// the right thing.
+fn linear_layer_matches_interpreter(
+    device: &Device,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+    bias_gelu: bool,
+) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g =
+        linear_graphs::linear("linear", m, n, k, dtype, bias_gelu).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let (_, v) = c
+        .verify(&Bindings::random(&g, 12))
+        .map_err(|e| e.to_string())?;
+    if v.max_error() > tolerance(dtype) {
+        return Err(format!("M{m} N{n} K{k} {dtype}: relative L2 {:e}", v.max_error()).into());
+    }
+    Ok(())
+}
+
+/// A held stream starts nothing queued behind the hold until it is released: two markers with
+/// 50 ms of host time between their records are stamped together. A hold never released gives
+/// up at its limit and says so.
+fn hold_keeps_the_stream_until_released(device: &Device) -> Result<(), Failed> {
+    use std::time::Duration;
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let stream = device.new_stream().map_err(|e| e.to_string())?;
+    let timed = |limit: Duration| -> Result<(Duration, bool), Failed> {
+        let mut hold = stream.hold(limit).map_err(|e| e.to_string())?;
+        let a = stream.mark().map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_millis(50));
+        let b = stream.mark().map_err(|e| e.to_string())?;
+        hold.release();
+        stream.synchronize().map_err(|e| e.to_string())?;
+        Ok((b.since(&a).map_err(|e| e.to_string())?, hold.expired()))
+    };
+    let (held, expired) = timed(Duration::from_secs(10))?;
+    if expired || held > Duration::from_millis(5) {
+        return Err(format!("held: markers {held:?} apart (expired: {expired})").into());
+    }
+    let (gave_up, expired) = timed(Duration::from_millis(5))?;
+    if !expired || gave_up < Duration::from_millis(20) {
+        return Err(format!("a 5 ms hold: markers {gave_up:?} apart (expired: {expired})").into());
+    }
+    Ok(())
+}
+
+/// `Prepared::profile` on the fused BERT layer: one time per kernel of the plan, in its order,
+/// each positive, their sum within the span, the span within a plain run's host-timed pass
+/// (which adds launch latency), and the profiled run's outputs still the interpreter's.
+fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
+    use std::time::{Duration, Instant};
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json");
+    let g = format::load(&path).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
+    let b = Bindings::random(&g, 5);
+    let p = c.prepare(&b).map_err(|e| e.to_string())?;
+    let profile = p.profile().map_err(|e| e.to_string())?;
+    let order: Vec<(&str, &str)> = profile
+        .kernels
+        .iter()
+        .map(|k| (k.entry.as_str(), k.family))
+        .collect();
+    let want: Vec<(&str, &str)> = plan
+        .kernels
+        .iter()
+        .map(|k| (k.entry.as_str(), k.family))
+        .collect();
+    if order != want {
+        return Err(format!("profile kernels {order:?}, plan {want:?}").into());
+    }
+    if let Some(k) = profile.kernels.iter().find(|k| k.time.is_zero()) {
+        return Err(format!("kernel {} ({}) timed at zero", k.index, k.entry).into());
+    }
+    // Event stamps are about half a microsecond apart at best: one of rounding per kernel.
+    let slack = Duration::from_micros(plan.kernels.len() as u64);
+    if profile.total() > profile.span + slack {
+        return Err(format!("sum {:?} past span {:?}", profile.total(), profile.span).into());
+    }
+    let families: usize = profile.by_family().iter().map(|f| f.kernels).sum();
+    if families != plan.kernels.len() {
+        return Err(format!(
+            "families count {families} of {} kernels",
+            plan.kernels.len()
+        )
+        .into());
+    }
+    let mut walls: Vec<Duration> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            p.launch()
+                .and_then(|_| p.synchronize())
+                .map(|_| t.elapsed())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    walls.sort();
+    if profile.span > walls[2] * 2 {
+        return Err(format!("span {:?}, a host-timed pass {:?}", profile.span, walls[2]).into());
+    }
+    let got = p.outputs().map_err(|e| e.to_string())?;
+    let want = run(&g, &with_weights(&g, &b)).map_err(|e| e.to_string())?;
+    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+        let err = compare(x, y, &format!("output {i}"))?;
+        if err > tolerance(x.ty().dtype) {
+            return Err(format!("output {i} after profiling: relative L2 {err:e}").into());
+        }
+    }
+    Ok(())
+}
+
 type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 /// A trial, or the same trial marked ignored with `ignored` as the reason.
+/// A fresh, absent directory for a bundle.
+fn bundle_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "rocmforge-gpu-bundle-{}-{}",
+        std::process::id(),
+        name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Emits a bundle of `g` for the device's own target and replays it there: every computed
+/// buffer must be compared and match the interpreter, every kernel loaded as `recompile` says.
+fn bundle_replays(device: &Device, g: &Graph, recompile: bool) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("no target")?.clone();
+    let dir = bundle_dir(&format!("{}_{recompile}", g.name));
+    let options = bundle::EmitOptions {
+        seed: 5,
+        ..bundle::EmitOptions::default()
+    };
+    let emitted = bundle::emit(g, &target, &dir, &options).map_err(|e| e.to_string())?;
+    if emitted.plan.compiler.name.is_none() {
+        return Err(format!("no code objects: {:?}", emitted.plan.compiler.missing).into());
+    }
+    let opened = bundle::Bundle::open(&dir, u64::MAX).map_err(|e| e.to_string())?;
+    let report = opened
+        .replay(device, &bundle::ReplayOptions { recompile })
+        .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    if let Some(m) = &report.first_mismatch {
+        return Err(format!("{}: first mismatch {m:?}", g.name).into());
+    }
+    if !report.passed {
+        return Err(format!("{}: index checks failed: {:?}", g.name, report.checks).into());
+    }
+    let computed = emitted
+        .plan
+        .buffers
+        .iter()
+        .filter(|b| b.role.is_computed())
+        .count();
+    let compared = report.buffers.iter().filter(|b| b.error.is_some()).count();
+    if compared != computed {
+        return Err(format!("{}: {compared} of {computed} buffers compared", g.name).into());
+    }
+    for k in &report.kernels {
+        let from_code_object = k.loaded == bundle::KernelSource::CodeObject;
+        if from_code_object == recompile {
+            return Err(format!("{}: kernel {} loaded as {:?}", g.name, k.entry, k.loaded).into());
+        }
+    }
+    Ok(())
+}
+
+/// A wrong value in `expected/` for the buffer a middle kernel writes: the replay must fail
+/// and name that kernel and buffer first.
+fn bundle_names_first_mismatch(device: &Device, g: &Graph) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("no target")?.clone();
+    let dir = bundle_dir(&format!("{}_mismatch", g.name));
+    let emitted = bundle::emit(g, &target, &dir, &bundle::EmitOptions::default())
+        .map_err(|e| e.to_string())?;
+    let plan = &emitted.plan;
+    let k = plan.kernels.len() / 2;
+    let written = plan.kernels[k].args.last().ok_or("no args")?.buffer;
+    let rel = plan.buffers[written]
+        .expected
+        .clone()
+        .ok_or("no expected value")?;
+    let b = &plan.buffers[written];
+    let bytes = std::fs::read(dir.join(&rel)).map_err(|e| e.to_string())?;
+    let ty = rocmforge::ir::TensorType::new(b.dtype, b.shape.clone());
+    let mut values = Tensor::from_bytes(&ty, &bytes)
+        .map_err(|e| e.to_string())?
+        .to_f64_vec();
+    // Far past any tolerance, whatever the buffer's scale.
+    values[0] += 1.0 + 1e3 * values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let wrong = Tensor::from_f64(b.dtype, b.shape.clone(), &values).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(&rel), wrong.to_bytes()).map_err(|e| e.to_string())?;
+    let report = bundle::Bundle::open(&dir, u64::MAX)
+        .and_then(|b| b.replay(device, &bundle::ReplayOptions::default()))
+        .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    let m = report.first_mismatch.ok_or("the corrupted value passed")?;
+    if report.passed
+        || m.buffer != written
+        || m.kernel
+            .is_none_or(|i| plan.kernels[i].entry != plan.kernels[k].entry)
+    {
+        return Err(format!("want kernel {k} buffer {written}, got {m:?}").into());
+    }
+    Ok(())
+}
+
+/// A code object that is not one (refused before the driver sees it) is replaced by the
+/// kernel's source compiled on the device, and the replay still matches.
+fn bundle_falls_back_to_source(device: &Device, g: &Graph) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("no target")?.clone();
+    let dir = bundle_dir(&format!("{}_fallback", g.name));
+    let emitted = bundle::emit(g, &target, &dir, &bundle::EmitOptions::default())
+        .map_err(|e| e.to_string())?;
+    let k = &emitted.plan.kernels[0];
+    let co = k.code_object.as_ref().ok_or("no code objects")?;
+    std::fs::write(dir.join(co), vec![b'x'; 4096]).map_err(|e| e.to_string())?;
+    let report = bundle::Bundle::open(&dir, u64::MAX)
+        .and_then(|b| b.replay(device, &bundle::ReplayOptions::default()))
+        .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    if !report.passed {
+        return Err(format!("{:?}", report.first_mismatch).into());
+    }
+    match &report.kernels[0].loaded {
+        bundle::KernelSource::Compiled { reason } if reason.contains("its code object") => Ok(()),
+        other => Err(format!("kernel {} loaded as {other:?}", k.entry).into()),
+    }
+}
+
 fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
     trials.push(match ignored {
         None => Trial::test(name, f),
@@ -1099,6 +1339,33 @@ fn main() {
             format!("zoo::{}", g.name),
             Box::new(move || check_graph(&d, &g, true, 4)),
         );
+    }
+    // Gemm kernels reading and writing the layouts around them in place, at odd sizes.
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for g in gemm_graphs::layouts(dt) {
+            let d = device.clone();
+            let name = format!("gemm_layouts::{}", g.name);
+            push(
+                &mut trials,
+                &ignored,
+                name,
+                Box::new(move || check_graph(&d, &g, true, 6)),
+            );
+        }
+    }
+    // Gemm nodes on the matrix cores (where the device has an atom for the dtype): odd sizes,
+    // element loads, both B layouts, head merge/split views, epilogues, a batch, a large shape;
+    // poisoned outputs against the interpreter.
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::cases(dt, true) {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &ignored,
+                format!("gemm_mma::{}", g.name),
+                Box::new(move || check_graph(&d, &g, false, 12)),
+            );
+        }
     }
     // Hostile names compile to the plain graph's kernels and run like any graph.
     for g in op_zoo::zoo() {
@@ -1365,6 +1632,90 @@ fn main() {
         ),
     }
 
+    // The graphs benches/gemm.rs times, at sizes no tile divides.
+    for (m, n, k) in [
+        (1, 384, 384),
+        (17, 1536, 384),
+        (17, 384, 1536),
+        (17, 192, 576),
+    ] {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for bias_gelu in [false, true] {
+                let d = device.clone();
+                push(
+                    &mut trials,
+                    &ignored,
+                    format!(
+                        "gemm::linear_M{m}_N{n}_K{k}_{dtype}{}",
+                        if bias_gelu { "_bias_gelu" } else { "" }
+                    ),
+                    Box::new(move || {
+                        linear_layer_matches_interpreter(&d, (m, n, k), dtype, bias_gelu)
+                    }),
+                );
+            }
+        }
+    }
+    // Replay bundles: the example graphs from their code objects, the op zoo (odd sizes,
+    // every dtype, gathers with index checks) recompiled from the bundle's sources.
+    for path in files::graph_files() {
+        let (d, p) = (device.clone(), path.clone());
+        push(
+            &mut trials,
+            &ignored,
+            format!(
+                "bundle::replay::{}",
+                p.file_stem().unwrap().to_string_lossy()
+            ),
+            Box::new(move || {
+                bundle_replays(&d, &format::load(&p).map_err(|e| e.to_string())?, false)
+            }),
+        );
+    }
+    for g in op_zoo::zoo() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("bundle::replay_recompiled::{}", g.name),
+            Box::new(move || bundle_replays(&d, &g, true)),
+        );
+    }
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "profile::hold_keeps_the_stream_until_released".into(),
+        Box::new(move || hold_keeps_the_stream_until_released(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "bundle::unloadable_code_object_falls_back_to_source".into(),
+        Box::new(move || {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/attention_causal.json");
+            bundle_falls_back_to_source(&d, &format::load(&p).map_err(|e| e.to_string())?)
+        }),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "profile::times_every_kernel_of_the_plan".into(),
+        Box::new(move || profile_times_every_kernel(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "bundle::first_mismatch_names_its_kernel".into(),
+        Box::new(move || {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/llama_block.json");
+            bundle_names_first_mismatch(&d, &format::load(&p).map_err(|e| e.to_string())?)
+        }),
+    );
+
     let spec = device.spec().to_string();
     let s2 = spec.clone();
     push(
@@ -1416,9 +1767,9 @@ fn main() {
     );
     // The GEMM kernels (issue 12): small-M decode (M ≤ 16) and the CUDA-core kernel, at odd and
     // model sizes, both weight layouts, bias + SiLU, batches, every float dtype.
-    for case in gemm_cases::small_m()
+    for case in gemm_small_cases::small_m()
         .into_iter()
-        .chain(gemm_cases::large_m())
+        .chain(gemm_small_cases::large_m())
     {
         let d = device.clone();
         push(

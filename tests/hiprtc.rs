@@ -28,6 +28,8 @@ use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError}
 
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
 #[path = "common/op_zoo.rs"]
@@ -44,20 +46,13 @@ fn root() -> &'static Path {
 fn compile_all(
     rtc: &Hiprtc,
     graphs: &[rocmforge::ir::Graph],
-    fused: bool,
     arch: &str,
 ) -> Result<Vec<(String, rocmforge::runtime::KernelResources)>, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
     let mut unique: HashMap<String, (String, String)> = HashMap::new();
     for g in graphs {
-        let plan = generate_with(
-            g,
-            &target,
-            &CodegenOptions {
-                matmul_epilogues: fused,
-            },
-        )
-        .map_err(|e| format!("{}: {e}", g.name))?;
+        let plan = generate_with(g, &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", g.name))?;
         for k in &plan.kernels {
             unique
                 .entry(k.entry.clone())
@@ -105,7 +100,7 @@ fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(
         PassManager::cleanup()
     };
     pm.run(&mut g).map_err(|e| e.to_string())?;
-    let rows = compile_all(rtc, &[g], fused, arch)?;
+    let rows = compile_all(rtc, &[g], arch)?;
     let name = path.file_stem().unwrap().to_string_lossy().into_owned();
     let mode = if fused { "fused" } else { "unfused" };
     let table = report_table(&rows);
@@ -237,7 +232,7 @@ fn hostile_names_compile_to_the_plain_kernels(rtc: &Hiprtc, arch: &str) -> Resul
             return Err(format!("{}: hostile names changed the kernels", p.name).into());
         }
     }
-    compile_all(rtc, &hostile, true, arch).map(|_| ())
+    compile_all(rtc, &hostile, arch).map(|_| ())
 }
 
 /// The plan of `g` (fused or not) for the host runs.
@@ -252,9 +247,7 @@ fn host_plan(g: &Graph, fused: bool) -> Result<(Graph, rocmforge::codegen::Kerne
     let plan = generate_with(
         &c,
         &Target::parse("gfx90a").map_err(|e| e.to_string())?,
-        &CodegenOptions {
-            matmul_epilogues: fused,
-        },
+        &CodegenOptions::default(),
     )
     .map_err(|e| e.to_string())?;
     Ok((c, plan))
@@ -388,6 +381,34 @@ fn host_gathers(cxx: &Path) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The matrix-core GEMM kernels of every Gemm case (f16 and bf16) compile for `arch` with no
+/// spills, no scratch and LDS within the target's; their resource report is a snapshot.
+fn gemm_mma(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let graphs: Vec<Graph> = [rocmforge::ir::DType::F16, rocmforge::ir::DType::BF16]
+        .into_iter()
+        .flat_map(|dt| gemm_cases::cases(dt, true))
+        .collect();
+    for g in &graphs {
+        let plan = rocmforge::codegen::generate(g, &target).map_err(|e| e.to_string())?;
+        if plan.kernels.iter().any(|k| k.family != "gemm_mma") {
+            return Err(format!("{}: not on the matrix cores on {arch}", g.name).into());
+        }
+    }
+    let rows = compile_all(rtc, &graphs, arch)?;
+    for (node, r) in &rows {
+        if r.scratch_bytes > 0 || r.lds_bytes > u64::from(target.caps.static_shared_bytes) {
+            return Err(format!("{} (%{node}) on {arch}: {r:?}", r.name).into());
+        }
+    }
+    let table = report_table(&rows);
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings()
+            .bind(|| insta::assert_snapshot!(format!("resources__gemm_mma__{arch}"), table))
+    })
+    .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
+}
+
 /// A trial that needs `tool` (hiprtc, a host compiler): it runs with it; without it, it fails
 /// when `require` (the environment variable that demands the tool) is set to 1, and is
 /// reported ignored, with the reason, otherwise.
@@ -426,6 +447,9 @@ fn main() {
         needs(&rtc, RTC, "compile::gfx90a::mma_probes".into(), |rtc| {
             mma_probes(&rtc, "gfx90a")
         }),
+        needs(&rtc, RTC, "compile::gfx90a::gemm_mma".into(), |rtc| {
+            gemm_mma(&rtc, "gfx90a")
+        }),
     ];
     type HostTrial = fn(&Path) -> Result<(), Failed>;
     let host_trials: [(&str, HostTrial); 6] = [
@@ -458,7 +482,7 @@ fn main() {
             &rtc,
             RTC,
             format!("compile::{arch}::edge_graphs"),
-            move |rtc| compile_all(&rtc, &edge, true, arch).map(|_| ()),
+            move |rtc| compile_all(&rtc, &edge, arch).map(|_| ()),
         ));
         trials.push(needs(
             &rtc,
@@ -470,7 +494,7 @@ fn main() {
             &rtc,
             RTC,
             format!("compile::{arch}::every_op_and_dtype"),
-            move |rtc| compile_all(&rtc, &op_zoo::zoo(), true, arch).map(|_| ()),
+            move |rtc| compile_all(&rtc, &op_zoo::zoo(), arch).map(|_| ()),
         ));
         for path in files::graph_files() {
             for fused in [true, false] {

@@ -154,6 +154,22 @@ fn every_layer_attention_is_fused_with_its_mask() {
         .all(|a| a.mask == rocmforge::ir::MaskKind::Additive && !a.causal));
 }
 
+/// Issue 12: the GEMM pass reads the weight transposes and the head splits and merges in
+/// place, so the forward pass keeps at most 6 copy kernels (of 61 before it).
+#[test]
+fn forward_pass_has_at_most_six_copy_kernels() {
+    let Some(dir) = model_dir() else { return };
+    let enc = BertEncoder::load(&dir).unwrap();
+    for dt in [DType::F32, DType::F16] {
+        let (fused, _) = optimize(&enc.graph_typed(1, 128, dt).unwrap()).unwrap();
+        let target = rocmforge::codegen::Target::parse("sm_90").unwrap();
+        let plan = rocmforge::codegen::generate(&fused, &target).unwrap();
+        let copies = plan.kernels.iter().filter(|k| k.family == "copy").count();
+        assert!(copies <= 6, "{dt}: {copies} copy kernels");
+        assert!(plan.kernels.iter().all(|k| k.family != "matmul"));
+    }
+}
+
 fn mkfifo(path: &Path) {
     let ok = std::process::Command::new("mkfifo")
         .arg(path)

@@ -1,7 +1,8 @@
 //! The environment every bench reads, in one place: `ROCMFORGE_BENCH_FILTER` (run only the cases
 //! whose name contains it), `ROCMFORGE_BENCH_TABLE_ONLY=1` (skip criterion's sampling, print only
 //! the summary table) and `ROCMFORGE_BENCH_JSON=FILE` (also write that table as JSON, which
-//! benches/torch_compare.py reads).
+//! benches/torch_compare.py reads). The models bench alone also reads
+//! `ROCMFORGE_BENCH_BREAKDOWN=1` (device time per kernel family; see benches/models.rs).
 
 use rocmforge::runtime::Device;
 

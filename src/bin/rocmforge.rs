@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 
 use rayon::prelude::*;
 use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
+use rocmforge::compile::bundle::{
+    self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport, DEFAULT_MAX_BUNDLE_BYTES,
+};
 use rocmforge::compile::CompileOptions;
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
@@ -136,16 +139,58 @@ enum Command {
         /// spills per kernel, and with clang LLVM's occupancy (waves per SIMD).
         #[arg(long, requires = "target")]
         report: bool,
-        /// The AMD compiler for --report: hiprtc where the installed one knows the target
-        /// (auto), else the offline clang (17+ with the ROCm device libraries).
-        #[arg(long, value_name = "WHICH", requires = "report", value_parser = ["auto", "hiprtc", "clang"], default_value = "auto")]
+        /// The AMD compiler for --report and --emit bundle: hiprtc where the installed one
+        /// knows the target (auto), else the offline clang (17+ with the ROCm device libraries).
+        #[arg(long, value_name = "WHICH", value_parser = ["auto", "hiprtc", "clang"], default_value = "auto")]
         compiler: String,
-        /// Write the generated sources (`hip`): one .hip file per kernel plus plan.txt.
-        #[arg(long, value_name = "WHAT", requires = "target", value_parser = ["hip"])]
+        /// Write the generated sources (`hip`: one .hip file per kernel plus plan.txt), or a
+        /// replay bundle (`bundle`: plan.json, README.md, kernel sources and code objects, the
+        /// seeded inputs and weights, and the interpreter's value of every computed buffer;
+        /// see docs/bundle.md and `rocmforge replay`). Without a compiler for the target, a
+        /// bundle holds sources only (said on stderr and in the bundle).
+        #[arg(long, value_name = "WHAT", requires = "target", value_parser = ["hip", "bundle"])]
         emit: Option<String>,
-        /// Directory for --emit.
+        /// Directory for --emit (for a bundle: new or empty).
         #[arg(long, value_name = "DIR", requires = "emit")]
         out: Option<PathBuf>,
+        /// Seed for a bundle's inputs and weights (the data `rocmforge run --seed` draws).
+        #[arg(long, default_value_t = 0, requires = "emit")]
+        seed: u64,
+        /// Refuse to write a bundle of more than this many bytes.
+        #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BUNDLE_BYTES, requires = "emit")]
+        max_bundle_bytes: u64,
+    },
+    /// Replay a bundle (`compile --emit bundle`) on a GPU and compare every computed buffer.
+    ///
+    /// Loads each kernel from the bundle's code object (compiling its source instead when the
+    /// code object does not load, e.g. PTX from a newer NVRTC than this driver, or when the
+    /// bundle has none), uploads the bundle's inputs, weights and constants, launches the
+    /// kernels in order, downloads every computed buffer and compares it with the
+    /// interpreter's value in expected/ (relative L2 error per buffer against the dtype's
+    /// tolerance). Reports the first kernel, in launch order, whose output does not match.
+    ///
+    /// Exit status: 0 every buffer matches; 1 a buffer or index check does not; 3 the bundle
+    /// is malformed (missing or truncated files, bad plan.json, unknown format version);
+    /// 4 no GPU here, or not the bundle's processor; 5 a device or compiler call failed.
+    Replay {
+        /// The bundle directory.
+        dir: PathBuf,
+        /// Device: cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        #[arg(long)]
+        device: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Only check the bundle (files present, sizes as the buffer table says, kernel
+        /// signatures as plan.json binds them); needs no GPU.
+        #[arg(long)]
+        check: bool,
+        /// Compile every kernel from its source here instead of loading the code objects.
+        #[arg(long)]
+        recompile: bool,
+        /// Refuse a bundle whose data files hold more than this many bytes.
+        #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BUNDLE_BYTES)]
+        max_bundle_bytes: u64,
     },
     /// Print a graph in the text form (one line per node) and optionally write Graphviz DOT.
     Show {
@@ -447,6 +492,8 @@ struct CodegenArgs<'a> {
     report: bool,
     compiler: AmdCompilerChoice,
     emit_dir: Option<&'a Path>,
+    /// `--emit bundle`: the seed and size limit.
+    bundle: Option<(u64, u64)>,
 }
 
 fn cmd_compile(
@@ -457,6 +504,8 @@ fn cmd_compile(
     cg: CodegenArgs,
 ) -> Result<(), String> {
     let mut graph = load(file)?;
+    // A bundle runs the passes itself, from the graph as given, as `run` does.
+    let source = cg.bundle.is_some().then(|| graph.clone());
     let before = graph.node_count();
     let manager = if no_fuse {
         PassManager::cleanup()
@@ -475,8 +524,19 @@ fn cmd_compile(
     if explain {
         out!("{}", explain_text(&reports));
     }
+    if let (Some(source), Some(arch), Some(dir)) = (&source, cg.target, cg.emit_dir) {
+        emit_bundle(source, arch, no_fuse, dir, &cg)?;
+        if !cg.report {
+            return Ok(());
+        }
+        let report_only = CodegenArgs {
+            emit_dir: None,
+            ..cg
+        };
+        return codegen_for(&graph, arch, &report_only);
+    }
     if let Some(arch) = cg.target {
-        return codegen_for(&graph, arch, no_fuse, &cg);
+        return codegen_for(&graph, arch, &cg);
     }
     if !dump {
         out!("{}", ir::to_text(&graph).map_err(|e| e.to_string())?);
@@ -494,7 +554,45 @@ fn cmd_compile(
     Ok(())
 }
 
-fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Result<(), String> {
+fn emit_bundle(
+    source: &Graph,
+    arch: &str,
+    no_fuse: bool,
+    dir: &Path,
+    cg: &CodegenArgs,
+) -> Result<(), String> {
+    let (seed, max_bytes) = cg.bundle.unwrap_or((0, DEFAULT_MAX_BUNDLE_BYTES));
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = EmitOptions {
+        fuse: !no_fuse,
+        seed,
+        compiler: cg.compiler,
+        max_bytes,
+    };
+    let emitted = bundle::emit(source, &target, dir, &options).map_err(|e| e.to_string())?;
+    let plan = &emitted.plan;
+    if let Some(why) = &plan.compiler.missing {
+        eprintln!(
+            "note: no compiler for {arch} here, so the bundle has sources only (no code \
+             objects): {why}"
+        );
+    }
+    eprintln!(
+        "wrote a bundle to {}: {} kernel(s){}, {} buffer(s), {} bytes",
+        dir.display(),
+        plan.kernels.len(),
+        plan.compiler
+            .name
+            .as_ref()
+            .map(|c| format!(" compiled by {c}"))
+            .unwrap_or_default(),
+        plan.buffers.len(),
+        emitted.bytes
+    );
+    Ok(())
+}
+
+fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result<(), String> {
     // With --report, hiprtc's own list of targets decides first (and lists them), so hiprtc is
     // never handed one it cannot take. Under `auto` a target hiprtc lacks but our table has a
     // row for goes to clang (see `amd_compiler_for`); one neither knows is hiprtc's error, as
@@ -523,9 +621,7 @@ fn codegen_for(graph: &Graph, arch: &str, no_fuse: bool, cg: &CodegenArgs) -> Re
         }
     }
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let options = CodegenOptions {
-        matmul_epilogues: !no_fuse,
-    };
+    let options = CodegenOptions::default();
     let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
     if let Some(dir) = cg.emit_dir {
         std::fs::create_dir_all(dir)
@@ -671,6 +767,146 @@ fn cmd_show(file: &Path, dot: Option<&Path>, fused: bool) -> Result<(), String> 
     Ok(())
 }
 
+struct ReplayArgs<'a> {
+    device: Option<&'a str>,
+    json: bool,
+    check: bool,
+    recompile: bool,
+    max_bytes: u64,
+}
+
+/// The exit status `rocmforge replay --help` documents for each error.
+fn replay_exit_code(e: &BundleError) -> u8 {
+    match e {
+        BundleError::File(_)
+        | BundleError::Json { .. }
+        | BundleError::Version { .. }
+        | BundleError::Malformed { .. }
+        | BundleError::Size { .. }
+        | BundleError::TooLarge { .. } => 3,
+        BundleError::NoGpu { .. } | BundleError::TargetMismatch { .. } => 4,
+        BundleError::Compile(_)
+        | BundleError::NoCompiler { .. }
+        | BundleError::CodeObject { .. }
+        | BundleError::Write { .. }
+        | BundleError::NotEmpty { .. }
+        | BundleError::Runtime { .. } => 5,
+    }
+}
+
+fn json_out(value: &impl serde::Serialize) -> Result<(), BundleError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| BundleError::Malformed {
+        reason: e.to_string(),
+    })?;
+    outln!("{text}");
+    Ok(())
+}
+
+/// Checks or replays the bundle in `dir`; `Ok(false)` when the replay ran and did not match.
+fn cmd_replay(dir: &Path, args: &ReplayArgs) -> Result<bool, BundleError> {
+    let bundle = Bundle::open(dir, args.max_bytes)?;
+    if args.check {
+        let report = bundle.check()?;
+        if args.json {
+            json_out(&report)?;
+        } else {
+            outln!(
+                "{}: consistent: {} kernel(s), {} code object(s), {} buffer(s), {} data and {} \
+                 expected file(s), {} bytes",
+                dir.display(),
+                report.kernels,
+                report.code_objects,
+                report.buffers,
+                report.data_files,
+                report.expected_files,
+                report.bytes
+            );
+        }
+        return Ok(true);
+    }
+    let device = match args.device {
+        Some(spec) => Device::open(spec),
+        None => Device::best().map(|(d, _)| d),
+    }
+    .map_err(|e| BundleError::NoGpu {
+        reason: e.to_string(),
+    })?;
+    let options = ReplayOptions {
+        recompile: args.recompile,
+    };
+    let report = bundle.replay(&device, &options)?;
+    if args.json {
+        json_out(&report)?;
+    } else {
+        print_replay(&bundle, &report);
+    }
+    Ok(report.passed)
+}
+
+fn print_replay(bundle: &Bundle, r: &ReplayReport) {
+    let plan = bundle.plan();
+    outln!(
+        "bundle: {} (graph {}, target {}, {} kernels, {} buffers)",
+        bundle.dir().display(),
+        codegen::display_name(&plan.graph),
+        plan.target.arch,
+        plan.kernels.len(),
+        plan.buffers.len()
+    );
+    outln!("device: {}", r.device);
+    for k in &r.kernels {
+        if let bundle::KernelSource::Compiled { reason } = &k.loaded {
+            outln!("kernel {} {}: compiled here ({reason})", k.index, k.entry);
+        }
+    }
+    for b in &r.buffers {
+        let error = b
+            .error
+            .map(|e| format!("rel-L2 {e:.3e}"))
+            .unwrap_or_else(|| "not compared".into());
+        outln!(
+            "buffer {:>4} {:<6} {:<32} {error} (tolerance {:e}){}{}",
+            b.id,
+            b.dtype.to_string(),
+            codegen::display_name(&b.name),
+            b.tolerance,
+            if b.passed { "" } else { "  MISMATCH" },
+            b.note
+                .as_ref()
+                .filter(|_| !b.passed)
+                .map(|n| format!(": {n}"))
+                .unwrap_or_default()
+        );
+    }
+    for c in &r.checks {
+        if let Some(index) = c.failed_index {
+            outln!(
+                "check {}: index {index} outside its table",
+                codegen::display_name(&c.node)
+            );
+        }
+    }
+    if let Some(m) = &r.first_mismatch {
+        outln!(
+            "first mismatch: kernel {} writes buffer {} ({})",
+            match (m.kernel, &m.entry) {
+                (Some(i), Some(e)) => format!("{i} ({e})"),
+                _ => "(none)".into(),
+            },
+            m.buffer,
+            codegen::display_name(&m.name)
+        );
+    }
+    outln!(
+        "result: {}",
+        if r.passed {
+            "every computed buffer matches the interpreter"
+        } else {
+            "MISMATCH"
+        }
+    );
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
@@ -700,11 +936,20 @@ fn main() -> ExitCode {
             compiler,
             emit,
             out,
+            seed,
+            max_bundle_bytes,
         } => {
-            let emit_dir = emit
-                .as_ref()
-                .map(|_| out.clone().unwrap_or_else(|| PathBuf::from("kernels")));
+            let is_bundle = emit.as_deref() == Some("bundle");
+            let emit_dir = emit.as_ref().map(|_| {
+                out.clone()
+                    .unwrap_or_else(|| PathBuf::from(if is_bundle { "bundle" } else { "kernels" }))
+            });
+            if compiler != "auto" && !*report && !is_bundle {
+                eprintln!("error: --compiler applies to --report and --emit bundle");
+                return ExitCode::from(2);
+            }
             let cg = CodegenArgs {
+                bundle: is_bundle.then_some((*seed, *max_bundle_bytes)),
                 target: target.as_deref(),
                 report: *report,
                 compiler: match compiler.as_str() {
@@ -717,6 +962,30 @@ fn main() -> ExitCode {
             cmd_compile(file, *dump_passes, *explain, *no_fuse, cg)
         }
         Command::Show { file, dot, fused } => cmd_show(file, dot.as_deref(), *fused),
+        Command::Replay {
+            dir,
+            device,
+            json,
+            check,
+            recompile,
+            max_bundle_bytes,
+        } => {
+            let args = ReplayArgs {
+                device: device.as_deref(),
+                json: *json,
+                check: *check,
+                recompile: *recompile,
+                max_bytes: *max_bundle_bytes,
+            };
+            return match cmd_replay(dir, &args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(replay_exit_code(&e))
+                }
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,17 +1,17 @@
 //! Fused graph → kernel plan. Every op that can remain after the passes has a kernel here (one
 //! exhaustive match); reshapes alias their operand's buffer; sources are host data.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
 use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
-use super::expr_c::{describe, op_expr, render, round_to};
+use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::mma::MmaAtom;
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
-use super::{templates, CodegenError, CodegenOptions, Target};
+use super::{templates, CodegenError, Target};
 use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, Shape, TensorType};
 
 const ENTRY: &str = "__RF_ENTRY__";
@@ -74,39 +74,8 @@ fn axes_json(shape: &Shape, strides: &[Vec<usize>]) -> Vec<Value> {
         .collect()
 }
 
-/// A MatMul whose only use is an elementwise node of the same shape computes that node's
-/// expression in its store loop (bias, activation, residual): returns consumer → matmul.
-fn epilogues(g: &Graph) -> HashMap<NodeId, NodeId> {
-    let mut out = HashMap::new();
-    for id in g.node_ids() {
-        if !matches!(g.op(id), Op::MatMul) || g.use_count(id) != 1 || g.is_output(id) {
-            continue;
-        }
-        let [user] = g.consumers(id)[..] else {
-            continue;
-        };
-        if op_expr(g.op(user), g.operands(user).len()).is_some()
-            && g.ty(user).shape == g.ty(id).shape
-            && !out.contains_key(&user)
-        {
-            out.insert(user, id);
-        }
-    }
-    out
-}
-
-pub(crate) fn generate(
-    g: &Graph,
-    target: &Target,
-    options: &CodegenOptions,
-) -> Result<KernelPlan, CodegenError> {
+pub(crate) fn generate(g: &Graph, target: &Target) -> Result<KernelPlan, CodegenError> {
     let order = g.topo_order()?;
-    let epi = if options.matmul_epilogues {
-        epilogues(g)
-    } else {
-        HashMap::new()
-    };
-    let absorbed: HashSet<NodeId> = epi.values().copied().collect();
     let mut plan = KernelPlan {
         target: target.clone(),
         graph: g.name.clone(),
@@ -117,9 +86,6 @@ pub(crate) fn generate(
     };
     let mut buf: HashMap<NodeId, BufferId> = HashMap::new();
     for id in order {
-        if absorbed.contains(&id) {
-            continue;
-        }
         let node = g.node(id);
         if let Op::Reshape { .. } = node.op {
             buf.insert(id, buf[&g.operands(id)[0]]);
@@ -145,7 +111,7 @@ pub(crate) fn generate(
         if node.ty.shape.numel() == 0 && !matches!(node.op, Op::Gather) {
             continue;
         }
-        lower_node(g, id, &buf, epi.get(&id).copied(), target, &mut plan)?;
+        lower_node(g, id, &buf, target, &mut plan)?;
     }
     plan.outputs = g
         .outputs()
@@ -164,7 +130,6 @@ fn lower_node(
     g: &Graph,
     id: NodeId,
     buf: &HashMap<NodeId, BufferId>,
-    epilogue_of: Option<NodeId>,
     target: &Target,
     plan: &mut KernelPlan,
 ) -> Result<(), CodegenError> {
@@ -265,10 +230,7 @@ fn lower_node(
                 node: name.to_string(),
                 reason: format!("`{}` with {} operands", node.op.name(), ops.len()),
             })?;
-            match epilogue_of {
-                Some(mm) => matmul(g, mm, Some((id, &expr, &ops)), buf, target)?,
-                None => elementwise(g, id, &expr, &ops, buf, target)?,
-            }
+            elementwise(g, id, &expr, &ops, buf, target)?
         }
         Op::Reduce { op, axes, .. } => reduce(g, id, *op, axes, &ops, buf, target)?,
         Op::Softmax { axis } => {
@@ -320,7 +282,7 @@ fn lower_node(
                 name,
             )?
         }
-        Op::MatMul => matmul(g, id, None, buf, target)?,
+        Op::MatMul => matmul(g, id, buf, target)?,
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
         Op::FlashAttention(att) => flash(g, id, att, &ops, buf, target)?,
     };
@@ -404,18 +366,15 @@ fn elementwise(
     finish("elementwise", "elementwise.hip", ctx, launch, all, name)
 }
 
-/// A matmul kernel; with `epilogue`, it computes that elementwise node's expression on the
-/// product (operand slots reading the matmul become the accumulator) and writes its buffer.
+/// A matmul kernel for a MatMul the GEMM pass left (the unfused baseline): contiguous
+/// operands with broadcast batch axes, the product stored as it is.
 fn matmul(
     g: &Graph,
     mm: NodeId,
-    epilogue: Option<(NodeId, &Expr, &[NodeId])>,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
 ) -> Result<Kernel, CodegenError> {
-    let node_name = epilogue
-        .map_or(&g.node(mm).name, |(e, ..)| &g.node(e).name)
-        .clone();
+    let node_name = g.node(mm).name.clone();
     let [a, b] = g.operands(mm)[..] else {
         return Err(CodegenError::Unsupported {
             node: node_name,
@@ -447,83 +406,14 @@ fn matmul(
         [n.div_ceil(64), m.div_ceil(64), nb],
         BLOCK_1D,
     )?;
-    let (ac, bc) = (ctype(at.dtype), ctype(bt.dtype));
-    let mut args = vec![buf[&a], buf[&b]];
-    let (mut extra, mut axes, mut text, mut lines, out_id) = (
-        vec![],
-        vec![],
-        String::new(),
-        vec![],
-        epilogue.map_or(mm, |(e, ..)| e),
-    );
-    let store;
-    // Some epilogue operand is broadcast, so its offset must be declared even when every axis of
-    // the output has size 1 (and no axis loop is emitted).
-    let mut broadcast = false;
-    let oc = ctype(g.ty(out_id).dtype);
-    // The epilogue reads the product as the interpreter holds the matmul's value: rounded to
-    // its dtype (an f16 product past 65504 is inf before a bias is added to it).
-    let acc = match epilogue {
-        Some(_) => round_to(ct.dtype, "acc[y][x]".into()),
-        None => "acc[y][x]".into(),
-    };
-    match epilogue {
-        None => store = format!("{}acc_v{}", oc.store_pre, oc.store_post),
-        Some((e, expr, ops)) => {
-            let ins: Vec<TensorType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-            let vars: Vec<String> = ops
-                .iter()
-                .enumerate()
-                .map(|(i, &o)| {
-                    if o == mm {
-                        "acc_v".into()
-                    } else {
-                        format!("x{i}")
-                    }
-                })
-                .collect();
-            let code = render(expr, &vars, &ins, "t", &node_name)?;
-            store = format!("{}{}{}", oc.store_pre, code.value, oc.store_post);
-            lines = code.lines;
-            text = format!(
-                "{}, with ${} the product",
-                describe(expr),
-                ops.iter().position(|&o| o == mm).unwrap_or(0)
-            );
-            let out_shape = &g.ty(e).shape;
-            let mut seen = Vec::new();
-            let mut strides_list = Vec::new();
-            for (i, &o) in ops.iter().enumerate() {
-                if o == mm || seen.contains(&i) {
-                    continue;
-                }
-                seen.push(i);
-                let t = g.ty(o);
-                extra.push(json!({"index": i, "ctype": ctype(t.dtype).storage, "vtype": ctype(t.dtype).value, "load": operand_load(i, t, out_shape)}));
-                args.push(buf[&o]);
-                let s = if t.shape == *out_shape {
-                    vec![0; out_shape.rank()]
-                } else {
-                    t.shape.broadcast_strides(out_shape)
-                };
-                broadcast |= t.shape != *out_shape;
-                strides_list.push((i, s));
-            }
-            axes = (0..out_shape.rank())
-                .rev()
-                .filter(|&x| out_shape.dims()[x] > 1)
-                .map(|x| json!({"size": out_shape.dims()[x], "strides": strides_list.iter().map(|(i, s)| json!({"index": i, "stride": s[x]})).collect::<Vec<_>>()}))
-                .collect();
-        }
-    }
-    args.push(buf[&out_id]);
+    let (ac, bc, oc) = (ctype(at.dtype), ctype(bt.dtype), ctype(ct.dtype));
     let ctx = json!({
         "batch": nb, "m": m, "k": k, "n": n, "mn": m * n, "batch_axes": batch_axes,
         "a_t": ac.storage, "b_t": bc.storage, "c_t": oc.storage,
         "a_load_pre": ac.load_pre, "a_load_post": ac.load_post, "b_load_pre": bc.load_pre, "b_load_post": bc.load_post,
-        "epilogue": epilogue.is_some(), "epilogue_text": text, "extra": extra, "axes": axes, "store": store, "broadcast": broadcast,
-        "acc": acc, "lines": lines,
+        "store": format!("{}acc_v{}", oc.store_pre, oc.store_post),
     });
+    let args = vec![buf[&a], buf[&b], buf[&mm]];
     finish("matmul", "matmul.hip", ctx, launch, args, &node_name)
 }
 

@@ -77,7 +77,7 @@ pub struct Kernel {
     /// a name, a source and a cache entry.
     pub entry: String,
     pub family: &'static str,
-    /// The graph node (or nodes, for fused epilogues) this kernel computes.
+    /// The graph node this kernel computes (a gemm node includes its epilogue).
     pub node: String,
     /// The kernel itself; the full source is the target's prelude followed by this.
     pub body: String,

@@ -54,6 +54,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_parts.hip"),
     ),
     (
+        "gemm_mma.hip",
+        include_str!("../../kernel_templates/gemm_mma.hip"),
+    ),
+    (
         "softmax.hip",
         include_str!("../../kernel_templates/softmax.hip"),
     ),

@@ -1,7 +1,9 @@
 //! `Graph::compile(model)`: passes → codegen → memory plan → kernels loaded → [`Compiled`], on
 //! the best device or one given. On the CPU, a compiled model runs the interpreter.
 
+pub mod bundle;
 mod memory_plan;
+mod profile;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use crate::runtime::device::LoadedKernel;
 use crate::runtime::{CacheKey, Device, DeviceBuffer, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
+pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
 
 #[derive(Debug, Error)]
 pub enum CompileError {
@@ -38,6 +41,15 @@ pub enum CompileError {
          (CompileOptions::weights); a run binds inputs only"
     )]
     WeightAtRun { name: String },
+    #[error(
+        "profiling times kernels on a GPU, but this model runs on {device}, in the interpreter"
+    )]
+    ProfileNeedsGpu { device: String },
+    #[error(
+        "profile: the stream was held {limit:?} and the host had still not enqueued the \
+         {kernels} kernels of the run (a full launch queue?), so their times include the host's"
+    )]
+    ProfileHoldExpired { kernels: usize, limit: Duration },
     #[error("verify: output `{output}` is {got} in the run but {want} in the interpreter")]
     VerifyType {
         output: String,
@@ -63,7 +75,7 @@ pub type KernelRewrite = Arc<dyn Fn(&mut Kernel) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct CompileOptions {
-    /// Run the default pass pipeline and matmul epilogues; off: clean-up only, one kernel per op.
+    /// Run the default pass pipeline (GEMM epilogues included); off: clean-up only, one kernel per op.
     pub fuse: bool,
     /// Fill fresh device buffers with a NaN pattern, so a kernel that reads what nobody wrote
     /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
@@ -232,15 +244,26 @@ impl Prepared<'_> {
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
         for (k, loaded) in plan.kernels.iter().zip(&self.compiled.kernels) {
-            let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
-            run.stream.launch(
-                loaded,
-                k.launch.grid,
-                k.launch.block,
-                k.launch.shared_bytes,
-                &args,
-            )?;
+            self.launch_kernel(run, k, loaded)?;
         }
+        Ok(())
+    }
+
+    /// Enqueues one kernel of the plan with its buffers.
+    fn launch_kernel(
+        &self,
+        run: &GpuRun,
+        k: &Kernel,
+        loaded: &LoadedKernel,
+    ) -> Result<(), CompileError> {
+        let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
+        run.stream.launch(
+            loaded,
+            k.launch.grid,
+            k.launch.block,
+            k.launch.shared_bytes,
+            &args,
+        )?;
         Ok(())
     }
 
@@ -355,20 +378,45 @@ fn compare_output(name: &str, got: &Tensor, want: &Tensor) -> Result<OutputCheck
     })
 }
 
+/// The graph a model runs as: validated, then the default pipeline (or clean-up only when not
+/// fusing). `compile` and bundles both start here, so a bundle holds what a run launches.
+fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
+    source.validate()?;
+    let mut graph = source.clone();
+    let pm = if fuse {
+        PassManager::default_pipeline()
+    } else {
+        PassManager::cleanup()
+    };
+    pm.run(&mut graph)?;
+    Ok(graph)
+}
+
+/// The kernel plan of an optimised graph, with matmul epilogues when fusing.
+fn lower(graph: &Graph, target: &codegen::Target) -> Result<KernelPlan, CompileError> {
+    Ok(codegen::generate_with(
+        graph,
+        target,
+        &CodegenOptions::default(),
+    )?)
+}
+
+/// Options every kernel is compiled with: hiprtc (and clang) take -O3; NVRTC optimises by
+/// default and refuses it.
+fn compiler_options(platform: codegen::Platform) -> Vec<String> {
+    match platform {
+        codegen::Platform::Amd => vec!["-O3".into()],
+        codegen::Platform::Nvidia => vec![],
+    }
+}
+
 fn compile(
     source: Graph,
     device: &Device,
     options: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    source.validate()?;
-    let mut graph = source.clone();
-    let pm = if options.fuse {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut graph)?;
+    let graph = optimise(&source, options.fuse)?;
     // The budget belongs to the device, shared by every model on it: compiling with no budget
     // must not clear one that was set.
     if options.memory_budget.is_some() {
@@ -408,13 +456,7 @@ fn compile(
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };
-    let mut plan = codegen::generate_with(
-        &compiled.graph,
-        &target,
-        &CodegenOptions {
-            matmul_epilogues: options.fuse,
-        },
-    )?;
+    let mut plan = lower(&compiled.graph, &target)?;
     if let Some(rewrite) = &options.rewrite_kernels {
         plan.kernels.iter_mut().for_each(|k| rewrite(k));
     }
@@ -422,11 +464,7 @@ fn compile(
     let total = plan.kernels.len();
     let done = AtomicUsize::new(0);
     let show = options.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // hiprtc takes clang's -O3; NVRTC optimises by default and refuses it.
-    let compile_opts: Vec<String> = match target.platform {
-        codegen::Platform::Amd => vec!["-O3".into()],
-        codegen::Platform::Nvidia => vec![],
-    };
+    let compile_opts = compiler_options(target.platform);
     let toolchain = device.toolchain();
     let kernels = plan
         .kernels

@@ -9,6 +9,34 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
+/// An op as a box shows it: attributes one per line when they would make a wide box (a gemm's
+/// dims, views and epilogue), split at the commas between attributes, not inside them.
+fn op_label(display: &str) -> String {
+    const WIDE: usize = 48;
+    let (Some(open), true) = (display.find('['), display.ends_with(']')) else {
+        return escape(display);
+    };
+    if display.chars().count() <= WIDE {
+        return escape(display);
+    }
+    let body = &display[open + 1..display.len() - 1];
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in body.char_indices() {
+        match c {
+            '[' | '(' | '{' => depth += 1,
+            ']' | ')' | '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(body[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(body[start..].trim());
+    let lines: Vec<String> = parts.iter().map(|p| escape(p)).collect();
+    format!("{}\\n{}", escape(&display[..open]), lines.join("\\n"))
+}
+
 pub fn to_dot(g: &Graph) -> Result<String, GraphError> {
     let mut out = String::new();
     let title = if g.name.is_empty() {
@@ -24,7 +52,7 @@ pub fn to_dot(g: &Graph) -> Result<String, GraphError> {
         let label = format!(
             "{}\\n{}\\n{}",
             escape(&node.name),
-            escape(&node.op.display()),
+            op_label(&node.op.display()),
             node.ty
         );
         let mut style = if node.op.is_source() {

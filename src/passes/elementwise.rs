@@ -5,7 +5,7 @@
 //! apply more than `ir::expr::MAX_OPS` ops or read more than `ir::expr::MAX_INPUTS` operands (a
 //! kernel's parameters and registers); a value with several consumers ends a group (it is
 //! computed once and read by each). A group that reads a MatMul used nowhere else is reported
-//! as that MatMul's epilogue (bias, activation, residual), which codegen may fuse into the GEMM.
+//! as that MatMul's epilogue (bias, activation, residual), which the GEMM pass folds into its Gemm.
 //!
 //! Growing walks a worklist, not the call stack, so a chain of a million ops fuses into groups
 //! without deep recursion; building a group's expression recurses at most `MAX_OPS` deep.

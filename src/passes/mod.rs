@@ -9,6 +9,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod elementwise;
+mod gemm;
 mod matchers;
 mod norms;
 mod softmax;
@@ -26,6 +27,7 @@ pub use const_fold::ConstantFold;
 pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
+pub use gemm::FormGemm;
 pub use norms::RecognizeNorms;
 pub use softmax::RecognizeSoftmax;
 
@@ -141,7 +143,8 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, then fuse the elementwise chains left around it.
+    /// attention, then fuse the elementwise chains left around it, then make every matmul left
+    /// a Gemm with the layouts and the epilogue around it.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -150,6 +153,8 @@ impl PassManager {
             .with(FuseAttention)
             .with(DeadCode)
             .with(FuseElementwise)
+            .with(DeadCode)
+            .with(FormGemm)
             .with(DeadCode)
     }
 
@@ -196,7 +201,7 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassReport>), PassError> {
 }
 
 /// The `--explain` text: every attention candidate, fused or with the reason it was not, then
-/// every other candidate a pass left alone.
+/// every other candidate a pass left alone (for the GEMM pass, each part it kept out of a gemm).
 pub fn explain_text(reports: &[PassReport]) -> String {
     let mut out = String::new();
     for r in reports.iter().filter(|r| r.pass == "fuse_attention") {
@@ -214,9 +219,15 @@ pub fn explain_text(reports: &[PassReport]) -> String {
         }
     }
     for r in reports.iter().filter(|r| r.pass != "fuse_attention") {
+        // The GEMM pass makes its node anyway; what it reports is a part left outside it.
+        let verb = if r.pass == "form_gemm" {
+            "kept out"
+        } else {
+            "left alone"
+        };
         for s in &r.skipped {
             out.push_str(&format!(
-                "{} %{}: left alone: {} ({})\n",
+                "{} %{}: {verb}: {} ({})\n",
                 r.pass, s.at, s.code, s.detail
             ));
         }

@@ -4,12 +4,14 @@
 
 use std::sync::{Arc, OnceLock};
 
+use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::libraries;
+use super::timeline::HoldWait;
 use super::RuntimeError;
 use crate::codegen::LaunchLimits;
 
@@ -47,6 +49,14 @@ const DRIVER_SYMBOLS: [&str; 26] = [
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+];
+
+/// The driver entry points of timing a run on the device's clock (`timeline`): checked when the
+/// device opens, but only a profile needs them, so a driver without them still runs models.
+const TIMING_SYMBOLS: [&str; 3] = [
+    "cuEventSynchronize",
+    "cuEventElapsedTime_v2",
+    "cuLaunchHostFunc",
 ];
 
 /// The NVRTC entry points compilation and the arch check call.
@@ -122,6 +132,44 @@ fn nvrtc_archs() -> Result<Vec<i32>, String> {
     Ok(archs)
 }
 
+/// NVRTC on its own, without a GPU or driver: how `--emit bundle` makes PTX for an `sm_*` target
+/// on any machine that has the library. Returns NVRTC's version, or why it cannot be used.
+pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
+    probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(|reason| {
+        RuntimeError::NoCompiler {
+            what: "NVRTC",
+            reason,
+        }
+    })?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc was probed just above (nvrtcVersion is among NVRTC_SYMBOLS); both
+    // out-pointers are valid.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    Ok((major, minor))
+}
+
+/// Compiles HIP source (with the NVIDIA prelude) to PTX for `arch` (`sm_90`, `sm_90a`). NVRTC
+/// must have been probed ([`nvrtc_version`], or a device opened).
+pub fn compile_ptx(
+    source: &str,
+    entry: &str,
+    arch: &str,
+    options: &[String],
+) -> Result<Vec<u8>, RuntimeError> {
+    let opts = CompileOptions {
+        arch: Some(Box::leak(arch.to_string().into_boxed_str())),
+        options: options.to_vec(),
+        ..Default::default()
+    };
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| RuntimeError::Nvrtc {
+            kernel: entry.to_string(),
+            target: arch.to_string(),
+            log: e.to_string(),
+        })?;
+    Ok(ptx.to_src().into_bytes())
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     pub name: String,
@@ -131,6 +179,8 @@ pub struct CudaDevice {
     pub nvrtc_version: (i32, i32),
     /// Queried at the first launch.
     limits: OnceLock<LaunchLimits>,
+    /// Whether the driver has [`TIMING_SYMBOLS`], else why not.
+    timing: Result<(), String>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -148,6 +198,13 @@ impl CudaDevice {
         };
         probe("ROCMFORGE_CUDA_LIBRARY", "cuda", &DRIVER_SYMBOLS).map_err(no)?;
         probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(no)?;
+        // The probe kept the driver loaded, so this opens the same object again.
+        let timing = libraries::open(
+            "ROCMFORGE_CUDA_LIBRARY",
+            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+        )
+        .map_err(|e| e.describe("libcuda"))
+        .and_then(|o| o.require(&TIMING_SYMBOLS, "libcuda with event timing"));
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
         if usize::try_from(count).map_or(true, |c| ordinal >= c) {
@@ -181,6 +238,7 @@ impl CudaDevice {
             driver_version,
             nvrtc_version,
             limits: OnceLock::new(),
+            timing,
         })
     }
 
@@ -228,19 +286,7 @@ impl CudaDevice {
         entry: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RuntimeError> {
-        let opts = CompileOptions {
-            arch: Some(Box::leak(self.arch.clone().into_boxed_str())),
-            options: options.to_vec(),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
-            RuntimeError::Nvrtc {
-                kernel: entry.to_string(),
-                target: self.arch.clone(),
-                log: e.to_string(),
-            }
-        })?;
-        Ok(ptx.to_src().into_bytes())
+        compile_ptx(source, entry, &self.arch, options)
     }
 
     pub fn load(&self, image: &[u8], entry: &str) -> Result<CudaFunction, RuntimeError> {
@@ -319,4 +365,44 @@ impl CudaDevice {
     pub fn sync(&self, stream: &Arc<CudaStream>) -> Result<(), RuntimeError> {
         stream.synchronize().map_err(cuda_err)
     }
+
+    fn timing(&self) -> Result<(), RuntimeError> {
+        self.timing.clone().map_err(RuntimeError::Cuda)
+    }
+
+    /// An event recorded on `stream`, with timing on (cudarc's default turns it off).
+    pub(super) fn mark(&self, stream: &Arc<CudaStream>) -> Result<CudaEvent, RuntimeError> {
+        self.timing()?;
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err)
+    }
+
+    /// Holds `stream` here until `wait` ends: a host function that blocks on it.
+    pub(super) fn hold(
+        &self,
+        stream: &Arc<CudaStream>,
+        wait: HoldWait,
+    ) -> Result<(), RuntimeError> {
+        self.timing()?;
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let data = Box::into_raw(Box::new(wait));
+        // SAFETY: the stream is live (held by the Arc) on the bound context; `data` is a leaked
+        // Box that the callback alone takes back, once; the callback makes no CUDA call.
+        let r =
+            unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release_hold), data.cast()) };
+        if let Err(e) = r.result() {
+            // SAFETY: a failed launch never runs the callback, so the Box is still ours.
+            drop(unsafe { Box::from_raw(data) });
+            return Err(cuda_err(e));
+        }
+        Ok(())
+    }
+}
+
+/// The host function of [`CudaDevice::hold`]: waits for the release on the driver's thread.
+unsafe extern "C" fn release_hold(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the Box `hold` leaked for this callback, which runs once.
+    let wait = unsafe { Box::from_raw(data.cast::<HoldWait>()) };
+    wait.wait();
 }

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 use super::cache::KernelCache;
 use super::cuda::CudaDevice;
 use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
+use super::timeline::{Hold, Marker, MarkerInner};
 use super::{MemoryCounter, RuntimeError};
 use crate::codegen::{LaunchLimits, Target};
 
@@ -396,6 +397,25 @@ impl Stream {
             Backend::Cuda(d, s) => d.sync(s),
             Backend::Hip(d, s) => d.sync(s),
         }
+    }
+
+    /// A marker stamped with the device's clock when the stream reaches this point.
+    pub fn mark(&self) -> Result<Marker, RuntimeError> {
+        Ok(Marker(match self.backend() {
+            Backend::Cuda(d, s) => MarkerInner::Cuda(d.mark(s)?),
+            Backend::Hip(d, s) => MarkerInner::Hip(d.mark(s)?),
+        }))
+    }
+
+    /// Holds the stream at this point: what is enqueued after it waits until the hold is
+    /// released or dropped, or `limit` has passed (then [`Hold::expired`] says so).
+    pub fn hold(&self, limit: std::time::Duration) -> Result<Hold, RuntimeError> {
+        let (hold, wait) = Hold::new(limit);
+        match self.backend() {
+            Backend::Cuda(d, s) => d.hold(s, wait)?,
+            Backend::Hip(d, s) => d.hold(s, wait)?,
+        }
+        Ok(hold)
     }
 }
 

@@ -23,6 +23,9 @@ pub enum RuntimeError {
         target: String,
         log: String,
     },
+    /// A compiler library that is absent or unusable here (asked for without a device).
+    #[error("no {what} here: {reason}")]
+    NoCompiler { what: &'static str, reason: String },
     #[error("CUDA: {0}")]
     Cuda(String),
     #[error("HIP: {0}")]

@@ -14,6 +14,7 @@ use libloading::Library;
 
 use super::hiprtc::Hiprtc;
 use super::libraries;
+use super::timeline::HoldWait;
 use super::RuntimeError;
 use crate::codegen::LaunchLimits;
 
@@ -31,6 +32,9 @@ type Handle = *mut c_void;
 
 /// hipStreamNonBlocking: our streams never wait on the legacy null stream.
 const STREAM_NON_BLOCKING: c_uint = 1;
+
+/// `hipStreamCallback_t`: the stream, its status, the user's pointer.
+type StreamCallback = unsafe extern "C" fn(Handle, Err, *mut c_void);
 
 /// The entry points rocmforge uses, with the signatures of `hip_runtime_api.h`.
 struct Api {
@@ -59,6 +63,13 @@ struct Api {
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
     module_unload: unsafe extern "C" fn(Handle) -> Err,
+    event_create_with_flags: unsafe extern "C" fn(*mut Handle, c_uint) -> Err,
+    event_record: unsafe extern "C" fn(Handle, Handle) -> Err,
+    event_synchronize: unsafe extern "C" fn(Handle) -> Err,
+    event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> Err,
+    event_destroy: unsafe extern "C" fn(Handle) -> Err,
+    /// hipStreamAddCallback: HIP 5.2 has no hipLaunchHostFunc.
+    stream_add_callback: unsafe extern "C" fn(Handle, StreamCallback, *mut c_void, c_uint) -> Err,
     /// hipDeviceGetAttribute, for the launch limits (optional: without it, the portable ones).
     device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Err>,
     #[allow(clippy::type_complexity)]
@@ -135,6 +146,12 @@ impl Runtime {
             module_load_data: req!("hipModuleLoadData"),
             module_get_function: req!("hipModuleGetFunction"),
             module_unload: req!("hipModuleUnload"),
+            event_create_with_flags: req!("hipEventCreateWithFlags"),
+            event_record: req!("hipEventRecord"),
+            event_synchronize: req!("hipEventSynchronize"),
+            event_elapsed_time: req!("hipEventElapsedTime"),
+            event_destroy: req!("hipEventDestroy"),
+            stream_add_callback: req!("hipStreamAddCallback"),
             device_get_attribute: sym(&lib, "hipDeviceGetAttribute"),
             module_launch_kernel: req!("hipModuleLaunchKernel"),
         };
@@ -326,7 +343,8 @@ impl HipDevice {
     pub fn load(&self, image: &[u8], entry: &str) -> Result<HipFunction, RuntimeError> {
         self.bind()?;
         let mut module: Handle = ptr::null_mut();
-        // SAFETY: `image` is a complete code object (hiprtc output or a checksummed cache entry).
+        // SAFETY: `image` is a complete code object (hiprtc output, a checksummed cache entry,
+        // or a replay bundle's, which the bounds-checked ELF reader parsed first).
         self.rt.check("hipModuleLoadData", unsafe {
             (self.rt.api.module_load_data)(&mut module, image.as_ptr().cast())
         })?;
@@ -484,6 +502,91 @@ impl HipDevice {
         self.rt.check("hipStreamSynchronize", unsafe {
             (self.rt.api.stream_synchronize)(stream.handle)
         })
+    }
+
+    /// An event (timing on: flags 0) recorded on `stream`.
+    pub(super) fn mark(&self, stream: &Arc<HipStream>) -> Result<HipEvent, RuntimeError> {
+        self.bind()?;
+        let mut e: Handle = ptr::null_mut();
+        // SAFETY: `e` receives a new event on the bound device.
+        self.rt.check("hipEventCreateWithFlags", unsafe {
+            (self.rt.api.event_create_with_flags)(&mut e, 0)
+        })?;
+        let event = HipEvent {
+            rt: self.rt.clone(),
+            ordinal: self.ordinal,
+            handle: e,
+        };
+        // SAFETY: the event and the stream are live and on this device.
+        self.rt.check("hipEventRecord", unsafe {
+            (self.rt.api.event_record)(event.handle, stream.handle)
+        })?;
+        Ok(event)
+    }
+
+    /// Holds `stream` here until `wait` ends: a stream callback that blocks on it.
+    pub(super) fn hold(&self, stream: &Arc<HipStream>, wait: HoldWait) -> Result<(), RuntimeError> {
+        self.bind()?;
+        let data = Box::into_raw(Box::new(wait));
+        // SAFETY: the stream is live (held by the Arc); `data` is a leaked Box that the callback
+        // alone takes back, once; the callback makes no HIP call.
+        let code = unsafe {
+            (self.rt.api.stream_add_callback)(stream.handle, release_hold, data.cast(), 0)
+        };
+        if code != 0 {
+            // SAFETY: a callback that was not added never runs, so the Box is still ours.
+            drop(unsafe { Box::from_raw(data) });
+        }
+        self.rt.check("hipStreamAddCallback", code)
+    }
+}
+
+/// The stream callback of [`HipDevice::hold`]: waits for the release on HIP's thread.
+unsafe extern "C" fn release_hold(_stream: Handle, _status: Err, data: *mut c_void) {
+    // SAFETY: `data` is the Box `hold` leaked for this callback, which runs once.
+    let wait = unsafe { Box::from_raw(data.cast::<HoldWait>()) };
+    wait.wait();
+}
+
+/// A timing event, destroyed on drop.
+pub struct HipEvent {
+    rt: Arc<Runtime>,
+    ordinal: c_int,
+    handle: Handle,
+}
+
+// SAFETY: HIP events may be used from any thread; the event is destroyed exactly once.
+unsafe impl Send for HipEvent {}
+unsafe impl Sync for HipEvent {}
+
+impl HipEvent {
+    /// Milliseconds from this event to `end`, once the stream has reached both.
+    pub fn elapsed_ms(&self, end: &HipEvent) -> Result<f32, RuntimeError> {
+        let api = &self.rt.api;
+        // SAFETY: both events are live and were recorded on this device.
+        unsafe {
+            (api.set_device)(self.ordinal);
+            self.rt
+                .check("hipEventSynchronize", (api.event_synchronize)(self.handle))?;
+            self.rt
+                .check("hipEventSynchronize", (api.event_synchronize)(end.handle))?;
+        }
+        let mut ms = 0.0f32;
+        // SAFETY: both events are complete; `ms` is a valid out-pointer.
+        self.rt.check("hipEventElapsedTime", unsafe {
+            (api.event_elapsed_time)(&mut ms, self.handle, end.handle)
+        })?;
+        Ok(ms)
+    }
+}
+
+impl Drop for HipEvent {
+    fn drop(&mut self) {
+        // SAFETY: created once by hipEventCreateWithFlags, destroyed once here.
+        unsafe {
+            (self.rt.api.set_device)(self.ordinal);
+            (self.rt.api.event_destroy)(self.handle);
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod hip;
 pub mod hiprtc;
 mod libraries;
 mod memory;
+pub mod timeline;
 
 pub use amd_clang::{occupancy_table, AmdClang, AmdClangError, ClangOutput};
 pub use amd_compiler::{
@@ -29,3 +30,4 @@ pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Stream};
 pub use error::RuntimeError;
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;
+pub use timeline::{Hold, Marker};

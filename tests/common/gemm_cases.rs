@@ -1,213 +1,179 @@
-//! Gemm graphs for the kernel tests (compile checks, snapshots, GPU trials): sizes that are not
-//! multiples of any tile, weights stored [N, K] (read transposed, K-contiguous: the 16-byte
-//! path when K allows) or [K, N], a bias + SiLU epilogue, batches. Each graph is one Gemm node
-//! built with `Graph::gemm`, the weights an input so the interpreter sees the same values.
+//! Gemm nodes for the matrix-core kernel, built directly with `Graph::gemm`: odd sizes (not
+//! multiples of any tile), K not a multiple of 8 (element loads), B read as stored and
+//! transposed, a head-merged A, a head-split result, bias + GELU and residual epilogues, a batch
+//! with a broadcast B, and a large shape. Each is built for f16 and bf16.
 
 #![allow(dead_code)]
 
 use rocmforge::ir::gemm::Operand;
 use rocmforge::ir::{BinaryOp, DType, Expr, Gemm, GemmDims, Graph, Shape, UnaryOp, View};
 
-/// One problem: `batch` × [m, k] · [k, n].
-#[derive(Clone, Copy, Debug)]
-pub struct Case {
-    pub dtype: DType,
-    pub batch: usize,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    /// B stored [N, K] (a linear layer's weight) rather than [K, N].
-    pub nk: bool,
-    /// `silu(product + bias[n])` instead of the product.
-    pub bias_silu: bool,
-}
-
-impl Case {
-    pub fn name(&self) -> String {
-        format!(
-            "{}_b{}_m{}_n{}_k{}_{}{}",
-            self.dtype,
-            self.batch,
-            self.m,
-            self.n,
-            self.k,
-            if self.nk { "nk" } else { "kn" },
-            if self.bias_silu { "_bias_silu" } else { "" }
-        )
-    }
-
-    pub fn graph(&self) -> Graph {
-        let Case {
-            dtype,
-            batch,
-            m,
-            n,
-            k,
-            nk,
-            bias_silu,
-        } = *self;
-        let batched = batch > 1;
-        let dims = GemmDims {
-            batch: if batched { vec![batch] } else { vec![] },
-            m: vec![m],
-            n: vec![n],
-            k: vec![k],
-        };
-        let lead = |v: Vec<usize>| -> Vec<usize> {
-            if batched {
-                std::iter::once(batch).chain(v).collect()
-            } else {
-                v
-            }
-        };
-        let mut g = Graph::new(format!("gemm_{}", self.name()));
-        let a = g.input("a", dtype, &lead(vec![m, k])).unwrap();
-        let (b_shape, b_view) = if nk {
-            let view = View {
-                batch: if batched { vec![n * k] } else { vec![] },
-                rows: vec![1],
-                cols: vec![k],
-            };
-            (lead(vec![n, k]), view)
-        } else {
-            (lead(vec![k, n]), View::contiguous(&dims, Operand::B))
-        };
-        let b = g.input("b", dtype, &b_shape).unwrap();
-        let mut extras = vec![];
-        let mut extra_views = vec![];
-        let mut epilogue = None;
-        if bias_silu {
-            extras.push(g.input("bias", dtype, &[n]).unwrap());
-            extra_views.push(View {
-                batch: if batched { vec![0] } else { vec![] },
-                rows: vec![0],
-                cols: vec![1],
-            });
-            epilogue = Some(Expr::Unary(
-                UnaryOp::Silu,
-                Box::new(Expr::Binary(
-                    BinaryOp::Add,
-                    Box::new(Expr::Input(0)),
-                    Box::new(Expr::Input(1)),
-                )),
-            ));
-        }
-        let gemm = Gemm {
-            a: View::contiguous(&dims, Operand::A),
-            b: b_view,
-            out: View::contiguous(&dims, Operand::Out),
-            extras: extra_views,
-            epilogue,
-            shape: Shape(lead(vec![m, n])),
-            dims,
-        };
-        let c = g.gemm(gemm, a, b, &extras).unwrap();
-        g.set_outputs(&[c]).unwrap();
-        g
+fn dims(batch: &[usize], m: &[usize], n: &[usize], k: &[usize]) -> GemmDims {
+    GemmDims {
+        batch: batch.to_vec(),
+        m: m.to_vec(),
+        n: n.to_vec(),
+        k: k.to_vec(),
     }
 }
 
-const FLOATS: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
-
-fn case(dtype: DType, m: usize, n: usize, k: usize, nk: bool) -> Case {
-    Case {
-        dtype,
-        batch: 1,
-        m,
-        n,
-        k,
-        nk,
-        bias_silu: false,
+fn plain(d: GemmDims, b: View, shape: &[usize]) -> Gemm {
+    Gemm {
+        a: View::contiguous(&d, Operand::A),
+        out: View::contiguous(&d, Operand::Out),
+        b,
+        dims: d,
+        extras: vec![],
+        epilogue: None,
+        shape: Shape(shape.to_vec()),
     }
 }
 
-/// Small-M problems (the decode kernel): M ∈ {1, 3, 16} × odd and model-sized N, K; K = 37 is
-/// not a multiple of any vector width (the element path); both layouts of B ([K, N] with N a
-/// multiple of 8 is read along N); a bias + SiLU epilogue; batches.
-pub fn small_m() -> Vec<Case> {
-    let mut v = Vec::new();
-    for dtype in FLOATS {
-        for m in [1, 3, 16] {
-            for (n, k) in [(45, 40), (45, 37), (576, 576), (1536, 576)] {
-                for nk in [true, false] {
-                    v.push(case(dtype, m, n, k, nk));
-                }
-            }
-            // [K, N] weights with N a multiple of 8: read 16 bytes along N (K odd).
-            v.push(case(dtype, m, 48, 37, false));
-            v.push(Case {
-                batch: 3,
-                bias_silu: true,
-                ..case(dtype, m, 48, 37, false)
-            });
-            v.push(Case {
-                bias_silu: true,
-                ..case(dtype, m, 45, 40, true)
-            });
-            v.push(Case {
-                bias_silu: true,
-                ..case(dtype, m, 1536, 576, false)
-            });
-            v.push(Case {
-                batch: 3,
-                ..case(dtype, m, 45, 37, true)
-            });
-            v.push(Case {
-                batch: 3,
-                bias_silu: true,
-                ..case(dtype, m, 576, 576, true)
-            });
-        }
+/// B stored `[N, K]` (a weight used transposed): K contiguous.
+fn b_nk(k: usize) -> View {
+    View {
+        batch: vec![],
+        rows: vec![1],
+        cols: vec![k],
     }
-    v
 }
 
-/// Problems for the CUDA-core kernel: odd sizes (partial tiles on every side, K = 37 on the
-/// element path), each tile size (64×64, 128×64 and 128×128 are picked by grid size), both
-/// layouts of B, an epilogue, a batch; f32 mostly (its kernel), f16 and bf16 at one size.
-pub fn large_m() -> Vec<Case> {
-    let f32c = |m, n, k, nk| case(DType::F32, m, n, k, nk);
+/// B stored `[K, N]`: N contiguous.
+fn b_kn(n: usize) -> View {
+    View {
+        batch: vec![],
+        rows: vec![n],
+        cols: vec![1],
+    }
+}
+
+fn graph(name: String, dt: DType, gemm: Gemm, inputs: &[&[usize]]) -> Graph {
+    let mut g = Graph::new(name);
+    let ids: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| g.input(&format!("in{i}"), dt, s).expect("an input"))
+        .collect();
+    let out = g
+        .gemm(gemm, ids[0], ids[1], &ids[2..])
+        .expect("a valid gemm");
+    g.set_outputs(&[out]).expect("an output");
+    g
+}
+
+/// A plain `[M, K] · B` with B stored `[N, K]` (`nk`) or `[K, N]`.
+pub fn plain_case(dt: DType, m: usize, n: usize, k: usize, nk: bool) -> Graph {
+    let (b, b_shape) = if nk {
+        (b_nk(k), [n, k])
+    } else {
+        (b_kn(n), [k, n])
+    };
+    let layout = if nk { "nk" } else { "kn" };
+    graph(
+        format!("gemm_{m}x{n}x{k}_{layout}_{dt}"),
+        dt,
+        plain(dims(&[], &[m], &[n], &[k]), b, &[m, n]),
+        &[&[m, k], &b_shape],
+    )
+}
+
+/// Every case, for one dtype; `large` adds M=4096, N=384, K=384 in both B layouts.
+pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
+    let n = |s: &str| format!("gemm_{s}_{dt}");
     let mut v = vec![
-        f32c(77, 45, 40, true),
-        f32c(77, 45, 40, false),
-        f32c(77, 45, 37, true),
-        f32c(77, 45, 37, false),
-        Case {
-            bias_silu: true,
-            ..f32c(77, 45, 40, true)
-        },
-        Case {
-            batch: 3,
-            bias_silu: true,
-            ..f32c(77, 45, 37, false)
-        },
-        f32c(4096, 384, 1536, true),
-        f32c(4096, 384, 1536, false),
-        // 9 × 33 blocks of 128×64.
-        f32c(1031, 2053, 515, false),
-        // 19 × 17 blocks of 128×128.
-        Case {
-            bias_silu: true,
-            ..f32c(2305, 2100, 260, true)
-        },
+        // Odd M and N, K = 40: A in 16-byte pieces; B [K, N] with N = 45 element by element.
+        graph(
+            n("odd_kn"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[40]), b_kn(45), &[77, 45]),
+            &[&[77, 40], &[40, 45]],
+        ),
+        // B transposed ([N, K], K = 40 contiguous): both operands in pieces.
+        graph(
+            n("odd_nk"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[40]), b_nk(40), &[77, 45]),
+            &[&[77, 40], &[45, 40]],
+        ),
+        // K = 36: no operand reads in pieces; the K tile is partial.
+        graph(
+            n("k36"),
+            dt,
+            plain(dims(&[], &[77], &[45], &[36]), b_nk(36), &[77, 45]),
+            &[&[77, 36], &[45, 36]],
+        ),
     ];
-    // Batches that make the grid large enough for the larger tiles at small sizes: 50 × 2 × 3
-    // blocks of 128×64, 70 × 2 × 2 of 128×128.
-    v.push(Case {
-        batch: 50,
-        ..f32c(130, 130, 12, false)
-    });
-    v.push(Case {
-        batch: 70,
-        bias_silu: true,
-        ..f32c(130, 130, 12, true)
-    });
-    for dtype in [DType::F16, DType::BF16] {
-        v.push(case(dtype, 77, 45, 40, true));
-        v.push(Case {
-            bias_silu: true,
-            ..case(dtype, 130, 200, 37, false)
-        });
+    // Head merge in, bias + GELU, head split out: A [B, H, S, D] read as [B*S, H*D]; B a
+    // weight [N, K]; the result [B, H2, S, D2] written from rows (b, s) and columns (h2, d2).
+    let (b, h, s, d, h2, d2) = (2, 4, 33, 16, 3, 24);
+    let (k, nn) = (h * d, h2 * d2);
+    let hm = dims(&[], &[b, s], &[h2, d2], &[h, d]);
+    let gelu = Gemm {
+        dims: hm,
+        a: View {
+            batch: vec![],
+            rows: vec![h * s * d, d],
+            cols: vec![s * d, 1],
+        },
+        b: View {
+            batch: vec![],
+            rows: vec![d, 1],
+            cols: vec![d2 * k, k],
+        },
+        out: View {
+            batch: vec![],
+            rows: vec![h2 * s * d2, d2],
+            cols: vec![s * d2, 1],
+        },
+        extras: vec![View {
+            batch: vec![],
+            rows: vec![0, 0],
+            cols: vec![d2, 1],
+        }],
+        epilogue: Some(Expr::Unary(
+            UnaryOp::Gelu,
+            Box::new(Expr::Binary(
+                BinaryOp::Add,
+                Box::new(Expr::Input(0)),
+                Box::new(Expr::Input(1)),
+            )),
+        )),
+        shape: Shape(vec![b, h2, s, d2]),
+    };
+    v.push(graph(
+        n("heads_bias_gelu"),
+        dt,
+        gelu,
+        &[&[b, h, s, d], &[nn, k], &[nn]],
+    ));
+    // A residual added to the product.
+    let rd = dims(&[], &[130], &[96], &[72]);
+    let mut res = plain(rd.clone(), b_nk(72), &[130, 96]);
+    res.extras = vec![View::contiguous(&rd, Operand::Out)];
+    res.epilogue = Some(Expr::Binary(
+        BinaryOp::Add,
+        Box::new(Expr::Input(0)),
+        Box::new(Expr::Input(1)),
+    ));
+    v.push(graph(
+        n("residual"),
+        dt,
+        res,
+        &[&[130, 72], &[96, 72], &[130, 96]],
+    ));
+    // Batched, B [K, N] shared by every batch (batch stride 0).
+    let bd = dims(&[3], &[50], &[40], &[48]);
+    let mut bat = plain(bd, b_kn(40), &[3, 50, 40]);
+    bat.b.batch = vec![0];
+    v.push(graph(
+        n("batched_shared_b"),
+        dt,
+        bat,
+        &[&[3, 50, 48], &[48, 40]],
+    ));
+    if large {
+        v.push(plain_case(dt, 4096, 384, 384, true));
+        v.push(plain_case(dt, 4096, 384, 384, false));
     }
     v
 }

@@ -2,10 +2,11 @@
 //! or wait at a barrier: elementwise, copy, gather and its check, reduce, causal mask, rope) run
 //! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
 //! shuffles within a wave) run with one OS thread per GPU thread of a block, block after
-//! block, meeting at a barrier; a shuffle is a store, a barrier, a load and a barrier. The generated source —
-//! the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled for the host by
-//! clang++ behind a shim for the GPU built-ins, kernels run in plan order. That executes the
-//! kernels' C here, without a GPU: the numeric tests of codegen compare it with the interpreter.
+//! block, meeting at a barrier; a shuffle is a store, a barrier, a load and a barrier. The
+//! generated source — the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled
+//! for the host by clang++ behind a shim for the GPU built-ins, kernels run in plan order. That
+//! executes the kernels' C here, without a GPU: the numeric tests of codegen compare it with
+//! the interpreter.
 #![allow(dead_code)]
 
 use std::fmt::Write;
@@ -175,25 +176,21 @@ fn without_matrix_helpers(prelude: &str) -> String {
     }
 }
 
-/// The C++ program: shim, prelude, kernels, then a main that reads the buffers from argv[1],
-/// runs the kernels in order and writes the buffers to argv[2].
-fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
-    // The plan's own AMD prelude (its wave size is the one cooperative kernels were shaped
-    // for); an NVIDIA plan's prelude has PTX, so its pointwise kernels take gfx90a's.
-    let target = if plan.target.platform == Platform::Amd {
-        plan.target.clone()
-    } else {
-        Target::parse("gfx90a").expect("a known target")
-    };
-    let mut s = String::from(SHIM);
-    s.push_str(&without_matrix_helpers(&prelude(&target)));
-    let mut seen = std::collections::HashSet::new();
-    for k in &plan.kernels {
-        if seen.insert(&k.entry) {
-            s.push('\n');
-            s.push_str(&k.body);
-        }
-    }
+/// One launch for the host driver: an entry point, its geometry and the buffers (indices into
+/// the run's buffer list) bound to its parameters, in order.
+pub struct HostLaunch<'a> {
+    pub entry: &'a str,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub args: &'a [usize],
+    /// Whether its blocks run with one host thread per GPU thread (`COOPERATIVE` families).
+    pub cooperative: bool,
+}
+
+/// A main that reads buffers of `sizes` bytes from argv[1], runs `launches` in order (every
+/// thread of every block in turn) and writes the buffers to argv[2].
+fn driver(sizes: &[usize], launches: &[HostLaunch]) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "\nstatic const size_t rf_sizes[] = {{0{}}};", {
         let mut list = String::new();
         for n in sizes {
@@ -204,15 +201,15 @@ fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
     s.push_str(
         "int main(int argc, char** argv) {\n    const int nb = sizeof(rf_sizes) / sizeof(rf_sizes[0]) - 1;\n    unsigned char** buf = (unsigned char**)calloc(nb + 1, sizeof(void*));\n    FILE* in = fopen(argv[1], \"rb\");\n    if (!in) return 2;\n    for (int b = 0; b < nb; ++b) {\n        buf[b] = (unsigned char*)malloc(rf_sizes[b + 1] + 1);\n        if (fread(buf[b], 1, rf_sizes[b + 1], in) != rf_sizes[b + 1]) return 3;\n    }\n    fclose(in);\n",
     );
-    for k in &plan.kernels {
+    for k in launches {
         let args: Vec<String> = k
             .args
             .iter()
             .map(|&a| format!("rf_host_ptr{{buf[{a}]}}"))
             .collect();
-        let [gx, gy, gz] = k.launch.grid;
-        let [bx, by, bz] = k.launch.block;
-        if COOPERATIVE.contains(&k.family) {
+        let [gx, gy, gz] = k.grid;
+        let [bx, by, bz] = k.block;
+        if k.cooperative {
             let _ = writeln!(
                 s,
                 "    {{\n        rf_host_block_barrier bar({bx});\n        rf_host_barrier = &bar;\n        std::vector<std::thread> threads;\n        for (unsigned tx = 0; tx < {bx}u; ++tx) threads.emplace_back([&, tx] {{\n            threadIdx = {{tx, 0, 0}};\n            for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx) {{\n                blockIdx = {{gx, gy, gz}};\n                {}({});\n                bar.arrive_and_wait();  // the block's shared memory is the next block's\n            }}\n        }});\n        for (auto& t : threads) t.join();\n        rf_host_barrier = nullptr;\n    }}",
@@ -232,6 +229,118 @@ fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
         "    FILE* out = fopen(argv[2], \"wb\");\n    if (!out) return 4;\n    for (int b = 0; b < nb; ++b) fwrite(buf[b], 1, rf_sizes[b + 1], out);\n    fclose(out);\n    return 0;\n}\n",
     );
     s
+}
+
+/// The C++ program: shim, prelude, kernels, then the driver running them in plan order.
+fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
+    // The plan's own AMD prelude (its wave size is the one cooperative kernels were shaped
+    // for); an NVIDIA plan's prelude has PTX, so its pointwise kernels take gfx90a's.
+    let target = if plan.target.platform == Platform::Amd {
+        plan.target.clone()
+    } else {
+        Target::parse("gfx90a").expect("a known target")
+    };
+    let mut s = String::from(SHIM);
+    s.push_str(&without_matrix_helpers(&prelude(&target)));
+    let mut seen = std::collections::HashSet::new();
+    for k in &plan.kernels {
+        if seen.insert(&k.entry) {
+            s.push('\n');
+            s.push_str(&k.body);
+        }
+    }
+    let launches: Vec<HostLaunch> = plan
+        .kernels
+        .iter()
+        .map(|k| HostLaunch {
+            entry: &k.entry,
+            grid: k.launch.grid,
+            block: k.launch.block,
+            args: &k.args,
+            cooperative: COOPERATIVE.contains(&k.family),
+        })
+        .collect();
+    s.push_str(&driver(sizes, &launches));
+    s
+}
+
+/// Compiles `program` for the host and runs it on `buffers`; returns the buffers after it.
+fn build_and_run(
+    cxx: &Path,
+    what: &str,
+    program: &str,
+    buffers: &[Vec<u8>],
+) -> Result<Vec<Vec<u8>>, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "rocmforge-host-{}-{}",
+        std::process::id(),
+        unique()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (src, exe, input, output) = (
+        dir.join("plan.cpp"),
+        dir.join("plan"),
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+    );
+    std::fs::write(&src, program).map_err(|e| e.to_string())?;
+    std::fs::write(&input, buffers.concat()).map_err(|e| e.to_string())?;
+    // -ffp-contract=off: no fused multiply-adds, so float results round as the interpreter's.
+    let cc = Command::new(cxx)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-pthread",
+            "-w",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !cc.status.success() {
+        return Err(format!(
+            "{what}: host compile failed ({}):\n{}",
+            src.display(),
+            String::from_utf8_lossy(&cc.stderr)
+        ));
+    }
+    let run = Command::new(&exe)
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !run.status.success() {
+        return Err(format!("{what}: host run failed: {:?}", run.status));
+    }
+    let bytes = std::fs::read(&output).map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    let mut at = 0;
+    Ok(buffers
+        .iter()
+        .map(|b| {
+            let out = bytes[at..at + b.len()].to_vec();
+            at += b.len();
+            out
+        })
+        .collect())
+}
+
+/// Runs one kernel from its complete source (an AMD-prelude source, as a bundle's
+/// `kernels/<entry>.hip` holds) on `buffers`, which are updated in place.
+pub fn run_source(
+    cxx: &Path,
+    source: &str,
+    launch: HostLaunch,
+    buffers: &mut Vec<Vec<u8>>,
+) -> Result<(), String> {
+    let sizes: Vec<usize> = buffers.iter().map(Vec::len).collect();
+    let mut program = String::from(SHIM);
+    program.push_str(&without_matrix_helpers(source));
+    program.push_str(&driver(&sizes, &[launch]));
+    *buffers = build_and_run(cxx, "kernel", &program, buffers)?;
+    Ok(())
 }
 
 /// What a run on the host gave: the plan's outputs, or the error its index checks raise (the
@@ -258,63 +367,9 @@ pub fn run_plan(
     }
     let init = initial_buffers(g, plan, bindings)?;
     let sizes: Vec<usize> = init.iter().map(Vec::len).collect();
-    let dir = std::env::temp_dir().join(format!(
-        "rocmforge-host-{}-{}",
-        std::process::id(),
-        unique()
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let (src, exe, input, output) = (
-        dir.join("plan.cpp"),
-        dir.join("plan"),
-        dir.join("in.bin"),
-        dir.join("out.bin"),
-    );
-    std::fs::write(&src, program(plan, &sizes)).map_err(|e| e.to_string())?;
-    std::fs::write(&input, init.concat()).map_err(|e| e.to_string())?;
-    // -ffp-contract=off: no fused multiply-adds, so float results round as the interpreter's.
-    let cc = Command::new(cxx)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-pthread",
-            "-w",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !cc.status.success() {
-        return Err(format!(
-            "{}: host compile failed ({}):\n{}",
-            g.name,
-            src.display(),
-            String::from_utf8_lossy(&cc.stderr)
-        ));
-    }
-    let run = Command::new(&exe)
-        .arg(&input)
-        .arg(&output)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !run.status.success() {
-        return Err(format!("{}: host run failed: {:?}", g.name, run.status));
-    }
-    let bytes = std::fs::read(&output).map_err(|e| e.to_string())?;
-    std::fs::remove_dir_all(&dir).ok();
-    let mut at = 0;
-    let buffers: Vec<&[u8]> = sizes
-        .iter()
-        .map(|&n| {
-            let b = &bytes[at..at + n];
-            at += n;
-            b
-        })
-        .collect();
+    let buffers = build_and_run(cxx, &g.name, &program(plan, &sizes), &init)?;
     for check in &plan.checks {
-        if let Some(index) = check.failed_index(buffers[check.status]) {
+        if let Some(index) = check.failed_index(&buffers[check.status]) {
             return Ok(Err(InterpError::IndexOutOfRange {
                 node: check.node.clone(),
                 index,

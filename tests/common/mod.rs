@@ -118,4 +118,5 @@ pub fn run_op(inputs: &[&Tensor], build: impl FnOnce(&mut Graph, &[NodeId]) -> N
 }
 pub mod attention_graphs;
 pub mod files;
+pub mod gemm_graphs;
 pub mod op_zoo;

@@ -12,7 +12,10 @@
 //!   the other columns of that row;
 //! - where the layouts allow, `P_c_to_a` (accumulators of `P_K / P_N` adjacent C tiles become
 //!   one A operand without leaving registers) and `P_load_b_pair_nk_smem` /
-//!   `P_load_b_pair_kn_smem` (two B fragments by one `ldmatrix.x4`, plain or `.trans`).
+//!   `P_load_b_pair_kn_smem` (two B fragments by one `ldmatrix.x4`, plain or `.trans`);
+//! - where `ldmatrix` can load them, the same loads from an address the kernel forms (for
+//!   swizzled tiles): `P_ldsm_a_row/col(lane)` with `P_load_a_ldsm`, and
+//!   `P_ldsm_b_nk_row/col`, `P_ldsm_b_kn_row/col` with `P_load_b_pair_ldsm(_trans)`.
 //!
 //! Index expressions come from `Layout` as `Linear` values, the same values the simulation
 //! evaluates.
@@ -124,6 +127,7 @@ pub fn fragment_helpers(atom: &MmaAtom) -> String {
             );
         }
     }
+    ldmatrix_helpers(w, atom, &p);
     s
 }
 
@@ -403,39 +407,123 @@ pub fn ldmatrix_pairs(atom: &MmaAtom) -> Option<LdmatrixPairs> {
             }
         }
     }
-    // Each origin coordinate as a function of the two bits of j (lane bits 3 and 4); it must be
-    // affine in them for one expression to serve every lane.
-    let affine = |pick: fn((u32, u32)) -> u32| -> Option<Linear> {
-        let v = |j: usize| pick(origin[j]);
-        let (d1, d2) = (v(1).checked_sub(v(0))?, v(2).checked_sub(v(0))?);
-        (v(3) == v(0) + d1 + d2).then(|| {
-            Linear::new(
-                vec![
-                    Field::bit(Var::Lane, 3, 5, d1),
-                    Field::bit(Var::Lane, 4, 5, d2),
-                ],
-                v(0),
-            )
-            .merged()
-        })
-    };
-    let k0 = affine(|o| o.0)?;
-    let n0 = affine(|o| o.1)?;
-    let with_row = |l: &Linear| {
-        let mut fields = l.fields.clone();
-        fields.push(Field {
-            var: Var::Lane,
-            shift: 0,
-            width: 3,
-            var_bits: 5,
-            mul: 1,
-        });
-        Linear::new(fields, l.constant).merged()
-    };
+    let k0 = x4_origin_c(&origin, |o| o.0)?;
+    let n0 = x4_origin_c(&origin, |o| o.1)?;
     Some(LdmatrixPairs {
-        nk_row: with_row(&n0),
+        nk_row: with_row_in_matrix(&n0),
         nk_col: k0.clone(),
-        kn_row: with_row(&k0),
+        kn_row: with_row_in_matrix(&k0),
         kn_col: n0,
     })
+}
+
+/// One coordinate of the origins of the four 8×8 matrices of an `ldmatrix.x4` (matrix j is
+/// chosen by lane bits 3 and 4) as an expression of the lane; it must be affine in those two
+/// bits for one expression to serve every lane.
+fn x4_origin_c(origin: &[(u32, u32); 4], pick: fn((u32, u32)) -> u32) -> Option<Linear> {
+    let v = |j: usize| pick(origin[j]);
+    let (d1, d2) = (v(1).checked_sub(v(0))?, v(2).checked_sub(v(0))?);
+    (v(3) == v(0) + d1 + d2).then(|| {
+        Linear::new(
+            vec![
+                Field::bit(Var::Lane, 3, 5, d1),
+                Field::bit(Var::Lane, 4, 5, d2),
+            ],
+            v(0),
+        )
+        .merged()
+    })
+}
+
+/// A matrix origin's row plus the row lane L addresses within its matrix (L % 8).
+fn with_row_in_matrix(l: &Linear) -> Linear {
+    let mut fields = l.fields.clone();
+    fields.push(Field {
+        var: Var::Lane,
+        shift: 0,
+        width: 3,
+        var_bits: 5,
+        mul: 1,
+    });
+    Linear::new(fields, l.constant).merged()
+}
+
+/// Row and column (of A stored row-major: row m, k contiguous) of the address each lane gives
+/// `ldmatrix.x4` to load one whole A fragment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LdmatrixA {
+    pub row: Linear,
+    pub col: Linear,
+}
+
+/// The A fragment by one `ldmatrix.x4` (non-transposed), where every register of it is an 8×8
+/// piece of A: its two elements sit at m = m0 + T / 4, k = k0 + 2·(T % 4) + {0, 1} for thread T.
+/// Register j then receives matrix j, whose row L % 8 lane L addresses.
+pub fn ldmatrix_a(atom: &MmaAtom) -> Option<LdmatrixA> {
+    if atom.kind != MmaKind::MmaSync || atom.a.elems() != 8 || atom.lanes != 32 {
+        return None;
+    }
+    let mut origin = [(0u32, 0u32); 4];
+    for (j, o) in origin.iter_mut().enumerate() {
+        let e = 2 * j as u32;
+        let (m0, k0) = atom.a.coord(0, e);
+        *o = (m0, k0);
+        for lane in 0..32 {
+            for h in 0..2 {
+                if atom.a.coord(lane, e + h) != (m0 + lane / 4, k0 + 2 * (lane % 4) + h) {
+                    return None;
+                }
+            }
+        }
+    }
+    Some(LdmatrixA {
+        row: with_row_in_matrix(&x4_origin_c(&origin, |o| o.0)?),
+        col: x4_origin_c(&origin, |o| o.1)?,
+    })
+}
+
+/// The helpers that load fragments by `ldmatrix` from an address the kernel forms itself (a
+/// swizzled shared-memory tile is not `row * ld + col`): per operand form the lane's row and
+/// column, and the load from the lane's address.
+fn ldmatrix_helpers(w: &mut String, atom: &MmaAtom, p: &str) {
+    if let Some(a) = ldmatrix_a(atom) {
+        let _ = writeln!(
+            w,
+            "// The A fragment by one ldmatrix.x4 from A stored row-major (k contiguous): lane L passes the address of
+// element ({p}_ldsm_a_row(L), {p}_ldsm_a_col(L)) of the tile.
+RF_INLINE int {p}_ldsm_a_row(int lane) {{ return {}; }}
+RF_INLINE int {p}_ldsm_a_col(int lane) {{ return {}; }}
+RF_INLINE void {p}_load_a_ldsm({p}_a& a, const void* at) {{ rf_ldsm_x4(a, at); }}",
+            a.row.c(),
+            a.col.c()
+        );
+    }
+    if let Some(l) = ldmatrix_pairs(atom) {
+        let _ = writeln!(
+            w,
+            "// B fragments of columns 0..{n} and {n}..{n2} by one ldmatrix.x4: lane L passes the address of element
+// ({p}_ldsm_b_nk_row(L), {p}_ldsm_b_nk_col(L)) of B stored transposed (row n, k contiguous; `_ldsm`), or of
+// element ({p}_ldsm_b_kn_row(L), {p}_ldsm_b_kn_col(L)) of B stored as is (row k, n contiguous; `_ldsm_trans`).
+RF_INLINE int {p}_ldsm_b_nk_row(int lane) {{ return {}; }}
+RF_INLINE int {p}_ldsm_b_nk_col(int lane) {{ return {}; }}
+RF_INLINE int {p}_ldsm_b_kn_row(int lane) {{ return {}; }}
+RF_INLINE int {p}_ldsm_b_kn_col(int lane) {{ return {}; }}",
+            l.nk_row.c(),
+            l.nk_col.c(),
+            l.kn_row.c(),
+            l.kn_col.c(),
+            n = atom.n,
+            n2 = 2 * atom.n,
+        );
+        for (suffix, ldsm) in [("", "rf_ldsm_x4"), ("_trans", "rf_ldsm_x4_trans")] {
+            let _ = writeln!(
+                w,
+                "RF_INLINE void {p}_load_b_pair_ldsm{suffix}({p}_b& b0, {p}_b& b1, const void* at) {{
+    unsigned r[4];
+    {ldsm}(r, at);
+    b0[0] = r[0]; b0[1] = r[1]; b1[0] = r[2]; b1[1] = r[3];
+}}"
+            );
+        }
+    }
 }

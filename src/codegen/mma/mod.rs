@@ -15,7 +15,7 @@ mod simulate;
 
 use crate::ir::DType;
 
-pub use helpers::{fragment_helpers, ldmatrix_pairs, LdmatrixPairs};
+pub use helpers::{fragment_helpers, ldmatrix_a, ldmatrix_pairs, LdmatrixA, LdmatrixPairs};
 pub use index::{Field, Linear, Var};
 
 /// The instruction family, which decides how a fragment is typed and how the MMA is called.

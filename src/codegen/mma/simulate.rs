@@ -6,7 +6,7 @@
 //! wrong address composition shows up as a wrong product.
 
 use super::atoms::ALL;
-use super::helpers::{c_to_a, fragment_helpers, ldmatrix_pairs};
+use super::helpers::{c_to_a, fragment_helpers, ldmatrix_a, ldmatrix_pairs};
 use super::{Layout, MmaAtom, MmaKind};
 
 /// Which operand a formula is for.
@@ -297,6 +297,58 @@ fn ldmatrix_pairs_load_the_documented_b_fragments() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// `ldmatrix.x4` (non-transposed) from the addresses `P_ldsm_a_row/col` give, on a row-major A
+/// tile with padded rows, fills exactly the documented A fragment; atoms it cannot load have no
+/// such helper.
+#[test]
+fn ldmatrix_loads_the_documented_a_fragment() {
+    for atom in ALL {
+        let l = ldmatrix_a(atom);
+        assert_eq!(l.is_some(), atom.kind == MmaKind::MmaSync, "{}", atom.name);
+        let helpers = fragment_helpers(atom);
+        assert_eq!(
+            helpers.contains(&format!("{}_load_a_ldsm(", atom.prefix())),
+            l.is_some(),
+            "{}",
+            atom.name
+        );
+        let Some(l) = l else { continue };
+        let (m, k) = (atom.m, atom.k);
+        let ld = k + 8;
+        let a = small_ints((m * k) as usize, 9);
+        let mut mem = vec![f64::NAN; (m * ld) as usize];
+        for mm in 0..m {
+            for kk in 0..k {
+                mem[(mm * ld + kk) as usize] = a[(mm * k + kk) as usize];
+            }
+        }
+        let addr = |lane: u32| l.row.eval(lane, 0) * ld + l.col.eval(lane, 0);
+        for t in 0..32u32 {
+            for j in 0..4u32 {
+                for h in 0..2u32 {
+                    // Register j of thread T: row T/4 of matrix j, columns 2(T%4)+h.
+                    let v = mem[(addr(8 * j + t / 4) + 2 * (t % 4) + h) as usize];
+                    let (mm, kk) = documented(atom, Operand::A, t, 2 * j + h);
+                    assert_eq!(
+                        v,
+                        a[(mm * k + kk) as usize],
+                        "{} thread {t} reg {j}",
+                        atom.name
+                    );
+                }
+            }
+        }
+        // The C spelling is the evaluated expression: lane L addresses row L % 16, column
+        // 8 * (L / 16) of the 16x16 tile.
+        for lane in 0..32 {
+            assert_eq!(
+                (l.row.eval(lane, 0), l.col.eval(lane, 0)),
+                (lane % 16, 8 * (lane / 16))
+            );
         }
     }
 }

@@ -201,9 +201,7 @@ impl Target for GraphTarget {
         PassManager::cleanup()
             .run(&mut unfused)
             .map_err(|e| format!("the clean-up pipeline: {e}"))?;
-        let no_epilogues = CodegenOptions {
-            matmul_epilogues: false,
-        };
+        let no_epilogues = CodegenOptions::default();
         if let Err(e) = codegen::generate_with(&unfused, &self.amd, &no_epilogues) {
             label.push_str(&format!(" codegen-unfused-err:{}", variant(&e)));
         }

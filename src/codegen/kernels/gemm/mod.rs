@@ -2,6 +2,7 @@
 //! reads from the node: sizes, dtypes, each view's address arithmetic as C, and the epilogue as
 //! C statements. `lower` picks the kernel; the views are read in place by all of them.
 
+mod mma;
 mod scalar;
 mod small_m;
 #[cfg(test)]
@@ -39,6 +40,9 @@ pub(crate) struct Problem {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// The element type of A and B (they agree: shape inference checks it).
+    #[serde(skip)]
+    pub input: DType,
     /// Storage types of A, B and the result.
     pub a_t: &'static str,
     pub b_t: &'static str,
@@ -184,6 +188,7 @@ impl Problem {
             }
         };
         Ok(Problem {
+            input: at.dtype,
             batch,
             m,
             n,
@@ -224,8 +229,42 @@ pub(crate) fn lower(
     let dtype = g.ty(g.operands(id)[0]).dtype;
     if small_m::takes(&p) {
         // Decoding: memory-bound on the weights whatever the dtype.
-        small_m::kernel(&p, gemm, dtype, node, args, target)
-    } else {
-        scalar::kernel(&p, gemm, dtype, node, args, target)
+        return small_m::kernel(&p, gemm, dtype, node, args, target);
+    }
+    // f16 and bf16 go to the matrix cores where the target has an atom for them.
+    if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target)? {
+        return Ok(k);
+    }
+    scalar::kernel(&p, gemm, dtype, node, args, target)
+}
+
+#[cfg(test)]
+impl Problem {
+    /// A problem of the given sizes with nothing else set, for tests of tiling choices.
+    pub(crate) fn empty_for_tests() -> Problem {
+        Problem {
+            input: DType::F16,
+            batch: 1,
+            m: 1,
+            n: 1,
+            k: 1,
+            a_t: "rf_half",
+            b_t: "rf_half",
+            c_t: "rf_half",
+            a_at: String::new(),
+            b_at: String::new(),
+            c_at: String::new(),
+            a_pre: "",
+            a_post: "",
+            b_pre: "",
+            b_post: "",
+            extras: vec![],
+            extra_at: vec![],
+            lines: vec![],
+            store: String::new(),
+            acc: String::new(),
+            epilogue: false,
+            what: String::new(),
+        }
     }
 }
