@@ -659,7 +659,13 @@ fn minilm_forward_pass_has_at_most_six_copy_kernels() {
         let copies = now.get("copy").copied().unwrap_or(0);
         assert!(copies <= 6, "{copies} copy kernels: {now:?}\n{report}");
         assert_eq!(now.get("matmul"), None, "{now:?}");
-        assert_eq!(now["gemm"], 6 * 6, "six projections per layer: {now:?}");
+        // One GEMM kernel per projection, of whichever GEMM family the dtype and target pick.
+        let gemms: usize = now
+            .iter()
+            .filter(|(family, _)| family.starts_with("gemm"))
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(gemms, 6 * 6, "six projections per layer: {now:?}");
     }
     // The same pass on a short batch with random weights changes no bit.
     let g = enc.graph(2, 8).unwrap();

@@ -185,8 +185,18 @@ fn scalar_loads_follow_the_views() {
 
 #[test]
 fn lowering_picks_small_m_up_to_sixteen_rows() {
-    for (m, family) in [(1, "gemm_small_m"), (16, "gemm_small_m"), (17, "gemm")] {
+    // Past 16 rows: the matrix cores for 16-bit operands (gfx1100 has WMMA), CUDA cores for f32.
+    for (m, sixteen_bit, f32) in [
+        (1, "gemm_small_m", "gemm_small_m"),
+        (16, "gemm_small_m", "gemm_small_m"),
+        (17, "gemm_mma", "gemm"),
+    ] {
         for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let family = if dtype == DType::F32 {
+                f32
+            } else {
+                sixteen_bit
+            };
             let dims = GemmDims {
                 batch: vec![],
                 m: vec![m],
