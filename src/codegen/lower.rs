@@ -16,6 +16,9 @@ use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, S
 
 const ENTRY: &str = "__RF_ENTRY__";
 
+/// The longest row, in elements per lane, that a norm kernel holds in one wave's registers.
+const NORM_WAVE_ELEMS: usize = 32;
+
 /// Renders a template and names the kernel after its body, so identical kernels are one.
 /// `launch` comes checked from `limits`; the parameter count is checked here.
 pub(crate) fn finish(
@@ -251,9 +254,21 @@ fn lower_node(
             let rows = ty.shape.numel() / d.max(1);
             int_index(name, "the normalised axis length", d)?;
             let (c, w) = (ctype(ty.dtype), ctype(g.ty(ops[1]).dtype));
+            // A row of up to NORM_WAVE_ELEMS per lane is one wave's, held in registers and
+            // reduced with shuffles, several rows a block; a longer row is one block's, read
+            // twice (LayerNorm three times) through shared-memory reductions.
+            let wave = target.wave_size as usize;
+            let per_lane = d.div_ceil(wave);
+            let per_wave = per_lane <= NORM_WAVE_ELEMS;
             let ctx = json!({"d": d, "rows": rows, "eps": eps, "eps_f": f32_literal(*eps), "ctype": c.storage, "wtype": w.storage,
-                "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post, "w_pre": w.load_pre, "w_post": w.load_post});
-            let launch = launch(name, target, [rows, 1, 1], BLOCK_1D)?;
+                "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post, "w_pre": w.load_pre, "w_post": w.load_post,
+                "per_wave": per_wave, "per_lane": per_lane.max(1)});
+            let blocks = if per_wave {
+                rows.div_ceil(BLOCK_1D / wave)
+            } else {
+                rows
+            };
+            let launch = launch(name, target, [blocks, 1, 1], BLOCK_1D)?;
             let (family, template) = if layer {
                 ("layernorm", "layernorm.hip")
             } else {
