@@ -227,19 +227,34 @@ fn shared_budget(acc: &Access, caps: &Arch) -> usize {
     }
 }
 
-/// The tilings tried, with the accumulator floats a lane may hold in each: the small tiles in
-/// 4 or 8 warps everywhere; where tiles arrive by cp.async, also 128×256 and 256×128 in 8
-/// warps of 64×64, which need the stages dynamic shared memory allows and the registers no
-/// staging takes.
-fn tilings(acc: &Access) -> Vec<((usize, usize), (usize, usize), u32)> {
+/// A block tile, its warp grid and the accumulator floats a lane may hold in it.
+struct Tiling {
+    tile: (usize, usize),
+    warps: (usize, usize),
+    max_acc: u32,
+}
+
+/// The tilings tried: the small tiles in 4 or 8 warps everywhere; where tiles arrive by
+/// cp.async, also 128×256 and 256×128 in 8 warps of 64×64, which need the stages dynamic
+/// shared memory allows and the registers no staging takes.
+fn tilings(acc: &Access) -> Vec<Tiling> {
+    let large = |tile, warps| Tiling {
+        tile,
+        warps,
+        max_acc: MAX_ACC_PER_LANE_LARGE,
+    };
     let mut out = Vec::new();
     if acc.cp_async {
-        out.push(((128, 256), (2, 4), MAX_ACC_PER_LANE_LARGE));
-        out.push(((256, 128), (4, 2), MAX_ACC_PER_LANE_LARGE));
+        out.push(large((128, 256), (2, 4)));
+        out.push(large((256, 128), (4, 2)));
     }
     for tile in [(128, 128), (128, 64), (64, 128), (64, 64)] {
         for warps in [(2, 2), (2, 4), (4, 2)] {
-            out.push((tile, warps, MAX_ACC_PER_LANE));
+            out.push(Tiling {
+                tile,
+                warps,
+                max_acc: MAX_ACC_PER_LANE,
+            });
         }
     }
     out
@@ -253,7 +268,12 @@ pub(crate) fn candidates(atom: &MmaAtom, acc: &Access, caps: &Arch) -> Vec<Confi
     // B fragments by ldmatrix come in pairs of atom columns.
     let n_step = if acc.ldmatrix { 2 * an } else { an };
     let mut out = Vec::new();
-    for ((bm, bn), (warps_m, warps_n), max_acc) in tilings(acc) {
+    for Tiling {
+        tile: (bm, bn),
+        warps: (warps_m, warps_n),
+        max_acc,
+    } in tilings(acc)
+    {
         let (wm, wn) = (bm / warps_m, bn / warps_n);
         let threads = warps_m * warps_n * atom.lanes as usize;
         let frags = (wm / am) * (wn / an);
@@ -734,7 +754,14 @@ mod tests {
             warps_n,
             stages: 4,
         };
-        assert_eq!(cs[..3], [cfg(128, 256, 2, 4), cfg(256, 128, 4, 2), cfg(128, 128, 2, 4)]);
+        assert_eq!(
+            cs[..3],
+            [
+                cfg(128, 256, 2, 4),
+                cfg(256, 128, 4, 2),
+                cfg(128, 128, 2, 4)
+            ]
+        );
         assert_eq!(shared_bytes(&cs[0], &acc), 96 * 1024);
         assert_eq!(shared_bytes(&cs[1], &acc), 96 * 1024);
         assert_eq!(shared_bytes(&cs[2], &acc), 64 * 1024);
@@ -788,7 +815,10 @@ mod tests {
         let atom = t.caps.mma[0];
         let acc = access(&g, atom, t.caps);
         let c = choose(&candidates(atom, &acc, t.caps), &p).unwrap();
-        assert_eq!(launch(&c, atom, &acc, &p, "mm", &t).unwrap().shared_bytes, 0);
+        assert_eq!(
+            launch(&c, atom, &acc, &p, "mm", &t).unwrap().shared_bytes,
+            0
+        );
     }
 
     #[test]
