@@ -280,17 +280,18 @@ fn compile_nvrtc_mma_large(ptxas: &Path) -> Result<(), Failed> {
     {
         return Err(format!("{case}: not the matrix-core kernel").into());
     }
-    compile_nvrtc(ptxas, set)
+    compile_nvrtc(ptxas, "mma-large", set)
 }
 
 /// Every kernel of `set` through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
-/// loads and no stack frame.
+/// loads and no stack frame. `tag` names the scratch folder (trials run at once).
 fn compile_nvrtc(
     ptxas: &Path,
+    tag: &str,
     set: BTreeMap<String, (String, String, String)>,
 ) -> Result<(), Failed> {
     let arch = "sm_90";
-    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     for (entry, (src, _, case)) in set {
@@ -409,7 +410,7 @@ fn main() {
         &ptxas,
         "ROCMFORGE_REQUIRE_PTXAS",
         "compile::nvrtc::sm_90".into(),
-        move |p| compile_nvrtc(&p, compile_set("sm_90")?),
+        move |p| compile_nvrtc(&p, "all", compile_set("sm_90")?),
     ));
     trials.push(needs(
         &ptxas,
