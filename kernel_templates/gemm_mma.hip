@@ -131,14 +131,9 @@ RF_INLINE void rf_gemm_store2(unsigned short* p, unsigned short a, unsigned shor
 {%- endif %}
 {%- endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
-{% if cp_async %}    // The tiles are the launch's dynamic shared memory ({{ c.stages }} stages of A, then of B): past the 48 KiB
-    // static arrays may hold on NVIDIA. Each tile is a multiple of 16 bytes, so B stays aligned.
-    extern __shared__ __align__(16) unsigned short rf_gemm_smem[];
-    unsigned short (*As)[{{ ta.rows * ta.ld }}] = reinterpret_cast<unsigned short (*)[{{ ta.rows * ta.ld }}]>(rf_gemm_smem);
-    unsigned short (*Bs)[{{ tb.rows * tb.ld }}] = reinterpret_cast<unsigned short (*)[{{ tb.rows * tb.ld }}]>(rf_gemm_smem + {{ c.stages * ta.rows * ta.ld }});
-{% else %}    __shared__ __align__(16) unsigned short As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
+    __shared__ __align__(16) unsigned short As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
     __shared__ __align__(16) unsigned short Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
-{% endif %}    const int lane = threadIdx.x % {{ P }}_LANES, warp = threadIdx.x / {{ P }}_LANES;
+    const int lane = threadIdx.x % {{ P }}_LANES, warp = threadIdx.x / {{ P }}_LANES;
     const int wm0 = (warp / {{ c.warps_n }}) * {{ wm }}, wn0 = (warp % {{ c.warps_n }}) * {{ wn }};
     const int m0 = blockIdx.y * {{ c.bm }}, n0 = blockIdx.x * {{ c.bn }};
     const long long bz = blockIdx.z;

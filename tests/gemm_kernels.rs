@@ -138,16 +138,8 @@ fn compile_cases() -> Vec<Case> {
 
 /// The unique kernels of the compile cases for `arch`: entry → (source, body, case).
 fn compile_set(arch: &str) -> Result<BTreeMap<String, (String, String, String)>, Failed> {
-    kernel_set(arch, compile_cases())
-}
-
-/// The unique kernels of `cases` for `arch`: entry → (source, body, case).
-fn kernel_set(
-    arch: &str,
-    cases: Vec<Case>,
-) -> Result<BTreeMap<String, (String, String, String)>, Failed> {
     let mut out = BTreeMap::new();
-    for c in cases {
+    for c in compile_cases() {
         let (k, src) = gemm_kernel(&c, arch)?;
         out.entry(k.entry.clone())
             .or_insert((src, k.body.clone(), c.name()));
@@ -242,59 +234,14 @@ fn spills_or_stack(log: &str) -> bool {
         })
 }
 
-/// f16 and bf16 problems the matrix-core kernel takes on sm_90 in its large tiles, in dynamic
-/// shared memory past 48 KiB: 128×256 (both B layouts, element loads of B, an epilogue),
-/// 256×128 and 128×128 in 4 stages; odd sizes where the tile allows.
-fn mma_large_cases() -> Vec<Case> {
-    let c = |dtype, m, n, k, nk, bias_silu| Case {
-        dtype,
-        batch: 1,
-        m,
-        n,
-        k,
-        nk,
-        bias_silu,
-    };
-    vec![
-        c(DType::F16, 4096, 1536, 576, true, true),
-        c(DType::BF16, 4096, 1536, 576, false, false),
-        c(DType::F16, 2047, 1999, 72, false, true),
-        c(DType::BF16, 3841, 1024, 72, true, false),
-        c(DType::F16, 1000, 2000, 72, true, false),
-    ]
-}
-
-/// The matrix-core kernels of [`mma_large_cases`] through NVRTC and ptxas: every large tile is
-/// among them (so the check cannot pass on smaller ones), and none spills.
-fn compile_nvrtc_mma_large(ptxas: &Path) -> Result<(), Failed> {
-    let set = kernel_set("sm_90", mma_large_cases())?;
-    for tile in ["128×256", "256×128", "128×128"] {
-        let line = format!("// Block tile {tile}, K in steps of 32;");
-        if !set.values().any(|(_, body, _)| body.contains(&line)) {
-            return Err(format!("no kernel of the set has the {tile} tile").into());
-        }
-    }
-    if let Some((_, _, case)) = set
-        .values()
-        .find(|(_, body, _)| !body.starts_with("// GEMM on matrix cores"))
-    {
-        return Err(format!("{case}: not the matrix-core kernel").into());
-    }
-    compile_nvrtc(ptxas, "mma-large", set)
-}
-
-/// Every kernel of `set` through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
-/// loads and no stack frame. `tag` names the scratch folder (trials run at once).
-fn compile_nvrtc(
-    ptxas: &Path,
-    tag: &str,
-    set: BTreeMap<String, (String, String, String)>,
-) -> Result<(), Failed> {
+/// Every kernel of the set through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
+/// loads and no stack frame.
+fn compile_nvrtc(ptxas: &Path) -> Result<(), Failed> {
     let arch = "sm_90";
-    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{tag}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
-    for (entry, (src, _, case)) in set {
+    for (entry, (src, _, case)) in compile_set(arch)? {
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some("sm_90"),
             ..Default::default()
@@ -410,13 +357,7 @@ fn main() {
         &ptxas,
         "ROCMFORGE_REQUIRE_PTXAS",
         "compile::nvrtc::sm_90".into(),
-        move |p| compile_nvrtc(&p, "all", compile_set("sm_90")?),
-    ));
-    trials.push(needs(
-        &ptxas,
-        "ROCMFORGE_REQUIRE_PTXAS",
-        "compile::nvrtc::sm_90::gemm_mma_large_tiles".into(),
-        move |p| compile_nvrtc_mma_large(&p),
+        move |p| compile_nvrtc(&p),
     ));
     trials.push(Trial::test("ptxas_log_parser", || {
         let clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";

@@ -1370,17 +1370,6 @@ fn main() {
             );
         }
     }
-    // The large tiles in dynamic shared memory past 48 KiB (128×256, 256×128), where the
-    // target has cp.async; elsewhere the same problems on the tiles they pick.
-    for g in gemm_cases::large_tiles(DType::F16) {
-        let d = device.clone();
-        push(
-            &mut trials,
-            &ignored,
-            format!("gemm_mma::large_tiles::{}", g.name),
-            Box::new(move || check_graph(&d, &g, false, 12)),
-        );
-    }
     // Hostile names compile to the plain graph's kernels and run like any graph.
     for g in op_zoo::zoo() {
         let d = device.clone();

@@ -67,8 +67,7 @@ pub struct Buffer {
 pub struct Launch {
     pub grid: [u32; 3],
     pub block: [u32; 3],
-    /// Dynamic shared memory in bytes (`extern __shared__`; only `gemm_mma` with cp.async asks
-    /// for it, the others declare static arrays).
+    /// Dynamic shared memory in bytes (kernels here use static shared memory only).
     pub shared_bytes: u32,
 }
 

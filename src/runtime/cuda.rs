@@ -271,13 +271,9 @@ impl CudaDevice {
                     A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                     p.block_threads,
                 ),
-                // The opt-in maximum: [`CudaDevice::load`] lets every function use it.
                 shared_bytes: q(
-                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                    q(
-                        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
-                        p.shared_bytes,
-                    ),
+                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+                    p.shared_bytes,
                 ),
             }
         })
@@ -296,31 +292,7 @@ impl CudaDevice {
     pub fn load(&self, image: &[u8], entry: &str) -> Result<CudaFunction, RuntimeError> {
         let ptx = Ptx::from_src(String::from_utf8_lossy(image).into_owned());
         let module = self.ctx.load_module(ptx).map_err(cuda_err)?;
-        let f = module.load_function(entry).map_err(cuda_err)?;
-        self.allow_dynamic_shared(&f)?;
-        Ok(f)
-    }
-
-    /// Lets `f` take dynamic shared memory up to the device's opt-in maximum less its static
-    /// arrays, once, when it is loaded: without it the driver refuses any launch asking more
-    /// than 48 KiB. It only permits; each launch still gets the bytes it asks for.
-    fn allow_dynamic_shared(&self, f: &CudaFunction) -> Result<(), RuntimeError> {
-        use cudarc::driver::sys::CUfunction_attribute as F;
-        let optin = i64::from(self.launch_limits().shared_bytes);
-        let default = i64::from(LaunchLimits::PORTABLE.shared_bytes);
-        if optin <= default {
-            return Ok(());
-        }
-        let fixed = f
-            .get_attribute(F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-            .map_err(cuda_err)?;
-        let room = optin - i64::from(fixed);
-        if room <= default {
-            return Ok(());
-        }
-        let room = i32::try_from(room).unwrap_or(i32::MAX);
-        f.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, room)
-            .map_err(cuda_err)
+        module.load_function(entry).map_err(cuda_err)
     }
 
     pub fn new_stream(&self) -> Result<Arc<CudaStream>, RuntimeError> {

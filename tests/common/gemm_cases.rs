@@ -77,20 +77,6 @@ pub fn plain_case(dt: DType, m: usize, n: usize, k: usize, nk: bool) -> Graph {
     )
 }
 
-/// Problems large enough for the 128×256 and 256×128 tiles of targets with cp.async (NVIDIA
-/// sm_80 and later: dynamic shared memory past 48 KiB): a model-sized one, an odd one whose
-/// B [K, N] is read element by element (N = 1999), and an odd M that takes 256×128.
-pub fn large_tiles(dt: DType) -> Vec<Graph> {
-    vec![
-        // 32 × 6 blocks of 128×256.
-        plain_case(dt, 4096, 1536, 576, true),
-        // 16 × 8 blocks of 128×256, every edge partial.
-        plain_case(dt, 2047, 1999, 72, false),
-        // 128×256 gives 31 × 4 blocks, too few; 256×128 gives 16 × 8.
-        plain_case(dt, 3841, 1024, 72, true),
-    ]
-}
-
 /// Every case, for one dtype; `large` adds M=4096, N=384, K=384 in both B layouts.
 pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
     let n = |s: &str| format!("gemm_{s}_{dt}");

@@ -34,9 +34,6 @@ const BK: usize = 32;
 /// The most accumulator floats a lane may hold: beyond it the fragments and addresses of a
 /// step no longer fit the register file without spilling.
 const MAX_ACC_PER_LANE: u32 = 64;
-/// The same for the large tiles: a 64×64 warp tile (128 floats) fits the 255 registers of a
-/// thread when the tiles arrive by cp.async (no staging registers); ptxas reports no spills.
-const MAX_ACC_PER_LANE_LARGE: u32 = 128;
 /// Deepest cp.async pipeline tried: past four stages the latency is hidden on every target
 /// and the shared memory is better spent on a larger tile.
 const MAX_STAGES: usize = 4;
@@ -216,92 +213,45 @@ pub(crate) fn shared_bytes(c: &Config, acc: &Access) -> usize {
     c.stages * (a.elems() + b.elems()) * 2
 }
 
-/// Shared memory a configuration may use: with cp.async the tiles live in dynamic shared
-/// memory, up to the block's opt-in maximum; otherwise in static arrays (48 KiB on NVIDIA, the
-/// whole LDS on AMD).
-fn shared_budget(acc: &Access, caps: &Arch) -> usize {
-    if acc.cp_async {
-        caps.shared_bytes_per_block as usize
-    } else {
-        caps.static_shared_bytes as usize
-    }
-}
-
-/// A block tile, its warp grid and the accumulator floats a lane may hold in it.
-struct Tiling {
-    tile: (usize, usize),
-    warps: (usize, usize),
-    max_acc: u32,
-}
-
-/// The tilings tried: the small tiles in 4 or 8 warps everywhere; where tiles arrive by
-/// cp.async, also 128×256 and 256×128 in 8 warps of 64×64, which need the stages dynamic
-/// shared memory allows and the registers no staging takes.
-fn tilings(acc: &Access) -> Vec<Tiling> {
-    let large = |tile, warps| Tiling {
-        tile,
-        warps,
-        max_acc: MAX_ACC_PER_LANE_LARGE,
-    };
-    let mut out = Vec::new();
-    if acc.cp_async {
-        out.push(large((128, 256), (2, 4)));
-        out.push(large((256, 128), (4, 2)));
-    }
-    for tile in [(128, 128), (128, 64), (64, 128), (64, 64)] {
-        for warps in [(2, 2), (2, 4), (4, 2)] {
-            out.push(Tiling {
-                tile,
-                warps,
-                max_acc: MAX_ACC_PER_LANE,
-            });
-        }
-    }
-    out
-}
-
 /// Every configuration that fits the atom, the target's shared memory and the register
 /// budget, largest tile first (fewer warps first among equal tiles).
 pub(crate) fn candidates(atom: &MmaAtom, acc: &Access, caps: &Arch) -> Vec<Config> {
     let (am, an) = (atom.m as usize, atom.n as usize);
-    let budget = shared_budget(acc, caps);
+    let budget = caps.static_shared_bytes as usize;
     // B fragments by ldmatrix come in pairs of atom columns.
     let n_step = if acc.ldmatrix { 2 * an } else { an };
     let mut out = Vec::new();
-    for Tiling {
-        tile: (bm, bn),
-        warps: (warps_m, warps_n),
-        max_acc,
-    } in tilings(acc)
-    {
-        let (wm, wn) = (bm / warps_m, bn / warps_n);
-        let threads = warps_m * warps_n * atom.lanes as usize;
-        let frags = (wm / am) * (wn / an);
-        // Every thread copies the same number of 16-byte chunks of each tile.
-        let (a_chunks, b_chunks) = (bm * BK / CHUNK, BK * bn / CHUNK);
-        if wm % am != 0
-            || a_chunks % threads != 0
-            || b_chunks % threads != 0
-            || wn % n_step != 0
-            || threads > 1024
-            || frags as u32 * atom.c.elems() > max_acc
-        {
-            continue;
-        }
-        let mut c = Config {
-            bm,
-            bn,
-            bk: BK,
-            warps_m,
-            warps_n,
-            stages: 2,
-        };
-        if acc.cp_async {
-            let per_stage = shared_bytes(&Config { stages: 1, ..c }, acc);
-            c.stages = (budget / per_stage).min(MAX_STAGES);
-        }
-        if c.stages >= 2 && shared_bytes(&c, acc) <= budget {
-            out.push(c);
+    for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
+        for (warps_m, warps_n) in [(2, 2), (2, 4), (4, 2)] {
+            let (wm, wn) = (bm / warps_m, bn / warps_n);
+            let threads = warps_m * warps_n * atom.lanes as usize;
+            let frags = (wm / am) * (wn / an);
+            // Every thread copies the same number of 16-byte chunks of each tile.
+            let (a_chunks, b_chunks) = (bm * BK / CHUNK, BK * bn / CHUNK);
+            if wm % am != 0
+                || a_chunks % threads != 0
+                || b_chunks % threads != 0
+                || wn % n_step != 0
+                || threads > 1024
+                || frags as u32 * atom.c.elems() > MAX_ACC_PER_LANE
+            {
+                continue;
+            }
+            let mut c = Config {
+                bm,
+                bn,
+                bk: BK,
+                warps_m,
+                warps_n,
+                stages: 2,
+            };
+            if acc.cp_async {
+                let per_stage = shared_bytes(&Config { stages: 1, ..c }, acc);
+                c.stages = (budget / per_stage).min(MAX_STAGES);
+            }
+            if c.stages >= 2 && shared_bytes(&c, acc) <= budget {
+                out.push(c);
+            }
         }
     }
     out.sort_by_key(|c| (std::cmp::Reverse(c.bm * c.bn), c.warps_m * c.warps_n));
@@ -335,37 +285,21 @@ pub(crate) fn choose(cands: &[Config], p: &Problem) -> Option<Config> {
 }
 
 /// The launch geometry of a configuration: the single source of it. Grid x runs over N tiles,
-/// y over M tiles, z over the batch; with cp.async the tiles are the launch's dynamic shared
-/// memory (past 48 KiB on NVIDIA: the runtime lets every function opt in).
+/// y over M tiles, z over the batch.
 pub(crate) fn launch(
     c: &Config,
     atom: &MmaAtom,
-    acc: &Access,
     p: &Problem,
     node: &str,
     target: &Target,
 ) -> Result<Launch, CodegenError> {
     let threads = c.warps_m * c.warps_n * atom.lanes as usize;
-    let mut l = checked_launch(
+    checked_launch(
         node,
         target,
         [p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), p.batch],
         threads,
-    )?;
-    if acc.cp_async {
-        let bytes = u64::try_from(shared_bytes(c, acc)).unwrap_or(u64::MAX);
-        let limit = u64::from(target.caps.shared_bytes_per_block);
-        l.shared_bytes = u32::try_from(bytes)
-            .ok()
-            .filter(|_| bytes <= limit)
-            .ok_or_else(|| CodegenError::LaunchLimit {
-                node: node.to_string(),
-                what: "shared memory bytes".into(),
-                value: bytes,
-                limit,
-            })?;
-    }
-    Ok(l)
+    )
 }
 
 #[derive(Serialize)]
@@ -411,7 +345,7 @@ pub(crate) fn kernel(
     let Some(c) = choose(&candidates(atom, &acc, target.caps), p) else {
         return Ok(None);
     };
-    let launch = launch(&c, atom, &acc, p, node, target)?;
+    let launch = launch(&c, atom, p, node, target)?;
     let threads = launch.block[0] as usize;
     let (ta, tb) = tiles(&c, &acc);
     let (wm, wn) = (c.bm / c.warps_m, c.bn / c.warps_n);
@@ -713,23 +647,9 @@ mod tests {
                         assert_eq!(wm % atom.m as usize, 0);
                         assert_eq!(wn % atom.n as usize, 0);
                         assert_eq!(c.bk % atom.k as usize, 0);
-                        // Static arrays where there is no cp.async; dynamic shared memory
-                        // up to the block's opt-in maximum where there is.
-                        let budget = if acc.cp_async {
-                            caps.shared_bytes_per_block
-                        } else {
-                            caps.static_shared_bytes
-                        };
-                        assert!(shared_bytes(c, &acc) <= budget as usize, "{name} {c:?}");
+                        assert!(shared_bytes(c, &acc) <= caps.static_shared_bytes as usize);
                         let frags = (wm / atom.m as usize) * (wn / atom.n as usize);
-                        let large = c.bm * c.bn > 128 * 128;
-                        assert!(!large || acc.cp_async, "{name} {c:?}");
-                        let max_acc = if large {
-                            MAX_ACC_PER_LANE_LARGE
-                        } else {
-                            MAX_ACC_PER_LANE
-                        };
-                        assert!(frags as u32 * atom.c.elems() <= max_acc);
+                        assert!(frags as u32 * atom.c.elems() <= MAX_ACC_PER_LANE);
                         assert!((2..=MAX_STAGES).contains(&c.stages));
                         if !acc.cp_async {
                             assert_eq!(c.stages, 2, "{name}: two buffers without cp.async");
@@ -741,84 +661,22 @@ mod tests {
                 }
             }
         }
-        // The H100: 128x256x32 and 256x128x32 in 8 warps of 64x64, 4 stages of 24 KiB (96 KiB,
-        // swizzled, no padding), then 128x128x32 in 8 warps, 4 stages of 16 KiB (64 KiB).
+        // The H100: 128x128x32 in 8 warps, 3 stages of 16 KiB (48 KiB, swizzled, no padding).
         let caps = arch("sm_90").unwrap();
         let acc = access(&gemm(64, 64, 64, kn(64)), caps.mma[0], caps);
         let cs = candidates(caps.mma[0], &acc, caps);
-        let cfg = |bm, bn, warps_m, warps_n| Config {
-            bm,
-            bn,
-            bk: 32,
-            warps_m,
-            warps_n,
-            stages: 4,
-        };
         assert_eq!(
-            cs[..3],
-            [
-                cfg(128, 256, 2, 4),
-                cfg(256, 128, 4, 2),
-                cfg(128, 128, 2, 4)
-            ]
-        );
-        assert_eq!(shared_bytes(&cs[0], &acc), 96 * 1024);
-        assert_eq!(shared_bytes(&cs[1], &acc), 96 * 1024);
-        assert_eq!(shared_bytes(&cs[2], &acc), 64 * 1024);
-        // The sm_89 row offers 99 KiB: the large tiles still take 4 stages.
-        let caps = arch("sm_89").unwrap();
-        let acc = access(&gemm(64, 64, 64, kn(64)), caps.mma[0], caps);
-        assert_eq!(candidates(caps.mma[0], &acc, caps)[0], cfg(128, 256, 2, 4));
-        // AMD keeps static LDS and the tiles it had: 128x128 at most, two buffers.
-        for name in ["gfx942", "gfx1100"] {
-            let caps = arch(name).unwrap();
-            let acc = access(&gemm(64, 64, 64, kn(64)), caps.mma[0], caps);
-            let cs = candidates(caps.mma[0], &acc, caps);
-            assert!(cs.iter().all(|c| c.bm * c.bn <= 128 * 128 && c.stages == 2));
-        }
-    }
-
-    /// With cp.async the launch carries the tiles' bytes as dynamic shared memory, past the
-    /// 48 KiB static arrays may hold; without it (AMD) the launch asks for none.
-    #[test]
-    fn the_launch_carries_the_dynamic_shared_memory_of_its_stages() {
-        let p = Problem {
-            m: 4096,
-            n: 1536,
-            batch: 1,
-            ..Problem::empty_for_tests()
-        };
-        let g = gemm(64, 64, 64, kn(64));
-        let t = Target::parse("sm_90").unwrap();
-        let atom = t.caps.mma[0];
-        let acc = access(&g, atom, t.caps);
-        let c = choose(&candidates(atom, &acc, t.caps), &p).unwrap();
-        let l = launch(&c, atom, &acc, &p, "mm", &t).unwrap();
-        // 128x256: 4 stages of (128 + 256) rows of 32 halves.
-        assert_eq!((c.bm, c.bn, c.stages), (128, 256, 4));
-        assert_eq!(l.shared_bytes, 4 * (128 + 256) * 32 * 2);
-        assert!(l.shared_bytes > 48 * 1024);
-        assert_eq!(l.grid, [6, 32, 1]);
-        assert_eq!(l.block, [256, 1, 1]);
-        // A configuration past the row's shared memory is refused with its numbers.
-        let huge = Config { stages: 16, ..c };
-        match launch(&huge, atom, &acc, &p, "mm", &t) {
-            Err(CodegenError::LaunchLimit {
-                node, value, limit, ..
-            }) => {
-                assert_eq!(node, "mm");
-                assert_eq!((value, limit), (16 * 24 * 1024, 227 * 1024));
+            cs[0],
+            Config {
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                warps_m: 2,
+                warps_n: 4,
+                stages: 3
             }
-            other => panic!("{other:?}"),
-        }
-        let t = Target::parse("gfx942").unwrap();
-        let atom = t.caps.mma[0];
-        let acc = access(&g, atom, t.caps);
-        let c = choose(&candidates(atom, &acc, t.caps), &p).unwrap();
-        assert_eq!(
-            launch(&c, atom, &acc, &p, "mm", &t).unwrap().shared_bytes,
-            0
         );
+        assert_eq!(shared_bytes(&cs[0], &acc), 48 * 1024);
     }
 
     #[test]
@@ -858,18 +716,13 @@ mod tests {
             .unwrap();
             (c.bm, c.bn)
         };
-        // 32 x 6 = 192 blocks of 128x256.
-        assert_eq!(pick(4096, 1536, 1), (128, 256));
-        // An odd size: 16 x 8 = 128 blocks of 128x256, just enough.
-        assert_eq!(pick(2047, 1999, 1), (128, 256));
-        // 8 x 8 = 64 blocks of 128x256 are too few; 8 x 16 = 128 of 128x128 are not.
-        assert_eq!(pick(1000, 2000, 1), (128, 128));
-        // 32 x 3 = 96 blocks of 128x128 (and fewer of the large tiles) are too few; 128x64
-        // gives 192.
+        // 32 x 12 = 384 blocks of 128x128.
+        assert_eq!(pick(4096, 1536, 1), (128, 128));
+        // 32 x 3 = 96 blocks of 128x128 are too few; 128x64 gives 192.
         assert_eq!(pick(4096, 384, 1), (128, 64));
-        // The batch counts: 4 x 3 x 8 = 96 blocks are too few, 4 x 2 x 16 = 128 are not.
+        // The batch counts: 4 x 3 x 8 = 96 blocks are too few, 4 x 3 x 16 = 192 are not.
         assert_eq!(pick(512, 384, 8), (128, 64));
-        assert_eq!(pick(512, 384, 16), (128, 256));
+        assert_eq!(pick(512, 384, 16), (128, 128));
         // Small: as many blocks as the smallest tile gives.
         assert_eq!(pick(77, 45, 1), (64, 64));
         // Every tile gives 3 blocks: the smallest wastes the least.
