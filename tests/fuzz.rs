@@ -235,3 +235,67 @@ fn a_config_with_more_layers_than_its_weights_is_refused_at_once() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The watchdog stops a process whose input runs past its time budget, with the hang exit
+/// code, after saving the input as a finding. The hung input runs in a child process (this test
+/// binary, asked for by an environment variable), blocked on a channel nothing ever sends to.
+#[test]
+fn watchdog_stops_a_process_whose_input_hangs() {
+    const CHILD: &str = "ROCMFORGE_FUZZ_HANG_CHILD";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        let dir = std::path::PathBuf::from(dir);
+        let input = dir.join("input.bin");
+        std::fs::write(&input, b"the hung input").unwrap();
+        let flight = fuzz::guard::Flight::register(
+            "graph",
+            7,
+            &input,
+            std::time::Duration::from_millis(200),
+            &dir.join("crashes"),
+        );
+        flight.begin(1);
+        let (_never, blocked) = std::sync::mpsc::channel::<()>();
+        let _ = blocked.recv();
+        unreachable!("the watchdog ends the process");
+    }
+    let dir = std::env::temp_dir().join(format!("rocmforge-hang-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "watchdog_stops_a_process_whose_input_hangs",
+            "--nocapture",
+        ])
+        .env(CHILD, &dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Waits on the child's exit itself, with a bound in case the watchdog never fires.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
+            panic!("the watchdog did not stop a hung input within 60 s");
+        }
+    };
+    assert_eq!(status.code(), Some(fuzz::guard::HANG_EXIT_CODE));
+    let saved: Vec<_> = std::fs::read_dir(dir.join("crashes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        saved
+            .iter()
+            .any(|n| n.starts_with("graph-hang-") && n.ends_with(".bin")),
+        "{saved:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1072,9 +1072,10 @@ fn linear_layer_matches_interpreter(
     Ok(())
 }
 
-/// A held stream starts nothing queued behind the hold until it is released: two markers with
-/// 50 ms of host time between their records are stamped together. A hold never released gives
-/// up at its limit and says so.
+/// A held stream starts nothing queued behind the hold until it is released: a marker queued
+/// behind it is not reached while held (the event itself is asked), and is once the hold is
+/// released. A hold never released gives up at its limit and says so: synchronising the stream
+/// returns once it has.
 fn hold_keeps_the_stream_until_released(device: &Device) -> Result<(), Failed> {
     use std::time::Duration;
     // Alone on the device: CUDA runs every stream's host functions on one driver thread, so
@@ -1082,22 +1083,27 @@ fn hold_keeps_the_stream_until_released(device: &Device) -> Result<(), Failed> {
     // on the H100 under the parallel harness: the 10 s hold reported expired).
     let _alone = MEMORY.write().unwrap_or_else(|p| p.into_inner());
     let stream = device.new_stream().map_err(|e| e.to_string())?;
-    let timed = |limit: Duration| -> Result<(Duration, bool), Failed> {
-        let mut hold = stream.hold(limit).map_err(|e| e.to_string())?;
-        let a = stream.mark().map_err(|e| e.to_string())?;
-        std::thread::sleep(Duration::from_millis(50));
-        let b = stream.mark().map_err(|e| e.to_string())?;
-        hold.release();
-        stream.synchronize().map_err(|e| e.to_string())?;
-        Ok((b.since(&a).map_err(|e| e.to_string())?, hold.expired()))
-    };
-    let (held, expired) = timed(Duration::from_secs(10))?;
-    if expired || held > Duration::from_millis(5) {
-        return Err(format!("held: markers {held:?} apart (expired: {expired})").into());
+    let err = |e: rocmforge::runtime::RuntimeError| Failed::from(e.to_string());
+    let mut hold = stream.hold(Duration::from_secs(10)).map_err(err)?;
+    let behind = stream.mark().map_err(err)?;
+    if behind.reached().map_err(err)? {
+        return Err("a marker behind a held stream was reached before the release".into());
     }
-    let (gave_up, expired) = timed(Duration::from_millis(5))?;
-    if !expired || gave_up < Duration::from_millis(20) {
-        return Err(format!("a 5 ms hold: markers {gave_up:?} apart (expired: {expired})").into());
+    hold.release();
+    stream.synchronize().map_err(err)?;
+    if !behind.reached().map_err(err)? || hold.expired() {
+        return Err(format!(
+            "after the release: reached {:?}, expired {}",
+            behind.reached(),
+            hold.expired()
+        )
+        .into());
+    }
+    let unreleased = stream.hold(Duration::from_millis(5)).map_err(err)?;
+    let after = stream.mark().map_err(err)?;
+    stream.synchronize().map_err(err)?;
+    if !unreleased.expired() || !after.reached().map_err(err)? {
+        return Err("a 5 ms hold never released did not give up".into());
     }
     Ok(())
 }

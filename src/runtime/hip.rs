@@ -66,6 +66,7 @@ struct Api {
     event_create_with_flags: unsafe extern "C" fn(*mut Handle, c_uint) -> Err,
     event_record: unsafe extern "C" fn(Handle, Handle) -> Err,
     event_synchronize: unsafe extern "C" fn(Handle) -> Err,
+    event_query: unsafe extern "C" fn(Handle) -> Err,
     event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> Err,
     event_destroy: unsafe extern "C" fn(Handle) -> Err,
     /// hipStreamAddCallback: HIP 5.2 has no hipLaunchHostFunc.
@@ -149,6 +150,7 @@ impl Runtime {
             event_create_with_flags: req!("hipEventCreateWithFlags"),
             event_record: req!("hipEventRecord"),
             event_synchronize: req!("hipEventSynchronize"),
+            event_query: req!("hipEventQuery"),
             event_elapsed_time: req!("hipEventElapsedTime"),
             event_destroy: req!("hipEventDestroy"),
             stream_add_callback: req!("hipStreamAddCallback"),
@@ -559,7 +561,24 @@ pub struct HipEvent {
 unsafe impl Send for HipEvent {}
 unsafe impl Sync for HipEvent {}
 
+/// `hipErrorNotReady`: the event's work is still queued.
+const HIP_ERROR_NOT_READY: Err = 600;
+
 impl HipEvent {
+    /// Whether the stream has reached this event, without waiting.
+    pub fn is_complete(&self) -> Result<bool, RuntimeError> {
+        let api = &self.rt.api;
+        // SAFETY: the event is live and was recorded on this device.
+        let code = unsafe {
+            (api.set_device)(self.ordinal);
+            (api.event_query)(self.handle)
+        };
+        if code == HIP_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.rt.check("hipEventQuery", code).map(|()| true)
+    }
+
     /// Milliseconds from this event to `end`, once the stream has reached both.
     pub fn elapsed_ms(&self, end: &HipEvent) -> Result<f32, RuntimeError> {
         let api = &self.rt.api;

@@ -23,6 +23,16 @@ pub(super) enum MarkerInner {
 }
 
 impl Marker {
+    /// Whether the stream has reached this marker, without waiting.
+    pub fn reached(&self) -> Result<bool, RuntimeError> {
+        match &self.0 {
+            MarkerInner::Cuda(e) => e
+                .try_is_complete()
+                .map_err(|e| RuntimeError::Cuda(e.to_string())),
+            MarkerInner::Hip(e) => e.is_complete(),
+        }
+    }
+
     /// Device time from `start` to this marker; waits until the stream has reached both.
     pub fn since(&self, start: &Marker) -> Result<Duration, RuntimeError> {
         let ms = match (&start.0, &self.0) {

@@ -9,7 +9,7 @@
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use cap::Cap;
@@ -116,33 +116,51 @@ fn now_ms() -> u64 {
     u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-fn flights() -> &'static Mutex<Vec<Arc<FlightState>>> {
-    static FLIGHTS: OnceLock<Mutex<Vec<Arc<FlightState>>>> = OnceLock::new();
-    FLIGHTS.get_or_init(|| {
+/// The inputs in flight, and the watchdog's wake-up: it sleeps until the earliest in-flight
+/// input's deadline, or until an input begins (which may bring the deadline closer).
+struct Watch {
+    flights: Mutex<Vec<Arc<FlightState>>>,
+    begun: Condvar,
+}
+
+fn watch() -> &'static Watch {
+    static WATCH: OnceLock<Watch> = OnceLock::new();
+    WATCH.get_or_init(|| {
         std::thread::Builder::new()
             .name("fuzz-watchdog".into())
             .spawn(watchdog)
             .expect("spawning the fuzz watchdog");
-        Mutex::new(Vec::new())
+        Watch {
+            flights: Mutex::new(Vec::new()),
+            begun: Condvar::new(),
+        }
     })
 }
 
 fn watchdog() {
+    let w = watch();
+    let mut list = w.flights.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        std::thread::sleep(Duration::from_millis(100));
-        let hung = {
-            let list = flights().lock().unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .find(|f| {
-                    let started = f.started.load(Ordering::Acquire);
-                    started > 0
-                        && Duration::from_millis(now_ms().saturating_sub(started - 1)) > f.timeout
-                })
-                .cloned()
+        // The earliest deadline (ms since the epoch) of an input in flight, and its flight.
+        let due = list
+            .iter()
+            .filter_map(|f| {
+                let started = f.started.load(Ordering::Acquire);
+                let timeout = u64::try_from(f.timeout.as_millis()).unwrap_or(u64::MAX);
+                (started > 0).then(|| ((started - 1).saturating_add(timeout), f))
+            })
+            .min_by_key(|(deadline, _)| *deadline);
+        list = match due {
+            Some((deadline, f)) if now_ms() > deadline => report_hang(f),
+            Some((deadline, _)) => {
+                let wait = Duration::from_millis(deadline + 1 - now_ms());
+                w.begun
+                    .wait_timeout(list, wait)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            None => w.begun.wait(list).unwrap_or_else(|p| p.into_inner()),
         };
-        if let Some(f) = hung {
-            report_hang(&f);
-        }
     }
 }
 
@@ -203,7 +221,8 @@ impl Flight {
             iteration: AtomicU64::new(0),
             started: AtomicU64::new(0),
         });
-        flights()
+        watch()
+            .flights
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(state.clone());
@@ -213,6 +232,10 @@ impl Flight {
     pub fn begin(&self, iteration: u64) {
         self.state.iteration.store(iteration, Ordering::Release);
         self.state.started.store(now_ms() + 1, Ordering::Release);
+        // Under the lock, so the watchdog cannot miss it between reading the list and waiting.
+        let w = watch();
+        let _list = w.flights.lock().unwrap_or_else(|p| p.into_inner());
+        w.begun.notify_one();
     }
 
     pub fn end(&self) {
@@ -222,7 +245,8 @@ impl Flight {
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        flights()
+        watch()
+            .flights
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|f| !Arc::ptr_eq(f, &self.state));
