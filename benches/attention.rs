@@ -113,22 +113,8 @@ struct Row {
 }
 
 fn bench(c: &mut Criterion) {
-    let (device, notes) = Device::best().unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
-    if !device.is_gpu() {
-        eprintln!(
-            "no GPU ({}): benchmarking the interpreter on small shapes",
-            notes.join("; ")
-        );
-    }
-    println!("device: {}", device.label());
-    let options = CompileOptions {
-        poison: false,
-        progress: false,
-        ..CompileOptions::default()
-    };
+    let device = timing::bench_device();
+    let options = timing::bench_options();
     let mut rows = Vec::new();
     let mut group = c.benchmark_group("attention");
     group

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use linear_graphs::linear;
-use rocmforge::compile::{CompileOptions, Compiled};
+use rocmforge::compile::Compiled;
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{DType, Graph, GraphError};
 use rocmforge::runtime::Device;
@@ -207,23 +207,9 @@ fn kernel_families(c: &Compiled) -> String {
 }
 
 fn bench(c: &mut Criterion) {
-    let (device, notes) = Device::best().unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
+    let device = timing::bench_device();
     let gpu = device.is_gpu();
-    if !gpu {
-        eprintln!(
-            "no GPU ({}): benchmarking the interpreter on small shapes",
-            notes.join("; ")
-        );
-    }
-    println!("device: {}", device.label());
-    let options = CompileOptions {
-        poison: false,
-        progress: false,
-        ..CompileOptions::default()
-    };
+    let options = timing::bench_options();
     let (target, repeats) = if gpu {
         (Duration::from_millis(2), 5)
     } else {

@@ -23,7 +23,6 @@ use rocmforge::compile::{CompileOptions, Compiled, Profile};
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{format, DType, Graph, Tensor};
-use rocmforge::runtime::Device;
 use timing::time_runs;
 
 /// One model to time: its graph, weights (empty for the example graphs) and inputs.
@@ -123,11 +122,7 @@ fn profile_json(p: &Profile) -> serde_json::Value {
 }
 
 fn bench(c: &mut Criterion) {
-    let (device, _) = Device::best().unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
-    println!("device: {}", device.label());
+    let device = timing::bench_device();
     let mut group = c.benchmark_group("models");
     group
         .sample_size(10)
@@ -144,10 +139,8 @@ fn bench(c: &mut Criterion) {
         let compile = |fuse: bool| {
             let options = CompileOptions {
                 fuse,
-                poison: false,
-                progress: false,
                 weights: case.weights.clone(),
-                ..CompileOptions::default()
+                ..timing::bench_options()
             };
             Graph::compile_with(&case.graph, &device, &options).expect("compile")
         };

@@ -20,7 +20,10 @@ mod files;
 mod gemm_small_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/needs.rs"]
+mod needs;
 
+use needs::needs;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -281,29 +284,6 @@ fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
         files::snapshot_settings().bind(|| insta::assert_snapshot!(name, k.body))
     })
     .map_err(|_| Failed::from(format!("{name} differs from its snapshot")))
-}
-
-/// A trial that needs a tool: it runs with it; without it, it fails when `require` is set to
-/// 1 and is reported ignored, with the reason, otherwise.
-fn needs<T: Clone + Send + 'static, E: std::fmt::Display>(
-    tool: &Result<T, E>,
-    require: &str,
-    name: String,
-    f: impl FnOnce(T) -> Result<(), Failed> + Send + 'static,
-) -> Trial {
-    match tool {
-        Ok(t) => {
-            let t = t.clone();
-            Trial::test(name, move || f(t))
-        }
-        Err(e) if std::env::var(require).is_ok_and(|v| v == "1") => {
-            let msg = format!("{require}=1 but {e}");
-            Trial::test(name, move || Err(msg.clone().into()))
-        }
-        Err(e) => Trial::test(name, || Ok(()))
-            .with_ignored_flag(true)
-            .with_kind(format!("ignored: {e}")),
-    }
 }
 
 /// Whether `case`'s kernel for `arch` is one of the CUDA-core GEMMs the host runs.

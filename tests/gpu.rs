@@ -922,48 +922,7 @@ fn launch_past_the_device_limits(device: &Device) -> Result<(), Failed> {
 fn elementwise_edges_bit_for_bit(device: &Device, dt: DType, fuse: bool) -> Result<(), Failed> {
     use rocmforge::ir::{BinaryOp, Op, UnaryOp};
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
-    let values: Vec<f64> = match dt {
-        DType::F32 | DType::F16 | DType::BF16 => vec![
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            0.5,
-            2.5,
-            -2.5,
-            1e-8,
-            1e-45,
-            65504.0,
-            65519.0,
-            65520.0,
-            -65520.0,
-            70000.0,
-            3e9,
-            -3e9,
-            1e19,
-            3.0e38,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-        ],
-        DType::I32 => [0, 1, -1, 7, -7, 65536, i32::MAX, i32::MIN]
-            .map(f64::from)
-            .to_vec(),
-        DType::I64 => [
-            0i64,
-            1,
-            -1,
-            1 << 31,
-            -(1 << 31) - 1,
-            1 << 32,
-            1 << 53,
-            1 << 62,
-            i64::MIN,
-        ]
-        .map(|v| v as f64)
-        .to_vec(),
-        DType::Bool => vec![0.0, 1.0],
-    };
+    let values = edge_cases::edge_values(dt);
     let k = values.len();
     let mut g = Graph::new(format!("edges_{dt}"));
     let a = g.input("a", dt, &[k, 1]).map_err(|e| e.to_string())?;

@@ -13,7 +13,10 @@
 
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/needs.rs"]
+mod needs;
 
+use needs::needs;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -407,30 +410,6 @@ fn gemm_mma(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
             .bind(|| insta::assert_snapshot!(format!("resources__gemm_mma__{arch}"), table))
     })
     .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
-}
-
-/// A trial that needs `tool` (hiprtc, a host compiler): it runs with it; without it, it fails
-/// when `require` (the environment variable that demands the tool) is set to 1, and is
-/// reported ignored, with the reason, otherwise.
-fn needs<T: Clone + Send + 'static, E: std::fmt::Display>(
-    tool: &Result<T, E>,
-    require: &str,
-    name: String,
-    f: impl FnOnce(T) -> Result<(), Failed> + Send + 'static,
-) -> Trial {
-    match tool {
-        Ok(t) => {
-            let t = t.clone();
-            Trial::test(name, move || f(t))
-        }
-        Err(e) if std::env::var(require).is_ok_and(|v| v == "1") => {
-            let msg = format!("{require}=1 but {e}");
-            Trial::test(name, move || Err(msg.clone().into()))
-        }
-        Err(e) => Trial::test(name, || Ok(()))
-            .with_ignored_flag(true)
-            .with_kind(format!("ignored: {e}")),
-    }
 }
 
 fn main() {

@@ -2,6 +2,10 @@
 //! loops, on random inputs of odd sizes, broadcast shapes and each dtype the op supports.
 
 mod common;
+#[path = "common/edge_cases.rs"]
+mod edge_cases;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 
 use common::*;
 use rocmforge::ir::{BinaryOp, DType, Graph, ReduceOp, Tensor, UnaryOp};
@@ -684,56 +688,6 @@ fn missing_and_mistyped_inputs_are_errors() {
 
 // ---- one semantics: constant folding against the interpreter, bit for bit ------------------
 
-/// Edge values for constants of `dt`: signed zeros, infinities, NaN, the f16 limit and its
-/// overflow, values past every integer type, and the integer types' own limits.
-fn edge_values(dt: DType) -> Vec<f64> {
-    match dt {
-        DType::F32 | DType::F16 | DType::BF16 => vec![
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            0.5,
-            2.5,
-            -2.5,
-            1e-8,
-            1e-45,
-            65504.0,
-            65519.0,
-            65520.0,
-            -65520.0,
-            70000.0,
-            3e9,
-            -3e9,
-            1e19,
-            f64::from(f32::MAX),
-            1e39,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-        ],
-        DType::I32 => [0, 1, -1, 7, -7, 65536, i32::MAX - 1, i32::MAX, i32::MIN]
-            .map(f64::from)
-            .to_vec(),
-        DType::I64 => [
-            0i64,
-            1,
-            -1,
-            7,
-            1 << 31,
-            -(1 << 31) - 1,
-            1 << 32,
-            1 << 53,
-            -(1 << 53),
-            1 << 62,
-            i64::MIN,
-        ]
-        .map(|v| v as f64)
-        .to_vec(),
-        DType::Bool => vec![0.0, 1.0],
-    }
-}
-
 /// Bits of every element, with every NaN alike (payloads are not part of the semantics).
 fn element_bits(t: &Tensor) -> Vec<u64> {
     match (t.as_f32(), t.as_i64()) {
@@ -763,7 +717,7 @@ fn check_fold(
     use rocmforge::interp::{run, Bindings};
     use rocmforge::passes::{ConstantFold, PassManager};
     let mut g = Graph::new(what);
-    let columns: Vec<Vec<f64>> = dts.iter().map(|&dt| edge_values(dt)).collect();
+    let columns: Vec<Vec<f64>> = dts.iter().map(|&dt| edge_cases::edge_values(dt)).collect();
     let mut combos: Vec<Vec<usize>> = vec![vec![]];
     for c in &columns {
         combos = combos
@@ -1235,7 +1189,6 @@ fn empty_results_of_huge_shapes_are_immediate() {
 /// (`[B, H', S, D']`), against f64 loops over the unfused definition.
 #[test]
 fn gemm_reads_and_writes_through_views_with_an_epilogue() {
-    use rocmforge::ir::{Expr, Gemm, GemmDims, Shape, View};
     let mut r = rng(12);
     let (b, h, s, d, h2, d2) = (2, 3, 5, 4, 2, 3);
     let (k, n) = (h * d, h2 * d2);
@@ -1243,43 +1196,7 @@ fn gemm_reads_and_writes_through_views_with_an_epilogue() {
         let (o, ov) = random_tensor(&mut r, dtype, &[b, h, s, d]);
         let (w, wv) = random_tensor(&mut r, dtype, &[n, k]);
         let (bias, biasv) = random_tensor(&mut r, dtype, &[n]);
-        let gemm = Gemm {
-            dims: GemmDims {
-                batch: vec![],
-                m: vec![b, s],
-                n: vec![h2, d2],
-                k: vec![h, d],
-            },
-            a: View {
-                batch: vec![],
-                rows: vec![h * s * d, d],
-                cols: vec![s * d, 1],
-            },
-            b: View {
-                batch: vec![],
-                rows: vec![d, 1],
-                cols: vec![d2 * k, k],
-            },
-            out: View {
-                batch: vec![],
-                rows: vec![h2 * s * d2, d2],
-                cols: vec![s * d2, 1],
-            },
-            extras: vec![View {
-                batch: vec![],
-                rows: vec![0, 0],
-                cols: vec![d2, 1],
-            }],
-            epilogue: Some(Expr::Unary(
-                UnaryOp::Gelu,
-                Box::new(Expr::Binary(
-                    BinaryOp::Add,
-                    Box::new(Expr::Input(0)),
-                    Box::new(Expr::Input(1)),
-                )),
-            )),
-            shape: Shape(vec![b, h2, s, d2]),
-        };
+        let gemm = gemm_cases::heads_bias_gelu(b, h, s, d, h2, d2);
         let out = run_op(&[&o, &w, &bias], |g, i| {
             g.gemm(gemm.clone(), i[0], i[1], &[i[2]]).unwrap()
         });

@@ -569,3 +569,54 @@ pub fn compare_values(got: &Tensor, want: &[f64], what: &str) -> Result<(), Stri
     }
     Ok(())
 }
+
+/// Edge values of `dt` (constants folded in tests/interp.rs, kernel inputs in tests/gpu.rs): signed zeros, infinities, NaN, the f16 limit and its
+/// overflow, values past every integer type, and the integer types' own limits.
+pub fn edge_values(dt: DType) -> Vec<f64> {
+    match dt {
+        DType::F32 | DType::F16 | DType::BF16 => vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.5,
+            -2.5,
+            1e-8,
+            1e-45,
+            65504.0,
+            65519.0,
+            65520.0,
+            -65520.0,
+            70000.0,
+            3e9,
+            -3e9,
+            1e19,
+            3.0e38,
+            f64::from(f32::MAX),
+            1e39,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ],
+        DType::I32 => [0, 1, -1, 7, -7, 65536, i32::MAX - 1, i32::MAX, i32::MIN]
+            .map(f64::from)
+            .to_vec(),
+        DType::I64 => [
+            0i64,
+            1,
+            -1,
+            7,
+            1 << 31,
+            -(1 << 31) - 1,
+            1 << 32,
+            1 << 53,
+            -(1 << 53),
+            1 << 62,
+            i64::MIN,
+        ]
+        .map(|v| v as f64)
+        .to_vec(),
+        DType::Bool => vec![0.0, 1.0],
+    }
+}

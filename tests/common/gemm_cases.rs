@@ -107,39 +107,7 @@ pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
     // weight [N, K]; the result [B, H2, S, D2] written from rows (b, s) and columns (h2, d2).
     let (b, h, s, d, h2, d2) = (2, 4, 33, 16, 3, 24);
     let (k, nn) = (h * d, h2 * d2);
-    let hm = dims(&[], &[b, s], &[h2, d2], &[h, d]);
-    let gelu = Gemm {
-        dims: hm,
-        a: View {
-            batch: vec![],
-            rows: vec![h * s * d, d],
-            cols: vec![s * d, 1],
-        },
-        b: View {
-            batch: vec![],
-            rows: vec![d, 1],
-            cols: vec![d2 * k, k],
-        },
-        out: View {
-            batch: vec![],
-            rows: vec![h2 * s * d2, d2],
-            cols: vec![s * d2, 1],
-        },
-        extras: vec![View {
-            batch: vec![],
-            rows: vec![0, 0],
-            cols: vec![d2, 1],
-        }],
-        epilogue: Some(Expr::Unary(
-            UnaryOp::Gelu,
-            Box::new(Expr::Binary(
-                BinaryOp::Add,
-                Box::new(Expr::Input(0)),
-                Box::new(Expr::Input(1)),
-            )),
-        )),
-        shape: Shape(vec![b, h2, s, d2]),
-    };
+    let gelu = heads_bias_gelu(b, h, s, d, h2, d2);
     v.push(graph(
         n("heads_bias_gelu"),
         dt,
@@ -176,4 +144,43 @@ pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
         v.push(plain_case(dt, 4096, 384, 384, false));
     }
     v
+}
+
+/// The Gemm of a head merge in, bias + GELU, head split out: A `[B, H, S, D]` read as
+/// `[B·S, H·D]`, B a weight `[N, K]` read transposed, a bias `[N]`, and the result
+/// `[B, H2, S, D2]` written from rows (b, s) and columns (h2, d2).
+pub fn heads_bias_gelu(b: usize, h: usize, s: usize, d: usize, h2: usize, d2: usize) -> Gemm {
+    let k = h * d;
+    Gemm {
+        dims: dims(&[], &[b, s], &[h2, d2], &[h, d]),
+        a: View {
+            batch: vec![],
+            rows: vec![h * s * d, d],
+            cols: vec![s * d, 1],
+        },
+        b: View {
+            batch: vec![],
+            rows: vec![d, 1],
+            cols: vec![d2 * k, k],
+        },
+        out: View {
+            batch: vec![],
+            rows: vec![h2 * s * d2, d2],
+            cols: vec![s * d2, 1],
+        },
+        extras: vec![View {
+            batch: vec![],
+            rows: vec![0, 0],
+            cols: vec![d2, 1],
+        }],
+        epilogue: Some(Expr::Unary(
+            UnaryOp::Gelu,
+            Box::new(Expr::Binary(
+                BinaryOp::Add,
+                Box::new(Expr::Input(0)),
+                Box::new(Expr::Input(1)),
+            )),
+        )),
+        shape: Shape(vec![b, h2, s, d2]),
+    }
 }
