@@ -9,10 +9,9 @@ use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
 use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
-use super::mma::MmaAtom;
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 use super::{templates, CodegenError, Target};
-use crate::ir::{Attention, DType, Expr, Graph, MaskKind, NodeId, Op, ReduceOp, Shape, TensorType};
+use crate::ir::{DType, Expr, Graph, NodeId, Op, ReduceOp, Shape, TensorType};
 
 const ENTRY: &str = "__RF_ENTRY__";
 
@@ -47,16 +46,6 @@ pub(crate) fn finish(
         launch,
         args,
     })
-}
-
-/// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
-/// query `q` when `k - q <= offset`, and `k - q` lies in `[-(sq - 1), sk - 1]`, so any offset
-/// of at least `sk - 1` shows every key and any of at most `-sq` none. Clamped, `q + offset`
-/// cannot overflow in a kernel, whatever offset the graph holds.
-fn clamp_offset(offset: i64, sq: usize, sk: usize) -> i64 {
-    let sq = i64::try_from(sq).unwrap_or(i64::MAX);
-    let sk = i64::try_from(sk).unwrap_or(i64::MAX);
-    offset.clamp(-sq, sk)
 }
 
 /// A float attribute as a C `double` literal, refused when it has none.
@@ -150,7 +139,7 @@ fn lower_node(
         Op::CausalMask { sq, sk, offset } => {
             let n = ty.shape.numel();
             let ctx = json!({"sq": sq, "sk": sk, "n": n,
-                "offset": i64_literal(clamp_offset(*offset, *sq, *sk))});
+                "offset": i64_literal(super::kernels::attention::clamp_offset(*offset, *sq, *sk))});
             finish(
                 "causal_mask",
                 "causal_mask.hip",
@@ -299,7 +288,7 @@ fn lower_node(
         }
         Op::MatMul => matmul(g, id, buf, target)?,
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
-        Op::FlashAttention(att) => flash(g, id, att, &ops, buf, target)?,
+        Op::FlashAttention(att) => super::kernels::attention::lower(g, id, att, buf, target)?,
     };
     plan.kernels.push(k);
     Ok(())
@@ -479,126 +468,4 @@ fn reduce(
         vec![buf[&ops[0]], buf[&id]],
         name,
     )
-}
-
-fn flash(
-    g: &Graph,
-    id: NodeId,
-    att: &Attention,
-    ops: &[NodeId],
-    buf: &HashMap<NodeId, BufferId>,
-    target: &Target,
-) -> Result<Kernel, CodegenError> {
-    let name = &g.node(id).name;
-    let (q, k, v) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]));
-    let [b, hq, sq, d] = q.shape.dims()[..] else {
-        unreachable!("rank 4 by inference")
-    };
-    let [_, hkv, sk, _] = k.shape.dims()[..] else {
-        unreachable!()
-    };
-    let dv = v.shape.dims()[3];
-    for (what, value) in [
-        ("the query length (Sq)", sq),
-        ("the key length (Sk)", sk),
-        ("the head size (D)", d),
-        ("the value head size (Dv)", dv),
-    ] {
-        int_index(name, what, value)?;
-    }
-    let c = ctype(q.dtype);
-    let (mask_kind, mask_t, ms) = match (att.mask, ops.get(3)) {
-        (MaskKind::None, _) | (_, None) => ("", DType::F32, vec![0usize; 4]),
-        (kind, Some(&m)) => {
-            let mt = g.ty(m);
-            let padded = Shape(
-                std::iter::repeat_n(1, 4 - mt.shape.rank())
-                    .chain(mt.shape.dims().iter().copied())
-                    .collect(),
-            );
-            let strides = padded.broadcast_strides(&Shape::new(vec![b, hq, sq, sk]));
-            (
-                if kind == MaskKind::Boolean {
-                    "boolean"
-                } else {
-                    "additive"
-                },
-                mt.dtype,
-                strides,
-            )
-        }
-    };
-    let mc = ctype(mask_t);
-    let offset = clamp_offset(att.causal_offset, sq, sk);
-    let mut ctx = json!({
-        "b": b, "hq": hq, "hkv": hkv, "group": hq / hkv, "sq": sq, "sk": sk, "d": d, "dv": dv,
-        "scale": att.scale, "scale_f": f32_literal(att.scale), "causal": att.causal,
-        "offset": i64_literal(offset), "offset_text": offset,
-        "mask": mask_kind, "mask_ctype": mc.storage, "mask_load_pre": mc.load_pre, "mask_load_post": mc.load_post, "ms": ms,
-        "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post,
-    });
-    // Tensor cores where the target's table has an atom the kernel is written for (see
-    // `tensor_core_atom`), the head sizes are whole atoms (D in K steps, Dv in pairs of N
-    // tiles) and the fragments fit in registers (up to 128). A head size of 0 has no fragment
-    // to hold.
-    let mma = tensor_core_atom(target, q.dtype).filter(|a| {
-        d % a.k as usize == 0
-            && dv % (2 * a.n as usize) == 0
-            && (1..=128).contains(&d)
-            && (1..=128).contains(&dv)
-    });
-    let (template, block_m, threads) = match mma {
-        Some(atom) => {
-            let warps = 4;
-            let (block_m, threads) = (atom.m as usize * warps, atom.lanes as usize * warps);
-            let tile = json!({"warps": warps, "block_m": block_m, "block_n": 64, "threads": threads,
-                "dtype": q.dtype.to_string(), "p": atom.prefix(), "am": atom.m, "an": atom.n, "ak": atom.k});
-            merge(&mut ctx, tile);
-            ("flash_attention_mma.hip", block_m, threads)
-        }
-        None => {
-            let tpr = d.div_ceil(8).next_power_of_two().clamp(1, 16);
-            let block_m = 256 / tpr;
-            // K and V tiles in f32 within 48 KiB of shared memory.
-            let block_n = (12288 / (d + dv + 2)).clamp(1, 32);
-            // At least one register per thread even for D = 0 (no zero-length arrays in C++):
-            // its column is past D, so it holds 0 and adds nothing.
-            let tile = json!({"tpr": tpr, "block_m": block_m, "block_n": block_n, "threads": block_m * tpr,
-                "dper": d.div_ceil(tpr).max(1), "dvper": dv.div_ceil(tpr).max(1)});
-            merge(&mut ctx, tile);
-            ("flash_attention.hip", block_m, block_m * tpr)
-        }
-    };
-    let heads = b.checked_mul(hq).ok_or_else(|| CodegenError::LaunchLimit {
-        node: name.clone(),
-        what: "grid.x (batch × heads)".into(),
-        value: u64::MAX,
-        limit: u64::from(target.limits().grid[0]),
-    })?;
-    let launch = launch(name, target, [heads, sq.div_ceil(block_m), 1], threads)?;
-    let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
-    args.push(buf[&id]);
-    finish("flash_attention", template, ctx, launch, args, name)
-}
-
-/// The matrix atom `flash_attention_mma.hip` runs on, if the target's table has one for `dtype`:
-/// f32 accumulation, S accumulators that become the P·V operand in registers, K and V
-/// fragments by `ldmatrix` pairs, and `cp.async` for the K/V tiles.
-fn tensor_core_atom(target: &Target, dtype: DType) -> Option<&'static MmaAtom> {
-    if !target.caps.async_copy.has_cp_async() {
-        return None;
-    }
-    target.caps.mma.iter().copied().find(|a| {
-        a.input == dtype
-            && a.acc == DType::F32
-            && a.accumulators_feed_a()
-            && a.loads_b_pairs_by_ldmatrix()
-    })
-}
-
-/// Adds the keys of `extra` (a JSON object) to `ctx`.
-fn merge(ctx: &mut Value, extra: Value) {
-    if let (Some(c), Value::Object(e)) = (ctx.as_object_mut(), extra) {
-        c.extend(e);
-    }
 }

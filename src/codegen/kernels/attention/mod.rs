@@ -1,0 +1,165 @@
+//! The attention family: kernels for `Op::FlashAttention`. A [`Problem`] is what every kernel of
+//! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
+//! `lower` picks the kernel:
+//! - `mma`: the matrix-core FlashAttention, on the target's MMA atom for f16/bf16;
+//! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
+
+mod mma;
+mod scalar;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::super::ctype::{ctype, f32_literal, i64_literal};
+use super::super::limits::int_index;
+use super::super::plan::{BufferId, Kernel};
+use super::super::{CodegenError, Target};
+use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
+
+/// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
+/// query `q` when `k - q <= offset`, and `k - q` lies in `[-(sq - 1), sk - 1]`, so any offset
+/// of at least `sk - 1` shows every key and any of at most `-sq` none. Clamped, `q + offset`
+/// cannot overflow in a kernel, whatever offset the graph holds.
+pub(crate) fn clamp_offset(offset: i64, sq: usize, sk: usize) -> i64 {
+    let sq = i64::try_from(sq).unwrap_or(i64::MAX);
+    let sk = i64::try_from(sk).unwrap_or(i64::MAX);
+    offset.clamp(-sq, sk)
+}
+
+/// What every attention kernel needs to know about the node. Serialised flat into each
+/// kernel's template context (`{{ sq }}`, `{{ mask }}`, ...).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Problem {
+    /// q [b, hq, sq, d], k [b, hkv, sk, d], v [b, hkv, sk, dv]; `group` query heads share a
+    /// K/V head.
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub group: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub dv: usize,
+    #[serde(skip)]
+    pub dtype: DType,
+    pub scale: f64,
+    /// The scale as a C float literal.
+    pub scale_f: String,
+    pub causal: bool,
+    /// The clamped causal offset, as a C literal and as a number (for comments).
+    pub offset: String,
+    pub offset_text: i64,
+    /// "" (none), "additive" or "boolean".
+    pub mask: &'static str,
+    pub mask_ctype: &'static str,
+    pub mask_load_pre: &'static str,
+    pub mask_load_post: &'static str,
+    /// The mask's strides over (b, h, q, k), broadcast axes 0.
+    pub ms: Vec<usize>,
+    pub ctype: &'static str,
+    pub load_pre: &'static str,
+    pub load_post: &'static str,
+    pub store_pre: &'static str,
+    pub store_post: &'static str,
+}
+
+impl Problem {
+    pub(crate) fn new(g: &Graph, id: NodeId, att: &Attention) -> Result<Problem, CodegenError> {
+        let name = &g.node(id).name;
+        let ops = g.operands(id);
+        let (q, k, v) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]));
+        let [b, hq, sq, d] = q.shape.dims()[..] else {
+            unreachable!("rank 4 by inference")
+        };
+        let [_, hkv, sk, _] = k.shape.dims()[..] else {
+            unreachable!("rank 4 by inference")
+        };
+        let dv = v.shape.dims()[3];
+        for (what, value) in [
+            ("the query length (Sq)", sq),
+            ("the key length (Sk)", sk),
+            ("the head size (D)", d),
+            ("the value head size (Dv)", dv),
+        ] {
+            int_index(name, what, value)?;
+        }
+        let c = ctype(q.dtype);
+        let (mask, mask_t, ms) = match (att.mask, ops.get(3)) {
+            (MaskKind::None, _) | (_, None) => ("", DType::F32, vec![0usize; 4]),
+            (kind, Some(&m)) => {
+                let mt = g.ty(m);
+                let padded = Shape(
+                    std::iter::repeat_n(1, 4 - mt.shape.rank())
+                        .chain(mt.shape.dims().iter().copied())
+                        .collect(),
+                );
+                let strides = padded.broadcast_strides(&Shape::new(vec![b, hq, sq, sk]));
+                let kind = if kind == MaskKind::Boolean {
+                    "boolean"
+                } else {
+                    "additive"
+                };
+                (kind, mt.dtype, strides)
+            }
+        };
+        let mc = ctype(mask_t);
+        let offset = clamp_offset(att.causal_offset, sq, sk);
+        Ok(Problem {
+            b,
+            hq,
+            hkv,
+            group: hq / hkv.max(1),
+            sq,
+            sk,
+            d,
+            dv,
+            dtype: q.dtype,
+            scale: att.scale,
+            scale_f: f32_literal(att.scale),
+            causal: att.causal,
+            offset: i64_literal(offset),
+            offset_text: offset,
+            mask,
+            mask_ctype: mc.storage,
+            mask_load_pre: mc.load_pre,
+            mask_load_post: mc.load_post,
+            ms,
+            ctype: c.storage,
+            load_pre: c.load_pre,
+            load_post: c.load_post,
+            store_pre: c.store_pre,
+            store_post: c.store_post,
+        })
+    }
+
+    /// Batch × query heads: grid x of every kernel of the family.
+    pub(crate) fn heads(&self, node: &str, target: &Target) -> Result<usize, CodegenError> {
+        self.b
+            .checked_mul(self.hq)
+            .ok_or_else(|| CodegenError::LaunchLimit {
+                node: node.to_string(),
+                what: "grid.x (batch × heads)".into(),
+                value: u64::MAX,
+                limit: u64::from(target.limits().grid[0]),
+            })
+    }
+}
+
+/// The kernel for FlashAttention node `id`: operands q, k, v (and the mask), then the result.
+pub(crate) fn lower(
+    g: &Graph,
+    id: NodeId,
+    att: &Attention,
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
+    let p = Problem::new(g, id, att)?;
+    let node = &g.node(id).name;
+    let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
+    args.push(buf[&id]);
+    if let Some(k) = mma::kernel(&p, node, args.clone(), target)? {
+        return Ok(k);
+    }
+    scalar::kernel(&p, node, args, target)
+}
