@@ -41,8 +41,8 @@ pub(crate) fn atom_for(target: &Target, dtype: DType) -> Option<&'static MmaAtom
 /// Whether the head sizes suit the atom: D in whole K steps, Dv in pairs of N tiles, and the
 /// fragments in registers (up to 128; a head size of 0 has no fragment to hold).
 fn fits(p: &Problem, atom: &MmaAtom) -> bool {
-    p.d % atom.k as usize == 0
-        && p.dv % (2 * atom.n as usize) == 0
+    p.d.is_multiple_of(atom.k as usize)
+        && p.dv.is_multiple_of(2 * atom.n as usize)
         && (1..=128).contains(&p.d)
         && (1..=128).contains(&p.dv)
 }
