@@ -260,9 +260,10 @@ fn bench(c: &mut Criterion) {
         };
         // A shape the device cannot hold (the unfused S² scores at S = 8192 in f32) is
         // reported and skipped, not fatal.
-        let (Some(fused), Some(unfused)) =
-            (compile(&options, "fused"), compile(&unfused_options, "unfused"))
-        else {
+        let (Some(fused), Some(unfused)) = (
+            compile(&options, "fused"),
+            compile(&unfused_options, "unfused"),
+        ) else {
             continue;
         };
         group.throughput(Throughput::Elements(case.flops() as u64));
