@@ -24,11 +24,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use linear_graphs::linear;
-use rocmforge::compile::Compiled;
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{DType, Graph, GraphError};
 use rocmforge::runtime::Device;
-use timing::time_runs;
+use timing::{kernel_families, seconds_per_run, time_runs};
 
 /// One linear layer of a model: its output features N and input features K.
 struct Layer {
@@ -175,35 +174,11 @@ fn cases(gpu: bool) -> Vec<Case> {
     out
 }
 
-/// Seconds per run: the median of `repeats` timings, each of enough back-to-back runs to last
-/// about `target` (at least one), so that the M = 1 rows are not a single launch's latency.
-fn seconds_per_run(c: &Compiled, inputs: &Bindings, target: Duration, repeats: usize) -> f64 {
-    let once = time_runs(c, inputs, 1).as_secs_f64().max(1e-7);
-    let iters = (target.as_secs_f64() / once).ceil().clamp(1.0, 2000.0) as u64;
-    let mut times: Vec<f64> = (0..repeats)
-        .map(|_| time_runs(c, inputs, iters).as_secs_f64() / iters as f64)
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
-
 struct Row {
     case: Case,
     seconds: f64,
     /// The plan's kernels by family, in launch order (`copy+matmul`), or `interpreter`.
     kernels: String,
-}
-
-fn kernel_families(c: &Compiled) -> String {
-    match &c.plan {
-        Some(plan) => plan
-            .kernels
-            .iter()
-            .map(|k| k.family)
-            .collect::<Vec<_>>()
-            .join("+"),
-        None => "interpreter".into(),
-    }
 }
 
 fn bench(c: &mut Criterion) {

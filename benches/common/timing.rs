@@ -1,5 +1,6 @@
 //! Timing shared by the benches: launches enqueued on one stream, then that stream synchronised;
-//! the clock is read only around a synchronisation.
+//! the clock is read only around a synchronisation. Each bench uses a part of it.
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -44,4 +45,29 @@ pub fn time_runs(compiled: &Compiled, inputs: &Bindings, iters: u64) -> Duration
     }
     p.synchronize().expect("sync");
     t.elapsed()
+}
+
+/// Seconds per run: the median of `repeats` timings, each of enough back-to-back runs to last
+/// about `target` (at least one), so that a microsecond kernel is not one launch's latency.
+pub fn seconds_per_run(c: &Compiled, inputs: &Bindings, target: Duration, repeats: usize) -> f64 {
+    let once = time_runs(c, inputs, 1).as_secs_f64().max(1e-7);
+    let iters = (target.as_secs_f64() / once).ceil().clamp(1.0, 2000.0) as u64;
+    let mut times: Vec<f64> = (0..repeats)
+        .map(|_| time_runs(c, inputs, iters).as_secs_f64() / iters as f64)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// The plan's kernels by family, in launch order (`copy+matmul`), or `interpreter`.
+pub fn kernel_families(c: &Compiled) -> String {
+    match &c.plan {
+        Some(plan) => plan
+            .kernels
+            .iter()
+            .map(|k| k.family)
+            .collect::<Vec<_>>()
+            .join("+"),
+        None => "interpreter".into(),
+    }
 }
