@@ -5,7 +5,8 @@
 // softmax is online in f32 and base 2 (scale * log2(e) folded into Q), one wave per row for the max and sum.
 // Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
 // sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0.
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}float* __restrict__ ws) {
+// At least one block per SM (the second bound): without it ptxas trades a few spills for the next occupancy step.
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}float* __restrict__ ws) {
     __shared__ float Qs[{{ rows }}][{{ d }}];
     __shared__ float Ks[{{ block_n }}][{{ d }} + 1];
     __shared__ float Vs[{{ block_n }}][{{ dv }}];
@@ -35,28 +36,25 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     for (int j0 = key_begin; j0 < key_end; j0 += {{ block_n }}) {
         const int n = key_end - j0 < {{ block_n }} ? key_end - j0 : {{ block_n }};
         __syncthreads();  // the previous tile's K, V and scores are consumed; Q and the stats are set
+        // The tile's n keys are contiguous in K and in V: n x D elements from the tile's first key.
+        const {{ ctype }}* kt = k + (kv_row0 + j0) * {{ d }};
+        const {{ ctype }}* vt = v + (kv_row0 + j0) * {{ dv }};
 {% if vec > 1 %}        // 16-byte loads: every row starts at a multiple of {{ vec }} elements.
         struct alignas(16) Vec16 { unsigned int w[4]; };
         for (int t = tid; t < n * {{ d // vec }}; t += {{ threads }}) {
             const int r = t / {{ d // vec }}, c = t % {{ d // vec }} * {{ vec }};
-            const Vec16 raw = *reinterpret_cast<const Vec16*>(k + (kv_row0 + j0 + r) * {{ d }} + c);
+            const Vec16 raw = reinterpret_cast<const Vec16*>(kt)[t];
             const {{ ctype }}* e = reinterpret_cast<const {{ ctype }}*>(&raw);
             for (int u = 0; u < {{ vec }}; ++u) Ks[r][c + u] = {{ load_pre }}e[u]{{ load_post }};
         }
         for (int t = tid; t < n * {{ dv // vec }}; t += {{ threads }}) {
             const int r = t / {{ dv // vec }}, c = t % {{ dv // vec }} * {{ vec }};
-            const Vec16 raw = *reinterpret_cast<const Vec16*>(v + (kv_row0 + j0 + r) * {{ dv }} + c);
+            const Vec16 raw = reinterpret_cast<const Vec16*>(vt)[t];
             const {{ ctype }}* e = reinterpret_cast<const {{ ctype }}*>(&raw);
             for (int u = 0; u < {{ vec }}; ++u) Vs[r][c + u] = {{ load_pre }}e[u]{{ load_post }};
         }
-{% else %}        for (int t = tid; t < n * {{ d }}; t += {{ threads }}) {
-            const int r = t / {{ d }}, c = t % {{ d }};
-            Ks[r][c] = {{ load_pre }}k[(kv_row0 + j0 + r) * {{ d }} + c]{{ load_post }};
-        }
-        for (int t = tid; t < n * {{ dv }}; t += {{ threads }}) {
-            const int r = t / {{ dv }}, c = t % {{ dv }};
-            Vs[r][c] = {{ load_pre }}v[(kv_row0 + j0 + r) * {{ dv }} + c]{{ load_post }};
-        }
+{% else %}        for (int t = tid; t < n * {{ d }}; t += {{ threads }}) Ks[t / {{ d }}][t % {{ d }}] = {{ load_pre }}kt[t]{{ load_post }};
+        for (int t = tid; t < n * {{ dv }}; t += {{ threads }}) Vs[t / {{ dv }}][t % {{ dv }}] = {{ load_pre }}vt[t]{{ load_post }};
 {% endif %}        __syncthreads();
         // Scores, base 2; keys past the tile's valid ones, masked or after the row's causal end are -inf.
         for (int t = tid; t < {{ rows * block_n }}; t += {{ threads }}) {

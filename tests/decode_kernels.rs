@@ -8,17 +8,25 @@
 //!   output and the workspace start poisoned (NaN), so a slot the combine reads that the split
 //!   kernel did not write, or an output element nobody wrote, fails.
 //!
-//! The GPU trials are `decode::` in `tests/gpu.rs`. Host trials are reported ignored, with the
-//! reason, without a host clang++; `ROCMFORGE_REQUIRE_HOST_CXX=1` makes that a failure.
+//! - `compile::` compiles both kernels of every dtype, head size (64, 80, 128), mask and causal
+//!   form with hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and
+//!   NVRTC + ptxas (sm_90): no spills, no scratch or stack, the target's wave size.
+//!
+//! The GPU trials are `decode::` in `tests/gpu.rs`. Trials whose tool is missing are reported
+//! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
+//! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
 
 #[path = "common/decode_cases.rs"]
 mod decode_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/kernel_compile.rs"]
+mod kernel_compile;
 #[path = "common/needs.rs"]
 mod needs;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use decode_cases::{batch0_zero, rel_l2, tolerance, Case, Mask};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -26,6 +34,7 @@ use needs::needs;
 use rocmforge::codegen::{generate_with, BufferRole, CodegenOptions, KernelPlan, Target};
 use rocmforge::compile::plan_memory;
 use rocmforge::ir::DType;
+use rocmforge::runtime::{AmdClang, Hiprtc};
 
 fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
@@ -177,6 +186,53 @@ fn host_cases() -> Vec<Case> {
     v
 }
 
+/// The cases compiled for every target: each dtype and head size (16-byte loads for 64 and 128,
+/// and for 80 where the dtype's vector divides it), with and without mask and causal, one and
+/// several query positions.
+fn compile_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        for d in [64, 80, 128] {
+            v.push(Case {
+                d,
+                dv: d,
+                ..Case::new(1, 4097, dtype)
+            });
+            v.push(Case {
+                b: 2,
+                hq: 16,
+                hkv: 4,
+                d,
+                dv: d,
+                mask: Mask::Padding,
+                causal: Some(4000),
+                ..Case::new(4, 4097, dtype)
+            });
+        }
+        v.push(Case {
+            mask: Mask::EmptyRow,
+            d: 36,
+            dv: 20,
+            ..Case::new(2, 777, dtype)
+        });
+    }
+    v
+}
+
+/// The unique kernels of the compile cases for `arch`.
+fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
+    let mut out = kernel_compile::KernelSet::new();
+    for c in compile_cases() {
+        let plan = plan(&c, arch)?;
+        is_decode(&c, &plan)?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), c.name()));
+        }
+    }
+    Ok(out)
+}
+
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
@@ -206,6 +262,30 @@ fn main() {
             ));
         }
     }
+    let rtc = Hiprtc::load().map(Arc::new);
+    for arch in ["gfx90a", "gfx1030"] {
+        trials.push(needs(
+            &rtc,
+            "ROCMFORGE_REQUIRE_HIPRTC",
+            format!("compile::hiprtc::{arch}"),
+            move |rtc| kernel_compile::hiprtc(&rtc, arch, &compile_set(arch)?),
+        ));
+    }
+    let clang = AmdClang::probe().map(Arc::new);
+    for arch in ["gfx942", "gfx1100", "gfx1201"] {
+        trials.push(needs(
+            &clang,
+            "ROCMFORGE_REQUIRE_CLANG",
+            format!("compile::offline::{arch}"),
+            move |clang| kernel_compile::offline(&clang, arch, &compile_set(arch)?),
+        ));
+    }
+    trials.push(needs(
+        &kernel_compile::ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".into(),
+        move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
+    ));
     trials.push(Trial::test(
         "plan::workspace_slot_reused",
         workspace_slot_reused,
