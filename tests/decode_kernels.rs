@@ -103,8 +103,7 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     let b = g.mul(a, three).map_err(|e| e.to_string())?;
     g.set_outputs(&[b]).map_err(|e| e.to_string())?;
     let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
-    let plan =
-        generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
     let memory = plan_memory(&plan);
     let ws = plan
         .buffers

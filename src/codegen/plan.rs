@@ -112,12 +112,14 @@ pub struct KernelPlan {
 }
 
 impl KernelPlan {
-    /// Adds a workspace of `elems` f32 elements for the kernels of node `node`; its id.
+    /// Adds a workspace of `elems` f32 elements for the kernels of node `node`; its id. It is
+    /// named `<node>:workspace` for listings (a buffer's name binds nothing but inputs and
+    /// weights).
     pub(crate) fn add_workspace(&mut self, node: &str, elems: usize) -> BufferId {
         let id = self.buffers.len();
         self.buffers.push(Buffer {
             id,
-            name: node.to_string(),
+            name: format!("{node}:workspace"),
             ty: TensorType::new(crate::ir::DType::F32, vec![elems]),
             role: BufferRole::Workspace,
         });

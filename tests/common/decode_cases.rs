@@ -198,6 +198,18 @@ pub fn gpu_cases() -> Vec<Case> {
                 }
             }
         }
+        // 16 rows, the most one block holds: one position of 16 heads, four of 4.
+        cases.push(Case {
+            hq: 16,
+            hkv: 1,
+            ..Case::new(1, 4097, dtype)
+        });
+        cases.push(Case {
+            hq: 8,
+            hkv: 2,
+            causal: Some(513 - 4),
+            ..Case::new(4, 513, dtype)
+        });
         for d in [80, 128] {
             cases.push(Case {
                 d,

@@ -110,7 +110,8 @@ pub fn spills_or_stack(log: &str) -> bool {
 /// Every kernel of `set` through NVRTC (PTX for `arch`) and `ptxas -v`: no spill stores or
 /// loads and no stack frame.
 pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Failed> {
-    let dir = std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()));
+    let dir =
+        std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     for (entry, (src, _, case)) in set {
@@ -145,4 +146,3 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
         Err(failures.join("\n").into())
     }
 }
-

@@ -32,9 +32,17 @@ pub(crate) const FILL_BLOCKS: usize = 2 * 304;
 /// Most keys per K/V tile in shared memory.
 const MAX_BLOCK_N: usize = 64;
 
-/// Static shared memory the kernel may take: at most 48 KiB (NVIDIA's static limit) so that
-/// several blocks share an SM, and never more than the target has.
+/// Static shared memory the kernel may take: at most 48 KiB (NVIDIA's static limit), never
+/// more than the target allows statically, and at most half of what a block may have, so that
+/// two blocks share an SM/CU (a block waits on its K/V loads between barriers; the other's
+/// work hides that). 64 KiB of LDS on AMD gives 32 KiB.
 const SHARED_BUDGET: usize = 48 * 1024;
+
+fn shared_budget(target: &Target) -> usize {
+    SHARED_BUDGET
+        .min(target.caps.static_shared_bytes as usize)
+        .min(target.caps.shared_bytes_per_block as usize / 2)
+}
 
 /// Waves per block of kernel 1 (each takes rows of the online-softmax step).
 const WAVES: usize = 4;
@@ -98,7 +106,7 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     if rows == 0 || rows > MAX_ROWS || p.d == 0 || p.dv == 0 {
         return None;
     }
-    let budget = SHARED_BUDGET.min(target.caps.static_shared_bytes as usize);
+    let budget = shared_budget(target);
     let block_n = [MAX_BLOCK_N, 32, 16, 8]
         .into_iter()
         .find(|&n| shared_bytes(rows, p, n).is_some_and(|b| b <= budget))?;
@@ -149,10 +157,9 @@ pub(crate) fn launch(
         value: u64::MAX,
         limit: u64::from(target.limits().grid[0]),
     };
-    let kv_blocks = p
-        .b
-        .checked_mul(p.hkv)
-        .ok_or_else(|| too_many("grid.x (batch × K/V heads)"))?;
+    let kv_blocks =
+        p.b.checked_mul(p.hkv)
+            .ok_or_else(|| too_many("grid.x (batch × K/V heads)"))?;
     let out_rows = p
         .heads(node, target)?
         .checked_mul(p.sq)
@@ -166,7 +173,10 @@ pub(crate) fn launch(
 /// f32 elements of the workspace: per output row and split, Dv partial outputs, then (m, l)
 /// pairs after all of them.
 fn workspace(p: &Problem, c: &Config) -> Option<(usize, usize)> {
-    let pairs = p.b.checked_mul(p.hq)?.checked_mul(p.sq)?.checked_mul(c.splits)?;
+    let pairs =
+        p.b.checked_mul(p.hq)?
+            .checked_mul(p.sq)?
+            .checked_mul(c.splits)?;
     let partials = pairs.checked_mul(p.dv)?;
     Some((partials, partials.checked_add(pairs.checked_mul(2)?)?))
 }
@@ -254,4 +264,168 @@ pub(crate) fn kernels(
         node,
     )?;
     Ok(Some(vec![first, second]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Graph, Op};
+
+    struct Shape {
+        b: usize,
+        hq: usize,
+        hkv: usize,
+        sq: usize,
+        sk: usize,
+        d: usize,
+    }
+
+    fn problem(s: &Shape, causal: Option<i64>) -> Problem {
+        let mut g = Graph::new("decode");
+        let dt = DType::F16;
+        let q = g.input("q", dt, &[s.b, s.hq, s.sq, s.d]).unwrap();
+        let k = g.input("k", dt, &[s.b, s.hkv, s.sk, s.d]).unwrap();
+        let v = g.input("v", dt, &[s.b, s.hkv, s.sk, s.d]).unwrap();
+        let o = g.flash_attention(q, k, v, None, 0.125, causal).unwrap();
+        let Op::FlashAttention(att) = g.op(o).clone() else {
+            unreachable!("a FlashAttention node")
+        };
+        Problem::new(&g, o, &att).unwrap()
+    }
+
+    fn smollm(sq: usize, sk: usize) -> Shape {
+        Shape {
+            b: 1,
+            hq: 9,
+            hkv: 3,
+            sq,
+            sk,
+            d: 64,
+        }
+    }
+
+    #[test]
+    fn valid_keys_end_at_the_last_rows_causal_end() {
+        // Sq = 3, Sk = 10: the last row (q = 2) sees keys k <= 2 + offset.
+        for (causal, want) in [
+            (None, 10),
+            (Some(7), 10),
+            (Some(2), 5),
+            (Some(-1), 2),
+            (Some(-3), 0),
+            (Some(-1000), 0),
+            (Some(1000), 10),
+        ] {
+            let p = problem(&smollm(3, 10), causal);
+            assert_eq!(valid_keys(&p), want, "{causal:?}");
+        }
+    }
+
+    /// Every split starts before the last visible key and the splits cover them all, in
+    /// whole tiles; several splits are each at least MIN_SPLIT_KEYS long; the grid stops
+    /// growing at about FILL_BLOCKS; shared memory and threads fit the target.
+    #[test]
+    fn splits_cover_the_valid_keys_and_none_is_empty() {
+        let mut checked = 0;
+        for arch in ["sm_90", "gfx90a", "gfx1100"] {
+            let target = Target::parse(arch).unwrap();
+            let wave = target.wave_size as usize;
+            for (b, hq, hkv, d) in [
+                (1, 9, 3, 64),
+                (1, 4, 1, 128),
+                (2, 8, 8, 80),
+                (64, 16, 4, 64),
+            ] {
+                for sq in 1..=3 {
+                    for sk in [0, 1, 17, 255, 256, 513, 1000, 4097, 100_003] {
+                        let s = Shape {
+                            b,
+                            hq,
+                            hkv,
+                            sq,
+                            sk,
+                            d,
+                        };
+                        let sk_i = sk as i64;
+                        let sq_i = sq as i64;
+                        for causal in [
+                            None,
+                            Some(sk_i - sq_i),
+                            Some(sk_i / 2 - sq_i),
+                            Some(-1),
+                            Some(-sq_i),
+                        ] {
+                            let p = problem(&s, causal);
+                            let Some(c) = choose(&p, &target) else {
+                                continue;
+                            };
+                            checked += 1;
+                            let valid = valid_keys(&p);
+                            let what =
+                                format!("{arch} b{b} {hq}/{hkv} sq{sq} sk{sk} {causal:?}: {c:?}");
+                            assert!(c.splits >= 1, "{what}");
+                            assert!(
+                                valid == 0 || (c.splits - 1) * c.keys_per_split < valid,
+                                "{what}"
+                            );
+                            assert!(c.splits * c.keys_per_split >= valid, "{what}");
+                            assert_eq!(c.keys_per_split % c.block_n, 0, "{what}");
+                            if c.splits > 1 {
+                                assert!(c.keys_per_split >= MIN_SPLIT_KEYS, "{what}");
+                                assert!(c.splits <= FILL_BLOCKS.div_ceil(b * hkv), "{what}");
+                            }
+                            assert_eq!(c.threads % wave, 0, "{what}");
+                            assert_eq!(c.combine_threads % wave, 0, "{what}");
+                            let rows = p.group * p.sq;
+                            let bytes = shared_bytes(rows, &p, c.block_n).unwrap();
+                            assert!(bytes <= shared_budget(&target), "{what}");
+                            assert!(
+                                2 * bytes <= target.caps.shared_bytes_per_block as usize,
+                                "{what}"
+                            );
+                            assert!(
+                                (rows * p.dv).div_ceil(c.threads) <= MAX_PER_THREAD,
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} decode problems");
+    }
+
+    #[test]
+    fn smollm_decode_splits_by_hand() {
+        // 3 K/V heads want ceil(608 / 3) = 203 splits; 4097 keys allow 4097 / 256 = 16; 16
+        // splits are ceil(4097 / 16) = 257 keys, 320 in whole 64-key tiles, which takes 13.
+        let target = Target::parse("sm_90").unwrap();
+        let c = choose(&problem(&smollm(1, 4097), None), &target).unwrap();
+        assert_eq!((c.splits, c.keys_per_split, c.block_n), (13, 320, 64));
+        assert_eq!((c.threads, c.combine_threads, c.vec), (128, 64, 8));
+        // 32 keys: one split, taken for the group of 3 (K/V read once for three heads).
+        let c = choose(&problem(&smollm(1, 32), None), &target).unwrap();
+        assert_eq!((c.splits, c.keys_per_split), (1, 64));
+    }
+
+    #[test]
+    fn declines_what_it_does_not_serve() {
+        let target = Target::parse("gfx90a").unwrap();
+        // 3 query heads per K/V head × 6 positions = 18 rows > 16; 5 positions fit.
+        assert_eq!(choose(&problem(&smollm(6, 4097), None), &target), None);
+        assert!(choose(&problem(&smollm(5, 4097), None), &target).is_some());
+        let mha = |sk| Shape {
+            b: 1,
+            hq: 4,
+            hkv: 4,
+            sq: 1,
+            sk,
+            d: 64,
+        };
+        // One head per K/V head and one split: nothing saved over the prefill kernels.
+        assert_eq!(choose(&problem(&mha(300), None), &target), None);
+        assert!(choose(&problem(&mha(4097), None), &target).is_some());
+        // Causal with no visible key: a single (empty) split.
+        assert_eq!(choose(&problem(&mha(4097), Some(-1)), &target), None);
+    }
 }
