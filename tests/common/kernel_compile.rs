@@ -48,7 +48,7 @@ pub fn hiprtc(rtc: &Hiprtc, arch: &str, set: &KernelSet) -> Result<(), Failed> {
             .iter()
             .find(|k| &k.name == entry)
             .ok_or(format!("{case}: {entry} not in its code object"))?;
-        failures.extend(amd_problems(&target, r, &case));
+        failures.extend(amd_problems(&target, r, case));
     }
     if failures.is_empty() {
         Ok(())

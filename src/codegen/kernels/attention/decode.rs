@@ -128,7 +128,7 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     }
     let elem = p.dtype.size_bytes();
     let per16 = 16 / elem.max(1);
-    let vec = if per16 > 1 && p.d % per16 == 0 && p.dv % per16 == 0 {
+    let vec = if per16 > 1 && p.d.is_multiple_of(per16) && p.dv.is_multiple_of(per16) {
         per16
     } else {
         1
