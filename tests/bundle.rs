@@ -176,6 +176,10 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                     );
                 }
                 BufferRole::Status => assert_eq!(b.role, Role::Status),
+                BufferRole::Workspace => {
+                    assert_eq!(b.role, Role::Workspace);
+                    assert_eq!((&b.data, &b.expected), (&None, &None), "{name}");
+                }
             }
         }
 
@@ -646,7 +650,7 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
                 std::fs::read(dir.join(b.data.as_ref().unwrap())).unwrap()
             }
             Role::Status => vec![0; b.bytes as usize],
-            Role::Computed | Role::Output => vec![0xFF; b.bytes as usize],
+            Role::Computed | Role::Output | Role::Workspace => vec![0xFF; b.bytes as usize],
         })
         .collect();
     for k in &plan.kernels {

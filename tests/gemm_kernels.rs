@@ -20,21 +20,22 @@ mod files;
 mod gemm_small_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/kernel_compile.rs"]
+mod kernel_compile;
 #[path = "common/needs.rs"]
 mod needs;
 
 use needs::needs;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
-use rocmforge::codegen::{generate_with, prelude, CodegenOptions, Kernel, Target};
+use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, Tensor};
-use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
+use rocmforge::runtime::{AmdClang, Hiprtc};
 
 /// The design's tolerances: relative L2 error against the interpreter.
 fn tolerance(dt: DType) -> f64 {
@@ -140,7 +141,7 @@ fn compile_cases() -> Vec<Case> {
 }
 
 /// The unique kernels of the compile cases for `arch`: entry → (source, body, case).
-fn compile_set(arch: &str) -> Result<BTreeMap<String, (String, String, String)>, Failed> {
+fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     let mut out = BTreeMap::new();
     for c in compile_cases() {
         let (k, src) = gemm_kernel(&c, arch)?;
@@ -150,131 +151,16 @@ fn compile_set(arch: &str) -> Result<BTreeMap<String, (String, String, String)>,
     Ok(out)
 }
 
-/// What is wrong with a compiled AMD kernel, if anything.
-fn amd_problems(target: &Target, r: &KernelResources, case: &str) -> Option<String> {
-    let mut p = Vec::new();
-    if r.spills() {
-        p.push(format!("spills ({r:?})"));
-    }
-    if r.scratch_bytes > 0 {
-        p.push(format!("{} B of scratch", r.scratch_bytes));
-    }
-    if r.wave_size != u64::from(target.wave_size) {
-        p.push(format!("wave{}", r.wave_size));
-    }
-    (!p.is_empty()).then(|| format!("{case} on {}: {}", target.arch, p.join(", ")))
-}
-
 fn compile_hiprtc(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
-    let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let mut failures = Vec::new();
-    for (entry, (src, _, case)) in compile_set(arch)? {
-        let code = rtc
-            .compile(&src, &entry, arch, &["-O3".to_string()])
-            .map_err(|e| format!("{case}: {e}"))?;
-        let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
-        let r = info
-            .kernels
-            .iter()
-            .find(|k| k.name == entry)
-            .ok_or(format!("{case}: {entry} not in its code object"))?;
-        failures.extend(amd_problems(&target, r, &case));
-    }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
+    kernel_compile::hiprtc(rtc, arch, &compile_set(arch)?)
 }
 
 fn compile_offline(clang: &AmdClang, arch: &str) -> Result<(), Failed> {
-    let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let set = compile_set(arch)?;
-    let pairs: Vec<(&str, &str)> = set
-        .iter()
-        .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
-        .collect();
-    let rows = clang
-        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
-        .map_err(|e| e.to_string())?;
-    let failures: Vec<String> = rows
-        .iter()
-        .zip(set.values())
-        .filter_map(|((r, _), (_, _, case))| amd_problems(&target, r, case))
-        .collect();
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
+    kernel_compile::offline(clang, arch, &compile_set(arch)?)
 }
 
-/// ptxas: `ROCMFORGE_PTXAS`, else the one on the `PATH`.
-fn ptxas() -> Result<PathBuf, String> {
-    let p = std::env::var("ROCMFORGE_PTXAS").unwrap_or_else(|_| "ptxas".into());
-    match Command::new(&p).arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(PathBuf::from(p)),
-        _ => Err(format!("no ptxas ({p}); set ROCMFORGE_PTXAS")),
-    }
-}
-
-/// Whether a `ptxas -v` log reports spill stores or loads, or a stack frame: the clauses of
-/// `N bytes stack frame, N bytes spill stores, N bytes spill loads`, each with its own count.
-fn spills_or_stack(log: &str) -> bool {
-    log.lines()
-        .flat_map(|l| l.split(','))
-        .filter(|clause| {
-            ["stack frame", "spill stores", "spill loads"]
-                .iter()
-                .any(|w| clause.contains(w))
-        })
-        .any(|clause| {
-            let count = clause
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u64>().ok());
-            count != Some(0)
-        })
-}
-
-/// Every kernel of the set through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
-/// loads and no stack frame.
 fn compile_nvrtc(ptxas: &Path) -> Result<(), Failed> {
-    let arch = "sm_90";
-    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let mut failures = Vec::new();
-    for (entry, (src, _, case)) in compile_set(arch)? {
-        let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some("sm_90"),
-            ..Default::default()
-        };
-        // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
-        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
-            .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
-            .map_err(|e| format!("{case}: NVRTC: {e}"))?;
-        let file = dir.join(format!("{entry}.ptx"));
-        std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
-        let out = Command::new(ptxas)
-            .args(["-v", "-arch=sm_90", "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        if !out.status.success() {
-            failures.push(format!("{case}: ptxas failed:\n{log}"));
-            continue;
-        }
-        if spills_or_stack(&log) {
-            failures.push(format!("{case} spills on {arch}:\n{log}"));
-        }
-    }
-    std::fs::remove_dir_all(&dir).ok();
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
+    kernel_compile::nvrtc(ptxas, "sm_90", &compile_set("sm_90")?)
 }
 
 /// The body of one kernel of each family, as generated for sm_90.
@@ -303,7 +189,7 @@ fn main() {
     let cxx = host_kernels::host_cxx();
     let rtc = Hiprtc::load().map(Arc::new);
     let clang = AmdClang::probe().map(Arc::new);
-    let ptxas = ptxas();
+    let ptxas = kernel_compile::ptxas();
     let mut trials = Vec::new();
     for arch in ["gfx90a", "gfx1030"] {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
@@ -344,9 +230,9 @@ fn main() {
         let spilled = "    40 bytes stack frame, 40 bytes spill stores, 36 bytes spill loads";
         let stack = "    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
         match (
-            spills_or_stack(clean),
-            spills_or_stack(spilled),
-            spills_or_stack(stack),
+            kernel_compile::spills_or_stack(clean),
+            kernel_compile::spills_or_stack(spilled),
+            kernel_compile::spills_or_stack(stack),
         ) {
             (false, true, true) => Ok(()),
             got => Err(format!("parsed {got:?}, want (false, true, true)").into()),

@@ -9,12 +9,16 @@
 //! row, hostile node names, and launches past the device's limits.
 //!
 //! GEMM (issue 12): the small-M and CUDA-core kernels at odd and model sizes (`gemm::`).
+//!
+//! Decode attention (issue 13): the flash-decoding pair at decode shapes (`decode::`).
 
 #[path = "common/files.rs"]
 mod files;
 
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
+#[path = "common/decode_cases.rs"]
+mod decode_cases;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
@@ -162,6 +166,32 @@ fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed>
     let err = compare(&got.cast(DType::F32), &want, &format!("{spec:?}"))?;
     if err > tolerance(spec.dtype) {
         return Err(format!("{spec:?}: relative L2 {err:e}").into());
+    }
+    Ok(())
+}
+
+/// A decode-shaped FlashAttention node against the f32 interpreter, outputs and the split-K
+/// workspace poisoned; where the plan is the decode pair, rows with no visible key are zeros.
+fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = case.graph();
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = case.bindings(seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let want = case.reference(&b);
+    let what = format!(
+        "{} ({:?})",
+        case.name(),
+        c.plan
+            .as_ref()
+            .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
+    );
+    let err = compare(&got.cast(DType::F32), &want, &what)?;
+    if err > tolerance(case.dtype) {
+        return Err(format!("{what}: relative L2 {err:e}").into());
+    }
+    if case.mask == decode_cases::Mask::EmptyRow && !decode_cases::batch0_zero(&got, &case) {
+        return Err(format!("{what}: rows with no visible key are not zeros").into());
     }
     Ok(())
 }
@@ -1749,6 +1779,15 @@ fn main() {
             &ignored,
             format!("gemm::{}", case.name()),
             Box::new(move || check_graph(&d, &case.graph(), false, 8)),
+        );
+    }
+    for (i, case) in decode_cases::gpu_cases().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("decode::{}", case.name()),
+            Box::new(move || check_decode(&d, case, 300 + i as u64)),
         );
     }
     libtest_mimic::run(&args, trials).exit();

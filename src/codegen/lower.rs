@@ -288,7 +288,9 @@ fn lower_node(
         }
         Op::MatMul => matmul(g, id, buf, target)?,
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
-        Op::FlashAttention(att) => super::kernels::attention::lower(g, id, att, buf, target)?,
+        Op::FlashAttention(att) => {
+            return super::kernels::attention::lower(g, id, att, buf, target, plan)
+        }
     };
     plan.kernels.push(k);
     Ok(())

@@ -18,6 +18,10 @@ pub enum BufferRole {
     Constant(Vec<f64>),
     /// Written by a kernel.
     Computed,
+    /// Scratch that the kernels of one node share (split-K partials written by one kernel and
+    /// read by the next): f32 elements, allocated and poisoned with the intermediates, never a
+    /// graph output and holding no node's value, so never compared with the interpreter.
+    Workspace,
     /// A kernel's error report ([`IndexCheck`]): [`STATUS_BYTES`] zeroed before a run and read
     /// after it.
     Status,
@@ -108,6 +112,20 @@ pub struct KernelPlan {
 }
 
 impl KernelPlan {
+    /// Adds a workspace of `elems` f32 elements for the kernels of node `node`; its id. It is
+    /// named `<node>:workspace` for listings (a buffer's name binds nothing but inputs and
+    /// weights).
+    pub(crate) fn add_workspace(&mut self, node: &str, elems: usize) -> BufferId {
+        let id = self.buffers.len();
+        self.buffers.push(Buffer {
+            id,
+            name: format!("{node}:workspace"),
+            ty: TensorType::new(crate::ir::DType::F32, vec![elems]),
+            role: BufferRole::Workspace,
+        });
+        id
+    }
+
     /// Prelude and kernel, ready for hiprtc or NVRTC.
     pub fn source(&self, kernel: &Kernel) -> String {
         let mut s = prelude(&self.target);

@@ -83,6 +83,14 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/flash_attention_mma.hip"),
     ),
     (
+        "flash_decode.hip",
+        include_str!("../../kernel_templates/flash_decode.hip"),
+    ),
+    (
+        "flash_decode_combine.hip",
+        include_str!("../../kernel_templates/flash_decode_combine.hip"),
+    ),
+    (
         "mma_probe.hip",
         include_str!("../../kernel_templates/mma_probe.hip"),
     ),

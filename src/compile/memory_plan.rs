@@ -1,4 +1,6 @@
 //! Buffer reuse by liveness: computed buffers whose lifetimes do not overlap share a slot.
+//! A node's workspace is planned like a computed buffer: live from the kernel that writes it
+//! to the last that reads it, its slot free for later values once the node is done.
 
 use std::collections::HashMap;
 
@@ -15,10 +17,21 @@ pub struct MemoryPlan {
     pub unplanned_bytes: usize,
 }
 
+/// Whether a buffer lives in the slots: values kernels compute and the workspaces they share.
+pub(crate) fn planned(role: &BufferRole) -> bool {
+    match role {
+        BufferRole::Computed | BufferRole::Workspace => true,
+        BufferRole::Input(_)
+        | BufferRole::Weight(_)
+        | BufferRole::Constant(_)
+        | BufferRole::Status => false,
+    }
+}
+
 pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
     let bytes =
         |b: BufferId| plan.buffers[b].ty.shape.numel() * plan.buffers[b].ty.dtype.size_bytes();
-    let computed = |b: BufferId| plan.buffers[b].role == BufferRole::Computed;
+    let computed = |b: BufferId| planned(&plan.buffers[b].role);
     let n = plan.kernels.len();
     let mut first: HashMap<BufferId, usize> = HashMap::new();
     let mut last: HashMap<BufferId, usize> = HashMap::new();
@@ -106,7 +119,7 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
         &mut plan
             .buffers
             .iter()
-            .filter(|b| b.role == BufferRole::Computed)
+            .filter(|b| planned(&b.role))
             .map(|b| bytes(b.id)),
     );
     MemoryPlan {

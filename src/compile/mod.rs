@@ -209,7 +209,7 @@ impl Prepared<'_> {
         let (c, run) = (self.compiled, self.gpu.as_ref().expect("GPU run"));
         let plan = c.plan.as_ref().expect("GPU plan");
         match plan.buffers[id].role {
-            BufferRole::Computed => {
+            BufferRole::Computed | BufferRole::Workspace => {
                 &run.slots[c.memory.as_ref().expect("memory plan").slot_of[&id]]
             }
             BufferRole::Input(_) => &run.uploaded[&id],
@@ -509,7 +509,10 @@ fn compile(
                     source,
                 })?
                 .to_bytes(),
-            BufferRole::Input(_) | BufferRole::Computed | BufferRole::Status => continue,
+            BufferRole::Input(_)
+            | BufferRole::Computed
+            | BufferRole::Workspace
+            | BufferRole::Status => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }

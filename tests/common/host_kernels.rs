@@ -30,7 +30,12 @@ pub const POINTWISE: [&str; 7] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional.
-pub const COOPERATIVE: [&str; 2] = ["gemm", "gemm_small_m"];
+pub const COOPERATIVE: [&str; 4] = [
+    "gemm",
+    "gemm_small_m",
+    "flash_decode",
+    "flash_decode_combine",
+];
 
 /// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices
 /// are per host thread (one host thread runs a GPU thread of every block in turn); atomics need no
@@ -127,8 +132,8 @@ pub fn host_cxx() -> Result<PathBuf, String> {
 }
 
 /// The bytes each buffer of `plan` starts a run with: bound inputs, weights (seed 0, as
-/// `Graph::compile` draws them when none are given), constants; computed buffers poisoned with
-/// 0xFF (NaN in every float dtype), status buffers zeroed.
+/// `Graph::compile` draws them when none are given), constants; computed buffers and
+/// workspaces poisoned with 0xFF (NaN in every float dtype), status buffers zeroed.
 fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec<u8>>, String> {
     plan.buffers
         .iter()
@@ -157,7 +162,7 @@ fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec
                         .map_err(|e| e.to_string())?
                         .to_bytes()
                 }
-                BufferRole::Computed => vec![0xFF; n],
+                BufferRole::Computed | BufferRole::Workspace => vec![0xFF; n],
                 BufferRole::Status => vec![0; STATUS_BYTES],
             })
         })

@@ -363,7 +363,7 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
                     a.buffer
                 ))
             })?;
-            if a.access == Access::Write && !(b.role.is_computed() || b.role == Role::Status) {
+            if a.access == Access::Write && !b.role.is_written() {
                 return Err(at(format!(
                     "writes buffer {}, of role {}",
                     a.buffer,

@@ -264,6 +264,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 BufferRole::Weight(_) => Role::Weight,
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
+                BufferRole::Workspace => Role::Workspace,
                 BufferRole::Computed if plan.outputs.iter().any(|o| o.buffer == b.id) => {
                     Role::Output
                 }
@@ -307,7 +308,7 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             BufferRole::Input(sample) => random_input(&b.name, &b.ty, sample, seed),
             BufferRole::Weight(init) => random_weight(&b.name, &b.ty, init, seed),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values),
-            BufferRole::Computed | BufferRole::Status => continue,
+            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
         }
         .map_err(host(b))?;
         data.insert(b.id, t);

@@ -160,6 +160,9 @@ pub enum Role {
     Output,
     /// A kernel's error report: zeroed before the run, read after it (see `checks`).
     Status,
+    /// Scratch the kernels of one node share (split-K partials): poisoned before the run,
+    /// written and read by those kernels, holding no node's value, so never compared.
+    Workspace,
 }
 
 impl Role {
@@ -172,6 +175,7 @@ impl Role {
             Role::Computed => "computed",
             Role::Output => "output",
             Role::Status => "status",
+            Role::Workspace => "workspace",
         }
     }
 
@@ -179,7 +183,15 @@ impl Role {
     pub fn is_computed(self) -> bool {
         match self {
             Role::Computed | Role::Output => true,
-            Role::Input | Role::Weight | Role::Constant | Role::Status => false,
+            Role::Input | Role::Weight | Role::Constant | Role::Status | Role::Workspace => false,
+        }
+    }
+
+    /// Whether a kernel may write it: computed values, status reports and workspaces.
+    pub fn is_written(self) -> bool {
+        match self {
+            Role::Computed | Role::Output | Role::Status | Role::Workspace => true,
+            Role::Input | Role::Weight | Role::Constant => false,
         }
     }
 
@@ -187,7 +199,7 @@ impl Role {
     pub fn is_data(self) -> bool {
         match self {
             Role::Input | Role::Weight | Role::Constant => true,
-            Role::Computed | Role::Output | Role::Status => false,
+            Role::Computed | Role::Output | Role::Status | Role::Workspace => false,
         }
     }
 }

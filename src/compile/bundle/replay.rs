@@ -167,7 +167,9 @@ impl Bundle {
                     Role::Input | Role::Weight | Role::Constant => {
                         stream.upload(&self.data(b.id)?).map_err(&rt)
                     }
-                    Role::Computed | Role::Output => stream.alloc(bytes, true).map_err(&rt),
+                    Role::Computed | Role::Output | Role::Workspace => {
+                        stream.alloc(bytes, true).map_err(&rt)
+                    }
                     Role::Status => stream.alloc(bytes, false).map_err(&rt),
                 }
             })

@@ -1,9 +1,12 @@
 //! The attention family: kernels for `Op::FlashAttention`. A [`Problem`] is what every kernel of
 //! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
 //! `lower` picks the kernel:
+//! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
+//!   the keys, a combine kernel after it, and a workspace between the two;
 //! - `mma`: the matrix-core FlashAttention, on the target's MMA atom for f16/bf16;
 //! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
 
+pub(crate) mod decode;
 mod mma;
 mod scalar;
 
@@ -13,7 +16,7 @@ use serde::Serialize;
 
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::int_index;
-use super::super::plan::{BufferId, Kernel};
+use super::super::plan::{BufferId, KernelPlan};
 use super::super::{CodegenError, Target};
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
@@ -146,20 +149,31 @@ impl Problem {
     }
 }
 
-/// The kernel for FlashAttention node `id`: operands q, k, v (and the mask), then the result.
+/// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
+/// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
+/// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
 pub(crate) fn lower(
     g: &Graph,
     id: NodeId,
     att: &Attention,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
-) -> Result<Kernel, CodegenError> {
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
-    args.push(buf[&id]);
-    if let Some(k) = mma::kernel(&p, node, args.clone(), target)? {
-        return Ok(k);
+    let out = buf[&id];
+    let add_workspace = |elems| plan.add_workspace(node, elems);
+    if let Some(kernels) = decode::kernels(&p, node, args.clone(), out, target, add_workspace)? {
+        plan.kernels.extend(kernels);
+        return Ok(());
     }
-    scalar::kernel(&p, node, args, target)
+    args.push(out);
+    let kernel = match mma::kernel(&p, node, args.clone(), target)? {
+        Some(k) => k,
+        None => scalar::kernel(&p, node, args, target)?,
+    };
+    plan.kernels.push(kernel);
+    Ok(())
 }

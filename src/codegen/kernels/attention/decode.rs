@@ -1,0 +1,431 @@
+//! Flash-decoding (`kernel_templates/flash_decode.hip`, `flash_decode_combine.hip`): attention
+//! for a few query rows over many keys, split along the keys with a combine step.
+//!
+//! The prefill kernels give each (batch, query head) its own blocks of 64–128 query rows. At
+//! Sq = 1 that is a handful of blocks on a GPU of a hundred or more SMs, each streaming all of
+//! K/V, and every query head of a GQA group reads the same K/V again. Here one block serves all
+//! `group × sq` query rows of a K/V head (K/V read once per group) over one split of the keys;
+//! splits multiply the blocks until the GPU is full. Kernel 1 writes each (row, split)'s
+//! unnormalised output and its softmax statistics (m, l, base 2) into a workspace; kernel 2
+//! rescales and sums the splits of a row and writes the output in its dtype.
+
+use serde::Serialize;
+
+use super::super::super::ctype::f32_literal;
+use super::super::super::limits::launch as checked_launch;
+use super::super::super::lower::finish;
+use super::super::super::plan::{BufferId, Kernel, Launch};
+use super::super::super::{CodegenError, Target};
+use super::Problem;
+
+/// Most query rows (`group × sq`) one block holds: all rows of a K/V head fit one tile.
+pub(crate) const MAX_ROWS: usize = 16;
+
+/// Fewest keys a split takes when there are several: below a few hundred keys a split's
+/// fixed costs (its Q tile, the workspace round trip, the combine) outweigh what it streams.
+pub(crate) const MIN_SPLIT_KEYS: usize = 256;
+
+/// Blocks that fill the largest targets about twice: 2 × 304 CUs of an MI300X (an H100 has
+/// 132 SMs). Splits stop growing at this many blocks.
+pub(crate) const FILL_BLOCKS: usize = 2 * 304;
+
+/// Most keys per K/V tile in shared memory.
+const MAX_BLOCK_N: usize = 64;
+
+/// Static shared memory the kernel may take: at most 48 KiB (NVIDIA's static limit), never
+/// more than the target allows statically, and at most half of what a block may have, so that
+/// two blocks share an SM/CU (a block waits on its K/V loads between barriers; the other's
+/// work hides that). 64 KiB of LDS on AMD gives 32 KiB.
+const SHARED_BUDGET: usize = 48 * 1024;
+
+fn shared_budget(target: &Target) -> usize {
+    SHARED_BUDGET
+        .min(target.caps.static_shared_bytes as usize)
+        .min(target.caps.shared_bytes_per_block as usize / 2)
+}
+
+/// Waves per block of kernel 1 (each takes rows of the online-softmax step).
+const WAVES: usize = 4;
+
+/// Most output accumulators a thread holds in registers (rows × Dv over the block).
+const MAX_PER_THREAD: usize = 32;
+
+/// One tiling of the split-K decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Config {
+    /// Splits of the valid keys (grid y of kernel 1).
+    pub splits: usize,
+    /// Keys per split: a multiple of `block_n`, and `(splits - 1) × keys_per_split` is below
+    /// the valid keys, so no split starts past the last visible key.
+    pub keys_per_split: usize,
+    /// Keys per K/V tile staged in shared memory.
+    pub block_n: usize,
+    /// Threads of kernel 1 and of the combine.
+    pub threads: usize,
+    pub combine_threads: usize,
+    /// Elements per K/V load: 16 bytes where every row starts 16-byte aligned, else 1.
+    pub vec: usize,
+}
+
+/// Keys that any query row can see: all `sk` without a causal mask; with one, up to the last
+/// row's last visible key, `(sq - 1) + offset` (the offset is clamped to `[-sq, sk]`).
+pub(crate) fn valid_keys(p: &Problem) -> usize {
+    if !p.causal {
+        return p.sk;
+    }
+    let end = i64::try_from(p.sq)
+        .unwrap_or(i64::MAX)
+        .saturating_add(p.offset_text);
+    usize::try_from(end.max(0)).unwrap_or(usize::MAX).min(p.sk)
+}
+
+/// Query rows one block holds: the group's heads × sq.
+fn rows(p: &Problem) -> Option<usize> {
+    p.group.checked_mul(p.sq)
+}
+
+/// Bytes of shared memory a tile of `block_n` keys takes: Q rows, K (padded a column so the
+/// lanes of the score step, one key each, hit distinct banks), V, the scores, and the three
+/// per-row statistics.
+fn shared_bytes(rows: usize, p: &Problem, block_n: usize) -> Option<usize> {
+    let floats = rows
+        .checked_mul(p.d)?
+        .checked_add(block_n.checked_mul(p.d.checked_add(1)?)?)?
+        .checked_add(block_n.checked_mul(p.dv)?)?
+        .checked_add(block_n.checked_mul(rows)?)?
+        .checked_add(3 * rows)?;
+    floats.checked_mul(4)
+}
+
+/// The configuration for a problem, or `None` where the decode kernel does not apply: more
+/// than [`MAX_ROWS`] query rows per K/V head, an empty head, or tiles that do not fit in shared
+/// memory, or more accumulators per thread than [`MAX_PER_THREAD`]. With a single query head per K/V head it is taken only when the keys split, since
+/// then it reads no less K/V than the prefill kernels and only adds the combine.
+pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
+    let rows = rows(p)?;
+    if rows == 0 || rows > MAX_ROWS || p.d == 0 || p.dv == 0 {
+        return None;
+    }
+    let budget = shared_budget(target);
+    let block_n = [MAX_BLOCK_N, 32, 16, 8]
+        .into_iter()
+        .find(|&n| shared_bytes(rows, p, n).is_some_and(|b| b <= budget))?;
+    let valid = valid_keys(p);
+    let kv_blocks = p.b.checked_mul(p.hkv)?.max(1);
+    let wanted = FILL_BLOCKS.div_ceil(kv_blocks);
+    let most = (valid / MIN_SPLIT_KEYS).max(1);
+    let first = wanted.clamp(1, most);
+    // Whole tiles per split, then as many splits as that takes: the last split is the only
+    // short one, and none starts at or past `valid`.
+    let keys_per_split = valid.div_ceil(first).next_multiple_of(block_n).max(block_n);
+    let splits = valid.div_ceil(keys_per_split).max(1);
+    if p.group == 1 && splits == 1 {
+        return None;
+    }
+    let wave = target.wave_size as usize;
+    if (rows * p.dv).div_ceil(WAVES * wave) > MAX_PER_THREAD {
+        return None;
+    }
+    let elem = p.dtype.size_bytes();
+    let per16 = 16 / elem.max(1);
+    let vec = if per16 > 1 && p.d.is_multiple_of(per16) && p.dv.is_multiple_of(per16) {
+        per16
+    } else {
+        1
+    };
+    Some(Config {
+        splits,
+        keys_per_split,
+        block_n,
+        threads: WAVES * wave,
+        combine_threads: p.dv.div_ceil(wave).clamp(1, WAVES) * wave,
+        vec,
+    })
+}
+
+/// The launch geometry of both kernels: kernel 1 over (batch × K/V heads, splits), the
+/// combine one block per output row.
+pub(crate) fn launch(
+    c: &Config,
+    p: &Problem,
+    node: &str,
+    target: &Target,
+) -> Result<[Launch; 2], CodegenError> {
+    let too_many = |what: &str| CodegenError::LaunchLimit {
+        node: node.to_string(),
+        what: what.into(),
+        value: u64::MAX,
+        limit: u64::from(target.limits().grid[0]),
+    };
+    let kv_blocks =
+        p.b.checked_mul(p.hkv)
+            .ok_or_else(|| too_many("grid.x (batch × K/V heads)"))?;
+    let out_rows = p
+        .heads(node, target)?
+        .checked_mul(p.sq)
+        .ok_or_else(|| too_many("grid.x (output rows)"))?;
+    Ok([
+        checked_launch(node, target, [kv_blocks, c.splits, 1], c.threads)?,
+        checked_launch(node, target, [out_rows, 1, 1], c.combine_threads)?,
+    ])
+}
+
+/// f32 elements of the workspace: per output row and split, Dv partial outputs, then (m, l)
+/// pairs after all of them.
+fn workspace(p: &Problem, c: &Config) -> Option<(usize, usize)> {
+    let pairs =
+        p.b.checked_mul(p.hq)?
+            .checked_mul(p.sq)?
+            .checked_mul(c.splits)?;
+    let partials = pairs.checked_mul(p.dv)?;
+    Some((partials, partials.checked_add(pairs.checked_mul(2)?)?))
+}
+
+#[derive(Serialize)]
+struct SplitContext<'a> {
+    #[serde(flatten)]
+    p: &'a Problem,
+    #[serde(flatten)]
+    c: Config,
+    rows: usize,
+    valid_keys: usize,
+    /// Outputs (row, column) each thread accumulates.
+    per_thread: usize,
+    /// scale · log2(e), folded into Q so that scores are base-2 logits.
+    qscale: String,
+    /// log2(e), for an additive mask in the same base.
+    log2e: String,
+    /// Where the (m, l) pairs start in the workspace.
+    stats_at: usize,
+}
+
+#[derive(Serialize)]
+struct CombineContext<'a> {
+    #[serde(flatten)]
+    p: &'a Problem,
+    splits: usize,
+    threads: usize,
+    stats_at: usize,
+}
+
+/// The two kernels and the workspace they share, or `None` where [`choose`] declines.
+/// `args` are q, k, v (and the mask); `out` the node's buffer; `add_workspace` makes the
+/// workspace buffer of the given f32 elements.
+pub(crate) fn kernels(
+    p: &Problem,
+    node: &str,
+    args: Vec<BufferId>,
+    out: BufferId,
+    target: &Target,
+    add_workspace: impl FnOnce(usize) -> BufferId,
+) -> Result<Option<Vec<Kernel>>, CodegenError> {
+    let Some(c) = choose(p, target) else {
+        return Ok(None);
+    };
+    let rows = rows(p).expect("checked by choose");
+    let [split_launch, combine_launch] = launch(&c, p, node, target)?;
+    let (stats_at, elems) = workspace(p, &c).ok_or_else(|| CodegenError::Unsupported {
+        node: node.to_string(),
+        reason: "its split-K workspace is too large to address".into(),
+    })?;
+    let ws = add_workspace(elems);
+    let split = SplitContext {
+        p,
+        c,
+        rows,
+        valid_keys: valid_keys(p),
+        per_thread: (rows * p.dv).div_ceil(c.threads),
+        qscale: f32_literal(p.scale * std::f64::consts::LOG2_E),
+        log2e: f32_literal(std::f64::consts::LOG2_E),
+        stats_at,
+    };
+    let mut split_args = args;
+    split_args.push(ws);
+    let first = finish(
+        "flash_decode",
+        "flash_decode.hip",
+        serde_json::to_value(split).expect("a context serialises"),
+        split_launch,
+        split_args,
+        node,
+    )?;
+    let combine = CombineContext {
+        p,
+        splits: c.splits,
+        threads: c.combine_threads,
+        stats_at,
+    };
+    let second = finish(
+        "flash_decode_combine",
+        "flash_decode_combine.hip",
+        serde_json::to_value(combine).expect("a context serialises"),
+        combine_launch,
+        vec![ws, out],
+        node,
+    )?;
+    Ok(Some(vec![first, second]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Graph, Op};
+
+    struct Shape {
+        b: usize,
+        hq: usize,
+        hkv: usize,
+        sq: usize,
+        sk: usize,
+        d: usize,
+    }
+
+    fn problem(s: &Shape, causal: Option<i64>) -> Problem {
+        let mut g = Graph::new("decode");
+        let dt = DType::F16;
+        let q = g.input("q", dt, &[s.b, s.hq, s.sq, s.d]).unwrap();
+        let k = g.input("k", dt, &[s.b, s.hkv, s.sk, s.d]).unwrap();
+        let v = g.input("v", dt, &[s.b, s.hkv, s.sk, s.d]).unwrap();
+        let o = g.flash_attention(q, k, v, None, 0.125, causal).unwrap();
+        let Op::FlashAttention(att) = g.op(o).clone() else {
+            unreachable!("a FlashAttention node")
+        };
+        Problem::new(&g, o, &att).unwrap()
+    }
+
+    fn smollm(sq: usize, sk: usize) -> Shape {
+        Shape {
+            b: 1,
+            hq: 9,
+            hkv: 3,
+            sq,
+            sk,
+            d: 64,
+        }
+    }
+
+    #[test]
+    fn valid_keys_end_at_the_last_rows_causal_end() {
+        // Sq = 3, Sk = 10: the last row (q = 2) sees keys k <= 2 + offset.
+        for (causal, want) in [
+            (None, 10),
+            (Some(7), 10),
+            (Some(2), 5),
+            (Some(-1), 2),
+            (Some(-3), 0),
+            (Some(-1000), 0),
+            (Some(1000), 10),
+        ] {
+            let p = problem(&smollm(3, 10), causal);
+            assert_eq!(valid_keys(&p), want, "{causal:?}");
+        }
+    }
+
+    /// Every split starts before the last visible key and the splits cover them all, in
+    /// whole tiles; several splits are each at least MIN_SPLIT_KEYS long; the grid stops
+    /// growing at about FILL_BLOCKS; shared memory and threads fit the target.
+    #[test]
+    fn splits_cover_the_valid_keys_and_none_is_empty() {
+        let mut checked = 0;
+        for arch in ["sm_90", "gfx90a", "gfx1100"] {
+            let target = Target::parse(arch).unwrap();
+            let wave = target.wave_size as usize;
+            for (b, hq, hkv, d) in [
+                (1, 9, 3, 64),
+                (1, 4, 1, 128),
+                (2, 8, 8, 80),
+                (64, 16, 4, 64),
+            ] {
+                for sq in 1..=3 {
+                    for sk in [0, 1, 17, 255, 256, 513, 1000, 4097, 100_003] {
+                        let s = Shape {
+                            b,
+                            hq,
+                            hkv,
+                            sq,
+                            sk,
+                            d,
+                        };
+                        let sk_i = sk as i64;
+                        let sq_i = sq as i64;
+                        for causal in [
+                            None,
+                            Some(sk_i - sq_i),
+                            Some(sk_i / 2 - sq_i),
+                            Some(-1),
+                            Some(-sq_i),
+                        ] {
+                            let p = problem(&s, causal);
+                            let Some(c) = choose(&p, &target) else {
+                                continue;
+                            };
+                            checked += 1;
+                            let valid = valid_keys(&p);
+                            let what =
+                                format!("{arch} b{b} {hq}/{hkv} sq{sq} sk{sk} {causal:?}: {c:?}");
+                            assert!(c.splits >= 1, "{what}");
+                            assert!(
+                                valid == 0 || (c.splits - 1) * c.keys_per_split < valid,
+                                "{what}"
+                            );
+                            assert!(c.splits * c.keys_per_split >= valid, "{what}");
+                            assert_eq!(c.keys_per_split % c.block_n, 0, "{what}");
+                            if c.splits > 1 {
+                                assert!(c.keys_per_split >= MIN_SPLIT_KEYS, "{what}");
+                                assert!(c.splits <= FILL_BLOCKS.div_ceil(b * hkv), "{what}");
+                            }
+                            assert_eq!(c.threads % wave, 0, "{what}");
+                            assert_eq!(c.combine_threads % wave, 0, "{what}");
+                            let rows = p.group * p.sq;
+                            let bytes = shared_bytes(rows, &p, c.block_n).unwrap();
+                            assert!(bytes <= shared_budget(&target), "{what}");
+                            assert!(
+                                2 * bytes <= target.caps.shared_bytes_per_block as usize,
+                                "{what}"
+                            );
+                            assert!(
+                                (rows * p.dv).div_ceil(c.threads) <= MAX_PER_THREAD,
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} decode problems");
+    }
+
+    #[test]
+    fn smollm_decode_splits_by_hand() {
+        // 3 K/V heads want ceil(608 / 3) = 203 splits; 4097 keys allow 4097 / 256 = 16; 16
+        // splits are ceil(4097 / 16) = 257 keys, 320 in whole 64-key tiles, which takes 13.
+        let target = Target::parse("sm_90").unwrap();
+        let c = choose(&problem(&smollm(1, 4097), None), &target).unwrap();
+        assert_eq!((c.splits, c.keys_per_split, c.block_n), (13, 320, 64));
+        assert_eq!((c.threads, c.combine_threads, c.vec), (128, 64, 8));
+        // 32 keys: one split, taken for the group of 3 (K/V read once for three heads).
+        let c = choose(&problem(&smollm(1, 32), None), &target).unwrap();
+        assert_eq!((c.splits, c.keys_per_split), (1, 64));
+    }
+
+    #[test]
+    fn declines_what_it_does_not_serve() {
+        let target = Target::parse("gfx90a").unwrap();
+        // 3 query heads per K/V head × 6 positions = 18 rows > 16; 5 positions fit.
+        assert_eq!(choose(&problem(&smollm(6, 4097), None), &target), None);
+        assert!(choose(&problem(&smollm(5, 4097), None), &target).is_some());
+        let mha = |sk| Shape {
+            b: 1,
+            hq: 4,
+            hkv: 4,
+            sq: 1,
+            sk,
+            d: 64,
+        };
+        // One head per K/V head and one split: nothing saved over the prefill kernels.
+        assert_eq!(choose(&problem(&mha(300), None), &target), None);
+        assert!(choose(&problem(&mha(4097), None), &target).is_some());
+        // Causal with no visible key: a single (empty) split.
+        assert_eq!(choose(&problem(&mha(4097), Some(-1)), &target), None);
+    }
+}

@@ -1,0 +1,148 @@
+//! Compiles sets of generated kernels for AMD (hiprtc, the offline clang) and NVIDIA (NVRTC,
+//! then `ptxas -v`) and reports what a kernel must not have: spills, scratch or a stack frame,
+//! another wave size than the target's.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use libtest_mimic::Failed;
+use rocmforge::codegen::{prelude, Target};
+use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
+
+/// Kernels to compile: entry → (full source, body, the case it came from).
+pub type KernelSet = BTreeMap<String, (String, String, String)>;
+
+fn unique() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What is wrong with a compiled AMD kernel, if anything.
+pub fn amd_problems(target: &Target, r: &KernelResources, case: &str) -> Option<String> {
+    let mut p = Vec::new();
+    if r.spills() {
+        p.push(format!("spills ({r:?})"));
+    }
+    if r.scratch_bytes > 0 {
+        p.push(format!("{} B of scratch", r.scratch_bytes));
+    }
+    if r.wave_size != u64::from(target.wave_size) {
+        p.push(format!("wave{}", r.wave_size));
+    }
+    (!p.is_empty()).then(|| format!("{case} on {}: {}", target.arch, p.join(", ")))
+}
+
+/// Every kernel of `set` through hiprtc for `arch`: no spills, no scratch, the target's wave size.
+pub fn hiprtc(rtc: &Hiprtc, arch: &str, set: &KernelSet) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let mut failures = Vec::new();
+    for (entry, (src, _, case)) in set {
+        let code = rtc
+            .compile(src, entry, arch, &["-O3".to_string()])
+            .map_err(|e| format!("{case}: {e}"))?;
+        let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
+        let r = info
+            .kernels
+            .iter()
+            .find(|k| &k.name == entry)
+            .ok_or(format!("{case}: {entry} not in its code object"))?;
+        failures.extend(amd_problems(&target, r, case));
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+/// Every kernel of `set` through the offline clang for `arch`, as [`hiprtc`] checks them.
+pub fn offline(clang: &AmdClang, arch: &str, set: &KernelSet) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let pairs: Vec<(&str, &str)> = set
+        .iter()
+        .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
+        .collect();
+    let rows = clang
+        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
+        .map_err(|e| e.to_string())?;
+    let failures: Vec<String> = rows
+        .iter()
+        .zip(set.values())
+        .filter_map(|((r, _), (_, _, case))| amd_problems(&target, r, case))
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+/// ptxas: `ROCMFORGE_PTXAS`, else the one on the `PATH`.
+pub fn ptxas() -> Result<PathBuf, String> {
+    let p = std::env::var("ROCMFORGE_PTXAS").unwrap_or_else(|_| "ptxas".into());
+    match Command::new(&p).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(PathBuf::from(p)),
+        _ => Err(format!("no ptxas ({p}); set ROCMFORGE_PTXAS")),
+    }
+}
+
+/// Whether a `ptxas -v` log reports spill stores or loads, or a stack frame: the clauses of
+/// `N bytes stack frame, N bytes spill stores, N bytes spill loads`, each with its own count.
+pub fn spills_or_stack(log: &str) -> bool {
+    log.lines()
+        .flat_map(|l| l.split(','))
+        .filter(|clause| {
+            ["stack frame", "spill stores", "spill loads"]
+                .iter()
+                .any(|w| clause.contains(w))
+        })
+        .any(|clause| {
+            let count = clause
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok());
+            count != Some(0)
+        })
+}
+
+/// Every kernel of `set` through NVRTC (PTX for `arch`) and `ptxas -v`: no spill stores or
+/// loads and no stack frame.
+pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Failed> {
+    let dir =
+        std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut failures = Vec::new();
+    for (entry, (src, _, case)) in set {
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some(arch),
+            ..Default::default()
+        };
+        // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
+        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+            .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
+            .map_err(|e| format!("{case}: NVRTC: {e}"))?;
+        let file = dir.join(format!("{entry}.ptx"));
+        std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
+        let out = Command::new(ptxas)
+            .args(["-v", &format!("-arch={arch}"), "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            failures.push(format!("{case}: ptxas failed:\n{log}"));
+            continue;
+        }
+        if spills_or_stack(&log) {
+            failures.push(format!("{case} spills on {arch}:\n{log}"));
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}

@@ -1,0 +1,293 @@
+//! The flash-decoding kernels (`codegen/kernels/attention/decode.rs`) without a GPU:
+//!
+//! - `plan::` the plan of a decode node: the split kernel writes a workspace, the combine
+//!   reads it and writes the node's buffer; the workspace is planned memory, never an output.
+//! - `host::` runs the pair on the CPU (the generated AMD source compiled by the host's
+//!   clang++, one OS thread per GPU thread, see `common/host_kernels.rs`) against the f32
+//!   interpreter at the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1100) plans. The
+//!   output and the workspace start poisoned (NaN), so a slot the combine reads that the split
+//!   kernel did not write, or an output element nobody wrote, fails.
+//!
+//! - `compile::` compiles both kernels of every dtype, head size (64, 80, 128), mask and causal
+//!   form with hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and
+//!   NVRTC + ptxas (sm_90): no spills, no scratch or stack, the target's wave size.
+//!
+//! The GPU trials are `decode::` in `tests/gpu.rs`. Trials whose tool is missing are reported
+//! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
+//! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
+
+#[path = "common/decode_cases.rs"]
+mod decode_cases;
+#[path = "common/host_kernels.rs"]
+mod host_kernels;
+#[path = "common/kernel_compile.rs"]
+mod kernel_compile;
+#[path = "common/needs.rs"]
+mod needs;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use decode_cases::{batch0_zero, rel_l2, tolerance, Case, Mask};
+use libtest_mimic::{Arguments, Failed, Trial};
+use needs::needs;
+use rocmforge::codegen::{generate_with, BufferRole, CodegenOptions, KernelPlan, Target};
+use rocmforge::compile::plan_memory;
+use rocmforge::ir::DType;
+use rocmforge::runtime::{AmdClang, Hiprtc};
+
+fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    generate_with(&c.graph(), &target, &CodegenOptions::default())
+        .map_err(|e| format!("{}: {e}", c.name()).into())
+}
+
+/// The plan is the decode pair: split kernel into a workspace, combine into `out`.
+fn is_decode(c: &Case, plan: &KernelPlan) -> Result<(), Failed> {
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    if families != ["flash_decode", "flash_decode_combine"] {
+        return Err(format!("{}: kernels {families:?}", c.name()).into());
+    }
+    let (split, combine) = (&plan.kernels[0], &plan.kernels[1]);
+    let ws = *split.args.last().expect("arguments");
+    let out = plan.outputs[0].buffer;
+    if plan.buffers[ws].role != BufferRole::Workspace || combine.args != [ws, out] {
+        return Err(format!("{}: workspace bindings {:?}", c.name(), combine.args).into());
+    }
+    Ok(())
+}
+
+fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
+    let plan = plan(c, arch)?;
+    is_decode(c, &plan)?;
+    let ws = *plan.kernels[0].args.last().expect("arguments");
+    let splits = plan.kernels[0].launch.grid[1] as usize;
+    // (Dv partials + m + l) per output row and split, in f32.
+    let rows = c.b * c.hq * c.sq;
+    let want = rows * splits * (c.dv + 2);
+    let ty = &plan.buffers[ws].ty;
+    if ty.dtype != DType::F32 || ty.shape.dims() != [want] {
+        return Err(format!("{}: workspace {ty}, want f32 [{want}]", c.name()).into());
+    }
+    if plan.outputs.iter().any(|o| o.buffer == ws) {
+        return Err("the workspace is an output".into());
+    }
+    let grid = plan.kernels[0].launch.grid;
+    if grid[0] as usize != c.b * c.hkv || plan.kernels[1].launch.grid[0] as usize != rows {
+        return Err(format!("{}: grids {grid:?}, {:?}", c.name(), plan.kernels[1].launch).into());
+    }
+    let memory = plan_memory(&plan);
+    let slot = memory
+        .slot_of
+        .get(&ws)
+        .ok_or("the workspace has no memory")?;
+    if memory.slot_bytes[*slot] < want * 4 {
+        return Err("the workspace's slot is too small".into());
+    }
+    if memory.slot_of.get(&plan.outputs[0].buffer) == Some(slot) {
+        return Err("the workspace shares the output's slot".into());
+    }
+    Ok(())
+}
+
+/// A workspace's slot is free once its node is done: a later value may take it.
+fn workspace_slot_reused() -> Result<(), Failed> {
+    let c = Case::new(1, 600, DType::F32);
+    let mut g = c.graph();
+    let out = g.find("out").expect("out");
+    // out · 2 then · 3: the second product takes a freed slot, the workspace's being the
+    // only one free that is large enough besides the first product's operand.
+    let two = g.scalar(2.0, DType::F32).map_err(|e| e.to_string())?;
+    let a = g.mul(out, two).map_err(|e| e.to_string())?;
+    let three = g.scalar(3.0, DType::F32).map_err(|e| e.to_string())?;
+    let b = g.mul(a, three).map_err(|e| e.to_string())?;
+    g.set_outputs(&[b]).map_err(|e| e.to_string())?;
+    let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let memory = plan_memory(&plan);
+    let ws = plan
+        .buffers
+        .iter()
+        .find(|b| b.role == BufferRole::Workspace)
+        .ok_or("no workspace")?;
+    let reused = plan
+        .buffers
+        .iter()
+        .filter(|b| b.role == BufferRole::Computed)
+        .any(|b| memory.slot_of.get(&b.id) == memory.slot_of.get(&ws.id));
+    if reused {
+        Ok(())
+    } else {
+        Err(format!("no value reuses the workspace's slot: {memory:?}").into())
+    }
+}
+
+fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
+    let plan = plan(c, arch)?;
+    is_decode(c, &plan)?;
+    let g = c.graph();
+    let b = c.bindings(5);
+    let want = c.reference(&b);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
+    let tol = tolerance(c.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
+    }
+    if c.mask == Mask::EmptyRow && !batch0_zero(&got, c) {
+        return Err(format!("{}: rows with no visible key are not zeros", c.name()).into());
+    }
+    Ok(())
+}
+
+/// Small enough for one OS thread per GPU thread: odd key counts (not multiples of the tile
+/// or the split), several splits, each dtype, the head sizes whose loads are and are not
+/// 16-byte vectors, causal offsets, masks and rows with no visible key.
+fn host_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        v.push(Case::new(1, 601, dtype));
+        v.push(Case {
+            causal: Some(-1),
+            ..Case::new(3, 530, dtype)
+        });
+    }
+    v.push(Case::new(1, 17, DType::F32));
+    v.push(Case {
+        d: 80,
+        dv: 72,
+        hq: 4,
+        hkv: 1,
+        ..Case::new(2, 700, DType::F16)
+    });
+    v.push(Case {
+        d: 36,
+        dv: 20,
+        hq: 2,
+        hkv: 1,
+        causal: Some(300),
+        ..Case::new(3, 777, DType::F32)
+    });
+    v.push(Case {
+        b: 2,
+        mask: Mask::Padding,
+        ..Case::new(1, 900, DType::BF16)
+    });
+    v.push(Case {
+        b: 2,
+        hq: 1,
+        hkv: 1,
+        mask: Mask::EmptyRow,
+        ..Case::new(2, 600, DType::F32)
+    });
+    v
+}
+
+/// The cases compiled for every target: each dtype and head size (16-byte loads for 64 and 128,
+/// and for 80 where the dtype's vector divides it), with and without mask and causal, one and
+/// several query positions.
+fn compile_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        for d in [64, 80, 128] {
+            v.push(Case {
+                d,
+                dv: d,
+                ..Case::new(1, 4097, dtype)
+            });
+            v.push(Case {
+                b: 2,
+                hq: 16,
+                hkv: 4,
+                d,
+                dv: d,
+                mask: Mask::Padding,
+                causal: Some(4000),
+                ..Case::new(4, 4097, dtype)
+            });
+        }
+        v.push(Case {
+            mask: Mask::EmptyRow,
+            d: 36,
+            dv: 20,
+            ..Case::new(2, 777, dtype)
+        });
+    }
+    v
+}
+
+/// The unique kernels of the compile cases for `arch`.
+fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
+    let mut out = kernel_compile::KernelSet::new();
+    for c in compile_cases() {
+        let plan = plan(&c, arch)?;
+        is_decode(&c, &plan)?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), c.name()));
+        }
+    }
+    Ok(out)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let cxx = host_kernels::host_cxx();
+    let mut trials = Vec::new();
+    for (i, c) in host_cases().into_iter().enumerate() {
+        let arch = ["gfx90a", "gfx1100"][i % 2];
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("host::{arch}::{}", c.name()),
+            move |cxx| host_run(&cxx, &c, arch),
+        ));
+    }
+    for arch in ["sm_90", "gfx90a", "gfx1100"] {
+        for c in [
+            Case::new(1, 4097, DType::F16),
+            Case {
+                b: 3,
+                mask: Mask::Padding,
+                causal: Some(5),
+                ..Case::new(2, 513, DType::F32)
+            },
+        ] {
+            trials.push(Trial::test(
+                format!("plan::{arch}::{}", c.name()),
+                move || plan_shape(&c, arch),
+            ));
+        }
+    }
+    let rtc = Hiprtc::load().map(Arc::new);
+    for arch in ["gfx90a", "gfx1030"] {
+        trials.push(needs(
+            &rtc,
+            "ROCMFORGE_REQUIRE_HIPRTC",
+            format!("compile::hiprtc::{arch}"),
+            move |rtc| kernel_compile::hiprtc(&rtc, arch, &compile_set(arch)?),
+        ));
+    }
+    let clang = AmdClang::probe().map(Arc::new);
+    for arch in ["gfx942", "gfx1100", "gfx1201"] {
+        trials.push(needs(
+            &clang,
+            "ROCMFORGE_REQUIRE_CLANG",
+            format!("compile::offline::{arch}"),
+            move |clang| kernel_compile::offline(&clang, arch, &compile_set(arch)?),
+        ));
+    }
+    trials.push(needs(
+        &kernel_compile::ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".into(),
+        move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
+    ));
+    trials.push(Trial::test(
+        "plan::workspace_slot_reused",
+        workspace_slot_reused,
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}
