@@ -122,6 +122,24 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     }
 }
 
+/// The GPU trials (`decode::` in tests/gpu.rs) exercise the decode pair on sm_90 wherever a
+/// K/V head serves several query heads and its rows fit one block (group × Sq ≤ 16, D ≤ 128).
+fn gpu_cases_take_decode() -> Result<(), Failed> {
+    let mut decode = 0;
+    for c in decode_cases::gpu_cases() {
+        let group = c.hq / c.hkv;
+        let p = plan(&c, "sm_90")?;
+        if group > 1 && group * c.sq <= 16 {
+            is_decode(&c, &p)?;
+            decode += 1;
+        }
+    }
+    if decode < 100 {
+        return Err(format!("only {decode} GPU cases take the decode kernels").into());
+    }
+    Ok(())
+}
+
 fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
     let plan = plan(c, arch)?;
     is_decode(c, &plan)?;
@@ -155,6 +173,11 @@ fn host_cases() -> Vec<Case> {
         });
     }
     v.push(Case::new(1, 17, DType::F32));
+    // No key visible to any row: one split with no key, zeros out.
+    v.push(Case {
+        causal: Some(-3),
+        ..Case::new(3, 300, DType::BF16)
+    });
     v.push(Case {
         d: 80,
         dv: 72,
@@ -284,6 +307,10 @@ fn main() {
         "ROCMFORGE_REQUIRE_PTXAS",
         "compile::nvrtc::sm_90".into(),
         move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
+    ));
+    trials.push(Trial::test(
+        "plan::gpu_cases_take_decode",
+        gpu_cases_take_decode,
     ));
     trials.push(Trial::test(
         "plan::workspace_slot_reused",

@@ -171,7 +171,8 @@ fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed>
 }
 
 /// A decode-shaped FlashAttention node against the f32 interpreter, outputs and the split-K
-/// workspace poisoned; where the plan is the decode pair, rows with no visible key are zeros.
+/// workspace poisoned; rows with no visible key must be zeros. Which cases lower to the decode
+/// pair is checked without a GPU (`plan::gpu_cases_take_decode` in tests/decode_kernels.rs).
 fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let g = case.graph();

@@ -183,7 +183,8 @@ pub fn batch0_zero(t: &Tensor, c: &Case) -> bool {
 
 /// The GPU trial cases: Sq ∈ {1, 2, 3}, Sk ∈ {1, 17, 513, 4097}, GQA 9/3, 4/1 and 1/1,
 /// D ∈ {64, 80, 128}, every float dtype, causal at offset Sk − Sq and smaller (a row with no
-/// visible key at offset -1), padding masks and a batch that sees no key.
+/// visible key at offset -1, no key visible at all at -Sq), padding masks and a batch that sees
+/// no key.
 pub fn gpu_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for dtype in [DType::F16, DType::BF16, DType::F32] {
@@ -228,7 +229,8 @@ pub fn gpu_cases() -> Vec<Case> {
         }
         for sk in [17, 513, 4097] {
             let s = sk as i64;
-            for offset in [s - 3, s / 2 - 3, -1] {
+            // At -1 the first position sees no key; at -3 none does (no split has a key).
+            for offset in [s - 3, s / 2 - 3, -1, -3] {
                 cases.push(Case {
                     causal: Some(offset),
                     ..Case::new(3, sk, dtype)
