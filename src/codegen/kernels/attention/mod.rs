@@ -1,11 +1,14 @@
 //! The attention family: kernels for `Op::FlashAttention`. A [`Problem`] is what every kernel of
 //! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
 //! `lower` picks the kernel:
-//! - `mma`: the matrix-core FlashAttention, on the target's MMA atom for f16/bf16;
+//! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
+//!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
 
 mod mma;
 mod scalar;
+
+pub use mma::AttentionAccess;
 
 use std::collections::HashMap;
 
@@ -147,18 +150,20 @@ impl Problem {
 }
 
 /// The kernel for FlashAttention node `id`: operands q, k, v (and the mask), then the result.
+/// `access` limits the matrix-core kernel's memory-access choices (tests).
 pub(crate) fn lower(
     g: &Graph,
     id: NodeId,
     att: &Attention,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
+    access: Option<AttentionAccess>,
 ) -> Result<Kernel, CodegenError> {
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
-    if let Some(k) = mma::kernel(&p, node, args.clone(), target)? {
+    if let Some(k) = mma::kernel(&p, node, args.clone(), target, access)? {
         return Ok(k);
     }
     scalar::kernel(&p, node, args, target)
