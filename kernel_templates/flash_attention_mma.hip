@@ -32,7 +32,7 @@
                     }
                 }
             }
-{%- endmacro %}
+{%- endmacro -%}
 // FlashAttention-2 on matrix cores ({{ dtype }}, the {{ atom }} atom with f32 accumulation): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}],
 // k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), {{ rows_w }} per warp ({{ atoms }} atom tile{% if atoms > 1 %}s{% endif %} of {{ am }} rows), so
@@ -44,8 +44,8 @@
 // registers: the next K is loaded while S is computed and stored after, the next V likewise during P·V{% endif %}.
 // Fragments load {% if ldmatrix %}by ldmatrix from tiles whose 16-byte chunks are XOR-swizzled by row{% else %}through the atom's element loads from tiles whose rows are padded by 16 bytes{% endif %}.
 // Per tile a warp computes S = Q·Kᵀ, updates the online softmax in the log2 domain ({% if fold %}the scale folded into the
-// exponent: exp2(s·scale·log2e − m), one FMA{% else %}scores scaled{% if mask == "additive" %} and the mask added{% endif %} first{% endif %}), and multiplies P by V; P {% if p_in_registers %}stays in registers (the S accumulators
-// already hold it in the A layout){% else %}goes through shared memory (stored from the accumulators, reloaded as A fragments){% endif %}.
+// exponent: exp2(s·scale·log2e − m), one FMA{% else %}scores scaled{% if mask == "additive" %} and the mask added{% endif %} first{% endif %}), and multiplies P by V;
+// P {% if p_in_registers %}stays in registers (the S accumulators already hold it in the A layout){% else %}goes through shared memory (stored from the accumulators, reloaded as A fragments){% endif %}.
 // Only boundary tiles (past Sk{% if causal %}, or crossing the causal diagonal of the warp's rows{% endif %}) check keys{% if causal %}; tiles wholly
 // above the block's diagonal are never loaded{% endif %}. Masked keys contribute nothing; a row with no visible key writes zeros.
 // Fragments are indexed only through the {{ P }}_* helpers generated from the atom.

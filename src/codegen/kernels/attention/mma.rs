@@ -131,7 +131,9 @@ fn n_step(atom: &MmaAtom, acc: &AttentionAccess) -> usize {
 /// Whether the head sizes suit the atom and the kernel: D in whole atom K steps and 16-byte
 /// chunks, Dv in whole steps of N, both within [`MAX_HEAD`].
 fn fits(p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> bool {
-    let ok = |x: usize, step: usize| x > 0 && x <= MAX_HEAD && x % step == 0 && x % CHUNK == 0;
+    let ok = |x: usize, step: usize| {
+        x > 0 && x <= MAX_HEAD && x.is_multiple_of(step) && x.is_multiple_of(CHUNK)
+    };
     ok(p.d, atom.k as usize) && ok(p.dv, n_step(atom, acc))
 }
 
@@ -250,8 +252,8 @@ pub(crate) fn candidates(
                         let one = shared_bytes(&c, p, acc);
                         let fixed = shared_bytes(&Config { stages: 0, ..c }, p, acc);
                         let per_stage = one - fixed;
-                        c.stages = (budget.saturating_sub(fixed) / per_stage.max(1))
-                            .clamp(1, MAX_STAGES);
+                        c.stages =
+                            (budget.saturating_sub(fixed) / per_stage.max(1)).clamp(1, MAX_STAGES);
                     }
                     if shared_bytes(&c, p, acc) <= budget {
                         out.push(c);
@@ -514,7 +516,9 @@ mod tests {
                             assert_eq!(c.block_m, c.warps * c.atoms * atom.m as usize);
                             assert_eq!(c.block_n % n_step(atom, &acc), 0);
                             assert_eq!(c.block_n % atom.k as usize, 0);
-                            assert!(shared_bytes(c, &p, &acc) <= t.caps.static_shared_bytes as usize);
+                            assert!(
+                                shared_bytes(c, &p, &acc) <= t.caps.static_shared_bytes as usize
+                            );
                             assert!(fragment_regs(c, &p, atom, &acc) <= register_budget(&acc));
                             assert!((1..=MAX_STAGES).contains(&c.stages));
                             if !acc.cp_async {
@@ -565,7 +569,13 @@ mod tests {
         let t = target("sm_90");
         let atom = atom_for(&t, DType::F16).unwrap();
         let acc = AttentionAccess::of(atom, &t);
-        for (d, ok) in [(64, true), (80, true), (72, false), (256, true), (272, false)] {
+        for (d, ok) in [
+            (64, true),
+            (80, true),
+            (72, false),
+            (256, true),
+            (272, false),
+        ] {
             assert_eq!(
                 fits(&problem(DType::F16, 1, 1, 8, 8, d), atom, &acc),
                 ok,
