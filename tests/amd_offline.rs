@@ -10,6 +10,8 @@
 //! ignored, with the reason; `ROCMFORGE_REQUIRE_CLANG=1` (set by `.ci/run`) turns that into a
 //! failure.
 
+#[path = "common/attention_graphs.rs"]
+mod attention_graphs;
 #[path = "common/files.rs"]
 mod files;
 #[path = "common/gemm_cases.rs"]
@@ -312,6 +314,101 @@ fn gemm_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
     .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
 }
 
+/// The matrix-core attention kernels (f16 and bf16; head sizes 64, 96, 128, 256; causal with an
+/// offset, padding and boolean masks; GQA) on `arch`: no spills, no scratch, LDS within the
+/// target's, its wave size, the atom's instruction in the ISA; which kernel each case gets (the
+/// atom, or the scalar kernel where no configuration fits the registers) and its resources are
+/// the snapshot.
+fn attention_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
+    use attention_graphs::{build, Mask, Spec};
+    use rocmforge::ir::DType;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = ["-O3".to_string()];
+    let prelude = prelude(&target);
+    let mut cases = Vec::new();
+    for d in [64, 96, 128, 256] {
+        for (dtype, mask) in [(DType::F16, Mask::Causal), (DType::BF16, Mask::Padding)] {
+            cases.push((d, dtype, mask));
+        }
+    }
+    cases.push((64, DType::F16, Mask::BoolNegInf));
+    let mut kernels = Vec::new();
+    for (d, dtype, mask) in cases {
+        let mut g = build(&Spec {
+            hkv: 2,
+            sk: 300,
+            dtype,
+            mask,
+            cast_softmax: true,
+            offset: 223,
+            ..Spec::new(2, 6, 77, d)
+        });
+        PassManager::default_pipeline()
+            .run(&mut g)
+            .map_err(|e| e.to_string())?;
+        let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
+        let k = plan
+            .kernels
+            .into_iter()
+            .find(|k| k.family == "flash_attention")
+            .ok_or(format!("d {d} {dtype} {mask:?}: attention did not fuse"))?;
+        let atom = target
+            .caps
+            .mma
+            .iter()
+            .find(|a| k.body.contains(&format!("{}_mma(", a.prefix())));
+        if d == 64 && atom.is_none() {
+            return Err(format!("d 64 {dtype} {mask:?} on {arch}: not on the matrix cores").into());
+        }
+        let what = format!(
+            "d{d}_{dtype}_{mask:?} ({})",
+            atom.map_or("scalar", |a| a.name)
+        );
+        kernels.push((what, atom, k));
+    }
+    // The ISA of the first kernel (a disassembly costs a compile).
+    let (what, atom, k) = &kernels[0];
+    let atom = atom.ok_or(format!("{what}: not on the matrix cores"))?;
+    let asm = c
+        .clang
+        .assembly(
+            &format!("{prelude}\n{}", k.body),
+            &k.entry,
+            &target,
+            &options,
+        )
+        .map_err(|e| e.to_string())?;
+    if !atom.mnemonics.iter().any(|m| asm.contains(m)) {
+        return Err(format!("{what} on {arch}: none of {:?}", atom.mnemonics).into());
+    }
+    let pairs: Vec<(&str, &str)> = kernels
+        .iter()
+        .map(|(_, _, k)| (k.entry.as_str(), k.body.as_str()))
+        .collect();
+    let compiled = c
+        .clang
+        .compile_batch(&prelude, &pairs, &target, &options)
+        .map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for ((what, _, _), (r, occ)) in kernels.into_iter().zip(compiled) {
+        if let Some(p) = problems(&target, &r) {
+            failures.push(format!("{p} ({what})"));
+        }
+        rows.push((what, r, occ));
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("\n").into());
+    }
+    let table = occupancy_table(&rows);
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings().bind(|| {
+            insta::assert_snapshot!(format!("resources_clang__attention_mma__{arch}"), table)
+        })
+    })
+    .map_err(|_| Failed::from(format!("resource report of attention_mma ({arch}) differs")))
+}
+
 /// Bad input to the compiler is a typed error, not a crash: a target that is not AMD, and
 /// source that does not compile (the log names the problem).
 fn errors_are_typed(c: &Compiler) -> Result<(), Failed> {
@@ -436,6 +533,10 @@ fn main() {
         trials.push(trial(
             format!("offline::{arch}::gemm_mma"),
             Box::new(move |c| gemm_mma(c, arch)),
+        ));
+        trials.push(trial(
+            format!("offline::{arch}::attention_mma"),
+            Box::new(move |c| attention_mma(c, arch)),
         ));
         trials.push(trial(
             format!("offline::{arch}::every_op_and_dtype"),

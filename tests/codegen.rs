@@ -108,9 +108,9 @@ fn unfused_attention_has_its_own_kernels() {
     assert!(plan.kernels.iter().any(|k| k.family == "flash_attention"));
 }
 
-/// f16/bf16 attention with head sizes in multiples of 16 runs on tensor cores where the target's
-/// table has an mma.sync atom and cp.async (NVIDIA sm_80+); every other case keeps the scalar
-/// kernel. The f16 kernel is
+/// f16/bf16 attention with head sizes in whole atom steps (up to 256) runs on the matrix cores
+/// wherever the target's table has an atom for its type: mma.sync on NVIDIA sm_80+, MFMA on
+/// CDNA, WMMA on RDNA3/4; every other case keeps the scalar kernel. The f16 kernel is
 /// snapshotted for review like the others.
 #[test]
 fn tensor_core_attention_only_where_the_target_has_it() {
@@ -138,28 +138,30 @@ fn tensor_core_attention_only_where_the_target_has_it() {
                 insta::assert_snapshot!("kernels__tensor_core_attention_f16__sm_90", k.body)
             });
         }
-        if k.body.contains("rf_m16n8k16_f16_mma(") {
-            "mma f16".into()
-        } else if k.body.contains("rf_m16n8k16_bf16_mma(") {
-            "mma bf16".into()
-        } else {
-            "scalar".into()
-        }
+        let t = Target::parse(arch).unwrap();
+        t.caps
+            .mma
+            .iter()
+            .find(|a| k.body.contains(&format!("{}_mma(", a.prefix())))
+            .map_or("scalar".to_string(), |a| a.name.to_string())
     };
-    assert_eq!(family(DType::F16, 64, "sm_90"), "mma f16");
-    assert_eq!(family(DType::BF16, 128, "sm_80"), "mma bf16");
+    assert_eq!(family(DType::F16, 64, "sm_90"), "m16n8k16_f16");
+    assert_eq!(family(DType::BF16, 128, "sm_80"), "m16n8k16_bf16");
     assert_eq!(family(DType::F16, 64, "sm_75"), "scalar");
-    assert_eq!(family(DType::F16, 80, "sm_90"), "mma f16");
+    assert_eq!(family(DType::F16, 80, "sm_90"), "m16n8k16_f16");
     assert_eq!(family(DType::F16, 72, "sm_90"), "scalar");
-    assert_eq!(family(DType::F16, 256, "sm_90"), "scalar");
+    assert_eq!(family(DType::F16, 256, "sm_90"), "m16n8k16_f16");
+    assert_eq!(family(DType::F16, 272, "sm_90"), "scalar");
     assert_eq!(family(DType::F32, 64, "sm_90"), "scalar");
-    assert_eq!(family(DType::F16, 64, "gfx90a"), "scalar");
-    assert_eq!(family(DType::F16, 64, "sm_89"), "mma f16");
-    assert_eq!(family(DType::BF16, 64, "sm_120"), "mma bf16");
+    assert_eq!(family(DType::F16, 64, "sm_89"), "m16n8k16_f16");
+    assert_eq!(family(DType::BF16, 64, "sm_120"), "m16n8k16_bf16");
     assert_eq!(family(DType::F16, 64, "sm_70"), "scalar");
-    // MFMA and WMMA atoms exist, but the tensor-core kernel is written for mma.sync's layouts.
-    assert_eq!(family(DType::F16, 64, "gfx942"), "scalar");
-    assert_eq!(family(DType::BF16, 64, "gfx1100"), "scalar");
+    // AMD: the atom whose lanes hold the fewest C rows (softmax statistics per row).
+    assert_eq!(family(DType::F16, 64, "gfx90a"), "mfma_16x16x16_f16");
+    assert_eq!(family(DType::BF16, 128, "gfx942"), "mfma_16x16x16_bf16");
+    assert_eq!(family(DType::BF16, 64, "gfx1100"), "wmma11_16x16x16_bf16");
+    assert_eq!(family(DType::F16, 64, "gfx1201"), "wmma12_16x16x16_f16");
+    assert_eq!(family(DType::F16, 64, "gfx1030"), "scalar");
 }
 
 /// Every graph a test here generates for: the examples and the op zoo, fused and unfused.

@@ -19,6 +19,8 @@ mod files;
 mod attention_graphs;
 #[path = "common/decode_cases.rs"]
 mod decode_cases;
+#[path = "common/attention_mma_trials.rs"]
+mod attention_mma_trials;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
@@ -141,9 +143,18 @@ fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), 
 
 /// Fused low-precision attention against the f32 graph on the same rounded inputs.
 fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed> {
+    check_attention_with(device, spec, seed, options())
+}
+
+fn check_attention_with(
+    device: &Device,
+    spec: Spec,
+    seed: u64,
+    opts: CompileOptions,
+) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let g = build(&spec);
-    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &opts).map_err(|e| e.to_string())?;
     let b = Bindings::random(&g, seed);
     let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
     let reference = build(&Spec {
@@ -1582,6 +1593,7 @@ fn main() {
             Box::new(move || check_attention(&dev, spec, 10 + i as u64)),
         );
     }
+    attention_mma_trials::trials(&device, &ignored, &mut trials);
     for (i, (name, g)) in chains().into_iter().enumerate() {
         let d = device.clone();
         push(

@@ -10,7 +10,7 @@ use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
-use super::{templates, CodegenError, Target};
+use super::{templates, CodegenError, CodegenOptions, Target};
 use crate::ir::{DType, Expr, Graph, NodeId, Op, ReduceOp, Shape, TensorType};
 
 const ENTRY: &str = "__RF_ENTRY__";
@@ -66,7 +66,11 @@ fn axes_json(shape: &Shape, strides: &[Vec<usize>]) -> Vec<Value> {
         .collect()
 }
 
-pub(crate) fn generate(g: &Graph, target: &Target) -> Result<KernelPlan, CodegenError> {
+pub(crate) fn generate(
+    g: &Graph,
+    target: &Target,
+    options: &CodegenOptions,
+) -> Result<KernelPlan, CodegenError> {
     let order = g.topo_order()?;
     let mut plan = KernelPlan {
         target: target.clone(),
@@ -103,7 +107,7 @@ pub(crate) fn generate(g: &Graph, target: &Target) -> Result<KernelPlan, Codegen
         if node.ty.shape.numel() == 0 && !matches!(node.op, Op::Gather) {
             continue;
         }
-        lower_node(g, id, &buf, target, &mut plan)?;
+        lower_node(g, id, &buf, target, options, &mut plan)?;
     }
     plan.outputs = g
         .outputs()
@@ -123,6 +127,7 @@ fn lower_node(
     id: NodeId,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
+    options: &CodegenOptions,
     plan: &mut KernelPlan,
 ) -> Result<(), CodegenError> {
     let node = g.node(id);
@@ -289,7 +294,9 @@ fn lower_node(
         Op::MatMul => matmul(g, id, buf, target)?,
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
         Op::FlashAttention(att) => {
-            return super::kernels::attention::lower(g, id, att, buf, target, plan)
+            return super::kernels::attention::lower(
+                g, id, att, buf, target, plan, options.attention_access,
+            )
         }
     };
     plan.kernels.push(k);

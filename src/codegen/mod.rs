@@ -23,6 +23,7 @@ use thiserror::Error;
 
 use crate::ir::{Graph, GraphError};
 
+pub use kernels::attention::AttentionAccess;
 pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
 pub use mma_probe::mma_probe_kernel;
 pub use names::display_name;
@@ -76,11 +77,17 @@ pub enum CodegenError {
     Graph(#[from] GraphError),
 }
 
-/// Choices codegen makes beyond the graph. There are none at present: what a kernel computes
-/// is the fused graph's (a matmul's epilogue is part of its Gemm node, made by the GEMM pass),
+/// Choices codegen makes beyond the graph: only test knobs. What a kernel computes is the fused
+/// graph's (a matmul's epilogue is part of its Gemm node, made by the GEMM pass),
 /// so the unfused baseline is the clean-up pipeline's graph lowered as it is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CodegenOptions {}
+pub struct CodegenOptions {
+    /// Limits the matrix-core attention's memory-access choices (`None`: the target's fastest).
+    /// Tests set [`AttentionAccess::PORTABLE`] to run on NVIDIA the structure MFMA/WMMA targets
+    /// get (register staging, element loads, P through shared memory); a choice the target
+    /// lacks is never turned on.
+    pub attention_access: Option<AttentionAccess>,
+}
 
 /// The kernels that compute `graph` on `target`.
 pub fn generate(graph: &Graph, target: &Target) -> Result<KernelPlan, CodegenError> {
@@ -93,8 +100,8 @@ pub fn generate_with(
     options: &CodegenOptions,
 ) -> Result<KernelPlan, CodegenError> {
     // Destructured so that an option added later has to be read here.
-    let CodegenOptions {} = *options;
-    lower::generate(graph, target)
+    let CodegenOptions { attention_access } = *options;
+    lower::generate(graph, target, &CodegenOptions { attention_access })
 }
 
 /// The prelude every kernel source starts with on `target`: platform mappings, then the

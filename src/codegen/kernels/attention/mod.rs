@@ -3,12 +3,15 @@
 //! `lower` picks the kernel:
 //! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
 //!   the keys, a combine kernel after it, and a workspace between the two;
-//! - `mma`: the matrix-core FlashAttention, on the target's MMA atom for f16/bf16;
+//! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
+//!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
 
 pub(crate) mod decode;
 mod mma;
 mod scalar;
+
+pub use mma::AttentionAccess;
 
 use std::collections::HashMap;
 
@@ -152,6 +155,7 @@ impl Problem {
 /// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
 /// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
 /// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
+/// `access` limits the matrix-core kernel's memory-access choices (tests).
 pub(crate) fn lower(
     g: &Graph,
     id: NodeId,
@@ -159,6 +163,7 @@ pub(crate) fn lower(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     plan: &mut KernelPlan,
+    access: Option<AttentionAccess>,
 ) -> Result<(), CodegenError> {
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
@@ -170,7 +175,7 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let kernel = match mma::kernel(&p, node, args.clone(), target)? {
+    let kernel = match mma::kernel(&p, node, args.clone(), target, access)? {
         Some(k) => k,
         None => scalar::kernel(&p, node, args, target)?,
     };

@@ -150,7 +150,7 @@ pub(crate) fn atom_for(p: &Problem, caps: &Arch) -> Option<&'static MmaAtom> {
         .max_by_key(|a| a.m * a.n * a.k)
 }
 
-/// Shared-memory geometry of one operand's tile: `rows` rows of `ld` halves, chunk
+/// Shared-memory geometry of one operand's tile (the attention kernel's K/V tiles too): `rows` rows of `ld` halves, chunk
 /// `c / 8` of row `r` stored at chunk `(c / 8) ^ ((r / swz_div) % swz_mod)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct TileLayout {
@@ -165,7 +165,7 @@ impl TileLayout {
     /// Swizzled: the 8 rows one ldmatrix phase reads (same logical chunk) land on 8 distinct
     /// 16-byte bank groups of a 128-byte line. Padded: each row starts 16 bytes further along
     /// the banks, so do the rows an element load reads across lanes.
-    fn new(rows: usize, cols: usize, swizzle: bool) -> TileLayout {
+    pub(crate) fn new(rows: usize, cols: usize, swizzle: bool) -> TileLayout {
         let per_row = cols / CHUNK;
         if swizzle {
             TileLayout {
@@ -186,7 +186,7 @@ impl TileLayout {
         }
     }
 
-    fn elems(&self) -> usize {
+    pub(crate) fn elems(&self) -> usize {
         self.rows * self.ld
     }
 

@@ -9,6 +9,10 @@ mod small_m;
 mod tests;
 mod vectors;
 
+/// The shared-memory tile geometry (swizzled for ldmatrix, padded for element loads), which the
+/// attention kernel's K/V tiles use too.
+pub(crate) use mma::TileLayout;
+
 use std::collections::HashMap;
 
 use serde::Serialize;

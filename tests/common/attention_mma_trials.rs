@@ -1,0 +1,132 @@
+//! GPU trials of the matrix-core FlashAttention (issue 13): every head size it takes (64, 96, 128,
+//! 256) at sizes that are not multiples of its tiles, with additive, boolean and padding masks,
+//! causal offsets on both sides (Sq < Sk, Sq > Sk, rows with no visible key), and GQA with three
+//! query heads per K/V head; each against the interpreter on the same rounded inputs. The
+//! `attention_mma_portable` trials force the choices MFMA/WMMA targets get (register staging,
+//! element loads from padded tiles, P through shared memory: `AttentionAccess::PORTABLE`), so
+//! that an NVIDIA GPU runs the structure AMD runs.
+//!
+//! Every trial first checks that the kernel it runs is the matrix-core one (a problem the
+//! kernel does not take would silently test the scalar kernel instead).
+
+use std::sync::Arc;
+
+use rocmforge::codegen::{generate_with, AttentionAccess, CodegenOptions, Kernel};
+use rocmforge::compile::{CompileOptions, KernelRewrite};
+use rocmforge::ir::DType;
+use rocmforge::passes::PassManager;
+use rocmforge::runtime::Device;
+
+use super::attention_graphs::{build, Mask, Scale, Spec};
+use super::{check_attention_with, push, Failed, Trial};
+
+/// The attention kernel of `spec` on the device's target with `access`, which must be the
+/// matrix-core kernel.
+fn mma_kernel(
+    device: &Device,
+    spec: &Spec,
+    access: Option<AttentionAccess>,
+) -> Result<Kernel, Failed> {
+    let target = device.target().ok_or("the device has no codegen target")?;
+    let mut g = build(spec);
+    PassManager::default_pipeline()
+        .run(&mut g)
+        .map_err(|e| e.to_string())?;
+    let plan = generate_with(
+        &g,
+        target,
+        &CodegenOptions {
+            attention_access: access,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let k = plan
+        .kernels
+        .into_iter()
+        .find(|k| k.family == "flash_attention")
+        .ok_or(format!("{spec:?}: attention did not fuse"))?;
+    if !k.body.contains("FlashAttention-2 on matrix cores") {
+        return Err(format!("{spec:?} on {}: not the matrix-core kernel", target.arch).into());
+    }
+    if access == Some(AttentionAccess::PORTABLE) && !k.body.contains("Ps[") {
+        return Err(format!("{spec:?}: the portable kernel keeps P out of shared memory").into());
+    }
+    Ok(k)
+}
+
+/// Fused attention with the matrix-core kernel rendered with `access`, against the interpreter.
+fn check(
+    device: &Device,
+    spec: Spec,
+    seed: u64,
+    access: Option<AttentionAccess>,
+) -> Result<(), Failed> {
+    let kernel = mma_kernel(device, &spec, access)?;
+    let rewrite: KernelRewrite = Arc::new(move |k| {
+        // The compile path lowers the same fused graph: the node and its buffers are the same.
+        if k.family == "flash_attention" && k.node == kernel.node && k.args == kernel.args {
+            *k = kernel.clone();
+        }
+    });
+    check_attention_with(
+        device,
+        spec,
+        seed,
+        CompileOptions {
+            rewrite_kernels: Some(rewrite),
+            ..super::options()
+        },
+    )
+}
+
+/// (b, hq, hkv, sq, sk, d, dtype, mask, causal offset)
+type Case = (usize, usize, usize, usize, usize, usize, DType, Mask, i64);
+
+fn cases() -> Vec<Case> {
+    vec![
+        // 24 heads x 6 tiles of 128 rows: the 128-row configurations; GQA 3.
+        (2, 12, 4, 701, 903, 64, DType::F16, Mask::None, 0),
+        (2, 12, 4, 701, 903, 64, DType::BF16, Mask::Causal, 202),
+        (2, 12, 4, 650, 517, 96, DType::F16, Mask::Padding, 0),
+        (2, 12, 4, 650, 517, 96, DType::BF16, Mask::Causal, 0),
+        (2, 12, 12, 555, 777, 128, DType::F16, Mask::BoolNegInf, 0),
+        (2, 12, 4, 555, 777, 128, DType::F16, Mask::Causal, 222),
+        (1, 12, 4, 333, 301, 256, DType::F16, Mask::Causal, -7),
+        (1, 12, 4, 333, 301, 256, DType::BF16, Mask::PerHead, 0),
+        // Small: the 64-row configurations; Sq > Sk with rows that see no key.
+        (1, 3, 1, 77, 45, 64, DType::F16, Mask::Causal, -20),
+        (2, 3, 1, 50, 130, 128, DType::BF16, Mask::Dense2d, 0),
+        (1, 6, 2, 19, 1000, 256, DType::F16, Mask::Padding, 0),
+    ]
+}
+
+/// `attention_mma::{i}` (the target's own choices) and `attention_mma_portable::{i}`.
+pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
+    for (portable, prefix) in [(false, "attention_mma"), (true, "attention_mma_portable")] {
+        for (i, (b, hq, hkv, sq, sk, d, dtype, mask, offset)) in cases().into_iter().enumerate() {
+            // The portable structure needs more registers per head element: the head sizes
+            // it takes on NVIDIA (`AttentionAccess::PORTABLE` falls back to the scalar kernel past them).
+            if portable && d > 96 {
+                continue;
+            }
+            let spec = Spec {
+                hkv,
+                sk,
+                dtype,
+                mask,
+                scale: Scale::MulScores,
+                cast_softmax: true,
+                offset,
+                ..Spec::new(b, hq, sq, d)
+            };
+            let dev = device.clone();
+            let access = portable.then_some(AttentionAccess::PORTABLE);
+            push(
+                out,
+                ignored,
+                format!("{prefix}::{i}::d{d}::{dtype}::{mask:?}"),
+                Box::new(move || check(&dev, spec, 70 + i as u64, access)),
+            );
+        }
+    }
+}
