@@ -20,51 +20,24 @@ mod files;
 mod gemm_small_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/kernel_checks.rs"]
+mod kernel_checks;
 #[path = "common/needs.rs"]
 mod needs;
 
 use needs::needs;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
-use rocmforge::codegen::{generate_with, prelude, CodegenOptions, Kernel, Target};
+use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
 use rocmforge::interp::{self, Bindings};
-use rocmforge::ir::{DType, Tensor};
-use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
+use rocmforge::ir::DType;
+use rocmforge::runtime::{AmdClang, Hiprtc};
 
-/// The design's tolerances: relative L2 error against the interpreter.
-fn tolerance(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        _ => 1e-5,
-    }
-}
-
-/// Relative L2 error of `got` against `want`; any NaN (the poison, an unwritten element) fails.
-fn rel_l2(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
-    if got.ty() != want.ty() {
-        return Err(format!("{what}: {} vs {}", got.ty(), want.ty()).into());
-    }
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let (mut num, mut den) = (0.0, 0.0);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        if !a.is_finite() || !b.is_finite() {
-            return Err(format!("{what}: element {i} is {a}, want {b}").into());
-        }
-        num += (a - b).powi(2);
-        den += b * b;
-    }
-    Ok(if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    })
-}
+use kernel_checks::{rel_l2, tolerance};
 
 /// The Gemm kernel of `case`'s graph for `arch` (the graph is one Gemm node).
 fn gemm_kernel(case: &Case, arch: &str) -> Result<(Kernel, String), Failed> {
@@ -150,133 +123,6 @@ fn compile_set(arch: &str) -> Result<BTreeMap<String, (String, String, String)>,
     Ok(out)
 }
 
-/// What is wrong with a compiled AMD kernel, if anything.
-fn amd_problems(target: &Target, r: &KernelResources, case: &str) -> Option<String> {
-    let mut p = Vec::new();
-    if r.spills() {
-        p.push(format!("spills ({r:?})"));
-    }
-    if r.scratch_bytes > 0 {
-        p.push(format!("{} B of scratch", r.scratch_bytes));
-    }
-    if r.wave_size != u64::from(target.wave_size) {
-        p.push(format!("wave{}", r.wave_size));
-    }
-    (!p.is_empty()).then(|| format!("{case} on {}: {}", target.arch, p.join(", ")))
-}
-
-fn compile_hiprtc(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
-    let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let mut failures = Vec::new();
-    for (entry, (src, _, case)) in compile_set(arch)? {
-        let code = rtc
-            .compile(&src, &entry, arch, &["-O3".to_string()])
-            .map_err(|e| format!("{case}: {e}"))?;
-        let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
-        let r = info
-            .kernels
-            .iter()
-            .find(|k| k.name == entry)
-            .ok_or(format!("{case}: {entry} not in its code object"))?;
-        failures.extend(amd_problems(&target, r, &case));
-    }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
-}
-
-fn compile_offline(clang: &AmdClang, arch: &str) -> Result<(), Failed> {
-    let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let set = compile_set(arch)?;
-    let pairs: Vec<(&str, &str)> = set
-        .iter()
-        .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
-        .collect();
-    let rows = clang
-        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
-        .map_err(|e| e.to_string())?;
-    let failures: Vec<String> = rows
-        .iter()
-        .zip(set.values())
-        .filter_map(|((r, _), (_, _, case))| amd_problems(&target, r, case))
-        .collect();
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
-}
-
-/// ptxas: `ROCMFORGE_PTXAS`, else the one on the `PATH`.
-fn ptxas() -> Result<PathBuf, String> {
-    let p = std::env::var("ROCMFORGE_PTXAS").unwrap_or_else(|_| "ptxas".into());
-    match Command::new(&p).arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(PathBuf::from(p)),
-        _ => Err(format!("no ptxas ({p}); set ROCMFORGE_PTXAS")),
-    }
-}
-
-/// Whether a `ptxas -v` log reports spill stores or loads, or a stack frame: the clauses of
-/// `N bytes stack frame, N bytes spill stores, N bytes spill loads`, each with its own count.
-fn spills_or_stack(log: &str) -> bool {
-    log.lines()
-        .flat_map(|l| l.split(','))
-        .filter(|clause| {
-            ["stack frame", "spill stores", "spill loads"]
-                .iter()
-                .any(|w| clause.contains(w))
-        })
-        .any(|clause| {
-            let count = clause
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u64>().ok());
-            count != Some(0)
-        })
-}
-
-/// Every kernel of the set through NVRTC (PTX for sm_90) and `ptxas -v`: no spill stores or
-/// loads and no stack frame.
-fn compile_nvrtc(ptxas: &Path) -> Result<(), Failed> {
-    let arch = "sm_90";
-    let dir = std::env::temp_dir().join(format!("rocmforge-gemm-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let mut failures = Vec::new();
-    for (entry, (src, _, case)) in compile_set(arch)? {
-        let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some("sm_90"),
-            ..Default::default()
-        };
-        // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
-        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
-            .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
-            .map_err(|e| format!("{case}: NVRTC: {e}"))?;
-        let file = dir.join(format!("{entry}.ptx"));
-        std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
-        let out = Command::new(ptxas)
-            .args(["-v", "-arch=sm_90", "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        if !out.status.success() {
-            failures.push(format!("{case}: ptxas failed:\n{log}"));
-            continue;
-        }
-        if spills_or_stack(&log) {
-            failures.push(format!("{case} spills on {arch}:\n{log}"));
-        }
-    }
-    std::fs::remove_dir_all(&dir).ok();
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
-}
-
 /// The body of one kernel of each family, as generated for sm_90.
 fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
     let (k, _) = gemm_kernel(&case, "sm_90")?;
@@ -303,7 +149,7 @@ fn main() {
     let cxx = host_kernels::host_cxx();
     let rtc = Hiprtc::load().map(Arc::new);
     let clang = AmdClang::probe().map(Arc::new);
-    let ptxas = ptxas();
+    let ptxas = kernel_checks::ptxas();
     let mut trials = Vec::new();
     for arch in ["gfx90a", "gfx1030"] {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
@@ -322,7 +168,7 @@ fn main() {
             &rtc,
             "ROCMFORGE_REQUIRE_HIPRTC",
             format!("compile::hiprtc::{arch}"),
-            move |rtc| compile_hiprtc(&rtc, arch),
+            move |rtc| kernel_checks::compile_hiprtc(&rtc, arch, &compile_set(arch)?),
         ));
     }
     for arch in ["gfx942", "gfx1100", "gfx1201"] {
@@ -330,23 +176,23 @@ fn main() {
             &clang,
             "ROCMFORGE_REQUIRE_CLANG",
             format!("compile::offline::{arch}"),
-            move |clang| compile_offline(&clang, arch),
+            move |clang| kernel_checks::compile_offline(&clang, arch, &compile_set(arch)?),
         ));
     }
     trials.push(needs(
         &ptxas,
         "ROCMFORGE_REQUIRE_PTXAS",
         "compile::nvrtc::sm_90".into(),
-        move |p| compile_nvrtc(&p),
+        move |p| kernel_checks::compile_nvrtc(&p, &compile_set("sm_90")?),
     ));
     trials.push(Trial::test("ptxas_log_parser", || {
         let clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
         let spilled = "    40 bytes stack frame, 40 bytes spill stores, 36 bytes spill loads";
         let stack = "    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
         match (
-            spills_or_stack(clean),
-            spills_or_stack(spilled),
-            spills_or_stack(stack),
+            kernel_checks::spills_or_stack(clean),
+            kernel_checks::spills_or_stack(spilled),
+            kernel_checks::spills_or_stack(stack),
         ) {
             (false, true, true) => Ok(()),
             got => Err(format!("parsed {got:?}, want (false, true, true)").into()),

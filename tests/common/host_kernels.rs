@@ -29,8 +29,9 @@ pub const POINTWISE: [&str; 7] = [
 ];
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
-/// memory); their blocks are one-dimensional.
-pub const COOPERATIVE: [&str; 2] = ["gemm", "gemm_small_m"];
+/// memory); their blocks are one-dimensional. Attention runs here in its AMD forms (the scalar
+/// and CUDA-core kernels; the matrix-core one is NVIDIA's).
+pub const COOPERATIVE: [&str; 3] = ["gemm", "gemm_small_m", "flash_attention"];
 
 /// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices
 /// are per host thread (one host thread runs a GPU thread of every block in turn); atomics need no

@@ -2,10 +2,12 @@
 //! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
 //! `lower` picks the kernel:
 //! - `mma`: the matrix-core FlashAttention, on the target's MMA atom for f16/bf16;
+//! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
 //! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
 
 mod mma;
 mod scalar;
+mod simt;
 
 use std::collections::HashMap;
 
@@ -159,6 +161,9 @@ pub(crate) fn lower(
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
     if let Some(k) = mma::kernel(&p, node, args.clone(), target)? {
+        return Ok(k);
+    }
+    if let Some(k) = simt::kernel(&p, node, args.clone(), target)? {
         return Ok(k);
     }
     scalar::kernel(&p, node, args, target)
