@@ -345,10 +345,11 @@ fn launches_past_the_target_limits_are_typed_errors() {
     let s = g.softmax(x, -1).unwrap();
     g.add_output(s).unwrap();
     assert_eq!(limit(refusal(&g)).2, 1 << 31);
-    // Attention query blocks past grid.y.
+    // Attention query blocks past grid.y: more rows than 65535 blocks of 128 (the most rows
+    // any attention kernel's block takes) cover.
     let mut g = Graph::new("long_queries");
     let q = g
-        .input("q", DType::F32, &[1, 1, 65536 * 32 + 1, 64])
+        .input("q", DType::F32, &[1, 1, 65536 * 128 + 1, 64])
         .unwrap();
     let k = g.input("k", DType::F32, &[1, 1, 1, 64]).unwrap();
     let v = g.input("v", DType::F32, &[1, 1, 1, 64]).unwrap();

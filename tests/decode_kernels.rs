@@ -16,6 +16,8 @@
 //! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
 //! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
 
+#[path = "common/accuracy.rs"]
+mod accuracy;
 #[path = "common/decode_cases.rs"]
 mod decode_cases;
 #[path = "common/host_kernels.rs"]
@@ -28,7 +30,8 @@ mod needs;
 use std::path::Path;
 use std::sync::Arc;
 
-use decode_cases::{batch0_zero, rel_l2, tolerance, Case, Mask};
+use accuracy::{rel_l2, tolerance};
+use decode_cases::{batch0_zero, Case, Mask};
 use libtest_mimic::{Arguments, Failed, Trial};
 use needs::needs;
 use rocmforge::codegen::{generate_with, BufferRole, CodegenOptions, KernelPlan, Target};

@@ -14,6 +14,8 @@
 //! `ROCMFORGE_REQUIRE_PTXAS=1` turn that into a failure. NVRTC is found as cudarc finds it
 //! (`LD_LIBRARY_PATH`), ptxas through `ROCMFORGE_PTXAS` or the `PATH`.
 
+#[path = "common/accuracy.rs"]
+mod accuracy;
 #[path = "common/files.rs"]
 mod files;
 #[path = "common/gemm_small_cases.rs"]
@@ -34,38 +36,10 @@ use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
 use rocmforge::interp::{self, Bindings};
-use rocmforge::ir::{DType, Tensor};
+use rocmforge::ir::DType;
 use rocmforge::runtime::{AmdClang, Hiprtc};
 
-/// The design's tolerances: relative L2 error against the interpreter.
-fn tolerance(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        _ => 1e-5,
-    }
-}
-
-/// Relative L2 error of `got` against `want`; any NaN (the poison, an unwritten element) fails.
-fn rel_l2(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
-    if got.ty() != want.ty() {
-        return Err(format!("{what}: {} vs {}", got.ty(), want.ty()).into());
-    }
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let (mut num, mut den) = (0.0, 0.0);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        if !a.is_finite() || !b.is_finite() {
-            return Err(format!("{what}: element {i} is {a}, want {b}").into());
-        }
-        num += (a - b).powi(2);
-        den += b * b;
-    }
-    Ok(if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    })
-}
+use accuracy::{rel_l2, tolerance};
 
 /// The Gemm kernel of `case`'s graph for `arch` (the graph is one Gemm node).
 fn gemm_kernel(case: &Case, arch: &str) -> Result<(Kernel, String), Failed> {
@@ -89,7 +63,7 @@ fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
-    let err = rel_l2(&got, &want, &case.name())?;
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
     let tol = tolerance(case.dtype);
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());

@@ -17,10 +17,10 @@ mod files;
 
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
-#[path = "common/decode_cases.rs"]
-mod decode_cases;
 #[path = "common/attention_mma_trials.rs"]
 mod attention_mma_trials;
+#[path = "common/decode_cases.rs"]
+mod decode_cases;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
@@ -206,6 +206,54 @@ fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<
         return Err(format!("{what}: rows with no visible key are not zeros").into());
     }
     Ok(())
+}
+
+/// f32 attention for the CUDA-core kernel (`attention/simt.rs`): every head size it tiles
+/// differently (1, 32, 64, 80, 128, 256), sizes past its tiles, additive and boolean masks,
+/// causal offsets either way (with Sq > Sk and a negative offset the first rows see no key and
+/// must be zeros), GQA with three query heads per K/V head, and single-query decode.
+fn f32_attention_specs() -> Vec<(&'static str, Spec)> {
+    let spec = |(b, hq, hkv): (usize, usize, usize), (sq, sk, d), mask, offset| Spec {
+        hkv,
+        sk,
+        mask,
+        offset,
+        ..Spec::new(b, hq, sq, d)
+    };
+    vec![
+        (
+            "d1_padding_gqa",
+            spec((2, 3, 1), (67, 45, 1), Mask::Padding, 0),
+        ),
+        (
+            "d32_causal_sq_lt_sk",
+            spec((1, 4, 4), (200, 333, 32), Mask::Causal, 133),
+        ),
+        (
+            "d64_causal_sq_gt_sk_empty_rows",
+            spec((2, 6, 2), (301, 77, 64), Mask::Causal, -20),
+        ),
+        (
+            "d64_decode_gqa",
+            spec((1, 3, 1), (1, 513, 64), Mask::None, 0),
+        ),
+        (
+            "d80_bool_gqa",
+            spec((1, 3, 1), (129, 257, 80), Mask::BoolNegInf, 0),
+        ),
+        (
+            "d128_dense",
+            spec((1, 2, 2), (97, 1000, 128), Mask::Dense2d, 0),
+        ),
+        (
+            "d128_causal_gqa",
+            spec((1, 6, 2), (300, 300, 128), Mask::Causal, 0),
+        ),
+        (
+            "d256_per_head_gqa",
+            spec((1, 3, 1), (33, 150, 256), Mask::PerHead, 0),
+        ),
+    ]
 }
 
 /// An attention written step by step must fuse, and the fused kernels must match the
@@ -1594,6 +1642,15 @@ fn main() {
         );
     }
     attention_mma_trials::trials(&device, &ignored, &mut trials);
+    for (i, (name, spec)) in f32_attention_specs().into_iter().enumerate() {
+        let dev = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("attention_f32::{name}"),
+            Box::new(move || check_attention(&dev, spec, 70 + i as u64)),
+        );
+    }
     for (i, (name, g)) in chains().into_iter().enumerate() {
         let d = device.clone();
         push(

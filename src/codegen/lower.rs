@@ -295,7 +295,13 @@ fn lower_node(
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
         Op::FlashAttention(att) => {
             return super::kernels::attention::lower(
-                g, id, att, buf, target, plan, options.attention_access,
+                g,
+                id,
+                att,
+                buf,
+                target,
+                plan,
+                options.attention_access,
             )
         }
     };

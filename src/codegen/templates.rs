@@ -91,6 +91,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/flash_decode_combine.hip"),
     ),
     (
+        "flash_attention_simt.hip",
+        include_str!("../../kernel_templates/flash_attention_simt.hip"),
+    ),
+    (
         "mma_probe.hip",
         include_str!("../../kernel_templates/mma_probe.hip"),
     ),

@@ -143,38 +143,6 @@ impl Case {
     }
 }
 
-/// The design's tolerances: relative L2 error against the f32 interpreter.
-pub fn tolerance(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        _ => 1e-5,
-    }
-}
-
-/// Relative L2 error of `got` (any float dtype) against the f32 `want`; a non-finite element
-/// (the poison of a slot nobody wrote, a NaN) fails.
-pub fn rel_l2(got: &Tensor, want: &Tensor) -> Result<f64, String> {
-    let got = got.cast(DType::F32);
-    if got.ty() != want.ty() {
-        return Err(format!("{} vs {}", got.ty(), want.ty()));
-    }
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let (mut num, mut den) = (0.0, 0.0);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        if !a.is_finite() || !b.is_finite() {
-            return Err(format!("element {i} is {a}, want {b}"));
-        }
-        num += (a - b).powi(2);
-        den += b * b;
-    }
-    Ok(if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    })
-}
-
 /// Whether the rows of batch 0 (all heads, all positions) are exactly zero in `t`.
 pub fn batch0_zero(t: &Tensor, c: &Case) -> bool {
     let per_batch = c.hq * c.sq * c.dv;

@@ -29,10 +29,11 @@ pub const POINTWISE: [&str; 7] = [
 ];
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
-/// memory); their blocks are one-dimensional.
-pub const COOPERATIVE: [&str; 4] = [
+/// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
+pub const COOPERATIVE: [&str; 5] = [
     "gemm",
     "gemm_small_m",
+    "flash_attention",
     "flash_decode",
     "flash_decode_combine",
 ];

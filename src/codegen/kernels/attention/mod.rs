@@ -5,11 +5,13 @@
 //!   the keys, a combine kernel after it, and a workspace between the two;
 //! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
 //!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
+//! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
 //! - `scalar`: one query row per group of lanes, f32 arithmetic, any target and dtype.
 
 pub(crate) mod decode;
 mod mma;
 mod scalar;
+mod simt;
 
 pub use mma::AttentionAccess;
 
@@ -175,9 +177,12 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let kernel = match mma::kernel(&p, node, args.clone(), target, access)? {
-        Some(k) => k,
-        None => scalar::kernel(&p, node, args, target)?,
+    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access)? {
+        k
+    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target)? {
+        k
+    } else {
+        scalar::kernel(&p, node, args, target)?
     };
     plan.kernels.push(kernel);
     Ok(())

@@ -1,0 +1,216 @@
+//! The CUDA-core f32 FlashAttention (`codegen/kernels/attention/simt.rs`) without a GPU:
+//!
+//! - `host::` runs it on the CPU (the generated AMD source compiled by the host's clang++, one
+//!   OS thread per GPU thread, see `common/host_kernels.rs`) against the interpreter at the f32
+//!   tolerance, for wave64 (gfx90a) and wave32 (gfx1100) plans: sizes that are not multiples
+//!   of the tiles, masks, causal offsets either way (rows with no visible key), GQA, and
+//!   head sizes that take every tiling and both load paths (16-byte units and elements).
+//! - `compile::` compiles every kernel of those cases and of the benchmark shapes with hiprtc
+//!   (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC + ptxas
+//!   (sm_90): no spills, no scratch, the target's wave size.
+//!
+//! Trials are reported ignored, with the reason, where their tool is missing; the
+//! `ROCMFORGE_REQUIRE_*` variables of `tests/gemm_kernels.rs` turn that into a failure.
+
+#[path = "common/accuracy.rs"]
+mod accuracy;
+#[path = "common/attention_graphs.rs"]
+mod attention_graphs;
+#[path = "common/host_kernels.rs"]
+mod host_kernels;
+#[path = "common/kernel_compile.rs"]
+mod kernel_compile;
+#[path = "common/needs.rs"]
+mod needs;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use accuracy::{rel_l2, tolerance};
+use attention_graphs::{build, Mask, Spec};
+use kernel_compile::KernelSet;
+use libtest_mimic::{Arguments, Failed, Trial};
+use needs::needs;
+use rocmforge::codegen::{generate_with, CodegenOptions, Target};
+use rocmforge::interp::{self, Bindings};
+use rocmforge::ir::{DType, Graph};
+use rocmforge::passes::PassManager;
+use rocmforge::runtime::{AmdClang, Hiprtc};
+
+/// The first line of the CUDA-core kernel's source: how a test knows which kernel it got.
+const SIMT: &str = "// FlashAttention in f32 on CUDA cores";
+
+/// A named f32 attention case.
+fn case(
+    name: &'static str,
+    (b, hq, hkv): (usize, usize, usize),
+    (sq, sk, d): (usize, usize, usize),
+    mask: Mask,
+    offset: i64,
+) -> (&'static str, Spec) {
+    (
+        name,
+        Spec {
+            hkv,
+            sk,
+            mask,
+            offset,
+            ..Spec::new(b, hq, sq, d)
+        },
+    )
+}
+
+/// Small enough for the host (every GPU thread an OS thread), each past its tiles.
+fn host_cases() -> Vec<(&'static str, Spec)> {
+    vec![
+        case("gqa3_d64", (1, 3, 1), (37, 45, 64), Mask::None, 0),
+        case(
+            "causal_sq_lt_sk_d80",
+            (1, 2, 2),
+            (20, 70, 80),
+            Mask::Causal,
+            50,
+        ),
+        // Offset -5: the first five rows see no key and must be zeros.
+        case(
+            "causal_sq_gt_sk_d32",
+            (1, 2, 1),
+            (70, 20, 32),
+            Mask::Causal,
+            -5,
+        ),
+        case("padding_d1", (2, 1, 1), (9, 33, 1), Mask::Padding, 0),
+        case("bool_d128", (1, 2, 1), (50, 17, 128), Mask::BoolNegInf, 0),
+        case("dense_d256", (1, 1, 1), (19, 21, 256), Mask::Dense2d, 0),
+        case("causal_d160", (1, 1, 1), (40, 37, 160), Mask::Causal, 2),
+        case("per_head_d5", (1, 3, 3), (11, 40, 5), Mask::PerHead, 0),
+        case(
+            "causal_d7_dense_rows",
+            (1, 1, 1),
+            (33, 33, 7),
+            Mask::Causal,
+            0,
+        ),
+    ]
+}
+
+/// The benchmark shapes (`benches/attention.rs`) at their head sizes, causal and not, for the
+/// compile checks: the sizes are constants of the kernel.
+fn bench_cases() -> Vec<(&'static str, Spec)> {
+    let mut v = Vec::new();
+    for (name, s, d) in [
+        ("bench_s512_d64", 512, 64),
+        ("bench_s2048_d64", 2048, 64),
+        ("bench_s512_d128", 512, 128),
+        ("bench_s2048_d128", 2048, 128),
+    ] {
+        v.push(case(name, (16, 16, 16), (s, s, d), Mask::None, 0));
+        v.push(case(name, (16, 16, 16), (s, s, d), Mask::Causal, 0));
+    }
+    v.push(case(
+        "bench_s8192_d64",
+        (4, 16, 16),
+        (8192, 8192, 64),
+        Mask::None,
+        0,
+    ));
+    v
+}
+
+/// `spec`'s graph after the default passes: one FlashAttention node.
+fn fused(spec: &Spec) -> Result<Graph, Failed> {
+    let mut g = build(spec);
+    PassManager::default_pipeline()
+        .run(&mut g)
+        .map_err(|e| e.to_string())?;
+    Ok(g)
+}
+
+/// The attention kernel of `spec`'s graph for `arch`, with the plan's full source; an error
+/// unless it is the CUDA-core kernel.
+fn simt_kernel(name: &str, spec: &Spec, arch: &str) -> Result<(String, String, String), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&fused(spec)?, &target, &CodegenOptions::default())
+        .map_err(|e| format!("{name}: {e}"))?;
+    let k = plan
+        .kernels
+        .iter()
+        .find(|k| k.family == "flash_attention")
+        .ok_or(format!("{name}: no attention kernel"))?;
+    if !k.body.starts_with(SIMT) {
+        return Err(format!("{name} on {arch}: not the CUDA-core kernel").into());
+    }
+    Ok((k.entry.clone(), plan.source(k), k.body.clone()))
+}
+
+fn host_run(cxx: &Path, name: &str, spec: &Spec, arch: &str) -> Result<(), Failed> {
+    simt_kernel(name, spec, arch)?;
+    let g = fused(spec)?;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let b = Bindings::random(&g, 7);
+    // The reference is the unfused graph: the interpreter's own FlashAttention plays no part.
+    let want = interp::run(&build(spec), &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{name}: {e}"))?;
+    if err > tolerance(DType::F32) {
+        return Err(format!("{name} on {arch}: relative L2 {err:e}").into());
+    }
+    Ok(())
+}
+
+/// The unique CUDA-core kernels of every case for `arch`.
+fn compile_set(arch: &str) -> Result<KernelSet, Failed> {
+    let mut set = KernelSet::new();
+    for (name, spec) in host_cases().into_iter().chain(bench_cases()) {
+        let (entry, src, body) = simt_kernel(name, &spec, arch)?;
+        set.entry(entry).or_insert((src, body, name.to_string()));
+    }
+    Ok(set)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let cxx = host_kernels::host_cxx();
+    let rtc = Hiprtc::load().map(Arc::new);
+    let clang = AmdClang::probe().map(Arc::new);
+    let ptxas = kernel_compile::ptxas();
+    let mut trials: Vec<Trial> = Vec::new();
+    for arch in ["gfx90a", "gfx1100"] {
+        for (name, spec) in host_cases() {
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                format!("host::{arch}::{name}"),
+                move |cxx| host_run(&cxx, name, &spec, arch),
+            ));
+        }
+    }
+    for arch in ["gfx90a", "gfx1030"] {
+        trials.push(needs(
+            &rtc,
+            "ROCMFORGE_REQUIRE_HIPRTC",
+            format!("compile::hiprtc::{arch}"),
+            move |rtc| kernel_compile::hiprtc(&rtc, arch, &compile_set(arch)?),
+        ));
+    }
+    for arch in ["gfx942", "gfx1100", "gfx1201"] {
+        trials.push(needs(
+            &clang,
+            "ROCMFORGE_REQUIRE_CLANG",
+            format!("compile::offline::{arch}"),
+            move |clang| kernel_compile::offline(&clang, arch, &compile_set(arch)?),
+        ));
+    }
+    trials.push(needs(
+        &ptxas,
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".into(),
+        move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}
