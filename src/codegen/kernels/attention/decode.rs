@@ -55,6 +55,11 @@ const LOAD_REGS: usize = 48;
 /// Most keys per lane group whose loads are in flight together.
 const MAX_UNROLL: usize = 4;
 
+/// Waves of the combine: its threads split a row's columns and, where the row has fewer
+/// columns than threads, its splits, so that a row of many splits is summed by several
+/// threads per column with their loads in flight together.
+const COMBINE_WAVES: usize = 8;
+
 /// One tiling of the split-K decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct Config {
@@ -66,8 +71,9 @@ pub(crate) struct Config {
     /// Waves of kernel 1; `threads` = waves × the wave size.
     pub waves: usize,
     pub threads: usize,
-    /// Threads of the combine: one wave.
+    /// Threads of the combine, and the slices of the splits it sums apart per column.
     pub combine_threads: usize,
+    pub combine_slices: usize,
     /// Elements per K/V/Q load: the widest power of two of at most 16 bytes that divides D
     /// and Dv, so that every row's pieces are aligned.
     pub vec: usize,
@@ -162,7 +168,8 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
         keys_per_split: 0,
         waves: WAVES,
         threads: WAVES * wave,
-        combine_threads: wave,
+        combine_threads: COMBINE_WAVES * wave,
+        combine_slices: 1,
         vec,
         lanes_per_key,
         pieces_k,
@@ -179,6 +186,7 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     // short one, and none starts at or past `valid`.
     c.keys_per_split = valid.div_ceil(first).next_multiple_of(round).max(round);
     c.splits = valid.div_ceil(c.keys_per_split).max(1);
+    c.combine_slices = (c.combine_threads / p.dv).clamp(1, c.splits);
     if p.group == 1 && c.splits == 1 {
         return None;
     }
@@ -247,6 +255,7 @@ struct CombineContext<'a> {
     p: &'a Problem,
     splits: usize,
     threads: usize,
+    slices: usize,
     stats_at: usize,
 }
 
@@ -295,6 +304,7 @@ pub(crate) fn kernels(
         p,
         splits: c.splits,
         threads: c.combine_threads,
+        slices: c.combine_slices,
         stats_at,
     };
     let second = finish(
@@ -418,6 +428,12 @@ mod tests {
                             }
                             assert_eq!(c.threads % wave, 0, "{what}");
                             assert_eq!(c.combine_threads % wave, 0, "{what}");
+                            assert!((1..=c.splits).contains(&c.combine_slices), "{what}");
+                            assert!(
+                                c.combine_slices == 1
+                                    || c.combine_slices * p.dv <= c.combine_threads,
+                                "{what}"
+                            );
                             let rows = p.group * p.sq;
                             let bytes = shared_bytes(rows, &p).unwrap();
                             assert!(bytes <= shared_budget(&target), "{what}");
@@ -457,10 +473,12 @@ mod tests {
             (c.vec, c.lanes_per_key, c.pieces_k, c.pieces_v, c.unroll),
             (8, 8, 1, 1, 4)
         );
-        assert_eq!((c.threads, c.combine_threads, c.round_keys(32)), (128, 32, 64));
+        assert_eq!((c.threads, c.round_keys(32)), (128, 64));
         // 3 K/V heads want ceil(608 / 3) = 203 splits; 4096 keys allow 4096 / 64 = 64 of one
         // round each.
         assert_eq!((c.splits, c.keys_per_split), (64, 64));
+        // The combine: 8 warps, 256 threads over 64 columns, 4 slices of 16 splits each.
+        assert_eq!((c.combine_threads, c.combine_slices), (256, 4));
         // 4097 keys: 64 splits of ceil(4097 / 64) = 65 keys, 128 in whole rounds, which takes 33.
         let c = choose(&problem(&smollm(1, 4097), None), &target).unwrap();
         assert_eq!((c.splits, c.keys_per_split), (33, 128));
