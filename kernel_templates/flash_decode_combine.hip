@@ -25,7 +25,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const fl
     for (int t = tid; t < {{ slices * dv }}; t += {{ threads }}) {
         const int sl = t / {{ dv }}, c = t % {{ dv }};
         float o = 0.0f;
-#pragma unroll 8
+#pragma unroll {{ unroll }}
         for (int s = sl; s < {{ splits }}; s += {{ slices }}) o += part[(long long)s * {{ dv }} + c] * weight[s];
         slice_sum[sl][c] = o;
     }
