@@ -456,11 +456,17 @@ mod tests {
                             // Every piece of a row has a lane, every lane's registers fit,
                             // and the pieces are aligned loads of at most 16 bytes.
                             let lanes = c.lanes_per_key;
-                            assert!(lanes.is_power_of_two() && wave % lanes == 0, "{what}");
+                            assert!(
+                                lanes.is_power_of_two() && wave.is_multiple_of(lanes),
+                                "{what}"
+                            );
                             assert!(c.pieces_k * lanes * c.vec >= p.d, "{what}");
                             assert!(c.pieces_v * lanes * c.vec >= p.dv, "{what}");
                             assert!((c.pieces_k - 1) * lanes * c.vec < p.d, "{what}");
-                            assert_eq!(p.d % c.vec + p.dv % c.vec, 0, "{what}");
+                            assert!(
+                                p.d.is_multiple_of(c.vec) && p.dv.is_multiple_of(c.vec),
+                                "{what}"
+                            );
                             assert!(c.vec * p.dtype.size_bytes() <= 16, "{what}");
                             let floats = rows * (c.pieces_k + c.pieces_v) * c.vec;
                             assert!(floats <= LANE_FLOATS, "{what}");
@@ -505,7 +511,10 @@ mod tests {
         // (over 128); 8-byte ones spread a row over 16 lanes, 15 × 8 floats. A key then
         // takes 4 registers of pieces and 15 of scores: 48 / 19 = 2 keys loaded together.
         let c = choose(&problem(&smollm(5, 4096), None), &target).unwrap();
-        assert_eq!((c.vec, c.lanes_per_key, c.pieces_k, c.unroll), (4, 16, 1, 2));
+        assert_eq!(
+            (c.vec, c.lanes_per_key, c.pieces_k, c.unroll),
+            (4, 16, 1, 2)
+        );
     }
 
     #[test]
