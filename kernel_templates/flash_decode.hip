@@ -1,18 +1,28 @@
 // Flash-decoding, kernel 1 of 2 (split K): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block serves all {{ rows }} query rows ({{ group }} heads x {{ sq }}) of one K/V head, so K/V are read once per group,
 // over split blockIdx.y of the {{ valid_keys }} keys any row can see ({{ splits }} splits of {{ keys_per_split }}); it never
-// reads past them. K/V tiles of {{ block_n }} keys are staged in shared memory as f32{% if vec > 1 %} by 16-byte loads{% endif %}; the
-// softmax is online in f32 and base 2 (scale * log2(e) folded into Q), one wave per row for the max and sum.
+// reads past them. The kernel streams K/V: {{ lanes_per_key }} lanes hold one key's row in pieces of {{ vec }} element(s)
+// ({{ vec * elem }} bytes), so a wave takes RF_WAVE / {{ lanes_per_key }} keys per load, and each lane requests the pieces of
+// {{ unroll }} such keys before it uses the first, straight from global memory into registers. Each group of lanes runs its own
+// online softmax (f32, base 2: Q is pre-scaled by scale * log2(e)) over the keys it took, with no barrier in the key
+// loop; the groups of a wave merge by shuffles and the block's {{ waves }} waves through shared memory, once, at the end.
 // Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
 // sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0.
-// At least one block per SM (the second bound): without it ptxas trades a few spills for the next occupancy step.
+// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}float* __restrict__ ws) {
-    __shared__ float Qs[{{ rows }}][{{ d }}];
-    __shared__ float Ks[{{ block_n }}][{{ d }} + 1];
-    __shared__ float Vs[{{ block_n }}][{{ dv }}];
-    __shared__ float S[{{ rows }}][{{ block_n }}];
-    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}], row_corr[{{ rows }}];
+    constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
+    constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
+    constexpr int VEC = {{ vec }};  // elements per load
+    constexpr int NK = {{ d // vec }}, NV = {{ dv // vec }};  // pieces of a K row, of a V row
+    constexpr int PK = {{ pieces_k }}, PV = {{ pieces_v }};  // pieces a lane holds of each
+    constexpr int U = {{ unroll }};  // keys per lane group whose loads are in flight together
+    constexpr int STEP = {{ waves }} * KPW * U;  // keys per round of the block
+    struct alignas({{ vec * elem }}) Piece { {{ ctype }} e[VEC]; };
+    __shared__ float O[{{ rows }}][{{ dv }}];
+    __shared__ float wave_m[{{ waves }}][{{ rows }}], wave_l[{{ waves }}][{{ rows }}];
     const int tid = threadIdx.x;
+    const int wave = tid / RF_WAVE, lane = tid % RF_WAVE;
+    const int kl = lane % LPK, kg = lane / LPK;  // the lane's place in its key's row; its key of the wave's KPW
     const int bkv = blockIdx.x, split = blockIdx.y;
     const int bi = bkv / {{ hkv }}, kvh = bkv % {{ hkv }};
     // Row r of the block is query head kvh * {{ group }} + r / {{ sq }}, position r % {{ sq }}: in q's and out's
@@ -22,107 +32,174 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const int key_begin = (int)((long long)split * {{ keys_per_split }});
     const long long split_end = (long long)key_begin + {{ keys_per_split }};
     const int key_end = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
-    for (int t = tid; t < {{ rows * d }}; t += {{ threads }}) {
-        const int r = t / {{ d }}, c = t % {{ d }};
-        Qs[r][c] = {{ load_pre }}q[(row0 + r) * {{ d }} + c]{{ load_post }} * {{ qscale }};
-    }
-    if (tid < {{ rows }}) {
-        row_m[tid] = -INFINITY;
-        row_l[tid] = 0.0f;
-    }
-    float acc[{{ per_thread }}];
-    for (int i = 0; i < {{ per_thread }}; ++i) acc[i] = 0.0f;
-    const int wave = tid / RF_WAVE, lane = tid % RF_WAVE;
-    for (int j0 = key_begin; j0 < key_end; j0 += {{ block_n }}) {
-        const int n = key_end - j0 < {{ block_n }} ? key_end - j0 : {{ block_n }};
-        __syncthreads();  // the previous tile's K, V and scores are consumed; Q and the stats are set
-        // The tile's n keys are contiguous in K and in V: n x D elements from the tile's first key.
-        const {{ ctype }}* kt = k + (kv_row0 + j0) * {{ d }};
-        const {{ ctype }}* vt = v + (kv_row0 + j0) * {{ dv }};
-{% if vec > 1 %}        // 16-byte loads: every row starts at a multiple of {{ vec }} elements.
-        struct alignas(16) Vec16 { unsigned int w[4]; };
-        for (int t = tid; t < n * {{ d // vec }}; t += {{ threads }}) {
-            const int r = t / {{ d // vec }}, c = t % {{ d // vec }} * {{ vec }};
-            const Vec16 raw = reinterpret_cast<const Vec16*>(kt)[t];
-            const {{ ctype }}* e = reinterpret_cast<const {{ ctype }}*>(&raw);
-            for (int u = 0; u < {{ vec }}; ++u) Ks[r][c + u] = {{ load_pre }}e[u]{{ load_post }};
+    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
+    float qr[{{ rows }}][PK * VEC];
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        const Piece* qp = reinterpret_cast<const Piece*>(q + (row0 + r) * {{ d }});
+#pragma unroll
+        for (int i = 0; i < PK; ++i) {
+            const int c = kl + i * LPK;
+            Piece x;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) x.e[e] = 0;
+            if (c < NK) x = qp[c];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
         }
-        for (int t = tid; t < n * {{ dv // vec }}; t += {{ threads }}) {
-            const int r = t / {{ dv // vec }}, c = t % {{ dv // vec }} * {{ vec }};
-            const Vec16 raw = reinterpret_cast<const Vec16*>(vt)[t];
-            const {{ ctype }}* e = reinterpret_cast<const {{ ctype }}*>(&raw);
-            for (int u = 0; u < {{ vec }}; ++u) Vs[r][c + u] = {{ load_pre }}e[u]{{ load_post }};
+    }
+    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int x = 0; x < PV * VEC; ++x) acc[r][x] = 0.0f;
+    }
+    // Every wave runs the same rounds (a key past key_end is neither read nor counted), so the shuffles never diverge.
+    const int rounds = key_end > key_begin ? (key_end - key_begin + STEP - 1) / STEP : 0;
+#pragma unroll 1
+    for (int round = 0; round < rounds; ++round) {
+        // The lane group's U keys, and all their K and V pieces requested before any is used.
+        int key[U];
+        Piece kr[U][PK], vr[U][PV];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            key[u] = key_begin + round * STEP + (u * {{ waves }} + wave) * KPW + kg;
+            const bool ok = key[u] < key_end;
+            const Piece* kp = reinterpret_cast<const Piece*>(k + (kv_row0 + (ok ? key[u] : 0)) * {{ d }});
+            const Piece* vp = reinterpret_cast<const Piece*>(v + (kv_row0 + (ok ? key[u] : 0)) * {{ dv }});
+#pragma unroll
+            for (int i = 0; i < PK; ++i) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = 0;
+                if (ok && kl + i * LPK < NK) kr[u][i] = kp[kl + i * LPK];
+            }
+#pragma unroll
+            for (int i = 0; i < PV; ++i) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) vr[u][i].e[e] = 0;
+                if (ok && kl + i * LPK < NV) vr[u][i] = vp[kl + i * LPK];
+            }
         }
-{% else %}        for (int t = tid; t < n * {{ d }}; t += {{ threads }}) Ks[t / {{ d }}][t % {{ d }}] = {{ load_pre }}kt[t]{{ load_post }};
-        for (int t = tid; t < n * {{ dv }}; t += {{ threads }}) Vs[t / {{ dv }}][t % {{ dv }}] = {{ load_pre }}vt[t]{{ load_post }};
-{% endif %}        __syncthreads();
-        // Scores, base 2; keys past the tile's valid ones, masked or after the row's causal end are -inf.
-        for (int t = tid; t < {{ rows * block_n }}; t += {{ threads }}) {
-            const int r = t / {{ block_n }}, jj = t % {{ block_n }};
-            float x = -INFINITY;
-            if (jj < n) {
-                const int j = j0 + jj;
-                const int h = kvh * {{ group }} + r / {{ sq }}, qi = r % {{ sq }};
+        // Scores, base 2, summed over the LPK lanes of a key; keys past key_end, masked or after the row's causal
+        // end are -inf.
+        float s[U][{{ rows }}];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int r = 0; r < {{ rows }}; ++r) {
                 float dot = 0.0f;
-                for (int c = 0; c < {{ d }}; ++c) dot += Qs[r][c] * Ks[jj][c];
-                x = dot;
-{% if mask == "additive" %}                x = x + {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }} * {{ log2e }};
-{% elif mask == "boolean" %}                if (!mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
-{% else %}                (void)h;
-{% endif %}{% if causal %}                if ((long long)j > (long long)qi + {{ offset }}) x = -INFINITY;
-{% else %}                (void)qi;
-{% endif %}            }
-            S[r][jj] = x;
+#pragma unroll
+                for (int i = 0; i < PK; ++i)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) dot += qr[r][i * VEC + e] * {{ load_pre }}kr[u][i].e[e]{{ load_post }};
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) dot += rf_shfl_xor(dot, o);
+                const int j = key[u];
+                const int h = kvh * {{ group }} + r / {{ sq }}, qi = r % {{ sq }};
+                float x = -INFINITY;
+                if (j < key_end) {
+                    x = dot;
+{% if mask == "additive" %}                    x = x + {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }} * {{ log2e }};
+{% elif mask == "boolean" %}                    if (!mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
+{% else %}                    (void)h;
+{% endif %}{% if causal %}                    if ((long long)j > (long long)qi + {{ offset }}) x = -INFINITY;
+{% else %}                    (void)qi;
+{% endif %}                }
+                s[u][r] = x;
+            }
         }
-        __syncthreads();
-        // Online softmax, one wave per row. Every wave runs the same number of rounds (a wave past the last
-        // row computes nothing it keeps), so the shuffles never diverge.
-        for (int r0 = 0; r0 < {{ rows }}; r0 += {{ threads }} / RF_WAVE) {
-            const bool live = r0 + wave < {{ rows }};
-            const int r = live ? r0 + wave : {{ rows - 1 }};
-            const float m_old = row_m[r];
-            float mx = -INFINITY;
-            for (int jj = lane; jj < {{ block_n }}; jj += RF_WAVE) mx = fmaxf(mx, S[r][jj]);
-            for (int s = RF_WAVE / 2; s > 0; s >>= 1) mx = fmaxf(mx, rf_shfl_xor(mx, s));
-            const float m_new = fmaxf(m_old, mx);
+        // Online softmax over the U keys at once: one rescale of the accumulators per round.
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][r]);
             // No visible key yet: every p is exp2(-inf) = 0 and the accumulators stay 0.
-            const float base = m_new == -INFINITY ? 0.0f : m_new;
-            float sum = 0.0f;
-            for (int jj = lane; jj < {{ block_n }}; jj += RF_WAVE) {
-                const float p = exp2f(S[r][jj] - base);
-                if (live) S[r][jj] = p;
+            const float base = mx == -INFINITY ? 0.0f : mx;
+            const float corr = exp2f(m[r] - base);
+            float sum = l[r] * corr;
+#pragma unroll
+            for (int x = 0; x < PV * VEC; ++x) acc[r][x] *= corr;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float p = exp2f(s[u][r] - base);
                 sum += p;
+#pragma unroll
+                for (int i = 0; i < PV; ++i)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[r][i * VEC + e] += p * {{ load_pre }}vr[u][i].e[e]{{ load_post }};
             }
-            for (int s = RF_WAVE / 2; s > 0; s >>= 1) sum += rf_shfl_xor(sum, s);
-            if (live && lane == 0) {
-                const float corr = exp2f(m_old - base);
-                row_corr[r] = corr;
-                row_l[r] = row_l[r] * corr + sum;
-                row_m[r] = m_new;
-            }
-        }
-        __syncthreads();
-        for (int i = 0; i < {{ per_thread }}; ++i) {
-            const int t = tid + i * {{ threads }};
-            if (t < {{ rows * dv }}) {
-                const int r = t / {{ dv }}, c = t % {{ dv }};
-                float a = acc[i] * row_corr[r];
-                for (int jj = 0; jj < n; ++jj) a += S[r][jj] * Vs[jj][c];
-                acc[i] = a;
-            }
+            l[r] = sum;
+            m[r] = mx;
         }
     }
-    __syncthreads();  // the stats of the last tile are set
-    for (int i = 0; i < {{ per_thread }}; ++i) {
-        const int t = tid + i * {{ threads }};
-        if (t < {{ rows * dv }}) {
-            const int r = t / {{ dv }}, c = t % {{ dv }};
-            ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = acc[i];
+    // The wave's KPW lane groups merge: each rescaled to the wave's maximum, summed by shuffles.
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        float mw = m[r];
+#pragma unroll
+        for (int o = LPK; o < RF_WAVE; o <<= 1) mw = fmaxf(mw, rf_shfl_xor(mw, o));
+        const float f = mw == -INFINITY ? 0.0f : exp2f(m[r] - mw);
+        float lw = l[r] * f;
+#pragma unroll
+        for (int o = LPK; o < RF_WAVE; o <<= 1) lw += rf_shfl_xor(lw, o);
+#pragma unroll
+        for (int x = 0; x < PV * VEC; ++x) {
+            float a = acc[r][x] * f;
+#pragma unroll
+            for (int o = LPK; o < RF_WAVE; o <<= 1) a += rf_shfl_xor(a, o);
+            acc[r][x] = a;
         }
+        m[r] = mw;
+        l[r] = lw;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r) {
+            wave_m[wave][r] = m[r];
+            wave_l[wave][r] = l[r];
+        }
+    }
+    __syncthreads();
+    // The block's waves merge into O, rescaled to the block's maximum, one wave after the other.
+    float f[{{ rows }}];
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        float mb = -INFINITY;
+        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][r]);
+        f[r] = mb == -INFINITY ? 0.0f : exp2f(m[r] - mb);
+    }
+    for (int w = 0; w < {{ waves }}; ++w) {
+        if (wave == w && kg == 0) {
+#pragma unroll
+            for (int r = 0; r < {{ rows }}; ++r)
+#pragma unroll
+                for (int i = 0; i < PV; ++i) {
+                    const int c = kl + i * LPK;
+                    if (c < NV)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) {
+                            const float a = acc[r][i * VEC + e] * f[r];
+                            O[r][c * VEC + e] = w == 0 ? a : O[r][c * VEC + e] + a;
+                        }
+                }
+        }
+        __syncthreads();
+    }
+    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = O[r][c];
     }
     if (tid < {{ rows }}) {
+        float mb = -INFINITY;
+        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][tid]);
+        float lb = 0.0f;
+        if (mb != -INFINITY)
+            for (int w = 0; w < {{ waves }}; ++w) lb += wave_l[w][tid] * exp2f(wave_m[w][tid] - mb);
         const long long at = {{ stats_at }}LL + ((row0 + tid) * {{ splits }} + split) * 2;
-        ws[at] = row_m[tid];
-        ws[at + 1] = row_l[tid];
+        ws[at] = mb;
+        ws[at + 1] = lb;
     }
 }

@@ -18,24 +18,21 @@ use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::{CodegenError, Target};
 use super::Problem;
 
-/// Most query rows (`group × sq`) one block holds: all rows of a K/V head fit one tile.
+/// Most query rows (`group × sq`) one block holds: all rows of a K/V head in one block.
 pub(crate) const MAX_ROWS: usize = 16;
 
-/// Fewest keys a split takes when there are several: below a few hundred keys a split's
-/// fixed costs (its Q tile, the workspace round trip, the combine) outweigh what it streams.
-pub(crate) const MIN_SPLIT_KEYS: usize = 256;
+/// Fewest keys a split takes when there are several: about one round of a block (every lane
+/// group a few keys); shorter splits only add workspace traffic and combine work.
+pub(crate) const MIN_SPLIT_KEYS: usize = 64;
 
 /// Blocks that fill the largest targets about twice: 2 × 304 CUs of an MI300X (an H100 has
-/// 132 SMs). Splits stop growing at this many blocks.
+/// 132 SMs, which then hold about four of these small blocks each). Splits stop growing at
+/// this many blocks.
 pub(crate) const FILL_BLOCKS: usize = 2 * 304;
 
-/// Most keys per K/V tile in shared memory.
-const MAX_BLOCK_N: usize = 64;
-
-/// Static shared memory the kernel may take: at most 48 KiB (NVIDIA's static limit), never
-/// more than the target allows statically, and at most half of what a block may have, so that
-/// two blocks share an SM/CU (a block waits on its K/V loads between barriers; the other's
-/// work hides that). 64 KiB of LDS on AMD gives 32 KiB.
+/// Static shared memory the kernel may take (the waves' merged output and statistics): at
+/// most 48 KiB (NVIDIA's static limit), never more than the target allows statically, and at
+/// most half of what a block may have, so that two blocks share an SM/CU.
 const SHARED_BUDGET: usize = 48 * 1024;
 
 fn shared_budget(target: &Target) -> usize {
@@ -44,27 +41,61 @@ fn shared_budget(target: &Target) -> usize {
         .min(target.caps.shared_bytes_per_block as usize / 2)
 }
 
-/// Waves per block of kernel 1 (each takes rows of the online-softmax step).
+/// Waves per block of kernel 1, each streaming its own keys of the split.
 const WAVES: usize = 4;
 
-/// Most output accumulators a thread holds in registers (rows × Dv over the block).
-const MAX_PER_THREAD: usize = 32;
+/// Most f32 registers a lane gives to its Q pieces and output accumulators (all rows): beyond
+/// this, narrower loads spread a row over more lanes.
+const LANE_FLOATS: usize = 128;
+
+/// Registers a lane gives to the keys of a round: their K/V pieces in flight and their
+/// scores (one per row), which bounds the keys loaded ahead.
+const LOAD_REGS: usize = 48;
+
+/// Most keys per lane group whose loads are in flight together.
+const MAX_UNROLL: usize = 4;
+
+/// Most waves of the combine. Its threads split a row's columns and, for many splits, the
+/// splits too (slices per column, summed apart, then together): each thread sums at most
+/// about [`COMBINE_UNROLL`] splits with their loads in flight together. On the H100, one
+/// wave per row took 16.5 µs over 64 splits; 8 waves took 5.8 µs there but 0.5–1.6 µs more
+/// than one wave over 8–22 splits, hence only as many threads as the splits need.
+const COMBINE_WAVES: usize = 8;
+
+/// Splits a combine thread sums with its loads in flight together.
+const COMBINE_UNROLL: usize = 8;
 
 /// One tiling of the split-K decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct Config {
     /// Splits of the valid keys (grid y of kernel 1).
     pub splits: usize,
-    /// Keys per split: a multiple of `block_n`, and `(splits - 1) × keys_per_split` is below
-    /// the valid keys, so no split starts past the last visible key.
+    /// Keys per split: a multiple of the block's round, and `(splits - 1) × keys_per_split`
+    /// is below the valid keys, so no split starts past the last visible key.
     pub keys_per_split: usize,
-    /// Keys per K/V tile staged in shared memory.
-    pub block_n: usize,
-    /// Threads of kernel 1 and of the combine.
+    /// Waves of kernel 1; `threads` = waves × the wave size.
+    pub waves: usize,
     pub threads: usize,
+    /// Threads of the combine, and the slices of the splits it sums apart per column.
     pub combine_threads: usize,
-    /// Elements per K/V load: 16 bytes where every row starts 16-byte aligned, else 1.
+    pub combine_slices: usize,
+    /// Elements per K/V/Q load: the widest power of two of at most 16 bytes that divides D
+    /// and Dv, so that every row's pieces are aligned.
     pub vec: usize,
+    /// Lanes that hold one key's row (a power of two up to the wave size).
+    pub lanes_per_key: usize,
+    /// Pieces of `vec` elements a lane holds of a K row and of a V row.
+    pub pieces_k: usize,
+    pub pieces_v: usize,
+    /// Keys per lane group loaded together before the first is used.
+    pub unroll: usize,
+}
+
+impl Config {
+    /// Keys the block takes per round of its key loop: every lane group `unroll` keys.
+    pub fn round_keys(&self, wave: usize) -> usize {
+        self.waves * (wave / self.lanes_per_key) * self.unroll
+    }
 }
 
 /// Keys that any query row can see: all `sk` without a causal mask; with one, up to the last
@@ -84,63 +115,92 @@ fn rows(p: &Problem) -> Option<usize> {
     p.group.checked_mul(p.sq)
 }
 
-/// Bytes of shared memory a tile of `block_n` keys takes: Q rows, K (padded a column so the
-/// lanes of the score step, one key each, hit distinct banks), V, the scores, and the three
-/// per-row statistics.
-fn shared_bytes(rows: usize, p: &Problem, block_n: usize) -> Option<usize> {
+/// Bytes of shared memory kernel 1 takes: the block's merged output rows and each wave's
+/// per-row (m, l).
+fn shared_bytes(rows: usize, p: &Problem) -> Option<usize> {
     let floats = rows
-        .checked_mul(p.d)?
-        .checked_add(block_n.checked_mul(p.d.checked_add(1)?)?)?
-        .checked_add(block_n.checked_mul(p.dv)?)?
-        .checked_add(block_n.checked_mul(rows)?)?
-        .checked_add(3 * rows)?;
+        .checked_mul(p.dv)?
+        .checked_add(WAVES.checked_mul(2)?.checked_mul(rows)?)?;
     floats.checked_mul(4)
 }
 
+/// How a lane holds the rows: (vec, lanes per key, pieces of K, pieces of V). The widest
+/// aligned load whose Q and accumulator registers fit [`LANE_FLOATS`]; a row of `n` pieces
+/// takes the next power of two of lanes (up to the wave), each lane `n / lanes` pieces.
+fn lane_layout(rows: usize, p: &Problem, wave: usize) -> Option<(usize, usize, usize, usize)> {
+    let widest = 16 / p.dtype.size_bytes().max(1);
+    let mut vec = widest.max(1);
+    while vec > 1 && !(p.d.is_multiple_of(vec) && p.dv.is_multiple_of(vec)) {
+        vec /= 2;
+    }
+    loop {
+        let pieces = (p.d.max(p.dv) / vec).max(1);
+        let lanes = pieces.checked_next_power_of_two()?.min(wave);
+        let pk = (p.d / vec).div_ceil(lanes);
+        let pv = (p.dv / vec).div_ceil(lanes);
+        let floats = rows.checked_mul(pk.checked_add(pv)?.checked_mul(vec)?)?;
+        if floats <= LANE_FLOATS {
+            return Some((vec, lanes, pk, pv));
+        }
+        if vec == 1 {
+            return None;
+        }
+        vec /= 2;
+    }
+}
+
 /// The configuration for a problem, or `None` where the decode kernel does not apply: more
-/// than [`MAX_ROWS`] query rows per K/V head, an empty head, or tiles that do not fit in shared
-/// memory, or more accumulators per thread than [`MAX_PER_THREAD`]. With a single query head per K/V head it is taken only when the keys split, since
+/// than [`MAX_ROWS`] query rows per K/V head, an empty head, more Q and accumulator registers
+/// per lane than [`LANE_FLOATS`] at any load width, or merged rows that do not fit in shared
+/// memory. With a single query head per K/V head it is taken only when the keys split, since
 /// then it reads no less K/V than the prefill kernels and only adds the combine.
 pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     let rows = rows(p)?;
     if rows == 0 || rows > MAX_ROWS || p.d == 0 || p.dv == 0 {
         return None;
     }
-    let budget = shared_budget(target);
-    let block_n = [MAX_BLOCK_N, 32, 16, 8]
-        .into_iter()
-        .find(|&n| shared_bytes(rows, p, n).is_some_and(|b| b <= budget))?;
-    let valid = valid_keys(p);
-    let kv_blocks = p.b.checked_mul(p.hkv)?.max(1);
-    let wanted = FILL_BLOCKS.div_ceil(kv_blocks);
-    let most = (valid / MIN_SPLIT_KEYS).max(1);
-    let first = wanted.clamp(1, most);
-    // Whole tiles per split, then as many splits as that takes: the last split is the only
-    // short one, and none starts at or past `valid`.
-    let keys_per_split = valid.div_ceil(first).next_multiple_of(block_n).max(block_n);
-    let splits = valid.div_ceil(keys_per_split).max(1);
-    if p.group == 1 && splits == 1 {
+    if shared_bytes(rows, p)? > shared_budget(target) {
         return None;
     }
     let wave = target.wave_size as usize;
-    if (rows * p.dv).div_ceil(WAVES * wave) > MAX_PER_THREAD {
+    let (vec, lanes_per_key, pieces_k, pieces_v) = lane_layout(rows, p, wave)?;
+    // 32-bit registers per key of a round: its pieces (at least one each) and its scores.
+    let piece_regs = (vec * p.dtype.size_bytes()).div_ceil(4).max(1);
+    let key_regs = (pieces_k + pieces_v) * piece_regs + rows;
+    let unroll = (LOAD_REGS / key_regs).clamp(1, MAX_UNROLL);
+    let mut c = Config {
+        splits: 1,
+        keys_per_split: 0,
+        waves: WAVES,
+        threads: WAVES * wave,
+        combine_threads: COMBINE_WAVES * wave,
+        combine_slices: 1,
+        vec,
+        lanes_per_key,
+        pieces_k,
+        pieces_v,
+        unroll,
+    };
+    let round = c.round_keys(wave);
+    let valid = valid_keys(p);
+    let kv_blocks = p.b.checked_mul(p.hkv)?.max(1);
+    let wanted = FILL_BLOCKS.div_ceil(kv_blocks);
+    let most = (valid / MIN_SPLIT_KEYS.max(round)).max(1);
+    let first = wanted.clamp(1, most);
+    // Whole rounds per split, then as many splits as that takes: the last split is the only
+    // short one, and none starts at or past `valid`.
+    c.keys_per_split = valid.div_ceil(first).next_multiple_of(round).max(round);
+    c.splits = valid.div_ceil(c.keys_per_split).max(1);
+    let slices = c.splits.div_ceil(COMBINE_UNROLL);
+    c.combine_threads = slices
+        .checked_mul(p.dv)?
+        .next_multiple_of(wave)
+        .clamp(wave, COMBINE_WAVES * wave);
+    c.combine_slices = (c.combine_threads / p.dv).clamp(1, c.splits);
+    if p.group == 1 && c.splits == 1 {
         return None;
     }
-    let elem = p.dtype.size_bytes();
-    let per16 = 16 / elem.max(1);
-    let vec = if per16 > 1 && p.d.is_multiple_of(per16) && p.dv.is_multiple_of(per16) {
-        per16
-    } else {
-        1
-    };
-    Some(Config {
-        splits,
-        keys_per_split,
-        block_n,
-        threads: WAVES * wave,
-        combine_threads: p.dv.div_ceil(wave).clamp(1, WAVES) * wave,
-        vec,
-    })
+    Some(c)
 }
 
 /// The launch geometry of both kernels: kernel 1 over (batch × K/V heads, splits), the
@@ -189,8 +249,8 @@ struct SplitContext<'a> {
     c: Config,
     rows: usize,
     valid_keys: usize,
-    /// Outputs (row, column) each thread accumulates.
-    per_thread: usize,
+    /// Bytes of an element of q, k, v.
+    elem: usize,
     /// scale · log2(e), folded into Q so that scores are base-2 logits.
     qscale: String,
     /// log2(e), for an additive mask in the same base.
@@ -205,6 +265,8 @@ struct CombineContext<'a> {
     p: &'a Problem,
     splits: usize,
     threads: usize,
+    slices: usize,
+    unroll: usize,
     stats_at: usize,
 }
 
@@ -234,7 +296,7 @@ pub(crate) fn kernels(
         c,
         rows,
         valid_keys: valid_keys(p),
-        per_thread: (rows * p.dv).div_ceil(c.threads),
+        elem: p.dtype.size_bytes(),
         qscale: f32_literal(p.scale * std::f64::consts::LOG2_E),
         log2e: f32_literal(std::f64::consts::LOG2_E),
         stats_at,
@@ -253,6 +315,8 @@ pub(crate) fn kernels(
         p,
         splits: c.splits,
         threads: c.combine_threads,
+        slices: c.combine_slices,
+        unroll: COMBINE_UNROLL,
         stats_at,
     };
     let second = finish(
@@ -369,24 +433,44 @@ mod tests {
                                 "{what}"
                             );
                             assert!(c.splits * c.keys_per_split >= valid, "{what}");
-                            assert_eq!(c.keys_per_split % c.block_n, 0, "{what}");
+                            assert_eq!(c.keys_per_split % c.round_keys(wave), 0, "{what}");
                             if c.splits > 1 {
                                 assert!(c.keys_per_split >= MIN_SPLIT_KEYS, "{what}");
                                 assert!(c.splits <= FILL_BLOCKS.div_ceil(b * hkv), "{what}");
                             }
                             assert_eq!(c.threads % wave, 0, "{what}");
                             assert_eq!(c.combine_threads % wave, 0, "{what}");
+                            assert!((1..=c.splits).contains(&c.combine_slices), "{what}");
+                            assert!(
+                                c.combine_slices == 1
+                                    || c.combine_slices * p.dv <= c.combine_threads,
+                                "{what}"
+                            );
                             let rows = p.group * p.sq;
-                            let bytes = shared_bytes(rows, &p, c.block_n).unwrap();
+                            let bytes = shared_bytes(rows, &p).unwrap();
                             assert!(bytes <= shared_budget(&target), "{what}");
                             assert!(
                                 2 * bytes <= target.caps.shared_bytes_per_block as usize,
                                 "{what}"
                             );
+                            // Every piece of a row has a lane, every lane's registers fit,
+                            // and the pieces are aligned loads of at most 16 bytes.
+                            let lanes = c.lanes_per_key;
                             assert!(
-                                (rows * p.dv).div_ceil(c.threads) <= MAX_PER_THREAD,
+                                lanes.is_power_of_two() && wave.is_multiple_of(lanes),
                                 "{what}"
                             );
+                            assert!(c.pieces_k * lanes * c.vec >= p.d, "{what}");
+                            assert!(c.pieces_v * lanes * c.vec >= p.dv, "{what}");
+                            assert!((c.pieces_k - 1) * lanes * c.vec < p.d, "{what}");
+                            assert!(
+                                p.d.is_multiple_of(c.vec) && p.dv.is_multiple_of(c.vec),
+                                "{what}"
+                            );
+                            assert!(c.vec * p.dtype.size_bytes() <= 16, "{what}");
+                            let floats = rows * (c.pieces_k + c.pieces_v) * c.vec;
+                            assert!(floats <= LANE_FLOATS, "{what}");
+                            assert!((1..=MAX_UNROLL).contains(&c.unroll), "{what}");
                         }
                     }
                 }
@@ -397,15 +481,40 @@ mod tests {
 
     #[test]
     fn smollm_decode_splits_by_hand() {
-        // 3 K/V heads want ceil(608 / 3) = 203 splits; 4097 keys allow 4097 / 256 = 16; 16
-        // splits are ceil(4097 / 16) = 257 keys, 320 in whole 64-key tiles, which takes 13.
+        // f16, D 64: 16-byte pieces, 8 lanes a key, 4 keys a warp per load; Q and the
+        // accumulators of 3 rows are 3 × 16 floats a lane; a key's K and V pieces are 8
+        // registers and its scores 3, so 48 / 11 = 4 keys are loaded together; a round is
+        // 4 warps × 4 keys × 4 = 64 keys.
         let target = Target::parse("sm_90").unwrap();
+        let c = choose(&problem(&smollm(1, 4096), None), &target).unwrap();
+        assert_eq!(
+            (c.vec, c.lanes_per_key, c.pieces_k, c.pieces_v, c.unroll),
+            (8, 8, 1, 1, 4)
+        );
+        assert_eq!((c.threads, c.round_keys(32)), (128, 64));
+        // 3 K/V heads want ceil(608 / 3) = 203 splits; 4096 keys allow 4096 / 64 = 64 of one
+        // round each.
+        assert_eq!((c.splits, c.keys_per_split), (64, 64));
+        // The combine: 64 splits want 8 slices of 8 over 64 columns, 512 threads; at most 8
+        // warps, so 256 threads in 4 slices of 16 splits.
+        assert_eq!((c.combine_threads, c.combine_slices), (256, 4));
+        // 4097 keys: 64 splits of ceil(4097 / 64) = 65 keys, 128 in whole rounds, which takes 33.
         let c = choose(&problem(&smollm(1, 4097), None), &target).unwrap();
-        assert_eq!((c.splits, c.keys_per_split, c.block_n), (13, 320, 64));
-        assert_eq!((c.threads, c.combine_threads, c.vec), (128, 64, 8));
+        assert_eq!((c.splits, c.keys_per_split), (33, 128));
+        // 512 keys: 8 splits of one round; one slice of 8 splits, 64 threads for 64 columns.
+        let c = choose(&problem(&smollm(1, 512), None), &target).unwrap();
+        assert_eq!((c.splits, c.combine_threads, c.combine_slices), (8, 64, 1));
         // 32 keys: one split, taken for the group of 3 (K/V read once for three heads).
         let c = choose(&problem(&smollm(1, 32), None), &target).unwrap();
         assert_eq!((c.splits, c.keys_per_split), (1, 64));
+        // 5 positions × 3 heads = 15 rows: 16-byte pieces would be 15 × 16 floats a lane
+        // (over 128); 8-byte ones spread a row over 16 lanes, 15 × 8 floats. A key then
+        // takes 4 registers of pieces and 15 of scores: 48 / 19 = 2 keys loaded together.
+        let c = choose(&problem(&smollm(5, 4096), None), &target).unwrap();
+        assert_eq!(
+            (c.vec, c.lanes_per_key, c.pieces_k, c.unroll),
+            (4, 16, 1, 2)
+        );
     }
 
     #[test]
@@ -422,8 +531,9 @@ mod tests {
             sk,
             d: 64,
         };
-        // One head per K/V head and one split: nothing saved over the prefill kernels.
-        assert_eq!(choose(&problem(&mha(300), None), &target), None);
+        // One head per K/V head and one split (fewer keys than a round of 4 waves × 8 keys ×
+        // 4 on gfx90a): nothing saved over the prefill kernels.
+        assert_eq!(choose(&problem(&mha(100), None), &target), None);
         assert!(choose(&problem(&mha(4097), None), &target).is_some());
         // Causal with no visible key: a single (empty) split.
         assert_eq!(choose(&problem(&mha(4097), Some(-1)), &target), None);
