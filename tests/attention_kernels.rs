@@ -24,7 +24,6 @@ mod kernel_compile;
 mod needs;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use accuracy::{rel_l2, tolerance};
 use attention_graphs::{build, Mask, Spec};
@@ -35,7 +34,6 @@ use rocmforge::codegen::{generate_with, CodegenOptions, Target};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, Graph};
 use rocmforge::passes::PassManager;
-use rocmforge::runtime::{AmdClang, Hiprtc};
 
 /// The first line of the CUDA-core kernel's source: how a test knows which kernel it got.
 const SIMT: &str = "// FlashAttention in f32 on CUDA cores";
@@ -176,10 +174,7 @@ fn compile_set(arch: &str) -> Result<KernelSet, Failed> {
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
-    let rtc = Hiprtc::load().map(Arc::new);
-    let clang = AmdClang::probe().map(Arc::new);
-    let ptxas = kernel_compile::ptxas();
-    let mut trials: Vec<Trial> = Vec::new();
+    let mut trials: Vec<Trial> = kernel_compile::compile_trials(compile_set);
     for arch in ["gfx90a", "gfx1100"] {
         for (name, spec) in host_cases() {
             trials.push(needs(
@@ -190,27 +185,5 @@ fn main() {
             ));
         }
     }
-    for arch in ["gfx90a", "gfx1030"] {
-        trials.push(needs(
-            &rtc,
-            "ROCMFORGE_REQUIRE_HIPRTC",
-            format!("compile::hiprtc::{arch}"),
-            move |rtc| kernel_compile::hiprtc(&rtc, arch, &compile_set(arch)?),
-        ));
-    }
-    for arch in ["gfx942", "gfx1100", "gfx1201"] {
-        trials.push(needs(
-            &clang,
-            "ROCMFORGE_REQUIRE_CLANG",
-            format!("compile::offline::{arch}"),
-            move |clang| kernel_compile::offline(&clang, arch, &compile_set(arch)?),
-        ));
-    }
-    trials.push(needs(
-        &ptxas,
-        "ROCMFORGE_REQUIRE_PTXAS",
-        "compile::nvrtc::sm_90".into(),
-        move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
-    ));
     libtest_mimic::run(&args, trials).exit();
 }

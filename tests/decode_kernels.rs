@@ -28,7 +28,6 @@ mod kernel_compile;
 mod needs;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use accuracy::{rel_l2, tolerance};
 use decode_cases::{batch0_zero, Case, Mask};
@@ -37,7 +36,6 @@ use needs::needs;
 use rocmforge::codegen::{generate_with, BufferRole, CodegenOptions, KernelPlan, Target};
 use rocmforge::compile::plan_memory;
 use rocmforge::ir::DType;
-use rocmforge::runtime::{AmdClang, Hiprtc};
 
 fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
@@ -287,30 +285,7 @@ fn main() {
             ));
         }
     }
-    let rtc = Hiprtc::load().map(Arc::new);
-    for arch in ["gfx90a", "gfx1030"] {
-        trials.push(needs(
-            &rtc,
-            "ROCMFORGE_REQUIRE_HIPRTC",
-            format!("compile::hiprtc::{arch}"),
-            move |rtc| kernel_compile::hiprtc(&rtc, arch, &compile_set(arch)?),
-        ));
-    }
-    let clang = AmdClang::probe().map(Arc::new);
-    for arch in ["gfx942", "gfx1100", "gfx1201"] {
-        trials.push(needs(
-            &clang,
-            "ROCMFORGE_REQUIRE_CLANG",
-            format!("compile::offline::{arch}"),
-            move |clang| kernel_compile::offline(&clang, arch, &compile_set(arch)?),
-        ));
-    }
-    trials.push(needs(
-        &kernel_compile::ptxas(),
-        "ROCMFORGE_REQUIRE_PTXAS",
-        "compile::nvrtc::sm_90".into(),
-        move |p| kernel_compile::nvrtc(&p, "sm_90", &compile_set("sm_90")?),
-    ));
+    trials.extend(kernel_compile::compile_trials(compile_set));
     trials.push(Trial::test(
         "plan::gpu_cases_take_decode",
         gpu_cases_take_decode,

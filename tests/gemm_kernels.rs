@@ -30,14 +30,12 @@ mod needs;
 use needs::needs;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::DType;
-use rocmforge::runtime::{AmdClang, Hiprtc};
 
 use accuracy::{rel_l2, tolerance};
 
@@ -125,18 +123,6 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     Ok(out)
 }
 
-fn compile_hiprtc(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
-    kernel_compile::hiprtc(rtc, arch, &compile_set(arch)?)
-}
-
-fn compile_offline(clang: &AmdClang, arch: &str) -> Result<(), Failed> {
-    kernel_compile::offline(clang, arch, &compile_set(arch)?)
-}
-
-fn compile_nvrtc(ptxas: &Path) -> Result<(), Failed> {
-    kernel_compile::nvrtc(ptxas, "sm_90", &compile_set("sm_90")?)
-}
-
 /// The body of one kernel of each family, as generated for sm_90.
 fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
     let (k, _) = gemm_kernel(&case, "sm_90")?;
@@ -161,10 +147,7 @@ fn on_cuda_cores(case: &Case, arch: &str) -> bool {
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
-    let rtc = Hiprtc::load().map(Arc::new);
-    let clang = AmdClang::probe().map(Arc::new);
-    let ptxas = kernel_compile::ptxas();
-    let mut trials = Vec::new();
+    let mut trials = kernel_compile::compile_trials(compile_set);
     for arch in ["gfx90a", "gfx1030"] {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
         // which the host cannot run; gfx1030 has no matrix atom, so they run there on the
@@ -178,27 +161,7 @@ fn main() {
                 move |cxx| host_run(&cxx, &case, arch),
             ));
         }
-        trials.push(needs(
-            &rtc,
-            "ROCMFORGE_REQUIRE_HIPRTC",
-            format!("compile::hiprtc::{arch}"),
-            move |rtc| compile_hiprtc(&rtc, arch),
-        ));
     }
-    for arch in ["gfx942", "gfx1100", "gfx1201"] {
-        trials.push(needs(
-            &clang,
-            "ROCMFORGE_REQUIRE_CLANG",
-            format!("compile::offline::{arch}"),
-            move |clang| compile_offline(&clang, arch),
-        ));
-    }
-    trials.push(needs(
-        &ptxas,
-        "ROCMFORGE_REQUIRE_PTXAS",
-        "compile::nvrtc::sm_90".into(),
-        move |p| compile_nvrtc(&p),
-    ));
     trials.push(Trial::test("ptxas_log_parser", || {
         let clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
         let spilled = "    40 bytes stack frame, 40 bytes spill stores, 36 bytes spill loads";

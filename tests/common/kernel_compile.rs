@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use libtest_mimic::Failed;
+use std::sync::Arc;
+
+use libtest_mimic::{Failed, Trial};
 use rocmforge::codegen::{prelude, Target};
 use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
 
@@ -145,4 +147,36 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
     } else {
         Err(failures.join("\n").into())
     }
+}
+
+/// The compile trials of a kernel family's test target: the kernels `set` gives for each target,
+/// through hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC +
+/// ptxas (sm_90), each ignored (or failed, when its `ROCMFORGE_REQUIRE_*` is 1) without its tool.
+pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> {
+    let rtc = Hiprtc::load().map(Arc::new);
+    let clang = AmdClang::probe().map(Arc::new);
+    let mut trials = Vec::new();
+    for arch in ["gfx90a", "gfx1030"] {
+        trials.push(super::needs::needs(
+            &rtc,
+            "ROCMFORGE_REQUIRE_HIPRTC",
+            format!("compile::hiprtc::{arch}"),
+            move |rtc| hiprtc(&rtc, arch, &set(arch)?),
+        ));
+    }
+    for arch in ["gfx942", "gfx1100", "gfx1201"] {
+        trials.push(super::needs::needs(
+            &clang,
+            "ROCMFORGE_REQUIRE_CLANG",
+            format!("compile::offline::{arch}"),
+            move |clang| offline(&clang, arch, &set(arch)?),
+        ));
+    }
+    trials.push(super::needs::needs(
+        &ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".into(),
+        move |p| nvrtc(&p, "sm_90", &set("sm_90")?),
+    ));
+    trials
 }

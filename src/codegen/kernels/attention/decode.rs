@@ -297,7 +297,7 @@ pub(crate) fn kernels(
         rows,
         valid_keys: valid_keys(p),
         elem: p.dtype.size_bytes(),
-        qscale: f32_literal(p.scale * std::f64::consts::LOG2_E),
+        qscale: p.scale_log2e(),
         log2e: f32_literal(std::f64::consts::LOG2_E),
         stats_at,
     };

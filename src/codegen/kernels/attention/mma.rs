@@ -386,7 +386,7 @@ pub(crate) fn kernel(
         k_iters: staged_chunks(&c, p.d, atom),
         v_iters: staged_chunks(&c, p.dv, atom),
         fold,
-        scale_log2: super::super::super::ctype::f32_literal(p.scale * std::f64::consts::LOG2_E),
+        scale_log2: p.scale_log2e(),
     };
     let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish(

@@ -141,6 +141,12 @@ impl Problem {
         })
     }
 
+    /// The scale times log2(e), as a C float literal: every kernel of the family computes the
+    /// softmax in base 2, with the scale folded into the exponent's multiply.
+    pub(crate) fn scale_log2e(&self) -> String {
+        f32_literal(self.scale * std::f64::consts::LOG2_E)
+    }
+
     /// Batch × query heads: grid x of every kernel of the family.
     pub(crate) fn heads(&self, node: &str, target: &Target) -> Result<usize, CodegenError> {
         self.b

@@ -8,7 +8,6 @@
 
 use serde::Serialize;
 
-use super::super::super::ctype::f32_literal;
 use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
@@ -217,7 +216,7 @@ pub(crate) fn kernel(
         tpr: c.tpr(),
         rg: c.row_groups(),
         launch_bounds: launch_bounds(&c, target),
-        scale_log2e: f32_literal(p.scale * std::f64::consts::LOG2_E),
+        scale_log2e: p.scale_log2e(),
         vec_qk,
         vec_v,
         async_copy: target.caps.async_copy.has_cp_async() && vec_qk && vec_v,
