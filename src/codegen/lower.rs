@@ -23,13 +23,14 @@ const NORM_WAVE_ELEMS: usize = 32;
 pub(crate) fn finish(
     family: &'static str,
     template: &str,
-    ctx: Value,
+    ctx: impl serde::Serialize,
     launch: Launch,
     args: Vec<BufferId>,
     node: &str,
 ) -> Result<Kernel, CodegenError> {
     kernel_args(node, args.len())?;
-    let mut ctx = ctx;
+    // Typed contexts and `json!` ones alike become one JSON object, with the entry placeholder.
+    let mut ctx = serde_json::to_value(ctx).expect("a context serialises");
     ctx["entry"] = json!(ENTRY);
     let body = templates::render(template, minijinja::Value::from_serialize(&ctx))?;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

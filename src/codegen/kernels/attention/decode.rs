@@ -306,7 +306,7 @@ pub(crate) fn kernels(
     let first = finish(
         "flash_decode",
         "flash_decode.hip",
-        serde_json::to_value(split).expect("a context serialises"),
+        split,
         split_launch,
         split_args,
         node,
@@ -322,7 +322,7 @@ pub(crate) fn kernels(
     let second = finish(
         "flash_decode_combine",
         "flash_decode_combine.hip",
-        serde_json::to_value(combine).expect("a context serialises"),
+        combine,
         combine_launch,
         vec![ws, out],
         node,

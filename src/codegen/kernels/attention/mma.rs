@@ -17,7 +17,6 @@
 
 use serde::Serialize;
 
-use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_pairs, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
@@ -306,12 +305,7 @@ pub(crate) fn launch(
     node: &str,
     target: &Target,
 ) -> Result<Launch, CodegenError> {
-    checked_launch(
-        node,
-        target,
-        [p.heads(node, target)?, p.sq.div_ceil(c.block_m), 1],
-        c.warps * atom.lanes as usize,
-    )
+    p.query_tiles_launch(c.block_m, c.warps * atom.lanes as usize, node, target)
 }
 
 #[derive(Serialize)]
@@ -388,7 +382,6 @@ pub(crate) fn kernel(
         fold,
         scale_log2: p.scale_log2e(),
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish(
         "flash_attention",
         "flash_attention_mma.hip",

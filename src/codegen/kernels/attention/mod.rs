@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::super::ctype::{ctype, f32_literal, i64_literal};
-use super::super::limits::int_index;
-use super::super::plan::{BufferId, KernelPlan};
+use super::super::limits::{int_index, launch as checked_launch};
+use super::super::plan::{BufferId, KernelPlan, Launch};
 use super::super::{CodegenError, Target};
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
@@ -145,6 +145,23 @@ impl Problem {
     /// softmax in base 2, with the scale folded into the exponent's multiply.
     pub(crate) fn scale_log2e(&self) -> String {
         f32_literal(self.scale * std::f64::consts::LOG2_E)
+    }
+
+    /// The launch of a kernel that tiles the queries: grid x over (batch, head), y over tiles of
+    /// `block_m` query rows, `threads` per block (the prefill kernels' shared geometry).
+    pub(crate) fn query_tiles_launch(
+        &self,
+        block_m: usize,
+        threads: usize,
+        node: &str,
+        target: &Target,
+    ) -> Result<Launch, CodegenError> {
+        checked_launch(
+            node,
+            target,
+            [self.heads(node, target)?, self.sq.div_ceil(block_m), 1],
+            threads,
+        )
     }
 
     /// Batch × query heads: grid x of every kernel of the family.

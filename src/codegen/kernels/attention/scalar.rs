@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 
-use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::{CodegenError, Target};
@@ -37,12 +36,7 @@ pub(crate) fn launch(
     node: &str,
     target: &Target,
 ) -> Result<Launch, CodegenError> {
-    checked_launch(
-        node,
-        target,
-        [p.heads(node, target)?, p.sq.div_ceil(c.block_m), 1],
-        c.block_m * c.tpr,
-    )
+    p.query_tiles_launch(c.block_m, c.block_m * c.tpr, node, target)
 }
 
 #[derive(Serialize)]
@@ -73,7 +67,6 @@ pub(crate) fn kernel(
         dper: p.d.div_ceil(c.tpr).max(1),
         dvper: p.dv.div_ceil(c.tpr).max(1),
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish(
         "flash_attention",
         "flash_attention.hip",

@@ -8,7 +8,6 @@
 
 use serde::Serialize;
 
-use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::target::Platform;
@@ -156,12 +155,7 @@ pub(crate) fn launch(
     node: &str,
     target: &Target,
 ) -> Result<Launch, CodegenError> {
-    checked_launch(
-        node,
-        target,
-        [p.heads(node, target)?, p.sq.div_ceil(c.bm), 1],
-        c.threads,
-    )
+    p.query_tiles_launch(c.bm, c.threads, node, target)
 }
 
 /// The kernel's `__launch_bounds__`. On NVIDIA with an explicit minimum of one block per SM:
@@ -221,7 +215,6 @@ pub(crate) fn kernel(
         vec_v,
         async_copy: target.caps.async_copy.has_cp_async() && vec_qk && vec_v,
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish(
         "flash_attention",
         "flash_attention_simt.hip",

@@ -371,7 +371,6 @@ pub(crate) fn kernel(
         a_iters: a_chunks / threads,
         b_iters: b_chunks / threads,
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish("gemm_mma", "gemm_mma.hip", ctx, launch, args, node).map(Some)
 }
 

@@ -123,6 +123,5 @@ pub(crate) fn kernel(
         c: &c,
         threads: c.threads(),
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish("gemm", "gemm_scalar.hip", ctx, launch, args, node)
 }

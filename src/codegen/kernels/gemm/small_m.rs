@@ -134,6 +134,5 @@ pub(crate) fn kernel(
         chunks: p.k.div_ceil(c.vec),
         threads: launch.block[0] as usize,
     };
-    let ctx = serde_json::to_value(ctx).expect("a context serialises");
     finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
 }
