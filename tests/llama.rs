@@ -342,3 +342,259 @@ fn every_layer_attention_is_fused_causal_gqa() {
         }
     }
 }
+
+// ---- A tiny LLaMA written by tests/common/tiny_gguf.rs: runs without the real model. ----
+
+#[path = "common/tiny_gguf.rs"]
+mod tiny_gguf;
+
+use rocmforge::frontend::{GgufError, ModelError};
+use tiny_gguf::{tiny_llama, GgufFile, Kv};
+
+fn write_tiny(name: &str, file: &GgufFile) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rocmforge-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.gguf"));
+    std::fs::write(&p, file.to_bytes()).unwrap();
+    p
+}
+
+fn run_tiny(m: &LlamaModel, ids: &[u32], dt: DType) -> Vec<f64> {
+    let g = m.graph_typed(ids.len(), Logits::All, dt).unwrap();
+    let b = Bindings {
+        weights: m.weights_for(&g).unwrap(),
+        inputs: m.inputs(ids).into_iter().collect(),
+        ..Bindings::default()
+    };
+    run(&g, &b).unwrap().remove(0).to_f64_vec()
+}
+
+#[test]
+fn a_tiny_model_loads_tokenizes_and_runs() {
+    let p = write_tiny("ok", &tiny_llama());
+    let m = LlamaModel::load(&p).unwrap();
+    std::fs::remove_file(&p).ok();
+    assert_eq!(m.config.num_hidden_layers, 1);
+    assert!(m.config.tie_word_embeddings);
+    // Byte symbols are ids 2..258 (byte b at 2 + b); the merges "h e", "l l", "he ll" make
+    // "hell" (id 260), then "o" alone; "Ġ w" (id 261) is " w".
+    let ids = m.tokenizer.encode("hello world<|im_start|>").unwrap();
+    assert_eq!(ids[..3], [260, 2 + u32::from(b'o'), 261]);
+    assert_eq!(*ids.last().unwrap(), 1);
+    assert_eq!(m.tokenizer.decode(&ids).unwrap(), "hello world<|im_start|>");
+    let f32s = run_tiny(&m, &ids, DType::F32);
+    assert_eq!(f32s.len(), ids.len() * tiny_gguf::TINY_VOCAB);
+    assert!(f32s.iter().all(|x| x.is_finite()));
+    // The last position's logits of the whole-prompt graph are those of Logits::Last, and a
+    // prefix's logits do not depend on what follows (causality).
+    let last = m.graph(ids.len(), Logits::Last).unwrap();
+    let b = Bindings {
+        weights: m.weights_for(&last).unwrap(),
+        inputs: m.inputs(&ids).into_iter().collect(),
+        ..Bindings::default()
+    };
+    let last = run(&last, &b).unwrap().remove(0).to_f64_vec();
+    let v = tiny_gguf::TINY_VOCAB;
+    let tail = &f32s[f32s.len() - v..];
+    assert!(tail.iter().zip(&last).all(|(a, b)| (a - b).abs() <= 1e-5));
+    let prefix = run_tiny(&m, &ids[..3], DType::F32);
+    assert!(prefix.iter().zip(&f32s).all(|(a, b)| (a - b).abs() <= 1e-5));
+    // The f16 option: weights rounded to f16, every intermediate in f16.
+    let f16s = run_tiny(&m, &ids, DType::F16);
+    let err = f16s
+        .iter()
+        .zip(&f32s)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let scale = f32s.iter().map(|x| x.abs()).fold(0.0, f64::max);
+    assert!(
+        err <= 2e-2 * scale.max(1.0),
+        "f16 vs f32: {err} (scale {scale})"
+    );
+    // With add_bos_token, BOS comes first.
+    let mut with_bos = tiny_llama();
+    with_bos.set("tokenizer.ggml.add_bos_token", Kv::Bool(true));
+    let p = write_tiny("bos", &with_bos);
+    let m = LlamaModel::load(&p).unwrap();
+    assert_eq!(m.tokenizer.encode("hello").unwrap()[..2], [1, 260]);
+    std::fs::remove_file(&p).ok();
+}
+
+/// Metadata this lowering or tokenizer cannot honour: each a typed error naming the key.
+#[test]
+fn unsupported_or_inconsistent_metadata_gives_typed_errors() {
+    type Check = fn(&ModelError) -> bool;
+    let cases: Vec<(&str, Box<dyn Fn(&mut GgufFile)>, Check)> = vec![
+        (
+            "architecture",
+            Box::new(|f| {
+                f.set("general.architecture", Kv::Str("gpt2".into()));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, value, .. } if field == "general.architecture" && value == "gpt2"),
+        ),
+        (
+            "rope scaling type",
+            Box::new(|f| {
+                f.set("llama.rope.scaling.type", Kv::Str("linear".into()));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.scaling.type"),
+        ),
+        (
+            "rope scaling factor",
+            Box::new(|f| {
+                f.set("llama.rope.scaling.factor", Kv::F32(4.0));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.scaling.factor"),
+        ),
+        (
+            "partial rotary",
+            Box::new(|f| {
+                f.set("llama.rope.dimension_count", Kv::U32(8));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.dimension_count"),
+        ),
+        (
+            "no block count",
+            Box::new(|f| {
+                f.remove("llama.block_count");
+            }),
+            |e| matches!(e, ModelError::Gguf { error: GgufError::MissingKey { key }, .. } if key == "llama.block_count"),
+        ),
+        (
+            "no epsilon",
+            Box::new(|f| {
+                f.remove("llama.attention.layer_norm_rms_epsilon");
+            }),
+            |e| {
+                matches!(
+                    e,
+                    ModelError::Gguf {
+                        error: GgufError::MissingKey { .. },
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "epsilon of the wrong type",
+            Box::new(|f| {
+                f.set("llama.attention.layer_norm_rms_epsilon", Kv::U32(0));
+            }),
+            |e| {
+                matches!(
+                    e,
+                    ModelError::Gguf {
+                        error: GgufError::KeyType { .. },
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "more layers than tensors",
+            Box::new(|f| {
+                f.set("llama.block_count", Kv::U32(2));
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.block_count"),
+        ),
+        (
+            "absurd layers",
+            Box::new(|f| {
+                f.set("llama.block_count", Kv::U32(1 << 31));
+            }),
+            |e| matches!(e, ModelError::Setting { field, reason, .. } if field == "llama.block_count" && reason.contains("outside")),
+        ),
+        (
+            "heads not dividing",
+            Box::new(|f| {
+                f.set("llama.attention.head_count", Kv::U32(3));
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.attention.head_count"),
+        ),
+        (
+            "kv heads not dividing",
+            Box::new(|f| {
+                f.set("llama.attention.head_count_kv", Kv::U32(3));
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.attention.head_count_kv"),
+        ),
+        (
+            "ffn size not the tensors'",
+            Box::new(|f| {
+                f.set("llama.feed_forward_length", Kv::U32(32));
+            }),
+            |e| matches!(e, ModelError::TensorShape { name, .. } if name == "blk.0.ffn_gate.weight"),
+        ),
+        (
+            "missing tensor",
+            Box::new(|f| f.tensors.retain(|t| t.name != "blk.0.attn_v.weight")),
+            |e| matches!(e, ModelError::MissingTensor { name, .. } if name == "blk.0.attn_v.weight"),
+        ),
+        (
+            "tokenizer model",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.model", Kv::Str("llama".into()));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "tokenizer.ggml.model"),
+        ),
+        (
+            "pre-tokenizer",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.pre", Kv::Str("qwen2".into()));
+            }),
+            |e| matches!(e, ModelError::Unsupported { field, value, .. } if field == "tokenizer.ggml.pre" && value == "qwen2"),
+        ),
+        (
+            "no pre-tokenizer",
+            Box::new(|f| {
+                f.remove("tokenizer.ggml.pre");
+            }),
+            |e| matches!(e, ModelError::Gguf { error: GgufError::MissingKey { key }, .. } if key == "tokenizer.ggml.pre"),
+        ),
+        (
+            "merge of one token",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.merges", Kv::Strs(vec!["hel".into()]));
+            }),
+            |e| matches!(e, ModelError::Tokenizer(m) if m.contains("not two tokens")),
+        ),
+        (
+            "merge of unknown tokens",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.merges", Kv::Strs(vec!["zz qq".into()]));
+            }),
+            |e| matches!(e, ModelError::Tokenizer(_)),
+        ),
+        (
+            "token types not one per token",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.token_type", Kv::I32s(vec![3, 3]));
+            }),
+            |e| matches!(e, ModelError::Tokenizer(m) if m.contains("token_type")),
+        ),
+        (
+            "bos past the vocabulary",
+            Box::new(|f| {
+                f.set("tokenizer.ggml.bos_token_id", Kv::U32(100_000));
+            }),
+            |e| matches!(e, ModelError::Tokenizer(m) if m.contains("bos_token_id")),
+        ),
+        (
+            "vocabulary past the embeddings",
+            Box::new(|f| {
+                f.set("llama.vocab_size", Kv::U32(10));
+            }),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.vocab_size"),
+        ),
+    ];
+    for (name, edit, check) in cases {
+        let mut f = tiny_llama();
+        edit(&mut f);
+        let p = write_tiny(&format!("bad-{}", name.replace(' ', "-")), &f);
+        match LlamaModel::load(&p) {
+            Ok(_) => panic!("{name}: loaded"),
+            Err(e) => assert!(check(&e), "{name}: {e:?}"),
+        }
+        std::fs::remove_file(&p).ok();
+    }
+}

@@ -48,18 +48,20 @@ pub enum Logits {
     Last,
 }
 
-fn config_error<T>(field: &str, reason: String) -> Result<T, ModelError> {
-    Err(ModelError::Config {
+/// A metadata value of `g` that this lowering cannot use.
+fn config_error<T>(g: &Gguf, field: &str, reason: String) -> Result<T, ModelError> {
+    Err(ModelError::Setting {
+        file: g.path().display().to_string(),
         field: field.into(),
         reason,
     })
 }
 
-/// `llama.{key}` as a size within `1..=max`.
+/// `key` as a size within `1..=max`.
 fn size(g: &Gguf, key: &str, max: usize) -> Result<usize, ModelError> {
     let v = g.u32(key)? as usize;
     if v == 0 || v > max {
-        return config_error(key, format!("{v} is outside 1..={max}"));
+        return config_error(g, key, format!("{v} is outside 1..={max}"));
     }
     Ok(v)
 }
@@ -93,12 +95,14 @@ impl LlamaConfig {
         };
         if !hidden.is_multiple_of(heads) {
             return config_error(
+                g,
                 "llama.attention.head_count",
                 format!("{heads} heads do not divide embedding_length {hidden}"),
             );
         }
         if !heads.is_multiple_of(kv) {
             return config_error(
+                g,
                 "llama.attention.head_count_kv",
                 format!("{kv} K/V heads do not divide {heads} query heads"),
             );
@@ -106,6 +110,7 @@ impl LlamaConfig {
         let head_dim = hidden / heads;
         if !head_dim.is_multiple_of(2) {
             return config_error(
+                g,
                 "llama.attention.head_count",
                 format!("a head size of {head_dim} is odd, rope needs pairs"),
             );
@@ -126,6 +131,7 @@ impl LlamaConfig {
         let eps = f64::from(g.f32("llama.attention.layer_norm_rms_epsilon")?);
         if !(eps > 0.0 && eps < 1.0) {
             return config_error(
+                g,
                 "llama.attention.layer_norm_rms_epsilon",
                 format!("{eps} is not in (0, 1)"),
             );
@@ -135,7 +141,7 @@ impl LlamaConfig {
             None => 10000.0,
         };
         if !(theta.is_finite() && theta > 1.0) {
-            return config_error("llama.rope.freq_base", format!("{theta} is not above 1"));
+            return config_error(g, "llama.rope.freq_base", format!("{theta} is not above 1"));
         }
         if let Some(v) = g.get("llama.rope.scaling.type") {
             let t = g.str("llama.rope.scaling.type").unwrap_or(v.type_name());
@@ -223,17 +229,19 @@ impl LlamaModel {
             .max()
             .unwrap_or(0);
         if layers != config.num_hidden_layers {
-            return Err(ModelError::ConfigMismatch {
-                field: "llama.block_count".into(),
-                value: config.num_hidden_layers,
-                file: path.display().to_string(),
-                tensor: "blk.*".into(),
-                found: vec![layers],
-            });
+            return config_error(
+                &gguf,
+                "llama.block_count",
+                format!(
+                    "{} layers, but the file holds tensors of {layers} (blk.*)",
+                    config.num_hidden_layers
+                ),
+            );
         }
         let tokenizer = GgufTokenizer::from_gguf(&gguf)?;
         if tokenizer.vocab_size() > config.vocab_size {
             return config_error(
+                &gguf,
                 "llama.vocab_size",
                 format!(
                     "{} rows of embeddings, but the tokenizer has {} tokens",
