@@ -146,7 +146,8 @@ fn the_gguf_file_reads_back_known_values() {
     // Values of a Q8_0 and a Q4_1 tensor (file order: row-major, rows of the first GGUF dim),
     // computed by a one-off Python script (struct.unpack '<e' for the f16 scales, the block
     // expressions as ggml-common.h defines them) from the raw bytes of the file.
-    let spots: [(&str, GgmlType, &[(usize, f64)]); 2] = [
+    type Spots<'a> = &'a [(usize, f64)];
+    let spots: [(&str, GgmlType, Spots); 2] = [
         (
             "token_embd.weight",
             GgmlType::Q8_0,
@@ -424,7 +425,8 @@ fn a_tiny_model_loads_tokenizes_and_runs() {
 #[test]
 fn unsupported_or_inconsistent_metadata_gives_typed_errors() {
     type Check = fn(&ModelError) -> bool;
-    let cases: Vec<(&str, Box<dyn Fn(&mut GgufFile)>, Check)> = vec![
+    type Edit = Box<dyn Fn(&mut GgufFile)>;
+    let cases: Vec<(&str, Edit, Check)> = vec![
         (
             "architecture",
             Box::new(|f| {

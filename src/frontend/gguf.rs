@@ -992,7 +992,8 @@ mod tests {
                 .data(32, &vec![0u8; data])
                 .b
         };
-        let cases: Vec<(&str, Vec<u8>, fn(&GgufError) -> bool)> = vec![
+        type Check = fn(&GgufError) -> bool;
+        let cases: Vec<(&str, Vec<u8>, Check)> = vec![
             ("empty", vec![], |e| matches!(e, GgufError::BadMagic { .. })),
             ("magic", b"GGML\x03\0\0\0".to_vec(), |e| {
                 matches!(e, GgufError::BadMagic { .. })
