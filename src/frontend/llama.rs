@@ -17,9 +17,10 @@ use serde::Serialize;
 
 use super::gguf::Gguf;
 use super::gguf_tokenizer::GgufTokenizer;
-use super::nn::{self, Heads, SwiGlu};
+pub use super::nn::Heads;
+use super::nn::{self, SwiGlu};
 use super::ModelError;
-use crate::ir::{DType, Graph, GraphError, Op, Sample, Tensor};
+use crate::ir::{DType, Graph, GraphError, NodeId, Op, Sample, Tensor};
 
 /// The configuration of a LLaMA-class decoder, read from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -186,12 +187,56 @@ impl LlamaConfig {
         })
     }
 
-    fn heads(&self) -> Heads {
+    pub fn heads(&self) -> Heads {
         Heads {
             q: self.num_attention_heads,
             kv: self.num_key_value_heads,
             dim: self.head_dim,
         }
+    }
+}
+
+/// How each layer rotates positions and attends, the part of the forward pass that differs
+/// between a whole-prompt prefill and a decoder with a KV cache.
+pub trait AttentionStep {
+    /// Rope over `x` `[1, H, s, D]` (this step's tokens).
+    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError>;
+    /// Attention of layer `layer` for this step's roped `q` `[1, Hq, s, D]`, roped `k` and
+    /// `v` `[1, Hkv, s, D]`; returns `[1, s, Hq·D]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<NodeId, GraphError>;
+}
+
+/// A whole prompt of `s` tokens at positions `0..s`, attending causally over itself.
+pub struct Prefill {
+    pub s: usize,
+}
+
+impl AttentionStep for Prefill {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError> {
+        g.rope(x, theta, 0)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        _layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, dt)
     }
 }
 
@@ -286,6 +331,19 @@ impl LlamaModel {
     /// As [`LlamaModel::graph`], computing in `dtype` (weights converted when bound); the
     /// logits come out in f32.
     pub fn graph_typed(&self, s: usize, logits: Logits, dt: DType) -> Result<Graph, GraphError> {
+        self.graph_with(s, logits, dt, &mut Prefill { s })
+    }
+
+    /// The forward pass over `s` new tokens with each layer's rope and attention supplied by
+    /// `step`: [`Prefill`] for a whole prompt; a KV-cache variant writes K/V into its cache and
+    /// attends over it, with the rest of the model unchanged.
+    pub fn graph_with(
+        &self,
+        s: usize,
+        logits: Logits,
+        dt: DType,
+        step: &mut dyn AttentionStep,
+    ) -> Result<Graph, GraphError> {
         let c = &self.config;
         let (h, heads) = (c.hidden_size, c.heads());
         let mut g = Graph::new(if dt == DType::F32 {
@@ -312,30 +370,7 @@ impl LlamaModel {
         let table = g.weight("token_embd.weight", dt, &[c.vocab_size, h])?;
         let mut x = g.gather(table, ids)?;
         for l in 0..c.num_hidden_layers {
-            let w = |name: &str| format!("blk.{l}.{name}.weight");
-            let a = nn::rms_norm(&mut g, x, &w("attn_norm"), h, c.rms_norm_eps, dt)?;
-            let (qd, kvd) = (heads.q * heads.dim, heads.kv * heads.dim);
-            let q = nn::linear(&mut g, a, &w("attn_q"), h, qd, dt)?;
-            let k = nn::linear(&mut g, a, &w("attn_k"), h, kvd, dt)?;
-            let v = nn::linear(&mut g, a, &w("attn_v"), h, kvd, dt)?;
-            let q = nn::split_heads(&mut g, q, 1, s, heads.q, heads.dim)?;
-            let k = nn::split_heads(&mut g, k, 1, s, heads.kv, heads.dim)?;
-            let v = nn::split_heads(&mut g, v, 1, s, heads.kv, heads.dim)?;
-            let q = g.rope(q, c.rope_theta, 0)?;
-            let k = g.rope(k, c.rope_theta, 0)?;
-            let ctx = nn::causal_attention(&mut g, q, k, v, heads, 1, s, s, 0, dt)?;
-            let o = nn::linear(&mut g, ctx, &w("attn_output"), qd, h, dt)?;
-            let r = g.add(x, o)?;
-            let m = nn::rms_norm(&mut g, r, &w("ffn_norm"), h, c.rms_norm_eps, dt)?;
-            let mlp = SwiGlu {
-                gate: &w("ffn_gate"),
-                up: &w("ffn_up"),
-                down: &w("ffn_down"),
-                hidden: h,
-                ffn: c.intermediate_size,
-            };
-            let f = nn::swiglu(&mut g, m, &mlp, dt)?;
-            x = g.add(r, f)?;
+            x = self.layer(&mut g, x, l, s, dt, step)?;
         }
         if logits == Logits::Last {
             let last = g.slice(x, 1, s as i64 - 1, s as i64)?;
@@ -355,6 +390,44 @@ impl LlamaModel {
         g.rename(out, "logits")?;
         g.set_outputs(&[out])?;
         Ok(g)
+    }
+
+    /// Decoder layer `l` on `x` `[1, s, hidden]`, as transformers' `LlamaDecoderLayer`.
+    fn layer(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        l: usize,
+        s: usize,
+        dt: DType,
+        step: &mut dyn AttentionStep,
+    ) -> Result<NodeId, GraphError> {
+        let c = &self.config;
+        let (h, heads) = (c.hidden_size, c.heads());
+        let w = |name: &str| format!("blk.{l}.{name}.weight");
+        let a = nn::rms_norm(g, x, &w("attn_norm"), h, c.rms_norm_eps, dt)?;
+        let (qd, kvd) = (heads.q * heads.dim, heads.kv * heads.dim);
+        let q = nn::linear(g, a, &w("attn_q"), h, qd, dt)?;
+        let k = nn::linear(g, a, &w("attn_k"), h, kvd, dt)?;
+        let v = nn::linear(g, a, &w("attn_v"), h, kvd, dt)?;
+        let q = nn::split_heads(g, q, 1, s, heads.q, heads.dim)?;
+        let k = nn::split_heads(g, k, 1, s, heads.kv, heads.dim)?;
+        let v = nn::split_heads(g, v, 1, s, heads.kv, heads.dim)?;
+        let q = step.rope(g, q, c.rope_theta)?;
+        let k = step.rope(g, k, c.rope_theta)?;
+        let ctx = step.attend(g, l, q, k, v, heads, dt)?;
+        let o = nn::linear(g, ctx, &w("attn_output"), qd, h, dt)?;
+        let r = g.add(x, o)?;
+        let m = nn::rms_norm(g, r, &w("ffn_norm"), h, c.rms_norm_eps, dt)?;
+        let mlp = SwiGlu {
+            gate: &w("ffn_gate"),
+            up: &w("ffn_up"),
+            down: &w("ffn_down"),
+            hidden: h,
+            ffn: c.intermediate_size,
+        };
+        let f = nn::swiglu(g, m, &mlp, dt)?;
+        g.add(r, f)
     }
 
     /// The weights `graph` reads, dequantized from the mapped file now, converted to each

@@ -8,7 +8,7 @@ mod ggml_types;
 pub mod gguf;
 mod gguf_tokenizer;
 pub mod llama;
-mod nn;
+pub mod nn;
 mod safetensors;
 
 use std::path::PathBuf;
