@@ -144,8 +144,8 @@ impl LlamaConfig {
         if !(theta.is_finite() && theta > 1.0) {
             return config_error(g, "llama.rope.freq_base", format!("{theta} is not above 1"));
         }
-        if let Some(v) = g.get("llama.rope.scaling.type") {
-            let t = g.str("llama.rope.scaling.type").unwrap_or(v.type_name());
+        if g.get("llama.rope.scaling.type").is_some() {
+            let t = g.str("llama.rope.scaling.type")?;
             if t != "none" {
                 return Err(ModelError::Unsupported {
                     field: "llama.rope.scaling.type".into(),

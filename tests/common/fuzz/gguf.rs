@@ -201,7 +201,9 @@ impl Target for GgufTarget {
             }
             Err(e) => return Err(format!("open gave an error of the wrong kind: {e}")),
         };
-        if g.data_start > input.len() || !g.data_start.is_multiple_of(g.alignment) {
+        // The data section starts aligned, or at the end of a file that holds no data.
+        let aligned = g.data_start.is_multiple_of(g.alignment) || g.data_start == input.len();
+        if g.data_start > input.len() || !aligned {
             return Err(format!("data section at {}", g.data_start));
         }
         let mut ranges = Vec::new();
