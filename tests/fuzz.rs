@@ -66,6 +66,11 @@ fn bert_config_json() {
 }
 
 #[test]
+fn gguf_files() {
+    fuzz_briefly("gguf");
+}
+
+#[test]
 fn amd_code_objects() {
     fuzz_briefly("code_object");
 }

@@ -1,8 +1,14 @@
 //! Lowering real models into graphs: Hugging Face BERT-class encoders from config.json,
-//! model.safetensors (memory-mapped) and tokenizer.json.
+//! model.safetensors (memory-mapped) and tokenizer.json; LLaMA-class decoders from one GGUF file
+//! (weights, tokenizer and configuration in its metadata).
 
 mod bert;
 mod bert_config;
+mod ggml_types;
+pub mod gguf;
+mod gguf_tokenizer;
+pub mod llama;
+pub mod nn;
 mod safetensors;
 
 use std::path::PathBuf;
@@ -13,10 +19,19 @@ use crate::ir::{DType, FileError, GraphError};
 
 pub use bert::{BertEncoder, Encoded};
 pub use bert_config::{BertConfig, Pooling, SETTINGS_FILE, TOKENIZER_FILE};
+pub use ggml_types::GgmlType;
+pub use gguf::{Gguf, GgufArray, GgufError, GgufTensor, GgufValue};
+pub use gguf_tokenizer::GgufTokenizer;
+pub use llama::{LlamaConfig, LlamaModel};
 pub use safetensors::{SafeTensors, TensorInfo, MAX_HEADER_BYTES, WEIGHTS_FILE};
 
 /// The sentence-embedding model `scripts/fetch-models` installs and `rocmforge embed` uses.
 pub const MINILM: &str = "all-MiniLM-L6-v2";
+
+/// The decoder `scripts/fetch-models` installs: its directory in the model cache and the GGUF
+/// file in it.
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct";
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where `scripts/fetch-models` puts model `name`: `$ROCMFORGE_MODELS/name`, else
 /// `~/.cache/rocmforge/models/name`.
@@ -60,6 +75,12 @@ pub enum ModelError {
     },
     #[error("{path}: not a valid safetensors file: {reason}")]
     Safetensors { path: String, reason: String },
+    #[error("{path}: {error}")]
+    Gguf {
+        path: String,
+        #[source]
+        error: gguf::GgufError,
+    },
     #[error("{path}: no tensor `{name}`")]
     MissingTensor { path: String, name: String },
     #[error("tensor `{name}` has shape {found:?}, the config implies {expected:?}")]
@@ -70,6 +91,12 @@ pub enum ModelError {
     },
     #[error("tensor `{name}` is {found}, expected a float tensor")]
     TensorDType { name: String, found: DType },
+    #[error("`{field}` is `{value}`, which is not supported ({supported})")]
+    Unsupported {
+        field: String,
+        value: String,
+        supported: String,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error(transparent)]

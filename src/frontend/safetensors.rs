@@ -290,7 +290,7 @@ impl SafeTensors {
     }
 }
 
-fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap, ModelError> {
+pub(super) fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap, ModelError> {
     // SAFETY: mapping is unsafe because the file could change under the map. Model files are
     // opened read-only and not written while rocmforge runs, and every read is bounds-checked
     // against the map's length, so a file truncated before mapping cannot be read past its end.

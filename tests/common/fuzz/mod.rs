@@ -15,11 +15,14 @@
 
 mod code_object;
 mod config;
+mod gguf;
 mod graph;
 pub mod guard;
 mod json;
 mod mutate;
 mod safetensors;
+#[path = "../tiny_gguf.rs"]
+pub mod tiny_gguf;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -30,6 +33,7 @@ use rand_chacha::ChaCha8Rng;
 
 pub use code_object::CodeObjectTarget;
 pub use config::ConfigTarget;
+pub use gguf::GgufTarget;
 pub use graph::GraphTarget;
 pub use guard::install_memory_limit;
 pub use safetensors::SafetensorsTarget;
@@ -82,6 +86,7 @@ pub fn targets() -> Vec<Box<dyn Target>> {
         Box::new(GraphTarget::default()),
         Box::new(SafetensorsTarget),
         Box::new(ConfigTarget),
+        Box::new(GgufTarget),
         Box::new(CodeObjectTarget),
     ]
 }
