@@ -46,6 +46,7 @@ pub(crate) fn finish(
         body: body.replace(ENTRY, &entry),
         launch,
         args,
+        tune: None,
     })
 }
 
@@ -293,7 +294,7 @@ fn lower_node(
             )?
         }
         Op::MatMul => matmul(g, id, buf, target)?,
-        Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
+        Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target, &options.tuned)?,
         Op::FlashAttention(att) => {
             return super::kernels::attention::lower(
                 g,
@@ -303,6 +304,7 @@ fn lower_node(
                 target,
                 plan,
                 options.attention_access,
+                &options.tuned,
             )
         }
     };

@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
 use super::super::plan::{BufferId, KernelPlan, Launch};
+use super::super::tuning::{Family, TuneKey, TuneProblem, Tuned};
 use super::super::{CodegenError, Target};
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
@@ -164,6 +165,25 @@ impl Problem {
         )
     }
 
+    /// What a tiling's speed depends on, for `family`: sizes, dtype, causality and the mask.
+    pub(crate) fn tune_key(&self, family: Family) -> TuneKey {
+        TuneKey {
+            family,
+            problem: TuneProblem::Attention {
+                dtype: self.dtype,
+                b: self.b,
+                hq: self.hq,
+                hkv: self.hkv,
+                sq: self.sq,
+                sk: self.sk,
+                d: self.d,
+                dv: self.dv,
+                causal: self.causal,
+                mask: self.mask.to_string(),
+            },
+        }
+    }
+
     /// Batch × query heads: grid x of every kernel of the family.
     pub(crate) fn heads(&self, node: &str, target: &Target) -> Result<usize, CodegenError> {
         self.b
@@ -189,6 +209,7 @@ pub(crate) fn lower(
     target: &Target,
     plan: &mut KernelPlan,
     access: Option<AttentionAccess>,
+    tuned: &Tuned,
 ) -> Result<(), CodegenError> {
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
@@ -200,9 +221,9 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access)? {
+    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access, tuned)? {
         k
-    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target)? {
+    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
         k
     } else {
         scalar::kernel(&p, node, args, target)?
