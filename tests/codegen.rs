@@ -626,16 +626,26 @@ fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
                 Family::AttentionSimt => unreachable!("f16 runs on the matrix cores"),
             };
             assert_eq!(
-                (k.launch.grid.map(|x| x as usize), k.launch.block[0] as usize),
+                (
+                    k.launch.grid.map(|x| x as usize),
+                    k.launch.block[0] as usize
+                ),
                 (grid, block),
                 "{c}"
             );
             if index == site.default {
-                assert_eq!(k.body, k0.body, "the default chosen by index is the default");
+                assert_eq!(
+                    k.body, k0.body,
+                    "the default chosen by index is the default"
+                );
             }
             bodies.insert(k.body);
         }
-        assert_eq!(bodies.len(), site.candidates.len(), "one kernel per candidate");
+        assert_eq!(
+            bodies.len(),
+            site.candidates.len(),
+            "one kernel per candidate"
+        );
         // A choice made for another candidate list is not applied.
         let other = (site.default + 1) % site.candidates.len();
         let mut stale = Tuned::new();

@@ -1352,10 +1352,11 @@ fn bundle_falls_back_to_source(device: &Device, g: &Graph) -> Result<(), Failed>
 /// A device handle of its own over the GPU `spec`, with a kernel and tune cache in `dir` only
 /// (no results of earlier runs, no memory of other trials).
 fn device_with_cache_in(spec: &str, dir: &Path) -> Result<Device, Failed> {
-    Ok(
-        Device::open_with_cache(spec, KernelCache::with_disk(Some(DiskCache::new(dir.into()))))
-            .map_err(|e| e.to_string())?,
+    Ok(Device::open_with_cache(
+        spec,
+        KernelCache::with_disk(Some(DiskCache::new(dir.into()))),
     )
+    .map_err(|e| e.to_string())?)
 }
 
 fn tune_options() -> CompileOptions {

@@ -296,16 +296,7 @@ fn lower_node(
         Op::MatMul => matmul(g, id, buf, target)?,
         Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target, &options.tuned)?,
         Op::FlashAttention(att) => {
-            return super::kernels::attention::lower(
-                g,
-                id,
-                att,
-                buf,
-                target,
-                plan,
-                options.attention_access,
-                &options.tuned,
-            )
+            return super::kernels::attention::lower(g, id, att, buf, target, plan, options)
         }
     };
     plan.kernels.push(k);

@@ -31,8 +31,8 @@ pub use names::display_name;
 pub use plan::{
     Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
 };
-pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 pub use target::{Arch, AsyncCopy, LaunchLimits, Platform, Target};
+pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {

@@ -13,8 +13,8 @@ use rayon::prelude::*;
 
 use super::{load, progress, CompileError};
 use crate::codegen::{
-    self, BufferRole, Choice, CodegenOptions, Kernel, KernelPlan, Target, TuneKey, TuneSite,
-    Tuned, STATUS_BYTES,
+    self, BufferRole, Choice, CodegenOptions, Kernel, KernelPlan, Target, TuneKey, TuneSite, Tuned,
+    STATUS_BYTES,
 };
 use crate::ir::Graph;
 use crate::runtime::device::LoadedKernel;
@@ -235,6 +235,8 @@ fn time_candidates(
             }
         }
     }
+    // By problem, so that each problem's scratch buffers are allocated once.
+    trials.sort_by_key(|t| (t.problem, t.candidate));
     let bar = progress::bar(trials.len(), "tuning: compiling candidates", show_progress);
     let loaded: Vec<Result<std::sync::Arc<LoadedKernel>, RuntimeError>> = trials
         .par_iter()
@@ -269,8 +271,15 @@ fn time_candidates(
                 .arg_bytes
                 .iter()
                 .map(|&b| stream.alloc(b, true))
-                .collect::<Result<Vec<_>, _>>()?;
-            scratch = Some((t.problem, bufs));
+                .collect::<Result<Vec<_>, _>>();
+            match bufs {
+                Ok(bufs) => scratch = Some((t.problem, bufs)),
+                // Over a memory budget, say: this problem keeps its default.
+                Err(e) => {
+                    tracing::warn!(entry = %t.kernel.entry, "tuning: no scratch buffers: {e}");
+                    continue;
+                }
+            }
         }
         let bufs = &scratch.as_ref().expect("allocated above").1;
         match time_one(&stream, &kernel, &t.kernel, bufs) {

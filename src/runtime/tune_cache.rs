@@ -119,10 +119,7 @@ impl TuneCache {
             Store::Disk(d) => d,
         };
         let corrupt = |reason: String| TuneCacheError::Corrupt {
-            file: disk
-                .entry_path(&digest, TUNING_EXT)
-                .display()
-                .to_string(),
+            file: disk.entry_path(&digest, TUNING_EXT).display().to_string(),
             reason,
         };
         let payload = match disk.read_entry(&digest, TUNING_EXT) {

@@ -22,8 +22,8 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
 use super::super::plan::{BufferId, KernelPlan, Launch};
-use super::super::tuning::{Family, TuneKey, TuneProblem, Tuned};
-use super::super::{CodegenError, Target};
+use super::super::tuning::{Family, TuneKey, TuneProblem};
+use super::super::{CodegenError, CodegenOptions, Target};
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
 /// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
@@ -200,7 +200,8 @@ impl Problem {
 /// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
 /// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
 /// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
-/// `access` limits the matrix-core kernel's memory-access choices (tests).
+/// `options` may limit the matrix-core kernel's memory-access choices (tests) and hold tuned
+/// configurations.
 pub(crate) fn lower(
     g: &Graph,
     id: NodeId,
@@ -208,9 +209,9 @@ pub(crate) fn lower(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     plan: &mut KernelPlan,
-    access: Option<AttentionAccess>,
-    tuned: &Tuned,
+    options: &CodegenOptions,
 ) -> Result<(), CodegenError> {
+    let (access, tuned) = (options.attention_access, &options.tuned);
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
