@@ -1389,7 +1389,8 @@ fn tune_then_reload(
     g: &Graph,
     check: &dyn Fn(&Device) -> Result<(), Failed>,
 ) -> Result<(), Failed> {
-    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    // No hold on MEMORY here: these device handles count their own memory, apart from the
+    // shared device the memory check measures, and `check` may take the lock itself.
     let dir = std::env::temp_dir().join(format!(
         "rocmforge-gpu-tune-{}-{}",
         g.name,
