@@ -762,35 +762,34 @@ fn resources_of(code: &[u8], entry: &str) -> Result<KernelResources, String> {
         .ok_or_else(|| format!("{entry} missing from its code object"))
 }
 
-/// Runs `compile` on every kernel of `plan` in parallel, with progress on a terminal; the
-/// results in plan order, or the first error.
+/// Runs `compile` on every kernel of `plan` in parallel, with a progress bar on a terminal;
+/// the results in plan order, or the first error.
 fn compile_kernels<T: Send>(
     plan: &codegen::KernelPlan,
     compile: impl Fn(&codegen::Kernel) -> Result<T, String> + Sync,
 ) -> Result<Vec<T>, String> {
-    let total = plan.kernels.len();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    let start = Instant::now();
-    let show_progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let target = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressDrawTarget::stderr()
+    } else {
+        indicatif::ProgressDrawTarget::hidden()
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(Some(plan.kernels.len() as u64), target);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "compiling {pos}/{len} kernels for {msg} [{elapsed_precise}] {wide_bar}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(plan.target.arch.clone());
     let results: Vec<Result<T, String>> = plan
         .kernels
         .par_iter()
         .map(|k| {
-            let row = compile(k)?;
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            if show_progress && start.elapsed().as_millis() > 300 {
-                eprint!(
-                    "\rcompiling {n}/{total} kernels for {} ({:.1} s)",
-                    plan.target.arch,
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            Ok(row)
+            let row = compile(k);
+            bar.inc(1);
+            row
         })
         .collect();
-    if show_progress && start.elapsed().as_millis() > 300 {
-        eprintln!();
-    }
+    bar.finish_and_clear();
     results.into_iter().collect()
 }
 
