@@ -555,3 +555,112 @@ fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
         });
     }
 }
+
+/// A field `name: N` of a configuration as its `Debug` text shows it.
+fn config_field(config: &str, name: &str) -> usize {
+    let at = config
+        .find(&format!("{name}: "))
+        .unwrap_or_else(|| panic!("no `{name}` in {config}"));
+    config[at + name.len() + 2..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// Tuning: for an f16 GEMM and an f16 attention at odd sizes on sm_90, each candidate the
+/// table names is the kernel emitted (its launch geometry is that candidate's tiling, every
+/// candidate a different kernel); without a table, or with a choice made for another candidate
+/// list, the family's default is emitted, as the snapshots hold it.
+#[test]
+fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
+    use rocmforge::codegen::{Choice, Family, Tuned};
+    let target = Target::parse("sm_90").unwrap();
+    let gemm = gemm_cases::plain_case(DType::F16, 77, 130, 72, true);
+    let spec = Spec {
+        dtype: DType::F16,
+        hkv: 2,
+        sk: 93,
+        mask: Mask::Causal,
+        ..Spec::new(2, 6, 77, 64)
+    };
+    let mut attention = build(&spec);
+    PassManager::default_pipeline().run(&mut attention).unwrap();
+    for g in [gemm, attention] {
+        let default = generate(&g, &target).unwrap();
+        let tunable = |plan: &KernelPlan| {
+            let ks: Vec<_> = plan.kernels.iter().filter(|k| k.tune.is_some()).collect();
+            assert_eq!(ks.len(), 1, "{}: one tunable kernel", g.name);
+            ks[0].clone()
+        };
+        let k0 = tunable(&default);
+        let site = k0.tune.clone().unwrap();
+        assert!(site.candidates.len() > 1, "{:?}", site.candidates);
+        assert_eq!(site.chosen, site.default, "untuned: the default");
+        let mut bodies = std::collections::HashSet::new();
+        for index in 0..site.candidates.len() {
+            let mut tuned = Tuned::new();
+            let checksum = site.checksum;
+            tuned.insert(site.key.clone(), Choice { index, checksum });
+            let options = CodegenOptions {
+                tuned,
+                ..CodegenOptions::default()
+            };
+            let k = tunable(&generate_with(&g, &target, &options).unwrap());
+            assert_eq!(k.tune.as_ref().unwrap().chosen, index);
+            let c = &site.candidates[index];
+            let (grid, block) = match site.key.family {
+                Family::GemmMma => (
+                    [
+                        130usize.div_ceil(config_field(c, "bn")),
+                        77usize.div_ceil(config_field(c, "bm")),
+                        1,
+                    ],
+                    config_field(c, "warps_m") * config_field(c, "warps_n") * 32,
+                ),
+                Family::AttentionMma => (
+                    [2 * 6, 77usize.div_ceil(config_field(c, "block_m")), 1],
+                    config_field(c, "warps") * 32,
+                ),
+                Family::AttentionSimt => unreachable!("f16 runs on the matrix cores"),
+            };
+            assert_eq!(
+                (
+                    k.launch.grid.map(|x| x as usize),
+                    k.launch.block[0] as usize
+                ),
+                (grid, block),
+                "{c}"
+            );
+            if index == site.default {
+                assert_eq!(
+                    k.body, k0.body,
+                    "the default chosen by index is the default"
+                );
+            }
+            bodies.insert(k.body);
+        }
+        assert_eq!(
+            bodies.len(),
+            site.candidates.len(),
+            "one kernel per candidate"
+        );
+        // A choice made for another candidate list is not applied.
+        let other = (site.default + 1) % site.candidates.len();
+        let mut stale = Tuned::new();
+        stale.insert(
+            site.key.clone(),
+            Choice {
+                index: other,
+                checksum: site.checksum ^ 1,
+            },
+        );
+        let options = CodegenOptions {
+            tuned: stale,
+            ..CodegenOptions::default()
+        };
+        let k = tunable(&generate_with(&g, &target, &options).unwrap());
+        assert_eq!(k.body, k0.body);
+    }
+}

@@ -11,14 +11,14 @@ use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
 use rocmforge::compile::bundle::{
     self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport, DEFAULT_MAX_BUNDLE_BYTES,
 };
-use rocmforge::compile::CompileOptions;
+use rocmforge::compile::{CompileOptions, TuneStats};
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, DType, Graph, GraphError, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
 use rocmforge::runtime::{
     amd_compiler_for, occupancy_table, parse_code_object, report_table, AmdCompiler,
-    AmdCompilerChoice, Device, DiskCache, Hiprtc, KernelResources,
+    AmdCompilerChoice, Device, DiskCache, EntryKind, Hiprtc, KernelResources,
 };
 
 /// `println!` that ends the program quietly when stdout is closed (`rocmforge ... | head`).
@@ -54,7 +54,7 @@ macro_rules! out {
                   elementwise chains around it, emits HIP kernels and runs them. Its CPU \
                   interpreter is the numeric reference for every other path.\n\n\
                   Graphs are JSON files (see docs/graph-format.md); examples are in graphs/.",
-    after_help = "Examples:\n  rocmforge run graphs/llama_block.json\n  rocmforge run graphs/attention.json --seed 7 --values 4\n  rocmforge show graphs/bert_layer.json --dot bert.dot && dot -Tsvg bert.dot -o bert.svg"
+    after_help = "Examples:\n  rocmforge run graphs/llama_block.json\n  rocmforge run graphs/attention.json --tune\n  RUST_LOG=rocmforge=debug rocmforge run graphs/bert_layer.json   (stage times on stderr)\n  rocmforge run graphs/attention.json --seed 7 --values 4\n  rocmforge show graphs/bert_layer.json --dot bert.dot && dot -Tsvg bert.dot -o bert.svg"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -86,6 +86,11 @@ enum Command {
         /// Compile without fusion (the baseline).
         #[arg(long)]
         no_fuse: bool,
+        /// Time every candidate configuration (tile sizes, warps, stages) of the kernels that
+        /// have several and keep the fastest. Results are kept per device in the kernel cache
+        /// (`rocmforge cache ls` lists them), so only the first compile of a problem pays for it.
+        #[arg(long)]
+        tune: bool,
     },
     /// Sentence embeddings with a BERT-class model directory (all-MiniLM-L6-v2: scripts/fetch-models).
     ///
@@ -105,11 +110,17 @@ enum Command {
         /// on load; pooling and normalisation stay f32). f16 runs on tensor cores on NVIDIA sm_80+.
         #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
         dtype: String,
+        /// Time every candidate configuration (tile sizes, warps, stages) of the kernels that
+        /// have several and keep the fastest. Results are kept per device in the kernel cache
+        /// (`rocmforge cache ls` lists them), so only the first compile of a problem pays for it.
+        #[arg(long)]
+        tune: bool,
         /// The texts.
         #[arg(required = true)]
         texts: Vec<String>,
     },
-    /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge).
+    /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge):
+    /// compiled kernels and tuning results.
     Cache {
         #[command(subcommand)]
         action: CacheAction,
@@ -207,9 +218,10 @@ enum Command {
 
 #[derive(Subcommand)]
 enum CacheAction {
-    /// List the cached kernels: file, size, arch, entry point, whether the checksum holds.
+    /// List the cached kernels (file, size, arch, entry point) and tuning results (family,
+    /// problem, choice), and whether each checksum holds.
     Ls,
-    /// Remove every cached kernel.
+    /// Remove every cached kernel and tuning result.
     Clear,
 }
 
@@ -223,12 +235,20 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
             let listing = disk.list().map_err(|e| e.to_string())?;
             outln!("{} ({} entries)", dir.display(), listing.entries.len());
             for e in listing.entries {
+                let what = match &e.kind {
+                    EntryKind::Kernel => e.entry.clone(),
+                    EntryKind::Tuning {
+                        family,
+                        problem,
+                        choice,
+                    } => format!("tuning {family} [{problem}] -> {choice}"),
+                };
                 outln!(
                     "  {}  {:>8} B  {:<24} {}{}",
                     file_name(&e.file),
                     e.bytes,
                     e.arch,
-                    e.entry,
+                    what,
                     if e.valid {
                         ""
                     } else {
@@ -254,6 +274,19 @@ fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What `--tune` did, in one line.
+fn tuning_line(t: &TuneStats) -> String {
+    format!(
+        "tuning: {} problems with several candidates, {} from the cache, {} timed now \
+         ({} candidate kernels, {:.1} ms)",
+        t.problems,
+        t.from_cache,
+        t.timed,
+        t.candidates_timed,
+        t.time.as_secs_f64() * 1e3
+    )
 }
 
 fn file_name(path: &Path) -> String {
@@ -284,6 +317,7 @@ fn cmd_embed(
     values: usize,
     dtype: &str,
     texts: &[String],
+    tune: bool,
 ) -> Result<(), String> {
     let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
     let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
@@ -296,6 +330,7 @@ fn cmd_embed(
     let weights = enc.weights_for(&graph).map_err(|e| e.to_string())?;
     let options = CompileOptions {
         weights,
+        tune,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
@@ -316,6 +351,9 @@ fn cmd_embed(
         enc.config.hidden_size
     );
     outln!("device: {}", device.label());
+    if tune {
+        outln!("{}", tuning_line(&compiled.stats.tuning));
+    }
     outln!("dtype:  {dtype}");
     outln!(
         "batch:  {} texts, {} tokens each after padding; {:.3} ms",
@@ -388,12 +426,14 @@ fn cmd_run(
     device: Option<&str>,
     verify: bool,
     no_fuse: bool,
+    tune: bool,
 ) -> Result<(), String> {
     let graph = load(file)?;
     let device = pick_device(device)?;
     let options = CompileOptions {
         fuse: !no_fuse,
         seed,
+        tune,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
@@ -420,6 +460,9 @@ fn cmd_run(
         )
     };
     outln!("compile: {:.3} ms ({how})", s.time.as_secs_f64() * 1e3);
+    if tune {
+        outln!("{}", tuning_line(&s.tuning));
+    }
     if let Some(m) = &compiled.memory {
         outln!(
             "memory: {} B planned for intermediates ({} B without reuse)",
@@ -719,35 +762,34 @@ fn resources_of(code: &[u8], entry: &str) -> Result<KernelResources, String> {
         .ok_or_else(|| format!("{entry} missing from its code object"))
 }
 
-/// Runs `compile` on every kernel of `plan` in parallel, with progress on a terminal; the
-/// results in plan order, or the first error.
+/// Runs `compile` on every kernel of `plan` in parallel, with a progress bar on a terminal;
+/// the results in plan order, or the first error.
 fn compile_kernels<T: Send>(
     plan: &codegen::KernelPlan,
     compile: impl Fn(&codegen::Kernel) -> Result<T, String> + Sync,
 ) -> Result<Vec<T>, String> {
-    let total = plan.kernels.len();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    let start = Instant::now();
-    let show_progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let target = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressDrawTarget::stderr()
+    } else {
+        indicatif::ProgressDrawTarget::hidden()
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(Some(plan.kernels.len() as u64), target);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "compiling {pos}/{len} kernels for {msg} [{elapsed_precise}] {wide_bar}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(plan.target.arch.clone());
     let results: Vec<Result<T, String>> = plan
         .kernels
         .par_iter()
         .map(|k| {
-            let row = compile(k)?;
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            if show_progress && start.elapsed().as_millis() > 300 {
-                eprint!(
-                    "\rcompiling {n}/{total} kernels for {} ({:.1} s)",
-                    plan.target.arch,
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            Ok(row)
+            let row = compile(k);
+            bar.inc(1);
+            row
         })
         .collect();
-    if show_progress && start.elapsed().as_millis() > 300 {
-        eprintln!();
-    }
+    bar.finish_and_clear();
     results.into_iter().collect()
 }
 
@@ -907,7 +949,21 @@ fn print_replay(bundle: &Bundle, r: &ReplayReport) {
     );
 }
 
+/// `RUST_LOG` (e.g. `rocmforge=debug`) turns on the library's stage timings on stderr: passes,
+/// codegen, each kernel's compile (from memory, disk, or compiled, with the time), tuning and
+/// the weights' upload. Without it nothing is logged but warnings.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Run {
@@ -917,7 +973,16 @@ fn main() -> ExitCode {
             device,
             verify,
             no_fuse,
-        } => cmd_run(file, *seed, *values, device.as_deref(), *verify, *no_fuse),
+            tune,
+        } => cmd_run(
+            file,
+            *seed,
+            *values,
+            device.as_deref(),
+            *verify,
+            *no_fuse,
+            *tune,
+        ),
         Command::Cache { action } => cmd_cache(action),
         Command::Embed {
             model,
@@ -925,7 +990,8 @@ fn main() -> ExitCode {
             values,
             dtype,
             texts,
-        } => cmd_embed(model, device.as_deref(), *values, dtype, texts),
+            tune,
+        } => cmd_embed(model, device.as_deref(), *values, dtype, texts, *tune),
         Command::Compile {
             file,
             dump_passes,

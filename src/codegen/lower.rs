@@ -46,6 +46,7 @@ pub(crate) fn finish(
         body: body.replace(ENTRY, &entry),
         launch,
         args,
+        tune: None,
     })
 }
 
@@ -293,17 +294,9 @@ fn lower_node(
             )?
         }
         Op::MatMul => matmul(g, id, buf, target)?,
-        Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target)?,
+        Op::Gemm(gemm) => super::kernels::gemm::lower(g, id, gemm, buf, target, &options.tuned)?,
         Op::FlashAttention(att) => {
-            return super::kernels::attention::lower(
-                g,
-                id,
-                att,
-                buf,
-                target,
-                plan,
-                options.attention_access,
-            )
+            return super::kernels::attention::lower(g, id, att, buf, target, plan, options)
         }
     };
     plan.kernels.push(k);

@@ -18,6 +18,7 @@ mod names;
 mod plan;
 pub mod target;
 mod templates;
+pub mod tuning;
 
 use thiserror::Error;
 
@@ -31,6 +32,7 @@ pub use plan::{
     Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
 };
 pub use target::{Arch, AsyncCopy, LaunchLimits, Platform, Target};
+pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {
@@ -77,16 +79,18 @@ pub enum CodegenError {
     Graph(#[from] GraphError),
 }
 
-/// Choices codegen makes beyond the graph: only test knobs. What a kernel computes is the fused
-/// graph's (a matmul's epilogue is part of its Gemm node, made by the GEMM pass),
-/// so the unfused baseline is the clean-up pipeline's graph lowered as it is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Choices codegen makes beyond the graph: test knobs and tuned configurations. What a kernel
+/// computes is the fused graph's (a matmul's epilogue is part of its Gemm node, made by the GEMM
+/// pass), so the unfused baseline is the clean-up pipeline's graph lowered as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CodegenOptions {
     /// Limits the matrix-core attention's memory-access choices (`None`: the target's fastest).
     /// Tests set [`AttentionAccess::PORTABLE`] to run on NVIDIA the structure MFMA/WMMA targets
     /// get (register staging, element loads, P through shared memory); a choice the target
     /// lacks is never turned on.
     pub attention_access: Option<AttentionAccess>,
+    /// Configurations chosen by timing (`compile::tune`); empty: every family's own choice.
+    pub tuned: Tuned,
 }
 
 /// The kernels that compute `graph` on `target`.
@@ -100,8 +104,18 @@ pub fn generate_with(
     options: &CodegenOptions,
 ) -> Result<KernelPlan, CodegenError> {
     // Destructured so that an option added later has to be read here.
-    let CodegenOptions { attention_access } = *options;
-    lower::generate(graph, target, &CodegenOptions { attention_access })
+    let CodegenOptions {
+        attention_access,
+        tuned,
+    } = options;
+    lower::generate(
+        graph,
+        target,
+        &CodegenOptions {
+            attention_access: *attention_access,
+            tuned: tuned.clone(),
+        },
+    )
 }
 
 /// The prelude every kernel source starts with on `target`: platform mappings, then the

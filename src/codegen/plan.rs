@@ -88,6 +88,8 @@ pub struct Kernel {
     pub launch: Launch,
     /// Buffers bound to the kernel's pointer parameters, in order; the last is written.
     pub args: Vec<BufferId>,
+    /// Where the family had several configurations to choose from: which, and which it took.
+    pub tune: Option<super::tuning::TuneSite>,
 }
 
 /// A graph output: the buffer holding it and its own type (a reshaped output shares the buffer

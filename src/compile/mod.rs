@@ -2,12 +2,14 @@
 //! the best device or one given. On the CPU, a compiled model runs the interpreter.
 
 pub mod bundle;
+mod load;
 mod memory_plan;
 mod profile;
+mod progress;
+pub mod tune;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +21,11 @@ use crate::interp::{self, Bindings, InterpError};
 use crate::ir::{format, random_weight, Graph, GraphError, Op, Tensor};
 use crate::passes::{PassError, PassManager};
 use crate::runtime::device::LoadedKernel;
-use crate::runtime::{CacheKey, Device, DeviceBuffer, RuntimeError};
+use crate::runtime::{Device, DeviceBuffer, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
 pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
+pub use tune::TuneStats;
 
 #[derive(Debug, Error)]
 pub enum CompileError {
@@ -90,6 +93,9 @@ pub struct CompileOptions {
     pub weights: HashMap<String, Tensor>,
     /// Print compile progress on a terminal when it takes more than a moment.
     pub progress: bool,
+    /// Time every candidate configuration of the kernels that have several, keep the fastest
+    /// (results persist per device in the tune cache); off: each family's default.
+    pub tune: bool,
     pub rewrite_kernels: Option<KernelRewrite>,
 }
 
@@ -103,6 +109,7 @@ impl Default for CompileOptions {
             seed: 0,
             weights: HashMap::new(),
             progress: true,
+            tune: false,
             rewrite_kernels: None,
         }
     }
@@ -147,6 +154,8 @@ pub struct CompileStats {
     /// Kernels compiled now (the rest came from the memory or disk cache).
     pub compiled: usize,
     pub from_disk: usize,
+    /// What tuning did (nothing unless `CompileOptions::tune`).
+    pub tuning: TuneStats,
 }
 
 /// How one output of a run compares with the interpreter on the unfused graph.
@@ -410,13 +419,20 @@ fn compiler_options(platform: codegen::Platform) -> Vec<String> {
     }
 }
 
+/// Milliseconds, for the stage times `RUST_LOG=rocmforge=debug` shows.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 fn compile(
     source: Graph,
     device: &Device,
     options: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
+    let _span = tracing::debug_span!("compile", graph = %source.name).entered();
     let graph = optimise(&source, options.fuse)?;
+    tracing::debug!(ms = ms(start.elapsed()), "passes done");
     // The budget belongs to the device, shared by every model on it: compiling with no budget
     // must not clear one that was set.
     if options.memory_budget.is_some() {
@@ -456,48 +472,47 @@ fn compile(
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };
-    let mut plan = lower(&compiled.graph, &target)?;
+    let show = options.progress;
+    let compile_opts = compiler_options(target.platform);
+    let (codegen_options, tuning) = tune::codegen_options(
+        &compiled.graph,
+        device,
+        &target,
+        options.tune,
+        &compile_opts,
+        show,
+    )?;
+    let codegen_start = Instant::now();
+    let mut plan = codegen::generate_with(&compiled.graph, &target, &codegen_options)?;
+    tracing::debug!(
+        kernels = plan.kernels.len(),
+        ms = ms(codegen_start.elapsed()),
+        "codegen done"
+    );
     if let Some(rewrite) = &options.rewrite_kernels {
         plan.kernels.iter_mut().for_each(|k| rewrite(k));
     }
     let (before_compiles, before_disk) = (device.cache().compiles(), device.cache().disk_hits());
     let total = plan.kernels.len();
-    let done = AtomicUsize::new(0);
-    let show = options.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let compile_opts = compiler_options(target.platform);
-    let toolchain = device.toolchain();
+    let bar = progress::bar(total, &format!("{} kernels", target.arch), show);
+    let kernels_start = Instant::now();
     let kernels = plan
         .kernels
         .par_iter()
         .map(|k| {
-            let source = plan.source(k);
-            let key = CacheKey {
-                arch: target.arch.clone(),
-                wave_size: target.wave_size,
-                toolchain: toolchain.clone(),
-                options: compile_opts.clone(),
-                entry: k.entry.clone(),
-                source: source.clone(),
-            };
-            let loaded = device.cache().get(
-                &key,
-                || device.compile_source(&source, &k.entry, &compile_opts),
-                |image| device.load_kernel(image, &k.entry),
-            );
-            let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if show && start.elapsed() > Duration::from_millis(500) {
-                eprint!(
-                    "\r{} kernels: {n}/{total} ({:.1} s)  ",
-                    target.arch,
-                    start.elapsed().as_secs_f64()
-                );
-            }
+            let loaded =
+                load::load_kernel(device, &target, &compile_opts, &k.entry, &plan.source(k));
+            bar.inc(1);
             loaded
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if show && start.elapsed() > Duration::from_millis(500) {
-        eprintln!();
-    }
+    bar.finish_and_clear();
+    tracing::debug!(
+        kernels = total,
+        ms = ms(kernels_start.elapsed()),
+        "kernels loaded"
+    );
+    let upload_start = Instant::now();
     // Weights and constants live on the device for the executable's lifetime.
     let stream = device.new_stream()?;
     for b in &plan.buffers {
@@ -517,13 +532,20 @@ fn compile(
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }
     stream.synchronize()?;
+    tracing::debug!(
+        buffers = compiled.resident.len(),
+        ms = ms(upload_start.elapsed()),
+        "weights uploaded"
+    );
     compiled.memory = Some(plan_memory(&plan));
     compiled.stats = CompileStats {
         time: start.elapsed(),
         kernels: total,
         compiled: device.cache().compiles() - before_compiles,
         from_disk: device.cache().disk_hits() - before_disk,
+        tuning,
     };
+    tracing::debug!(ms = ms(compiled.stats.time), "compile done");
     compiled.kernels = kernels;
     compiled.plan = Some(plan);
     Ok(compiled)

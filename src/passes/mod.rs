@@ -175,11 +175,19 @@ impl PassManager {
     ) -> Result<Vec<PassReport>, PassError> {
         let mut reports = Vec::with_capacity(self.passes.len());
         for pass in &self.passes {
+            let start = std::time::Instant::now();
             let report = pass.run(graph);
             graph.validate().map_err(|source| PassError::InvalidGraph {
                 pass: pass.name(),
                 source,
             })?;
+            tracing::debug!(
+                pass = pass.name(),
+                rewrites = report.rewrites.len(),
+                nodes = graph.node_count(),
+                ms = start.elapsed().as_secs_f64() * 1e3,
+                "pass done"
+            );
             observe(&report, graph);
             reports.push(report);
         }

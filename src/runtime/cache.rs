@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::device::LoadedKernel;
+use super::tune_cache::TuneCache;
 use super::RuntimeError;
 use crate::ir::file::{self, FileLimit};
 
@@ -60,6 +61,8 @@ pub struct KernelCache {
     compiles: AtomicUsize,
     disk_hits: AtomicUsize,
     disk: Option<DiskCache>,
+    /// Tuning results, in the same directory.
+    tuning: TuneCache,
 }
 
 impl KernelCache {
@@ -73,8 +76,14 @@ impl KernelCache {
             cells: Mutex::new(HashMap::new()),
             compiles: AtomicUsize::new(0),
             disk_hits: AtomicUsize::new(0),
+            tuning: TuneCache::new(disk.as_ref().map(|d| DiskCache::new(d.dir().to_path_buf()))),
             disk,
         }
+    }
+
+    /// The tuning results of this device's kernels (on disk beside them where they are).
+    pub fn tuning(&self) -> &TuneCache {
+        &self.tuning
     }
 
     /// Kernels compiled by this cache (not loaded from memory or disk).
@@ -97,11 +106,18 @@ impl KernelCache {
             let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(cells.entry(key.clone()).or_default())
         };
+        let start = std::time::Instant::now();
+        let ms = || start.elapsed().as_secs_f64() * 1e3;
+        if let Some(done) = cell.get() {
+            tracing::debug!(entry = %key.entry, "kernel: in memory");
+            return done.clone();
+        }
         cell.get_or_init(|| {
             if let Some(disk) = &self.disk {
                 if let Some(image) = disk.read(key) {
                     if let Ok(k) = load(&image) {
                         self.disk_hits.fetch_add(1, Ordering::SeqCst);
+                        tracing::debug!(entry = %key.entry, ms = ms(), "kernel: from disk");
                         return Ok(Arc::new(k));
                     }
                 }
@@ -109,6 +125,7 @@ impl KernelCache {
             self.compiles.fetch_add(1, Ordering::SeqCst);
             let image = compile()?;
             let kernel = load(&image)?;
+            tracing::debug!(entry = %key.entry, ms = ms(), "kernel: compiled");
             if let Some(disk) = &self.disk {
                 // A cache that cannot be written only costs a recompile next time.
                 let _ = disk.write(key, &image);
@@ -125,9 +142,27 @@ pub struct CacheEntryInfo {
     pub file: PathBuf,
     pub bytes: u64,
     pub arch: String,
+    /// The kernel's entry point; for a tuning entry, its family.
     pub entry: String,
     pub valid: bool,
+    /// A compiled kernel or a tuning result (`?` fields where the entry is corrupt).
+    pub kind: EntryKind,
 }
+
+/// What an entry holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Kernel,
+    Tuning {
+        family: String,
+        problem: String,
+        choice: String,
+    },
+}
+
+/// File extensions of the two kinds of entry.
+pub(super) const KERNEL_EXT: &str = "bin";
+pub(super) const TUNING_EXT: &str = "tune";
 
 const MAGIC: &[u8; 8] = b"RFKCACHE";
 
@@ -162,14 +197,14 @@ impl DiskCache {
         &self.dir
     }
 
-    fn path(&self, key: &CacheKey) -> PathBuf {
-        self.dir.join(format!("{}.bin", key.digest()))
+    pub(super) fn entry_path(&self, digest: &str, ext: &str) -> PathBuf {
+        self.dir.join(format!("{digest}.{ext}"))
     }
 
     /// File layout: magic, checksum of the rest (u64), header length (u32), header (arch, entry,
-    /// digest; one per line), payload.
-    fn encode(key: &CacheKey, payload: &[u8]) -> Vec<u8> {
-        let header = format!("{}\n{}\n{}", key.arch, key.entry, key.digest());
+    /// digest, then any more fields; one per line), payload.
+    fn encode(header: &[&str], payload: &[u8]) -> Vec<u8> {
+        let header = header.join("\n");
         let mut body = Vec::with_capacity(4 + header.len() + payload.len());
         body.extend((header.len() as u32).to_le_bytes());
         body.extend(header.as_bytes());
@@ -202,22 +237,54 @@ impl DiskCache {
     /// The payload stored for `key`, if its entry is a regular file within [`CACHE_ENTRY`] whose
     /// checksum and digest hold; anything else is a miss (and is replaced when written).
     pub fn read(&self, key: &CacheKey) -> Option<Vec<u8>> {
-        let bytes = file::read_limited(&self.path(key), CACHE_ENTRY).ok()?;
-        let (header, payload) = DiskCache::decode(&bytes)?;
-        (header.get(2).map(String::as_str) == Some(key.digest().as_str())).then(|| payload.to_vec())
+        self.read_entry(&key.digest(), KERNEL_EXT).ok()
+    }
+
+    /// The payload of the entry `digest.ext`, or why there is none usable: missing, not a
+    /// regular file within [`CACHE_ENTRY`], a checksum that fails, or another digest inside.
+    pub(super) fn read_entry(&self, digest: &str, ext: &str) -> Result<Vec<u8>, EntryError> {
+        let path = self.entry_path(digest, ext);
+        let bytes = match file::read_limited(&path, CACHE_ENTRY) {
+            Ok(b) => b,
+            Err(_) if !path.exists() => return Err(EntryError::Missing),
+            Err(e) => return Err(EntryError::Corrupt(e.to_string())),
+        };
+        let (header, payload) = DiskCache::decode(&bytes)
+            .ok_or_else(|| EntryError::Corrupt("bad magic, length or checksum".into()))?;
+        if header.get(2).map(String::as_str) != Some(digest) {
+            return Err(EntryError::Corrupt("the entry holds another key".into()));
+        }
+        Ok(payload.to_vec())
     }
 
     pub fn write(&self, key: &CacheKey, payload: &[u8]) -> Result<(), RuntimeError> {
+        let digest = key.digest();
+        self.write_entry(
+            &digest,
+            KERNEL_EXT,
+            &[&key.arch, &key.entry, &digest],
+            payload,
+        )
+    }
+
+    /// Writes entry `digest.ext` atomically (a temporary file, then a rename); `header` starts
+    /// with arch, entry and digest.
+    pub(super) fn write_entry(
+        &self,
+        digest: &str,
+        ext: &str,
+        header: &[&str],
+        payload: &[u8],
+    ) -> Result<(), RuntimeError> {
         let err = |e: std::io::Error| RuntimeError::Cache {
             path: self.dir.display().to_string(),
             message: e.to_string(),
         };
         std::fs::create_dir_all(&self.dir).map_err(err)?;
         let tmp = self.dir.join(format!(
-            ".tmp-{}-{:?}-{}",
+            ".tmp-{}-{:?}-{digest}.{ext}",
             std::process::id(),
             std::thread::current().id(),
-            key.digest()
         ));
         // A fresh file of our own: never opened through whatever else sits at that name (a
         // FIFO there would block a plain open for writing).
@@ -226,13 +293,14 @@ impl DiskCache {
             .write(true)
             .create_new(true)
             .open(&tmp)
-            .and_then(|mut f| f.write_all(&DiskCache::encode(key, payload)))
+            .and_then(|mut f| f.write_all(&DiskCache::encode(header, payload)))
             .map_err(err)?;
-        std::fs::rename(&tmp, self.path(key)).map_err(err)
+        std::fs::rename(&tmp, self.entry_path(digest, ext)).map_err(err)
     }
 
-    /// Every entry (`*.bin`) in the directory, and every `*.bin` that is not one rocmforge can
-    /// handle (not a regular file, unreadable, too large) with the reason. Special files are
+    /// Every entry (`*.bin` kernels, `*.tune` tuning results) in the directory, and every file
+    /// so named that rocmforge cannot handle (not a regular file, unreadable, too large) with
+    /// the reason. Special files are
     /// classified without being opened, so a FIFO never blocks this. A directory that does not
     /// exist yet is an empty cache.
     pub fn list(&self) -> Result<CacheListing, RuntimeError> {
@@ -255,9 +323,11 @@ impl DiskCache {
                 message: e.to_string(),
             })?;
             let file = dirent.path();
-            if file.extension().is_none_or(|x| x != "bin") {
-                continue;
-            }
+            let tuning = match file.extension().and_then(|x| x.to_str()) {
+                Some(KERNEL_EXT) => false,
+                Some(TUNING_EXT) => true,
+                _ => continue,
+            };
             let skip = |reason: String| SkippedEntry {
                 file: file.clone(),
                 reason,
@@ -287,11 +357,21 @@ impl DiskCache {
                             .and_then(|(h, _)| h.get(i).cloned())
                             .unwrap_or_else(|| "?".into())
                     };
+                    let kind = if tuning {
+                        EntryKind::Tuning {
+                            family: field(1),
+                            problem: field(3),
+                            choice: field(4),
+                        }
+                    } else {
+                        EntryKind::Kernel
+                    };
                     listing.entries.push(CacheEntryInfo {
                         bytes: bytes.len() as u64,
                         arch: field(0),
                         entry: field(1),
                         valid: decoded.is_some(),
+                        kind,
                         file,
                     });
                 }
@@ -322,6 +402,13 @@ impl DiskCache {
         }
         Ok(cleared)
     }
+}
+
+/// Why an entry could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum EntryError {
+    Missing,
+    Corrupt(String),
 }
 
 /// What [`DiskCache::list`] found.
@@ -367,7 +454,7 @@ mod tests {
         disk.write(&key("a"), b"payload").unwrap();
         assert_eq!(disk.read(&key("a")).as_deref(), Some(&b"payload"[..]));
         assert_eq!(disk.read(&key("b")), None);
-        let path = disk.path(&key("a"));
+        let path = disk.entry_path(&key("a").digest(), KERNEL_EXT);
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;

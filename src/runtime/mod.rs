@@ -14,6 +14,7 @@ pub mod hiprtc;
 mod libraries;
 mod memory;
 pub mod timeline;
+pub mod tune_cache;
 
 pub use amd_clang::{occupancy_table, AmdClang, AmdClangError, ClangOutput};
 pub use amd_compiler::{
@@ -23,11 +24,12 @@ pub use amd_metadata::{
     parse_code_object, report_table, CodeObjectInfo, KernelResources, MetadataError,
 };
 pub use cache::{
-    CacheEntryInfo, CacheKey, CacheListing, Cleared, DiskCache, KernelCache, SkippedEntry,
-    CACHE_ENTRY,
+    CacheEntryInfo, CacheKey, CacheListing, Cleared, DiskCache, EntryKind, KernelCache,
+    SkippedEntry, CACHE_ENTRY,
 };
 pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Stream};
 pub use error::RuntimeError;
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;
 pub use timeline::{Hold, Marker};
+pub use tune_cache::{TuneCache, TuneCacheError, TuneCacheKey, TuneDevice, TuneRecord};

@@ -37,6 +37,7 @@ fn mma_kernel(
         target,
         &CodegenOptions {
             attention_access: access,
+            ..CodegenOptions::default()
         },
     )
     .map_err(|e| e.to_string())?;

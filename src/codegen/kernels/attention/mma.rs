@@ -20,6 +20,7 @@ use serde::Serialize;
 use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_pairs, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
+use super::super::super::tuning::{Family, Tuned};
 use super::super::super::{CodegenError, Target};
 use super::super::gemm::TileLayout;
 use super::Problem;
@@ -348,6 +349,7 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
     forced: Option<AttentionAccess>,
+    tuned: &Tuned,
 ) -> Result<Option<Kernel>, CodegenError> {
     let Some(atom) = atom_for(target, p.dtype) else {
         return Ok(None);
@@ -356,7 +358,9 @@ pub(crate) fn kernel(
     if !fits(p, atom, &acc) {
         return Ok(None);
     }
-    let Some(c) = choose(&candidates(atom, p, &acc, target), p) else {
+    let cands = candidates(atom, p, &acc, target);
+    let key = p.tune_key(Family::AttentionMma);
+    let (Some(c), site) = tuned.pick(key, &cands, choose(&cands, p)) else {
         return Ok(None);
     };
     let launch = launch(&c, atom, p, node, target)?;
@@ -382,15 +386,16 @@ pub(crate) fn kernel(
         fold,
         scale_log2: p.scale_log2e(),
     };
-    finish(
+    let mut k = finish(
         "flash_attention",
         "flash_attention_mma.hip",
         ctx,
         launch,
         args,
         node,
-    )
-    .map(Some)
+    )?;
+    k.tune = site;
+    Ok(Some(k))
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
 use super::super::plan::{BufferId, KernelPlan, Launch};
-use super::super::{CodegenError, Target};
+use super::super::tuning::{Family, TuneKey, TuneProblem};
+use super::super::{CodegenError, CodegenOptions, Target};
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
 /// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
@@ -164,6 +165,25 @@ impl Problem {
         )
     }
 
+    /// What a tiling's speed depends on, for `family`: sizes, dtype, causality and the mask.
+    pub(crate) fn tune_key(&self, family: Family) -> TuneKey {
+        TuneKey {
+            family,
+            problem: TuneProblem::Attention {
+                dtype: self.dtype,
+                b: self.b,
+                hq: self.hq,
+                hkv: self.hkv,
+                sq: self.sq,
+                sk: self.sk,
+                d: self.d,
+                dv: self.dv,
+                causal: self.causal,
+                mask: self.mask.to_string(),
+            },
+        }
+    }
+
     /// Batch × query heads: grid x of every kernel of the family.
     pub(crate) fn heads(&self, node: &str, target: &Target) -> Result<usize, CodegenError> {
         self.b
@@ -180,7 +200,8 @@ impl Problem {
 /// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
 /// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
 /// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
-/// `access` limits the matrix-core kernel's memory-access choices (tests).
+/// `options` may limit the matrix-core kernel's memory-access choices (tests) and hold tuned
+/// configurations.
 pub(crate) fn lower(
     g: &Graph,
     id: NodeId,
@@ -188,8 +209,9 @@ pub(crate) fn lower(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     plan: &mut KernelPlan,
-    access: Option<AttentionAccess>,
+    options: &CodegenOptions,
 ) -> Result<(), CodegenError> {
+    let (access, tuned) = (options.attention_access, &options.tuned);
     let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
@@ -200,9 +222,9 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access)? {
+    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access, tuned)? {
         k
-    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target)? {
+    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
         k
     } else {
         scalar::kernel(&p, node, args, target)?

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::target::Platform;
+use super::super::super::tuning::{Family, Tuned};
 use super::super::super::{CodegenError, Target};
 use super::Problem;
 use crate::ir::DType;
@@ -196,8 +197,11 @@ pub(crate) fn kernel(
     node: &str,
     args: Vec<BufferId>,
     target: &Target,
+    tuned: &Tuned,
 ) -> Result<Option<Kernel>, CodegenError> {
-    let Some(c) = choose(p, target) else {
+    let cands = candidates(p, target);
+    let key = p.tune_key(Family::AttentionSimt);
+    let (Some(c), site) = tuned.pick(key, &cands, choose(p, target)) else {
         return Ok(None);
     };
     let launch = launch(&c, p, node, target)?;
@@ -215,15 +219,16 @@ pub(crate) fn kernel(
         vec_v,
         async_copy: target.caps.async_copy.has_cp_async() && vec_qk && vec_v,
     };
-    finish(
+    let mut k = finish(
         "flash_attention",
         "flash_attention_simt.hip",
         ctx,
         launch,
         args,
         node,
-    )
-    .map(Some)
+    )?;
+    k.tune = site;
+    Ok(Some(k))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, Bit, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::target::Arch;
+use super::super::super::tuning::{Family, TuneKey, TuneProblem, Tuned};
 use super::super::super::{CodegenError, Target};
 use super::Problem;
 use crate::ir::gemm::{Axis, Operand};
@@ -337,12 +338,14 @@ pub(crate) fn kernel(
     node: &str,
     args: Vec<BufferId>,
     target: &Target,
+    tuned: &Tuned,
 ) -> Result<Option<Kernel>, CodegenError> {
     let Some(atom) = atom_for(p, target.caps) else {
         return Ok(None);
     };
     let acc = access(g, atom, target.caps);
-    let Some(c) = choose(&candidates(atom, &acc, target.caps), p) else {
+    let cands = candidates(atom, &acc, target.caps);
+    let (Some(c), site) = tuned.pick(tune_key(p, &acc), &cands, choose(&cands, p)) else {
         return Ok(None);
     };
     let launch = launch(&c, atom, p, node, target)?;
@@ -371,7 +374,27 @@ pub(crate) fn kernel(
         a_iters: a_chunks / threads,
         b_iters: b_chunks / threads,
     };
-    finish("gemm_mma", "gemm_mma.hip", ctx, launch, args, node).map(Some)
+    let mut k = finish("gemm_mma", "gemm_mma.hip", ctx, launch, args, node)?;
+    k.tune = site;
+    Ok(Some(k))
+}
+
+/// What the tiling's speed depends on: sizes, dtype, how the operands are read, the epilogue.
+fn tune_key(p: &Problem, acc: &Access) -> TuneKey {
+    TuneKey {
+        family: Family::GemmMma,
+        problem: TuneProblem::Gemm {
+            dtype: p.input,
+            batch: p.batch,
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            a_vec: acc.a_vec,
+            b_vec: acc.b_vec,
+            b_nk: acc.b_form == BForm::Nk,
+            epilogue: p.epilogue,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::super::ctype::ctype;
 use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
 use super::super::plan::{BufferId, Kernel};
+use super::super::tuning::Tuned;
 use super::super::{CodegenError, Target};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::{DType, Gemm, Graph, NodeId, Shape, TensorType, View};
@@ -225,6 +226,7 @@ pub(crate) fn lower(
     gemm: &Gemm,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
+    tuned: &Tuned,
 ) -> Result<Kernel, CodegenError> {
     let p = Problem::new(g, id, gemm)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
@@ -236,7 +238,7 @@ pub(crate) fn lower(
         return small_m::kernel(&p, gemm, dtype, node, args, target);
     }
     // f16 and bf16 go to the matrix cores where the target has an atom for them.
-    if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target)? {
+    if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned)? {
         return Ok(k);
     }
     scalar::kernel(&p, gemm, dtype, node, args, target)
