@@ -1172,7 +1172,7 @@ fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
     let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
     let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
     let b = Bindings::random(&g, 5);
-    let p = c.prepare(&b).map_err(|e| e.to_string())?;
+    let mut p = c.prepare(&b).map_err(|e| e.to_string())?;
     let profile = p.profile().map_err(|e| e.to_string())?;
     let order: Vec<(&str, &str)> = profile
         .kernels

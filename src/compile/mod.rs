@@ -422,6 +422,7 @@ fn compile(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::interp::Bindings;
     use crate::ir::DType;
 
     fn t(values: &[f64]) -> Tensor {
