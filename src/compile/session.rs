@@ -99,6 +99,8 @@ pub(super) struct GpuSession {
     // Field order is drop order: the captured graph and the launch list release their hold on
     // the buffers first, then the buffers are freed (ordered on the stream), then the stream.
     graph: Option<CapturedGraph>,
+    /// Graphs captured in this session's life: at most one (inputs change in place).
+    captures: usize,
     pub(super) launches: Arc<LaunchList>,
     replay: Result<(), ReplayOff>,
     slots: Vec<Arc<DeviceBuffer>>,
@@ -365,6 +367,7 @@ impl<'e> Session<'e> {
                 if gpu.replay.is_ok() && !gpu.launches.is_empty() {
                     if gpu.graph.is_none() {
                         gpu.graph = Some(gpu.stream.capture(&gpu.launches)?);
+                        gpu.captures += 1;
                     }
                     if let Some(graph) = &gpu.graph {
                         gpu.stream.replay(graph)?;
@@ -400,9 +403,13 @@ impl<'e> Session<'e> {
         }
     }
 
-    /// Whether a graph has been captured (on the first run with replay on).
-    pub fn captured(&self) -> bool {
-        matches!(&self.backend, Backend::Gpu(g) if g.graph.is_some())
+    /// How many times this session captured its launches as a graph: once, at its first run
+    /// with replay on, and never again (inputs change in place); 0 without replay.
+    pub fn captures(&self) -> usize {
+        match &self.backend {
+            Backend::Gpu(g) => g.captures,
+            Backend::Cpu(_) => 0,
+        }
     }
 
     /// The session's stream (GPU).
@@ -680,6 +687,7 @@ fn gpu_session(
     };
     let mut gpu = GpuSession {
         graph: None,
+        captures: 0,
         launches: Arc::new(stream.bind(&[])?),
         replay,
         slots,
@@ -765,7 +773,10 @@ mod tests {
         s.set_input("ids", &ids(&[0, 9, 1])).unwrap();
         assert!(matches!(
             s.run(),
-            Err(CompileError::Interp(InterpError::IndexOutOfRange { index: 9, .. }))
+            Err(CompileError::Interp(InterpError::IndexOutOfRange {
+                index: 9,
+                ..
+            }))
         ));
     }
 
@@ -774,12 +785,7 @@ mod tests {
         let exe = compiled();
         let mut s = exe.session().unwrap();
         let f32s = |dims: &[usize]| {
-            Tensor::from_f64(
-                DType::F32,
-                dims.to_vec(),
-                &vec![0.5; dims.iter().product()],
-            )
-            .unwrap()
+            Tensor::from_f64(DType::F32, dims.to_vec(), &vec![0.5; dims.iter().product()]).unwrap()
         };
         assert!(matches!(
             s.set_input("nope", &f32s(&[3, 4])),
@@ -816,7 +822,11 @@ mod tests {
         let mut short = vec![0u8; 5];
         assert!(matches!(
             s.output_to_host(&name, &mut short),
-            Err(CompileError::OutputSize { want: 48, got: 5, .. })
+            Err(CompileError::OutputSize {
+                want: 48,
+                got: 5,
+                ..
+            })
         ));
         assert!(matches!(
             s.state("kv"),
