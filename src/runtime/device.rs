@@ -300,6 +300,14 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// Identifies the driver stream (while this value lives).
+    fn id(&self) -> usize {
+        match &self.inner {
+            StreamInner::Cuda(s) => Arc::as_ptr(s) as *const () as usize,
+            StreamInner::Hip(s) => Arc::as_ptr(s) as *const () as usize,
+        }
+    }
+
     fn backend(&self) -> Backend<'_> {
         match (&self.device.0.kind, &self.inner) {
             (DeviceKind::Cuda(d), StreamInner::Cuda(s)) => Backend::Cuda(d, s),
@@ -544,13 +552,19 @@ impl Stream {
         Ok(CapturedGraph {
             inner,
             list: list.clone(),
+            stream: self.id(),
         })
     }
 
-    /// Enqueues one replay of `graph` on this stream.
+    /// Enqueues one replay of `graph` on this stream, the one it was captured on (so that the
+    /// buffers it holds, freed ordered on their stream, are never freed under a replay queued
+    /// elsewhere).
     pub fn replay(&self, graph: &CapturedGraph) -> Result<(), RuntimeError> {
-        if graph.list.device != self.device.spec() {
-            return Err(foreign());
+        if graph.stream != self.id() {
+            return Err(RuntimeError::NoDevice {
+                spec: self.device.spec().to_string(),
+                reason: "a graph replays on the stream it was captured on, not another".into(),
+            });
         }
         match (self.backend(), &graph.inner) {
             (Backend::Cuda(_, s), GraphInner::Cuda(g)) => g.launch(s),

@@ -99,6 +99,8 @@ pub struct CapturedGraph {
     // still queued there).
     pub(super) inner: GraphInner,
     pub(super) list: Arc<LaunchList>,
+    /// The stream it was captured on (the only one it replays on).
+    pub(super) stream: usize,
 }
 
 impl CapturedGraph {
