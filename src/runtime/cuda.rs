@@ -599,10 +599,10 @@ pub struct CudaGraphExec {
     exec: sys::CUgraphExec,
 }
 
-// SAFETY: the handles are used only through `&self` launches, which callers serialise per
-// session (a session is `Send`, not shared), and destroyed once on drop.
+// SAFETY: the handles may move to another thread (the driver's graph objects are not tied to
+// one); the type is not `Sync`, so no two threads use them at once (graph objects are not
+// internally synchronised), and they are destroyed once, on drop.
 unsafe impl Send for CudaGraphExec {}
-unsafe impl Sync for CudaGraphExec {}
 
 impl CudaGraphExec {
     /// Enqueues one replay on `stream`.

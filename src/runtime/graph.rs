@@ -92,7 +92,8 @@ pub(super) enum GraphInner {
     Hip(HipGraphExec),
 }
 
-/// A launch list captured once and replayed with one call per run.
+/// A launch list captured once and replayed with one call per run. `Send`, not `Sync`: graph
+/// objects are not internally synchronised, so one thread at a time replays it.
 pub struct CapturedGraph {
     // Field order is drop order: the executable graph is destroyed before the list releases
     // the buffers it addresses (which are then freed ordered on their stream, after any replay

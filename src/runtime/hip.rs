@@ -743,10 +743,10 @@ pub struct HipGraphExec {
     exec: Handle,
 }
 
-// SAFETY: the handles are used only through `&self` launches, which callers serialise per
-// session, and destroyed once on drop.
+// SAFETY: the handles may move to another thread; the type is not `Sync`, so no two threads
+// use them at once (graph objects are not internally synchronised), and they are destroyed
+// once, on drop.
 unsafe impl Send for HipGraphExec {}
-unsafe impl Sync for HipGraphExec {}
 
 impl HipGraphExec {
     /// Enqueues one replay on `stream`.
