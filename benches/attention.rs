@@ -211,7 +211,7 @@ fn measure(c: &Compiled, inputs: &Bindings, gpu: bool) -> Timing {
 /// The median over `repeats` profiled runs of their span (first kernel's start to last one's
 /// end); a profile the device refuses is reported and leaves the column empty.
 fn device_seconds(c: &Compiled, inputs: &Bindings, repeats: usize) -> Option<f64> {
-    let p = c.prepare(inputs).expect("prepare");
+    let mut p = c.prepare(inputs).expect("prepare");
     let mut spans = Vec::with_capacity(repeats);
     for _ in 0..repeats {
         match p.profile() {

@@ -97,7 +97,7 @@ fn breakdown() -> bool {
 
 /// Of five profiled runs, the one whose kernel sum is the median.
 fn median_profile(c: &Compiled, inputs: &Bindings) -> Profile {
-    let p = c.prepare(inputs).expect("prepare");
+    let mut p = c.prepare(inputs).expect("prepare");
     let mut runs: Vec<Profile> = (0..5).map(|_| p.profile().expect("profile")).collect();
     runs.sort_by_key(Profile::total);
     runs.swap_remove(runs.len() / 2)

@@ -11,6 +11,9 @@
 //! GEMM (issue 12): the small-M and CUDA-core kernels at odd and model sizes (`gemm::`).
 //!
 //! Decode attention (issue 13): the flash-decoding pair at decode shapes (`decode::`).
+//!
+//! Sessions (issue 14): warm sessions, replay on and off, sessions on threads, no allocation in
+//! a warm run, inputs changed in place over a loop, captured graphs keeping buffers (`session::`).
 
 #[path = "common/files.rs"]
 mod files;
@@ -33,6 +36,8 @@ mod gemm_small_cases;
 mod linear_graphs;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
+#[path = "common/session_trials.rs"]
+mod session_trials;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -1172,7 +1177,7 @@ fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
     let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
     let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
     let b = Bindings::random(&g, 5);
-    let p = c.prepare(&b).map_err(|e| e.to_string())?;
+    let mut p = c.prepare(&b).map_err(|e| e.to_string())?;
     let profile = p.profile().map_err(|e| e.to_string())?;
     let order: Vec<(&str, &str)> = profile
         .kernels
@@ -1978,6 +1983,46 @@ fn main() {
                 );
             }
         }
+    }
+    // Sessions: warm runs against run and the interpreter, replay, threads, drop order.
+    for name in session_trials::GRAPHS {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("session::warm_matches_run::{name}"),
+            Box::new(move || session_trials::warm_session_matches_run(&d, name)),
+        );
+    }
+    for replay in [true, false] {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!(
+                "session::device_scalar_loop::{}",
+                if replay { "replay" } else { "plain" }
+            ),
+            Box::new(move || session_trials::device_scalar_loop(&d, replay)),
+        );
+    }
+    let session_device_trials: [(&str, DeviceTrial); 3] = [
+        (
+            "session::many_sessions_on_threads",
+            session_trials::sessions_on_threads,
+        ),
+        (
+            "session::warm_runs_allocate_nothing",
+            session_trials::warm_runs_allocate_nothing,
+        ),
+        (
+            "session::buffers_outlive_the_graph",
+            session_trials::buffers_outlive_the_graph,
+        ),
+    ];
+    for (name, f) in session_device_trials {
+        let d = device.clone();
+        push(&mut trials, &ignored, name.into(), Box::new(move || f(&d)));
     }
     // Replay bundles: the example graphs from their code objects, the op zoo (odd sizes,
     // every dtype, gathers with index checks) recompiled from the bundle's sources.

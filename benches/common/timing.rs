@@ -36,7 +36,7 @@ pub fn bench_options() -> CompileOptions {
 
 /// Time of `iters` runs of `compiled` on `inputs`, after one warm-up run.
 pub fn time_runs(compiled: &Compiled, inputs: &Bindings, iters: u64) -> Duration {
-    let p = compiled.prepare(inputs).expect("prepare");
+    let mut p = compiled.prepare(inputs).expect("prepare");
     p.launch().expect("warm-up launch");
     p.synchronize().expect("sync");
     let t = Instant::now();

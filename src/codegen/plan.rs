@@ -25,6 +25,11 @@ pub enum BufferRole {
     /// A kernel's error report ([`IndexCheck`]): [`STATUS_BYTES`] zeroed before a run and read
     /// after it.
     Status,
+    /// A persistent tensor a session keeps across runs (a KV cache): allocated once per
+    /// session, poisoned or zeroed, never reused by the memory plan.
+    State {
+        name: String,
+    },
 }
 
 /// Bytes of a status buffer: two u64, the bitwise complement of the first failing position

@@ -24,7 +24,8 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         BufferRole::Input(_)
         | BufferRole::Weight(_)
         | BufferRole::Constant(_)
-        | BufferRole::Status => false,
+        | BufferRole::Status
+        | BufferRole::State { .. } => false,
     }
 }
 
@@ -127,5 +128,44 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
         slot_of,
         slot_bytes,
         unplanned_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::{generate, Buffer, Target};
+    use crate::ir::{DType, Graph, TensorType};
+
+    /// A state buffer bound to kernels (a cache written in place and read) never gets a slot,
+    /// and counts in neither total: a session allocates it once and keeps it.
+    #[test]
+    fn state_buffers_get_no_slot() {
+        let mut g = Graph::new("state");
+        let x = g.input("x", DType::F32, &[7, 5]).unwrap();
+        let e = g.exp(x).unwrap();
+        let t = g.tanh(e).unwrap();
+        g.add_output(t).unwrap();
+        let mut plan = generate(&g, &Target::parse("sm_90").unwrap()).unwrap();
+        let before = plan_memory(&plan);
+        let id = plan.buffers.len();
+        plan.buffers.push(Buffer {
+            id,
+            name: "kv".into(),
+            ty: TensorType::new(DType::F32, vec![64, 9]),
+            role: BufferRole::State { name: "kv".into() },
+        });
+        // Read by the first kernel and written by a last one, as a cache write would be.
+        plan.kernels[0].args.insert(0, id);
+        let mut write = plan.kernels[0].clone();
+        write.args = vec![plan.kernels[0].args[1], id];
+        plan.kernels.push(write);
+        let m = plan_memory(&plan);
+        assert!(!m.slot_of.contains_key(&id));
+        assert_eq!(m.slot_bytes, before.slot_bytes);
+        assert_eq!(
+            (m.planned_bytes, m.unplanned_bytes),
+            (before.planned_bytes, before.unplanned_bytes)
+        );
     }
 }

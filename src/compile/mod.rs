@@ -6,6 +6,7 @@ mod load;
 mod memory_plan;
 mod profile;
 mod progress;
+mod session;
 pub mod tune;
 
 use std::collections::HashMap;
@@ -17,14 +18,14 @@ use rayon::prelude::*;
 use thiserror::Error;
 
 use crate::codegen::{self, BufferRole, CodegenError, CodegenOptions, Kernel, KernelPlan};
-use crate::interp::{self, Bindings, InterpError};
+use crate::interp::InterpError;
 use crate::ir::{format, random_weight, Graph, GraphError, Op, Tensor};
 use crate::passes::{PassError, PassManager};
-use crate::runtime::device::LoadedKernel;
-use crate::runtime::{Device, DeviceBuffer, RuntimeError};
+use crate::runtime::{Device, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
 pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
+pub use session::{Compiled, Executable, Prepared, Session, SessionOptions};
 pub use tune::TuneStats;
 
 #[derive(Debug, Error)]
@@ -48,6 +49,21 @@ pub enum CompileError {
         "profiling times kernels on a GPU, but this model runs on {device}, in the interpreter"
     )]
     ProfileNeedsGpu { device: String },
+    #[error("{what} needs a GPU, but this model runs on {device}, in the interpreter")]
+    NeedsGpu { what: &'static str, device: String },
+    #[error("the session has not run yet, so it has no outputs")]
+    NotRun,
+    #[error("the model has no output `{name}`")]
+    UnknownOutput { name: String },
+    #[error("the model has no state `{name}`")]
+    UnknownState { name: String },
+    #[error("output `{name}` ({ty}) is {want} bytes, but the buffer given holds {got}")]
+    OutputSize {
+        name: String,
+        ty: String,
+        want: usize,
+        got: usize,
+    },
     #[error(
         "profile: the stream was held {limit:?} and the host had still not enqueued the \
          {kernels} kernels of the run (a full launch queue?), so their times include the host's"
@@ -177,135 +193,6 @@ pub struct Verification {
 impl Verification {
     pub fn max_error(&self) -> f64 {
         self.outputs.iter().map(|o| o.error).fold(0.0, f64::max)
-    }
-}
-
-pub struct Compiled {
-    device: Device,
-    /// The model as given (the reference `verify` runs).
-    pub source: Graph,
-    /// After the passes.
-    pub graph: Graph,
-    pub plan: Option<KernelPlan>,
-    pub memory: Option<MemoryPlan>,
-    kernels: Vec<Arc<LoadedKernel>>,
-    /// Weights and constants on the device, uploaded once and only read by runs.
-    resident: HashMap<usize, DeviceBuffer>,
-    weights: HashMap<String, Tensor>,
-    poison: bool,
-    pub stats: CompileStats,
-}
-
-/// A run's stream and buffers (GPU), or its bindings (CPU).
-pub struct Prepared<'a> {
-    compiled: &'a Compiled,
-    gpu: Option<GpuRun>,
-    bindings: Bindings,
-}
-
-struct GpuRun {
-    // Field order is drop order: buffers go before their stream.
-    slots: Vec<DeviceBuffer>,
-    uploaded: HashMap<usize, DeviceBuffer>,
-    /// Status buffers of the plan's index checks, zeroed once: a run's inputs do not change
-    /// between its launches, so neither does what the checks find.
-    status: HashMap<usize, DeviceBuffer>,
-    stream: crate::runtime::Stream,
-}
-
-impl Prepared<'_> {
-    fn buffer(&self, id: usize) -> &DeviceBuffer {
-        let (c, run) = (self.compiled, self.gpu.as_ref().expect("GPU run"));
-        let plan = c.plan.as_ref().expect("GPU plan");
-        match plan.buffers[id].role {
-            BufferRole::Computed | BufferRole::Workspace => {
-                &run.slots[c.memory.as_ref().expect("memory plan").slot_of[&id]]
-            }
-            BufferRole::Input(_) => &run.uploaded[&id],
-            BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
-            BufferRole::Status => &run.status[&id],
-        }
-    }
-
-    /// The interpreter's error for the first gather (in plan order, the order the interpreter
-    /// runs them) whose kernel found an index outside its table.
-    fn check_indices(&self, run: &GpuRun) -> Result<(), CompileError> {
-        let plan = self.compiled.plan.as_ref().expect("GPU plan");
-        for check in &plan.checks {
-            let bytes = run.stream.download(&run.status[&check.status])?;
-            if let Some(index) = check.failed_index(&bytes) {
-                return Err(InterpError::IndexOutOfRange {
-                    node: check.node.clone(),
-                    index,
-                    size: check.table_rows,
-                }
-                .into());
-            }
-        }
-        Ok(())
-    }
-
-    /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
-    pub fn launch(&self) -> Result<(), CompileError> {
-        let Some(run) = &self.gpu else {
-            interp::run_with_weights(&self.compiled.graph, &self.bindings, &self.compiled.weights)?;
-            return Ok(());
-        };
-        let plan = self.compiled.plan.as_ref().expect("GPU plan");
-        for (k, loaded) in plan.kernels.iter().zip(&self.compiled.kernels) {
-            self.launch_kernel(run, k, loaded)?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues one kernel of the plan with its buffers.
-    fn launch_kernel(
-        &self,
-        run: &GpuRun,
-        k: &Kernel,
-        loaded: &LoadedKernel,
-    ) -> Result<(), CompileError> {
-        let args: Vec<&DeviceBuffer> = k.args.iter().map(|&a| self.buffer(a)).collect();
-        run.stream.launch(
-            loaded,
-            k.launch.grid,
-            k.launch.block,
-            k.launch.shared_bytes,
-            &args,
-        )?;
-        Ok(())
-    }
-
-    /// Waits for this run's stream (and nothing else).
-    pub fn synchronize(&self) -> Result<(), CompileError> {
-        if let Some(run) = &self.gpu {
-            run.stream.synchronize()?;
-        }
-        Ok(())
-    }
-
-    /// The outputs of the last launch, copied to the host.
-    pub fn outputs(&self) -> Result<Vec<Tensor>, CompileError> {
-        let Some(run) = &self.gpu else {
-            return Ok(interp::run_with_weights(
-                &self.compiled.graph,
-                &self.bindings,
-                &self.compiled.weights,
-            )?);
-        };
-        let plan = self.compiled.plan.as_ref().expect("GPU plan");
-        let mut outs = Vec::with_capacity(plan.outputs.len());
-        for o in &plan.outputs {
-            let bytes = run.stream.download(self.buffer(o.buffer))?;
-            let n = o.ty.shape.numel() * o.ty.dtype.size_bytes();
-            outs.push(
-                Tensor::from_bytes(&o.ty, &bytes[..n.min(bytes.len())])
-                    .map_err(|e| RuntimeError::Cuda(e.to_string()))?,
-            );
-        }
-        run.stream.synchronize()?;
-        self.check_indices(run)?;
-        Ok(outs)
     }
 }
 
@@ -456,7 +343,7 @@ fn compile(
             weights.insert(node.name.clone(), t);
         }
     }
-    let mut compiled = Compiled {
+    let mut compiled = Executable {
         device: device.clone(),
         source,
         graph,
@@ -527,9 +414,12 @@ fn compile(
             BufferRole::Input(_)
             | BufferRole::Computed
             | BufferRole::Workspace
-            | BufferRole::Status => continue,
+            | BufferRole::Status
+            | BufferRole::State { .. } => continue,
         };
-        compiled.resident.insert(b.id, stream.upload(&data)?);
+        compiled
+            .resident
+            .insert(b.id, Arc::new(stream.upload(&data)?));
     }
     stream.synchronize()?;
     tracing::debug!(
@@ -551,126 +441,10 @@ fn compile(
     Ok(compiled)
 }
 
-impl Compiled {
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// Runs on the device and returns the outputs in order. Each call has its own stream and
-    /// buffers, so calls from many threads at once are independent.
-    pub fn run(&self, inputs: &Bindings) -> Result<Vec<Tensor>, CompileError> {
-        let prepared = self.prepare(inputs)?;
-        prepared.launch()?;
-        prepared.outputs()
-    }
-
-    /// Checks `inputs` against the model as given: every input it declares is bound with its
-    /// type (used or not: the interface does not change with what the passes removed), nothing
-    /// else is bound, and no weight (weights are fixed when compiled). Returns the bindings of
-    /// the inputs the optimised graph still reads, which is what its interpreter run takes.
-    fn bind_inputs(&self, inputs: &Bindings) -> Result<Bindings, CompileError> {
-        if let Some(name) = inputs.weights.keys().min() {
-            return Err(CompileError::WeightAtRun { name: name.clone() });
-        }
-        inputs.check_against(&self.source)?;
-        let mut kept = Bindings {
-            seed: inputs.seed,
-            ..Bindings::default()
-        };
-        for id in self.source.node_ids() {
-            let node = self.source.node(id);
-            let Op::Input { .. } = node.op else {
-                continue;
-            };
-            let t = inputs
-                .inputs
-                .get(&node.name)
-                .ok_or_else(|| InterpError::MissingInput {
-                    name: node.name.clone(),
-                    ty: node.ty.clone(),
-                })?;
-            if t.ty() != node.ty {
-                return Err(InterpError::BindingType {
-                    name: node.name.clone(),
-                    expected: node.ty.clone(),
-                    got: t.ty(),
-                }
-                .into());
-            }
-            if self.graph.find(&node.name).is_some() {
-                kept.inputs.insert(node.name.clone(), t.clone());
-            }
-        }
-        Ok(kept)
-    }
-
-    /// Allocates a run's buffers on a stream of its own and uploads `inputs`, for launching the
-    /// kernels again and again (benchmarks time `launch` between stream synchronisations).
-    pub fn prepare(&self, inputs: &Bindings) -> Result<Prepared<'_>, CompileError> {
-        let bindings = self.bind_inputs(inputs)?;
-        let (Some(plan), Some(memory)) = (&self.plan, &self.memory) else {
-            return Ok(Prepared {
-                compiled: self,
-                gpu: None,
-                bindings,
-            });
-        };
-        let stream = self.device.new_stream()?;
-        let slots: Vec<DeviceBuffer> = memory
-            .slot_bytes
-            .iter()
-            .map(|&b| stream.alloc(b, self.poison))
-            .collect::<Result<_, _>>()?;
-        let mut uploaded: HashMap<usize, DeviceBuffer> = HashMap::new();
-        let status = plan
-            .checks
-            .iter()
-            .map(|c| Ok((c.status, stream.alloc(codegen::STATUS_BYTES, false)?)))
-            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
-        for b in &plan.buffers {
-            if let BufferRole::Input(_) = b.role {
-                // Checked by bind_inputs: every input the plan reads is bound with its type.
-                let t = bindings
-                    .inputs
-                    .get(&b.name)
-                    .ok_or_else(|| InterpError::MissingInput {
-                        name: b.name.clone(),
-                        ty: b.ty.clone(),
-                    })?;
-                uploaded.insert(b.id, stream.upload(&t.to_bytes())?);
-            }
-        }
-        Ok(Prepared {
-            compiled: self,
-            gpu: Some(GpuRun {
-                stream,
-                slots,
-                uploaded,
-                status,
-            }),
-            bindings: Bindings::default(),
-        })
-    }
-
-    /// Runs, and runs the interpreter on the unfused graph; reports the error per output. NaN
-    /// and ±inf at different places in the two is an error naming the output and the element.
-    pub fn verify(&self, inputs: &Bindings) -> Result<(Vec<Tensor>, Verification), CompileError> {
-        let got = self.run(inputs)?;
-        let want = interp::run_with_weights(&self.source, inputs, &self.weights)?;
-        let outputs = self
-            .source
-            .outputs()
-            .iter()
-            .zip(got.iter().zip(&want))
-            .map(|(&o, (g, w))| compare_output(&self.source.node(o).name, g, w))
-            .collect::<Result<_, _>>()?;
-        Ok((got, Verification { outputs }))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::interp::Bindings;
     use crate::ir::DType;
 
     fn t(values: &[f64]) -> Tensor {

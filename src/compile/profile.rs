@@ -6,7 +6,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use super::{CompileError, Prepared};
+use super::{CompileError, Session};
 
 /// How long a profiled run's stream waits for the host to enqueue it before starting anyway
 /// (a launch queue too short for the run would block the host): then the profile is refused.
@@ -103,23 +103,29 @@ impl Profile {
     }
 }
 
-impl Prepared<'_> {
+impl Session<'_> {
     /// Runs once untimed (so every buffer holds a value and every kernel has run), then once
-    /// more queued behind a hold with a marker around each kernel, and returns each kernel's
-    /// device time. GPU runs only: the CPU runs the interpreter, which has no kernels.
-    pub fn profile(&self) -> Result<Profile, CompileError> {
-        let (Some(run), Some(plan)) = (&self.gpu, &self.compiled.plan) else {
+    /// more, kernel by kernel without replay, queued behind a hold with a marker around each
+    /// kernel, and returns each kernel's device time. GPU runs only: the CPU runs the
+    /// interpreter, which has no kernels.
+    pub fn profile(&mut self) -> Result<Profile, CompileError> {
+        let Some(plan) = self.executable().plan.clone() else {
             return Err(CompileError::ProfileNeedsGpu {
-                device: self.compiled.device.label().to_string(),
+                device: self.executable().device.label().to_string(),
             });
         };
         self.launch()?;
+        let Some(run) = self.gpu() else {
+            return Err(CompileError::ProfileNeedsGpu {
+                device: self.executable().device.label().to_string(),
+            });
+        };
         run.stream.synchronize()?;
         let mut hold = run.stream.hold(HOLD_LIMIT)?;
         let mut marks = Vec::with_capacity(2 * plan.kernels.len());
-        for (k, loaded) in plan.kernels.iter().zip(&self.compiled.kernels) {
+        for i in 0..plan.kernels.len() {
             marks.push(run.stream.mark()?);
-            self.launch_kernel(run, k, loaded)?;
+            run.stream.launch_one(&run.launches, i)?;
             marks.push(run.stream.mark()?);
         }
         hold.release();
@@ -244,7 +250,7 @@ mod tests {
         g.add_output(e).unwrap();
         let device = Device::cpu();
         let c = Graph::compile_with(&g, &device, &CompileOptions::default()).unwrap();
-        let prepared = c.prepare(&Bindings::random(&g, 1)).unwrap();
+        let mut prepared = c.prepare(&Bindings::random(&g, 1)).unwrap();
         match prepared.profile() {
             Err(CompileError::ProfileNeedsGpu { device: d }) => assert_eq!(d, device.label()),
             other => panic!("{other:?}"),

@@ -305,7 +305,8 @@ fn arg_bytes(plan: &KernelPlan, id: usize) -> usize {
         | BufferRole::Weight(_)
         | BufferRole::Constant(_)
         | BufferRole::Computed
-        | BufferRole::Workspace => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
+        | BufferRole::Workspace
+        | BufferRole::State { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
     };
     bytes.max(16)
 }

@@ -22,7 +22,7 @@ fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
 /// The driver entry points rocmforge's path through cudarc calls (device query, primary
 /// context, streams and events, stream-ordered memory, modules, launches). cudarc resolves each
 /// lazily and panics on one that is missing, so a library lacking any is refused up front.
-const DRIVER_SYMBOLS: [&str; 26] = [
+const DRIVER_SYMBOLS: [&str; 27] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -45,6 +45,7 @@ const DRIVER_SYMBOLS: [&str; 26] = [
     "cuMemsetD8Async",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuModuleUnload",
@@ -57,6 +58,17 @@ const TIMING_SYMBOLS: [&str; 3] = [
     "cuEventSynchronize",
     "cuEventElapsedTime_v2",
     "cuLaunchHostFunc",
+];
+
+/// The driver entry points of graph replay (`runtime::graph`): checked when the device opens;
+/// a driver without them runs sessions with plain launches and says why.
+const GRAPH_SYMBOLS: [&str; 6] = [
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
 ];
 
 /// The NVRTC entry points compilation and the arch check call.
@@ -181,6 +193,8 @@ pub struct CudaDevice {
     limits: OnceLock<LaunchLimits>,
     /// Whether the driver has [`TIMING_SYMBOLS`], else why not.
     timing: Result<(), String>,
+    /// Whether the driver has [`GRAPH_SYMBOLS`], else why not.
+    graphs: Result<(), String>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -205,6 +219,12 @@ impl CudaDevice {
         )
         .map_err(|e| e.describe("libcuda"))
         .and_then(|o| o.require(&TIMING_SYMBOLS, "libcuda with event timing"));
+        let graphs = libraries::open(
+            "ROCMFORGE_CUDA_LIBRARY",
+            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+        )
+        .map_err(|e| e.describe("libcuda"))
+        .and_then(|o| o.require(&GRAPH_SYMBOLS, "libcuda with graph capture"));
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
         if usize::try_from(count).map_or(true, |c| ordinal >= c) {
@@ -239,6 +259,7 @@ impl CudaDevice {
             nvrtc_version,
             limits: OnceLock::new(),
             timing,
+            graphs,
         })
     }
 
@@ -397,6 +418,212 @@ impl CudaDevice {
             return Err(cuda_err(e));
         }
         Ok(())
+    }
+}
+
+/// Raw handles of the in-place operations and bound launches (`runtime::graph`): they bypass
+/// cudarc's per-buffer event tracking, which records and waits on events around every use of a
+/// buffer. A session's buffers all live on its one stream, so stream order already orders them,
+/// and a wait on an event recorded outside a capture would invalidate the capture.
+impl CudaDevice {
+    /// The device address of `buf` (cudarc records a read event on `stream` as it hands it out:
+    /// harmless outside a capture, which is the only place this is called).
+    pub(super) fn address(&self, stream: &CudaStream, buf: &CudaSlice<u8>) -> sys::CUdeviceptr {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _read) = buf.device_ptr(stream);
+        ptr
+    }
+
+    /// Writes `data` into `buf` at its start, ordered on `stream`. The host bytes may be freed
+    /// when this returns: from pageable memory the driver stages the copy before returning.
+    pub(super) fn write(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        data: &[u8],
+    ) -> Result<(), RuntimeError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let dst = self.address(stream, buf);
+        // SAFETY: the caller checked `data.len()` against the buffer's size; the driver reads
+        // `data` (pageable) before this returns.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr().cast(), data.len(), stream.cu_stream())
+        }
+        .result()
+        .map_err(cuda_err)
+    }
+
+    /// Sets the first `bytes` of `buf` to `byte`, ordered on `stream`.
+    pub(super) fn fill(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        byte: u8,
+        bytes: usize,
+    ) -> Result<(), RuntimeError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let dst = self.address(stream, buf);
+        // SAFETY: the caller checked `bytes` against the buffer's size.
+        unsafe { sys::cuMemsetD8Async(dst, byte, bytes, stream.cu_stream()) }
+            .result()
+            .map_err(cuda_err)
+    }
+
+    /// Copies the first `bytes` of `src` to `dst`, ordered on `stream`.
+    pub(super) fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<u8>,
+        dst: &CudaSlice<u8>,
+        bytes: usize,
+    ) -> Result<(), RuntimeError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let (s, d) = (self.address(stream, src), self.address(stream, dst));
+        // SAFETY: the caller checked `bytes` against both buffers' sizes; both live on this
+        // device's context.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, bytes, stream.cu_stream()) }
+            .result()
+            .map_err(cuda_err)
+    }
+
+    /// Launches `f` with the device addresses `args` (one pointer parameter each), bypassing
+    /// cudarc's event tracking (see above).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_raw(
+        &self,
+        stream: &CudaStream,
+        f: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[sys::CUdeviceptr],
+    ) -> Result<(), RuntimeError> {
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let mut ptrs: Vec<sys::CUdeviceptr> = args.to_vec();
+        let mut params: Vec<*mut std::ffi::c_void> = ptrs
+            .iter_mut()
+            .map(|p| (p as *mut sys::CUdeviceptr).cast())
+            .collect();
+        // SAFETY: every kernel takes exactly one device pointer per binding, in binding order;
+        // `params` points at those pointers, which live until the call returns (the driver
+        // copies them); the buffers they address are kept alive by the caller's launch list.
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(cuda_err)
+    }
+
+    /// Whether this driver can capture and replay graphs, else why not.
+    pub(super) fn graph_support(&self) -> Result<(), String> {
+        self.graphs.clone()
+    }
+
+    /// Captures what `enqueue` puts on `stream` (thread-local mode: other threads' allocations
+    /// do not break it) and instantiates it.
+    pub(super) fn capture(
+        &self,
+        stream: &Arc<CudaStream>,
+        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+    ) -> Result<CudaGraphExec, RuntimeError> {
+        self.graphs.clone().map_err(RuntimeError::Cuda)?;
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let s = stream.cu_stream();
+        // SAFETY: the stream is live; the symbols were checked when the device opened.
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .result()
+        .map_err(cuda_err)?;
+        let enqueued = enqueue();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: the capture begun above is ended on the same stream, whatever `enqueue` did.
+        let ended = unsafe { sys::cuStreamEndCapture(s, &mut graph) }.result();
+        let destroy = |g: sys::CUgraph| {
+            if !g.is_null() {
+                // SAFETY: `g` came from cuStreamEndCapture and is destroyed once, here.
+                unsafe { sys::cuGraphDestroy(g) };
+            }
+        };
+        if let Err(e) = enqueued {
+            destroy(graph);
+            return Err(e);
+        }
+        if let Err(e) = ended {
+            destroy(graph);
+            return Err(cuda_err(format!("cuStreamEndCapture: {e}")));
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `graph` is the captured graph; `exec` receives its executable form.
+        if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result() {
+            destroy(graph);
+            return Err(cuda_err(format!("cuGraphInstantiateWithFlags: {e}")));
+        }
+        Ok(CudaGraphExec {
+            stream: stream.clone(),
+            graph,
+            exec,
+        })
+    }
+}
+
+/// A captured CUDA graph and its executable form, destroyed together on drop.
+pub struct CudaGraphExec {
+    /// Keeps the context alive for the destroy calls.
+    stream: Arc<CudaStream>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: the handles may move to another thread (the driver's graph objects are not tied to
+// one); the type is not `Sync`, so no two threads use them at once (graph objects are not
+// internally synchronised), and they are destroyed once, on drop.
+unsafe impl Send for CudaGraphExec {}
+
+impl CudaGraphExec {
+    /// Enqueues one replay on `stream`.
+    pub(super) fn launch(&self, stream: &CudaStream) -> Result<(), RuntimeError> {
+        self.stream.context().bind_to_thread().map_err(cuda_err)?;
+        // SAFETY: the executable graph is live; the stream belongs to the same context.
+        unsafe { sys::cuGraphLaunch(self.exec, stream.cu_stream()) }
+            .result()
+            .map_err(cuda_err)
+    }
+}
+
+impl Drop for CudaGraphExec {
+    fn drop(&mut self) {
+        let _ = self.stream.context().bind_to_thread();
+        // SAFETY: both handles were made by `capture` and are destroyed once, here; a replay
+        // still queued keeps its resources until it completes (the driver's rule).
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
+        }
     }
 }
 

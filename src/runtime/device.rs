@@ -8,6 +8,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 use super::cache::KernelCache;
 use super::cuda::CudaDevice;
+use super::graph::{Bound, CapturedGraph, GraphInner, KernelLaunch, LaunchList, ReplayOff};
 use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
 use super::timeline::{Hold, Marker, MarkerInner};
 use super::{MemoryCounter, RuntimeError};
@@ -299,6 +300,14 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// Identifies the driver stream (while this value lives).
+    fn id(&self) -> usize {
+        match &self.inner {
+            StreamInner::Cuda(s) => Arc::as_ptr(s) as *const () as usize,
+            StreamInner::Hip(s) => Arc::as_ptr(s) as *const () as usize,
+        }
+    }
+
     fn backend(&self) -> Backend<'_> {
         match (&self.device.0.kind, &self.inner) {
             (DeviceKind::Cuda(d), StreamInner::Cuda(s)) => Backend::Cuda(d, s),
@@ -392,6 +401,178 @@ impl Stream {
         }
     }
 
+    /// Writes `data` into `buf` in place (from its start), ordered on this stream. `data` may
+    /// be dropped when this returns.
+    pub fn write(&self, buf: &DeviceBuffer, data: &[u8]) -> Result<(), RuntimeError> {
+        fits("write", data.len(), buf)?;
+        match (self.backend(), &buf.mem) {
+            (Backend::Cuda(d, s), BufferMem::Cuda(m)) => d.write(s, m, data),
+            (Backend::Hip(d, s), BufferMem::Hip(m)) => d.write(s, m, data),
+            _ => Err(foreign()),
+        }
+    }
+
+    /// Sets every byte of `buf` to `byte`, ordered on this stream.
+    pub fn fill(&self, buf: &DeviceBuffer, byte: u8) -> Result<(), RuntimeError> {
+        match (self.backend(), &buf.mem) {
+            (Backend::Cuda(d, s), BufferMem::Cuda(m)) => d.fill(s, m, byte, buf.bytes),
+            (Backend::Hip(d, s), BufferMem::Hip(m)) => d.fill(s, m, byte, buf.bytes),
+            _ => Err(foreign()),
+        }
+    }
+
+    /// Copies the first `bytes` of `src` into the start of `dst` on the device, ordered on
+    /// this stream (a `dst` used on another stream must wait for this one).
+    pub fn copy(
+        &self,
+        src: &DeviceBuffer,
+        dst: &DeviceBuffer,
+        bytes: usize,
+    ) -> Result<(), RuntimeError> {
+        fits("copy", bytes, src)?;
+        fits("copy", bytes, dst)?;
+        match (self.backend(), &src.mem, &dst.mem) {
+            (Backend::Cuda(d, s), BufferMem::Cuda(a), BufferMem::Cuda(b)) => d.copy(s, a, b, bytes),
+            (Backend::Hip(d, s), BufferMem::Hip(a), BufferMem::Hip(b)) => d.copy(s, a, b, bytes),
+            _ => Err(foreign()),
+        }
+    }
+
+    /// Binds `launches` once: geometry checked against the device's limits, kernels and
+    /// buffers resolved to raw handles and held by the list.
+    pub fn bind(&self, launches: &[KernelLaunch]) -> Result<LaunchList, RuntimeError> {
+        let limits = match self.backend() {
+            Backend::Cuda(d, _) => d.launch_limits(),
+            Backend::Hip(d, _) => d.launch_limits(),
+        };
+        let mut bound = Vec::with_capacity(launches.len());
+        let (mut kernels, mut buffers) = (Vec::new(), Vec::new());
+        for l in launches {
+            check_launch(&limits, l.grid, l.block, l.shared_bytes)?;
+            let (grid, block, shared) = (l.grid, l.block, l.shared_bytes);
+            bound.push(match (self.backend(), &*l.kernel) {
+                (Backend::Cuda(d, s), LoadedKernel::Cuda(f)) => Bound::Cuda {
+                    f: f.cu_function(),
+                    grid,
+                    block,
+                    shared,
+                    args: l
+                        .args
+                        .iter()
+                        .map(|b| match &b.mem {
+                            BufferMem::Cuda(m) => Ok(d.address(s, m)),
+                            BufferMem::Hip(_) => Err(foreign()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                },
+                (Backend::Hip(_, _), LoadedKernel::Hip(f)) => Bound::Hip {
+                    f: f.raw(),
+                    grid,
+                    block,
+                    shared,
+                    args: l
+                        .args
+                        .iter()
+                        .map(|b| match &b.mem {
+                            BufferMem::Hip(m) => Ok(m.raw()),
+                            BufferMem::Cuda(_) => Err(foreign()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                },
+                _ => return Err(foreign()),
+            });
+            kernels.push(l.kernel.clone());
+            buffers.extend(l.args.iter().cloned());
+        }
+        Ok(LaunchList {
+            bound,
+            device: self.device.spec().to_string(),
+            _kernels: kernels,
+            _buffers: buffers,
+        })
+    }
+
+    /// Enqueues launch `index` of `list` on this stream.
+    pub fn launch_one(&self, list: &LaunchList, index: usize) -> Result<(), RuntimeError> {
+        if list.device != self.device.spec() {
+            return Err(foreign());
+        }
+        let Some(b) = list.bound.get(index) else {
+            return Err(RuntimeError::NoDevice {
+                spec: list.device.clone(),
+                reason: format!("launch {index} of a list of {}", list.bound.len()),
+            });
+        };
+        match (self.backend(), b) {
+            (
+                Backend::Cuda(d, s),
+                Bound::Cuda {
+                    f,
+                    grid,
+                    block,
+                    shared,
+                    args,
+                },
+            ) => d.launch_raw(s, *f, *grid, *block, *shared, args),
+            (
+                Backend::Hip(d, s),
+                Bound::Hip {
+                    f,
+                    grid,
+                    block,
+                    shared,
+                    args,
+                },
+            ) => d.launch_raw(s, *f, *grid, *block, *shared, args),
+            _ => Err(foreign()),
+        }
+    }
+
+    /// Enqueues every launch of `list` on this stream, in order.
+    pub fn launch_list(&self, list: &LaunchList) -> Result<(), RuntimeError> {
+        (0..list.bound.len()).try_for_each(|i| self.launch_one(list, i))
+    }
+
+    /// Whether this stream's device can capture and replay graphs.
+    pub fn replay_support(&self) -> Result<(), ReplayOff> {
+        match self.backend() {
+            Backend::Cuda(d, _) => d.graph_support(),
+            Backend::Hip(d, _) => d.graph_support(),
+        }
+        .map_err(|reason| ReplayOff::Unsupported { reason })
+    }
+
+    /// Captures `list`'s launches on this stream (nothing runs) as a graph to replay. The
+    /// graph holds the list, so the buffers it touches live as long as it does.
+    pub fn capture(&self, list: &Arc<LaunchList>) -> Result<CapturedGraph, RuntimeError> {
+        let inner = match self.backend() {
+            Backend::Cuda(d, s) => GraphInner::Cuda(d.capture(s, || self.launch_list(list))?),
+            Backend::Hip(d, s) => GraphInner::Hip(d.capture(s, || self.launch_list(list))?),
+        };
+        Ok(CapturedGraph {
+            inner,
+            list: list.clone(),
+            stream: self.id(),
+        })
+    }
+
+    /// Enqueues one replay of `graph` on this stream, the one it was captured on (so that the
+    /// buffers it holds, freed ordered on their stream, are never freed under a replay queued
+    /// elsewhere).
+    pub fn replay(&self, graph: &CapturedGraph) -> Result<(), RuntimeError> {
+        if graph.stream != self.id() {
+            return Err(RuntimeError::NoDevice {
+                spec: self.device.spec().to_string(),
+                reason: "a graph replays on the stream it was captured on, not another".into(),
+            });
+        }
+        match (self.backend(), &graph.inner) {
+            (Backend::Cuda(_, s), GraphInner::Cuda(g)) => g.launch(s),
+            (Backend::Hip(_, s), GraphInner::Hip(g)) => g.launch(s),
+            _ => Err(foreign()),
+        }
+    }
+
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         match self.backend() {
             Backend::Cuda(d, s) => d.sync(s),
@@ -457,6 +638,18 @@ fn check_launch(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Refuses writing `bytes` into a buffer smaller than that.
+fn fits(what: &'static str, bytes: usize, buf: &DeviceBuffer) -> Result<(), RuntimeError> {
+    if bytes > buf.bytes {
+        return Err(RuntimeError::BufferSize {
+            what,
+            bytes,
+            buffer: buf.bytes,
+        });
+    }
+    Ok(())
 }
 
 fn foreign() -> RuntimeError {

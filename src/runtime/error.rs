@@ -44,6 +44,13 @@ pub enum RuntimeError {
         requested: u64,
         limit: u64,
     },
+    /// An in-place write or copy of more bytes than the buffer holds.
+    #[error("{what} of {bytes} bytes into a device buffer of {buffer}")]
+    BufferSize {
+        what: &'static str,
+        bytes: usize,
+        buffer: usize,
+    },
     #[error("kernel cache at {path}: {message}")]
     Cache { path: String, message: String },
 }

@@ -36,6 +36,28 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 /// `hipStreamCallback_t`: the stream, its status, the user's pointer.
 type StreamCallback = unsafe extern "C" fn(Handle, Err, *mut c_void);
 
+/// `hipStreamCaptureModeThreadLocal`: other threads' calls do not break a capture.
+const STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+
+/// The graph entry points of replay (`runtime::graph`), with the signatures of
+/// `hip_runtime_api.h`; optional as a set: a runtime without them runs sessions with plain
+/// launches and says why.
+#[derive(Clone, Copy)]
+struct GraphApi {
+    /// hipStreamBeginCapture(stream, mode)
+    begin_capture: unsafe extern "C" fn(Handle, c_int) -> Err,
+    /// hipStreamEndCapture(stream, &graph)
+    end_capture: unsafe extern "C" fn(Handle, *mut Handle) -> Err,
+    /// hipGraphInstantiate(&exec, graph, error node, log buffer, log size)
+    instantiate: unsafe extern "C" fn(*mut Handle, Handle, *mut Handle, *mut c_char, usize) -> Err,
+    /// hipGraphLaunch(exec, stream)
+    launch: unsafe extern "C" fn(Handle, Handle) -> Err,
+    /// hipGraphExecDestroy(exec)
+    exec_destroy: unsafe extern "C" fn(Handle) -> Err,
+    /// hipGraphDestroy(graph)
+    destroy: unsafe extern "C" fn(Handle) -> Err,
+}
+
 /// The entry points rocmforge uses, with the signatures of `hip_runtime_api.h`.
 struct Api {
     init: unsafe extern "C" fn(c_uint) -> Err,
@@ -60,6 +82,11 @@ struct Api {
     memset_async: unsafe extern "C" fn(Handle, c_int, usize, Handle) -> Err,
     memcpy_htod_async: unsafe extern "C" fn(Handle, *const c_void, usize, Handle) -> Err,
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, Handle, usize, Handle) -> Err,
+    /// hipMemcpyDtoDAsync(dst, src, bytes, stream): optional, only a session's copy of an
+    /// output into a caller's buffer needs it.
+    memcpy_dtod_async: Option<unsafe extern "C" fn(Handle, Handle, usize, Handle) -> Err>,
+    /// Graph capture and replay, where the runtime has every entry point, else the first missing.
+    graphs: Result<GraphApi, &'static str>,
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
     module_unload: unsafe extern "C" fn(Handle) -> Err,
@@ -144,6 +171,22 @@ impl Runtime {
             memset_async: req!("hipMemsetAsync"),
             memcpy_htod_async: req!("hipMemcpyHtoDAsync"),
             memcpy_dtoh_async: req!("hipMemcpyDtoHAsync"),
+            memcpy_dtod_async: sym(&lib, "hipMemcpyDtoDAsync"),
+            graphs: (|| {
+                macro_rules! opt {
+                    ($s:literal) => {
+                        sym(&lib, $s).ok_or($s)?
+                    };
+                }
+                Ok(GraphApi {
+                    begin_capture: opt!("hipStreamBeginCapture"),
+                    end_capture: opt!("hipStreamEndCapture"),
+                    instantiate: opt!("hipGraphInstantiate"),
+                    launch: opt!("hipGraphLaunch"),
+                    exec_destroy: opt!("hipGraphExecDestroy"),
+                    destroy: opt!("hipGraphDestroy"),
+                })
+            })(),
             module_load_data: req!("hipModuleLoadData"),
             module_get_function: req!("hipModuleGetFunction"),
             module_unload: req!("hipModuleUnload"),
@@ -476,15 +519,31 @@ impl HipDevice {
         shared: u32,
         args: &[&HipBuffer],
     ) -> Result<(), RuntimeError> {
+        let ptrs: Vec<Handle> = args.iter().map(|b| b.ptr).collect();
+        self.launch_raw(stream, f.handle, grid, block, shared, &ptrs)
+    }
+
+    /// Launches the kernel `f` with the device addresses `args` (one pointer parameter each).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_raw(
+        &self,
+        stream: &HipStream,
+        f: Handle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[Handle],
+    ) -> Result<(), RuntimeError> {
         self.bind()?;
-        let mut ptrs: Vec<Handle> = args.iter().map(|b| b.ptr).collect();
+        let mut ptrs: Vec<Handle> = args.to_vec();
         let mut params: Vec<*mut c_void> =
             ptrs.iter_mut().map(|p| (p as *mut Handle).cast()).collect();
         // SAFETY: every kernel takes exactly one device pointer per binding, in binding order;
-        // `params` points at those pointers, which live until the call returns (HIP copies them).
+        // `params` points at those pointers, which live until the call returns (HIP copies them);
+        // the buffers they address are kept alive by the caller (a buffer or a launch list).
         self.rt.check("hipModuleLaunchKernel", unsafe {
             (self.rt.api.module_launch_kernel)(
-                f.handle,
+                f,
                 grid[0],
                 grid[1],
                 grid[2],
@@ -496,6 +555,131 @@ impl HipDevice {
                 params.as_mut_ptr(),
                 ptr::null_mut(),
             )
+        })
+    }
+
+    /// Writes `data` into `buf` at its start, ordered on `stream`; synchronised after the copy
+    /// (HIP may read pageable memory after an async call returns), so `data` may go at once.
+    pub(super) fn write(
+        &self,
+        stream: &Arc<HipStream>,
+        buf: &HipBuffer,
+        data: &[u8],
+    ) -> Result<(), RuntimeError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller checked `data.len()` against the buffer's size; `data` lives until
+        // the sync below.
+        self.rt.check("hipMemcpyHtoDAsync", unsafe {
+            (self.rt.api.memcpy_htod_async)(
+                buf.ptr,
+                data.as_ptr().cast(),
+                data.len(),
+                stream.handle,
+            )
+        })?;
+        self.sync(stream)
+    }
+
+    /// Sets the first `bytes` of `buf` to `byte`, ordered on `stream`.
+    pub(super) fn fill(
+        &self,
+        stream: &Arc<HipStream>,
+        buf: &HipBuffer,
+        byte: u8,
+        bytes: usize,
+    ) -> Result<(), RuntimeError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller checked `bytes` against the buffer's size.
+        self.rt.check("hipMemsetAsync", unsafe {
+            (self.rt.api.memset_async)(buf.ptr, c_int::from(byte), bytes, stream.handle)
+        })
+    }
+
+    /// Copies the first `bytes` of `src` to `dst`, ordered on `stream`.
+    pub(super) fn copy(
+        &self,
+        stream: &Arc<HipStream>,
+        src: &HipBuffer,
+        dst: &HipBuffer,
+        bytes: usize,
+    ) -> Result<(), RuntimeError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let Some(copy) = self.rt.api.memcpy_dtod_async else {
+            return Err(RuntimeError::Hip(format!(
+                "{} has no symbol hipMemcpyDtoDAsync",
+                self.rt.library
+            )));
+        };
+        self.bind()?;
+        // SAFETY: the caller checked `bytes` against both buffers' sizes; both are on this device.
+        self.rt.check("hipMemcpyDtoDAsync", unsafe {
+            copy(dst.ptr, src.ptr, bytes, stream.handle)
+        })
+    }
+
+    /// Whether this runtime can capture and replay graphs, else why not.
+    pub(super) fn graph_support(&self) -> Result<(), String> {
+        self.rt
+            .api
+            .graphs
+            .map(|_| ())
+            .map_err(|missing| format!("{} has no symbol {missing}", self.rt.library))
+    }
+
+    /// Captures what `enqueue` puts on `stream` (thread-local mode) and instantiates it.
+    pub(super) fn capture(
+        &self,
+        stream: &Arc<HipStream>,
+        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+    ) -> Result<HipGraphExec, RuntimeError> {
+        let api = self.rt.api.graphs.map_err(|missing| {
+            RuntimeError::Hip(format!("{} has no symbol {missing}", self.rt.library))
+        })?;
+        self.bind()?;
+        // SAFETY: the stream is live and on the bound device.
+        self.rt.check("hipStreamBeginCapture", unsafe {
+            (api.begin_capture)(stream.handle, STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        })?;
+        let enqueued = enqueue();
+        let mut graph: Handle = ptr::null_mut();
+        // SAFETY: the capture begun above is ended on the same stream, whatever `enqueue` did.
+        let ended = unsafe { (api.end_capture)(stream.handle, &mut graph) };
+        let destroy = |g: Handle| {
+            if !g.is_null() {
+                // SAFETY: `g` came from hipStreamEndCapture and is destroyed once, here.
+                unsafe { (api.destroy)(g) };
+            }
+        };
+        if let Err(e) = enqueued {
+            destroy(graph);
+            return Err(e);
+        }
+        if let Err(e) = self.rt.check("hipStreamEndCapture", ended) {
+            destroy(graph);
+            return Err(e);
+        }
+        let mut exec: Handle = ptr::null_mut();
+        // SAFETY: `graph` is the captured graph; no error node or log is asked for.
+        let code =
+            unsafe { (api.instantiate)(&mut exec, graph, ptr::null_mut(), ptr::null_mut(), 0) };
+        if let Err(e) = self.rt.check("hipGraphInstantiate", code) {
+            destroy(graph);
+            return Err(e);
+        }
+        Ok(HipGraphExec {
+            rt: self.rt.clone(),
+            api,
+            ordinal: self.ordinal,
+            graph,
+            exec,
         })
     }
 
@@ -548,6 +732,44 @@ unsafe extern "C" fn release_hold(_stream: Handle, _status: Err, data: *mut c_vo
     // SAFETY: `data` is the Box `hold` leaked for this callback, which runs once.
     let wait = unsafe { Box::from_raw(data.cast::<HoldWait>()) };
     wait.wait();
+}
+
+/// A captured HIP graph and its executable form, destroyed together on drop.
+pub struct HipGraphExec {
+    rt: Arc<Runtime>,
+    api: GraphApi,
+    ordinal: c_int,
+    graph: Handle,
+    exec: Handle,
+}
+
+// SAFETY: the handles may move to another thread; the type is not `Sync`, so no two threads
+// use them at once (graph objects are not internally synchronised), and they are destroyed
+// once, on drop.
+unsafe impl Send for HipGraphExec {}
+
+impl HipGraphExec {
+    /// Enqueues one replay on `stream`.
+    pub(super) fn launch(&self, stream: &HipStream) -> Result<(), RuntimeError> {
+        // SAFETY: the ordinal was checked when the device opened; the executable graph is live
+        // and the stream on the same device.
+        let code = unsafe {
+            (self.rt.api.set_device)(self.ordinal);
+            (self.api.launch)(self.exec, stream.handle)
+        };
+        self.rt.check("hipGraphLaunch", code)
+    }
+}
+
+impl Drop for HipGraphExec {
+    fn drop(&mut self) {
+        // SAFETY: both handles were made by `capture` and are destroyed once, here.
+        unsafe {
+            (self.rt.api.set_device)(self.ordinal);
+            (self.api.exec_destroy)(self.exec);
+            (self.api.destroy)(self.graph);
+        }
+    }
 }
 
 /// A timing event, destroyed on drop.
@@ -632,6 +854,13 @@ pub struct HipFunction {
     handle: Handle,
 }
 
+impl HipFunction {
+    /// The raw handle, for launch lists (`runtime::graph`), which keep this function alive.
+    pub(super) fn raw(&self) -> *mut c_void {
+        self.handle
+    }
+}
+
 // SAFETY: hipFunction_t is an immutable handle; HIP allows launches from any thread.
 unsafe impl Send for HipFunction {}
 unsafe impl Sync for HipFunction {}
@@ -664,6 +893,13 @@ pub struct HipBuffer {
     ptr: Handle,
     /// Allocated with hipMallocAsync, so freed with hipFreeAsync.
     stream_ordered: bool,
+}
+
+impl HipBuffer {
+    /// The device address, for launch lists (`runtime::graph`), which keep this buffer alive.
+    pub(super) fn raw(&self) -> *mut c_void {
+        self.ptr
+    }
 }
 
 // SAFETY: device pointers may be used from any thread; the buffer is freed exactly once.

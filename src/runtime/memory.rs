@@ -11,6 +11,8 @@ pub struct MemoryCounter {
     peak: AtomicUsize,
     /// 0 means no budget.
     budget: AtomicUsize,
+    /// Allocations ever reserved (refused ones included): a warm session's run adds none.
+    allocations: AtomicUsize,
 }
 
 impl MemoryCounter {
@@ -22,12 +24,18 @@ impl MemoryCounter {
         self.peak.load(Ordering::SeqCst)
     }
 
+    /// How many allocations were ever asked of this device (refused ones included).
+    pub fn allocations(&self) -> usize {
+        self.allocations.load(Ordering::SeqCst)
+    }
+
     pub fn set_budget(&self, bytes: Option<usize>) {
         self.budget.store(bytes.unwrap_or(0), Ordering::SeqCst);
     }
 
     /// Accounts `bytes` before they are allocated; refused when the budget would be exceeded.
     pub fn reserve(&self, bytes: usize) -> Result<(), RuntimeError> {
+        self.allocations.fetch_add(1, Ordering::SeqCst);
         let budget = self.budget.load(Ordering::SeqCst);
         let mut cur = self.in_use.load(Ordering::SeqCst);
         loop {
@@ -77,5 +85,6 @@ mod tests {
         m.release(60);
         m.reserve(100).unwrap();
         assert_eq!((m.in_use(), m.peak()), (100, 100));
+        assert_eq!(m.allocations(), 3);
     }
 }

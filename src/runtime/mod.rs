@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cuda;
 pub mod device;
 mod error;
+pub mod graph;
 pub mod hip;
 pub mod hiprtc;
 mod libraries;
@@ -27,8 +28,9 @@ pub use cache::{
     CacheEntryInfo, CacheKey, CacheListing, Cleared, DiskCache, EntryKind, KernelCache,
     SkippedEntry, CACHE_ENTRY,
 };
-pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Stream};
+pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, LoadedKernel, Stream};
 pub use error::RuntimeError;
+pub use graph::{CapturedGraph, KernelLaunch, LaunchList, ReplayOff};
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;
 pub use timeline::{Hold, Marker};

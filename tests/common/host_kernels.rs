@@ -163,7 +163,9 @@ fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec
                         .map_err(|e| e.to_string())?
                         .to_bytes()
                 }
-                BufferRole::Computed | BufferRole::Workspace => vec![0xFF; n],
+                BufferRole::Computed | BufferRole::Workspace | BufferRole::State { .. } => {
+                    vec![0xFF; n]
+                }
                 BufferRole::Status => vec![0; STATUS_BYTES],
             })
         })

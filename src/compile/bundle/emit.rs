@@ -259,7 +259,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                     b.id, b.ty
                 ))
             })?;
-            let role = match b.role {
+            let role = match &b.role {
                 BufferRole::Input(_) => Role::Input,
                 BufferRole::Weight(_) => Role::Weight,
                 BufferRole::Constant(_) => Role::Constant,
@@ -269,6 +269,13 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                     Role::Output
                 }
                 BufferRole::Computed => Role::Computed,
+                BufferRole::State { name } => {
+                    return Err(BundleError::malformed(format!(
+                        "buffer {} is the state `{name}`, which a session keeps across runs; \
+                         bundles hold single runs and have no role for it yet",
+                        b.id
+                    )))
+                }
             };
             Ok(BundleBuffer {
                 id: b.id,
@@ -308,7 +315,10 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             BufferRole::Input(sample) => random_input(&b.name, &b.ty, sample, seed),
             BufferRole::Weight(init) => random_weight(&b.name, &b.ty, init, seed),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values),
-            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
+            BufferRole::Computed
+            | BufferRole::Status
+            | BufferRole::Workspace
+            | BufferRole::State { .. } => continue,
         }
         .map_err(host(b))?;
         data.insert(b.id, t);
