@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use super::amd_targets::AmdTargets;
 use super::libraries::{self, OpenError};
+use crate::codegen::{Platform, Target};
 
 /// Libraries tried in order.
 pub const HIPRTC_LIBRARIES: [&str; 4] = [
@@ -100,8 +101,17 @@ impl Hiprtc {
     /// Loads the hiprtc `ROCMFORGE_HIPRTC` names (that file only), else the first of
     /// [`HIPRTC_LIBRARIES`] found, and learns which targets it accepts (see `amd_targets`).
     pub fn load() -> Result<Hiprtc, HiprtcError> {
+        Hiprtc::load_from(None)
+    }
+
+    /// As [`Hiprtc::load`], but the file at `path` (that one only) where one is given.
+    pub fn load_from(path: Option<&std::path::Path>) -> Result<Hiprtc, HiprtcError> {
         let search = HIPRTC_LIBRARIES.map(String::from);
-        match libraries::open("ROCMFORGE_HIPRTC", &search) {
+        let opened = match path {
+            Some(p) => libraries::open_path(p),
+            None => libraries::open("ROCMFORGE_HIPRTC", &search),
+        };
+        match opened {
             Ok(opened) => Hiprtc::from_library(opened.lib, &opened.name),
             Err(OpenError::NotFound { tried }) => Err(HiprtcError::NotFound { tried }),
             Err(OpenError::Unusable { reason }) => Err(HiprtcError::Unusable { reason }),
@@ -163,7 +173,7 @@ impl Hiprtc {
 
     /// Whether this hiprtc accepts target id `arch`; the error lists those it does.
     pub fn check_target(&self, arch: &str) -> Result<(), HiprtcError> {
-        self.targets.check(arch)
+        check_target(&self.targets, arch)
     }
 
     /// Compiles HIP source for `arch` (a full target id such as `gfx90a:sramecc+:xnack-`) and
@@ -221,6 +231,23 @@ impl Hiprtc {
     }
 }
 
+/// Whether a hiprtc whose AMD target list is `targets` may be handed `arch`.
+///
+/// AMD target ids must be on the list: AMD's hiprtc aborts on any other. An NVIDIA
+/// architecture (`sm_90`, one our target tables know) goes to a hiprtc that has no AMD list
+/// at all: no comgr came into the process with it and it reports no ROCm release with a table,
+/// so it is not AMD's compiler but HIP's NVIDIA platform, which compiles through NVRTC and
+/// reports an architecture it cannot do as a compile error. A HIP runtime hands hiprtc an
+/// `sm_` name only when it reported that architecture for its own device. AMD's hiprtc (a
+/// list present) never sees one.
+fn check_target(targets: &AmdTargets, arch: &str) -> Result<(), HiprtcError> {
+    let nvidia = Target::parse(arch).is_ok_and(|t| t.platform == Platform::Nvidia);
+    if nvidia && targets.processors.is_empty() {
+        return Ok(());
+    }
+    targets.check(arch)
+}
+
 /// Destroys the program however compilation ends.
 struct ProgramGuard<'a> {
     rtc: &'a Hiprtc,
@@ -252,5 +279,36 @@ impl Drop for ProgramGuard<'_> {
     fn drop(&mut self) {
         // SAFETY: `prog` was created by hiprtcCreateProgram and is destroyed once, here.
         unsafe { (self.rtc.destroy)(&mut self.prog) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::amd_targets::ROCM_5_2;
+
+    #[test]
+    fn nvidia_targets_go_only_to_a_hiprtc_without_an_amd_list() {
+        let nvidia_platform = AmdTargets {
+            source: "no comgr could be loaded to ask, and there is no table for HIP runtime 0.0"
+                .into(),
+            processors: vec![],
+        };
+        for ok in ["sm_90", "sm_90a", "sm_80", "sm_120"] {
+            assert_eq!(check_target(&nvidia_platform, ok), Ok(()), "{ok}");
+        }
+        // AMD ids still need a list; names no target table knows are refused either way.
+        for bad in ["gfx90a", "sm_91", "sm_9x", "sm_90:xnack+", ""] {
+            assert!(check_target(&nvidia_platform, bad).is_err(), "{bad:?}");
+        }
+        // AMD's hiprtc (ROCm 5.2 aborts on `sm_90`) is never handed one.
+        let amd = AmdTargets::from_table("the table for ROCm 5.2", &ROCM_5_2);
+        match check_target(&amd, "sm_90") {
+            Err(HiprtcError::UnsupportedTarget { reason, .. }) => {
+                assert!(reason.contains("unknown processor `sm_90`"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(check_target(&amd, "gfx90a:sramecc+:xnack-"), Ok(()));
     }
 }

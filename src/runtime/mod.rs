@@ -28,6 +28,7 @@ pub use cache::{
 };
 pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Stream};
 pub use error::RuntimeError;
+pub use hip::HipLibraries;
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;
 pub use timeline::{Hold, Marker};
