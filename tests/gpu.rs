@@ -1553,9 +1553,8 @@ fn hip_trials(
 }
 
 /// Runs on any machine with `cc`, GPU or not: the shim exports every entry point rocmforge
-/// binds (a missing one fails the open before `hipInit` is called), and rocmforge takes it for
-/// HIP's NVIDIA platform: its hiprtc has no AMD target list, so `sm_90` may be handed to it and
-/// `gfx90a` may not. Without a CUDA driver the open stops at `hipInit` with the shim's reason.
+/// binds as the HIP runtime (a missing one fails the open before `hipInit` is called) and as
+/// hiprtc. Without a CUDA driver the open stops at `hipInit` with the shim's reason.
 fn hip_shim_binds() -> Result<(), Failed> {
     let shim = match hipshim::compile("binds") {
         Ok(s) => s,
@@ -1573,13 +1572,9 @@ fn hip_shim_binds() -> Result<(), Failed> {
                 if reason.contains("hipInit failed") && reason.contains("no CUDA driver") => {}
             Err(e) => return Err(e.to_string().into()),
         }
-        let rtc = rocmforge::runtime::Hiprtc::load_from(Some(&shim.library))
-            .map_err(|e| e.to_string())?;
-        rtc.check_target("sm_90").map_err(|e| e.to_string())?;
-        if rtc.check_target("gfx90a").is_ok() {
-            return Err("gfx90a accepted by a hiprtc with no AMD target list".into());
-        }
-        Ok(())
+        rocmforge::runtime::Hiprtc::load_from(Some(&shim.library))
+            .map(|_| ())
+            .map_err(|e| e.to_string().into())
     })();
     hipshim::remove(Some(shim));
     result

@@ -286,7 +286,8 @@ impl HipDevice {
         if ordinal >= n {
             return Err(no(format!("{n} HIP GPU(s) present")));
         }
-        let rtc = Hiprtc::load_from(libraries.hiprtc.as_deref()).map_err(|e| no(e.to_string()))?;
+        let mut rtc =
+            Hiprtc::load_from(libraries.hiprtc.as_deref()).map_err(|e| no(e.to_string()))?;
         let ord = ordinal as c_int;
         // SAFETY: `ord` is a valid device number (checked above).
         rt.check("hipSetDevice", unsafe { (rt.api.set_device)(ord) })?;
@@ -307,6 +308,11 @@ impl HipDevice {
         let arch = arch_of(&props).ok_or_else(|| {
             no("the HIP runtime reported no gfx (or sm_) target for this GPU".into())
         })?;
+        // HIP's NVIDIA platform: its hiprtc (the same library's) compiles through NVRTC.
+        if is_nvidia_arch(&arch) {
+            rtc.pair_with_nvidia_runtime(rt.api.init as usize, &rt.library)
+                .map_err(|e| no(e.to_string()))?;
+        }
         // A GPU the compiler cannot target is no device for us (and hiprtc may abort on it).
         rtc.check_target(&arch).map_err(|e| no(e.to_string()))?;
         let (mut runtime_version, mut driver_version) = (0, 0);
