@@ -1548,7 +1548,7 @@ fn hip_trials(
         ("memory::returns_to_baseline", memory_returns_to_baseline),
     ];
     for (name, f) in device_trials {
-        add(name, Box::new(move |d| f(d)));
+        add(name, Box::new(f));
     }
 }
 
