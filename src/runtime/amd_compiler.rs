@@ -9,7 +9,7 @@ use libloading::Library;
 
 use super::amd_clang::AmdClang;
 use super::hiprtc::Hiprtc;
-use crate::codegen::Target;
+use crate::codegen::{Platform, Target};
 
 /// Which compiler the caller wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,8 +61,16 @@ pub fn hiprtc_knows(rtc: &Hiprtc, target: &Target) -> bool {
     }
 }
 
-/// The compiler for `target` under `choice`, or why there is none (every reason tried).
+/// The compiler for `target` under `choice`, or why there is none (every reason tried). An
+/// NVIDIA target has none here: the AMD target lists and ROCm releases say nothing about it
+/// (NVRTC compiles it, or hiprtc on HIP's NVIDIA platform through a HIP device).
 pub fn amd_compiler_for(target: &Target, choice: AmdCompilerChoice) -> Result<AmdCompiler, String> {
+    if target.platform != Platform::Amd {
+        return Err(format!(
+            "{} is an NVIDIA target: NVRTC compiles it, not an AMD compiler",
+            target.arch
+        ));
+    }
     let hiprtc = || -> Result<AmdCompiler, String> {
         let rtc = Hiprtc::load().map_err(|e| e.to_string())?;
         // The target id must be on hiprtc's own list as well (processor and features).
@@ -99,5 +107,25 @@ pub fn amd_compiler_for(target: &Target, choice: AmdCompilerChoice) -> Result<Am
                 )
             })
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvidia_targets_are_not_asked_of_the_amd_compilers() {
+        let sm90 = Target::parse("sm_90").unwrap();
+        for choice in [
+            AmdCompilerChoice::Auto,
+            AmdCompilerChoice::Hiprtc,
+            AmdCompilerChoice::Clang,
+        ] {
+            match amd_compiler_for(&sm90, choice) {
+                Err(e) => assert!(e.contains("sm_90 is an NVIDIA target"), "{e}"),
+                Ok(_) => panic!("{choice:?}: an AMD compiler for sm_90"),
+            }
+        }
     }
 }

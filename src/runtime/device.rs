@@ -9,7 +9,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 use super::cache::KernelCache;
 use super::cuda::CudaDevice;
 use super::graph::{Bound, CapturedGraph, GraphInner, KernelLaunch, LaunchList, ReplayOff};
-use super::hip::{HipBuffer, HipDevice, HipFunction, HipStream};
+use super::hip::{HipBuffer, HipDevice, HipFunction, HipLibraries, HipStream};
 use super::timeline::{Hold, Marker, MarkerInner};
 use super::{MemoryCounter, RuntimeError};
 use crate::codegen::{LaunchLimits, Target};
@@ -135,26 +135,39 @@ impl Device {
                     cache,
                 ))
             }
-            DeviceSpec::Hip(ordinal) => {
-                let d = HipDevice::open(ordinal)?;
-                let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
-                let label = format!(
-                    "hip:{ordinal} {} ({}, HIP runtime {}, driver {}, {})",
-                    d.name,
-                    d.arch,
-                    d.runtime_version,
-                    d.driver_version,
-                    d.library()
-                );
-                Ok(Device::new(
-                    DeviceKind::Hip(d),
-                    format!("hip:{ordinal}"),
-                    label,
-                    Some(target),
-                    cache,
-                ))
-            }
+            DeviceSpec::Hip(ordinal) => Device::open_hip(ordinal, &HipLibraries::default(), cache),
         }
+    }
+
+    /// HIP device `ordinal` through the HIP runtime and hiprtc files `libraries` names (where
+    /// it names none, as [`Device::open`] finds them). Its codegen target is the architecture
+    /// the runtime reports: a `gfx` target on AMD, an `sm_` one on HIP's NVIDIA platform.
+    pub fn open_hip(
+        ordinal: usize,
+        libraries: &HipLibraries,
+        cache: KernelCache,
+    ) -> Result<Device, RuntimeError> {
+        let spec = format!("hip:{ordinal}");
+        let d = HipDevice::open_with(ordinal, libraries)?;
+        let target = Target::parse(&d.arch).map_err(|e| RuntimeError::NoDevice {
+            spec: spec.clone(),
+            reason: e.to_string(),
+        })?;
+        let label = format!(
+            "{spec} {} ({}, HIP runtime {}, driver {}, {})",
+            d.name,
+            d.arch,
+            d.runtime_version,
+            d.driver_version,
+            d.library()
+        );
+        Ok(Device::new(
+            DeviceKind::Hip(d),
+            spec,
+            label,
+            Some(target),
+            cache,
+        ))
     }
 
     /// The device to use: the one `ROCMFORGE_DEVICE` names if it is set (a malformed or absent

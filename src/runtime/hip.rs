@@ -5,8 +5,14 @@
 //! HIP keeps the current device per host thread, so every call first binds this device on the
 //! calling thread. Memory is allocated and freed stream-ordered (`hipMallocAsync`) where the
 //! runtime has it: `hipFree` would synchronise the whole device.
+//!
+//! HIP also has an NVIDIA platform: a HIP device whose architecture is an NVIDIA one (`sm_90`),
+//! with hiprtc compiling through NVRTC. Such a device gets the NVIDIA codegen target, so its
+//! kernels carry the NVIDIA prelude and its code objects are PTX. The GPU suite runs this path
+//! through `tests/hipshim/hipshim.c` (HIP over the CUDA driver API) on an NVIDIA GPU.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::path::PathBuf;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
@@ -26,6 +32,15 @@ pub const HIP_LIBRARIES: [&str; 4] = [
     "libamdhip64.so.5",
     "libamdhip64.so",
 ];
+
+/// Which files the HIP runtime and hiprtc are loaded from. `None`: the file the environment
+/// variable names (`ROCMFORGE_HIP_LIBRARY`, `ROCMFORGE_HIPRTC`), else the usual search. A path
+/// given here is that file and no other, whatever the environment says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HipLibraries {
+    pub runtime: Option<PathBuf>,
+    pub hiprtc: Option<PathBuf>,
+}
 
 type Err = c_int;
 type Handle = *mut c_void;
@@ -128,12 +143,15 @@ unsafe impl Send for Runtime {}
 unsafe impl Sync for Runtime {}
 
 impl Runtime {
-    /// The file `ROCMFORGE_HIP_LIBRARY` names (that one only), else the first of
+    /// The file `path` or else `ROCMFORGE_HIP_LIBRARY` names (that one only), else the first of
     /// [`HIP_LIBRARIES`] that loads; either must export every entry point of [`Api`].
-    fn load() -> Result<Runtime, String> {
+    fn load(path: Option<&std::path::Path>) -> Result<Runtime, String> {
         let search = HIP_LIBRARIES.map(String::from);
-        let opened = libraries::open("ROCMFORGE_HIP_LIBRARY", &search)
-            .map_err(|e| e.describe("HIP runtime"))?;
+        let opened = match path {
+            Some(p) => libraries::open_path(p),
+            None => libraries::open("ROCMFORGE_HIP_LIBRARY", &search),
+        }
+        .map_err(|e| e.describe("HIP runtime"))?;
         let label = opened.label();
         Runtime::bind(opened.lib, &opened.name, &label)
     }
@@ -230,12 +248,30 @@ impl Runtime {
 /// The full target id (`gfx90a:sramecc+:xnack-`) from the device properties. Their layout
 /// changed between ROCm releases, so the struct is read into an oversized zeroed buffer and the
 /// `gcnArchName` field found by its content: the only NUL-terminated string starting with `gfx`.
+/// On HIP's NVIDIA platform the field holds the NVIDIA architecture instead, `sm_` and digits
+/// with an optional variant letter (`sm_90`, `sm_90a`); an AMD name is preferred where both
+/// appear.
 fn arch_of(props: &[u8]) -> Option<String> {
-    props
-        .split(|&b| b == 0)
-        .filter_map(|s| std::str::from_utf8(s).ok())
+    let names = || {
+        props
+            .split(|&b| b == 0)
+            .filter_map(|s| std::str::from_utf8(s).ok())
+    };
+    names()
         .find(|s| s.starts_with("gfx") && s.len() > 3 && s.len() < 64)
+        .or_else(|| names().find(|s| is_nvidia_arch(s)))
         .map(str::to_string)
+}
+
+/// `sm_` then two or three digits and at most one lowercase variant letter.
+fn is_nvidia_arch(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("sm_") else {
+        return false;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let variant = &rest.as_bytes()[digits..];
+    (2..=3).contains(&digits)
+        && (variant.is_empty() || (variant.len() == 1 && variant[0].is_ascii_lowercase()))
 }
 
 fn count(rt: &Runtime) -> Result<usize, String> {
@@ -276,18 +312,25 @@ impl std::fmt::Debug for HipDevice {
 }
 
 impl HipDevice {
+    /// Device `ordinal` of the HIP runtime the environment or the search finds.
     pub fn open(ordinal: usize) -> Result<HipDevice, RuntimeError> {
+        HipDevice::open_with(ordinal, &HipLibraries::default())
+    }
+
+    /// Device `ordinal` of the HIP runtime and hiprtc `libraries` name.
+    pub fn open_with(ordinal: usize, libraries: &HipLibraries) -> Result<HipDevice, RuntimeError> {
         let spec = format!("hip:{ordinal}");
         let no = |reason: String| RuntimeError::NoDevice {
             spec: spec.clone(),
             reason,
         };
-        let rt = Runtime::load().map_err(no)?;
+        let rt = Runtime::load(libraries.runtime.as_deref()).map_err(no)?;
         let n = count(&rt).map_err(no)?;
         if ordinal >= n {
-            return Err(no(format!("{n} AMD GPU(s) present")));
+            return Err(no(format!("{n} HIP GPU(s) present")));
         }
-        let rtc = Hiprtc::load().map_err(|e| no(e.to_string()))?;
+        let mut rtc =
+            Hiprtc::load_from(libraries.hiprtc.as_deref()).map_err(|e| no(e.to_string()))?;
         let ord = ordinal as c_int;
         // SAFETY: `ord` is a valid device number (checked above).
         rt.check("hipSetDevice", unsafe { (rt.api.set_device)(ord) })?;
@@ -305,8 +348,14 @@ impl HipDevice {
         rt.check("hipGetDeviceProperties", unsafe {
             (rt.api.get_device_properties)(props.as_mut_ptr().cast(), ord)
         })?;
-        let arch = arch_of(&props)
-            .ok_or_else(|| no("the HIP runtime reported no gfx target for this GPU".into()))?;
+        let arch = arch_of(&props).ok_or_else(|| {
+            no("the HIP runtime reported no gfx (or sm_) target for this GPU".into())
+        })?;
+        // HIP's NVIDIA platform: its hiprtc (the same library's) compiles through NVRTC.
+        if is_nvidia_arch(&arch) {
+            rtc.pair_with_nvidia_runtime(rt.api.init as usize, &rt.library)
+                .map_err(|e| no(e.to_string()))?;
+        }
         // A GPU the compiler cannot target is no device for us (and hiprtc may abort on it).
         rtc.check_target(&arch).map_err(|e| no(e.to_string()))?;
         let (mut runtime_version, mut driver_version) = (0, 0);
@@ -936,5 +985,26 @@ mod tests {
         other[1200..1207].copy_from_slice(b"gfx1030");
         assert_eq!(arch_of(&other).as_deref(), Some("gfx1030"));
         assert_eq!(arch_of(&[0u8; 64]), None);
+    }
+
+    #[test]
+    fn an_nvidia_platform_device_reports_its_sm_arch() {
+        // hipDeviceProp_tR0600: name at 0, gcnArchName at 1160.
+        let mut props = vec![0u8; 2048];
+        props[..21].copy_from_slice(b"NVIDIA H100 80GB HBM3");
+        props[1160..1165].copy_from_slice(b"sm_90");
+        assert_eq!(arch_of(&props).as_deref(), Some("sm_90"));
+        props[1160..1166].copy_from_slice(b"sm_90a");
+        assert_eq!(arch_of(&props).as_deref(), Some("sm_90a"));
+        // An AMD name wins where both appear; text that only starts like an arch is not one.
+        props[600..606].copy_from_slice(b"gfx942");
+        assert_eq!(arch_of(&props).as_deref(), Some("gfx942"));
+        for not_arch in [
+            "sm_", "sm_9", "sm_9000", "sm_90ab", "sm_90A", "sm_x0", "sm_90 ",
+        ] {
+            let mut p = vec![0u8; 64];
+            p[8..8 + not_arch.len()].copy_from_slice(not_arch.as_bytes());
+            assert_eq!(arch_of(&p), None, "{not_arch:?}");
+        }
     }
 }

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use super::amd_targets::AmdTargets;
 use super::libraries::{self, OpenError};
+use crate::codegen::{Platform, Target};
 
 /// Libraries tried in order.
 pub const HIPRTC_LIBRARIES: [&str; 4] = [
@@ -66,10 +67,10 @@ type CopyFn = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
 type ErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
 type VersionFn = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
 
-/// A loaded hiprtc. The function pointers stay valid as long as `_lib` lives, which is as long
+/// A loaded hiprtc. The function pointers stay valid as long as `lib` lives, which is as long
 /// as this value.
 pub struct Hiprtc {
-    _lib: Library,
+    lib: Library,
     create: CreateFn,
     compile: CompileFn,
     destroy: DestroyFn,
@@ -84,6 +85,9 @@ pub struct Hiprtc {
     pub version: (i32, i32),
     /// The target ids it accepts; nothing else is handed to it.
     pub targets: AmdTargets,
+    /// This hiprtc is HIP's NVIDIA platform: the HIP runtime it came with reported an NVIDIA
+    /// GPU (see [`Hiprtc::pair_with_nvidia_runtime`]). It takes NVIDIA architectures only.
+    nvidia_platform: bool,
 }
 
 impl std::fmt::Debug for Hiprtc {
@@ -100,8 +104,17 @@ impl Hiprtc {
     /// Loads the hiprtc `ROCMFORGE_HIPRTC` names (that file only), else the first of
     /// [`HIPRTC_LIBRARIES`] found, and learns which targets it accepts (see `amd_targets`).
     pub fn load() -> Result<Hiprtc, HiprtcError> {
+        Hiprtc::load_from(None)
+    }
+
+    /// As [`Hiprtc::load`], but the file at `path` (that one only) where one is given.
+    pub fn load_from(path: Option<&std::path::Path>) -> Result<Hiprtc, HiprtcError> {
         let search = HIPRTC_LIBRARIES.map(String::from);
-        match libraries::open("ROCMFORGE_HIPRTC", &search) {
+        let opened = match path {
+            Some(p) => libraries::open_path(p),
+            None => libraries::open("ROCMFORGE_HIPRTC", &search),
+        };
+        match opened {
             Ok(opened) => Hiprtc::from_library(opened.lib, &opened.name),
             Err(OpenError::NotFound { tried }) => Err(HiprtcError::NotFound { tried }),
             Err(OpenError::Unusable { reason }) => Err(HiprtcError::Unusable { reason }),
@@ -133,9 +146,10 @@ impl Hiprtc {
             code_size: sym(&lib, name, "hiprtcGetCodeSize")?,
             code: sym(&lib, name, "hiprtcGetCode")?,
             error_string: sym(&lib, name, "hiprtcGetErrorString")?,
-            _lib: lib,
+            lib,
             library: name.to_string(),
             version: (major, minor),
+            nvidia_platform: false,
         })
     }
 
@@ -163,7 +177,33 @@ impl Hiprtc {
 
     /// Whether this hiprtc accepts target id `arch`; the error lists those it does.
     pub fn check_target(&self, arch: &str) -> Result<(), HiprtcError> {
-        self.targets.check(arch)
+        check_target(&self.targets, self.nvidia_platform, arch)
+    }
+
+    /// Marks this hiprtc as HIP's NVIDIA platform, for a HIP runtime (whose `hipInit` is at
+    /// `runtime_init`) that reported an NVIDIA architecture for its device. Only the hiprtc of
+    /// that same library qualifies: HIP's NVIDIA platform pairs the two, whereas a hiprtc found
+    /// apart from it may be AMD's, which aborts on an `sm_` target.
+    pub(crate) fn pair_with_nvidia_runtime(
+        &mut self,
+        runtime_init: usize,
+        runtime: &str,
+    ) -> Result<(), HiprtcError> {
+        // SAFETY: the symbol is read as an address only, never called or dereferenced.
+        let ours = unsafe { self.lib.get::<*mut c_void>(b"hipInit") }
+            .ok()
+            .map(|s| *s as usize);
+        if ours != Some(runtime_init) {
+            return Err(HiprtcError::Unusable {
+                reason: format!(
+                    "the HIP runtime {runtime} reports an NVIDIA GPU (HIP's NVIDIA platform), \
+                     but hiprtc {} is not from that library; name it as the hiprtc too",
+                    self.library
+                ),
+            });
+        }
+        self.nvidia_platform = true;
+        Ok(())
     }
 
     /// Compiles HIP source for `arch` (a full target id such as `gfx90a:sramecc+:xnack-`) and
@@ -221,6 +261,31 @@ impl Hiprtc {
     }
 }
 
+/// Whether a hiprtc whose AMD target list is `targets` may be handed `arch`.
+///
+/// AMD's hiprtc takes the AMD target ids on its list and nothing else: it aborts on others,
+/// `sm_90` included. HIP's NVIDIA platform (`nvidia_platform`: the hiprtc of a HIP runtime
+/// that reported an NVIDIA GPU) compiles through NVRTC and takes the NVIDIA architectures our
+/// target tables know, and no AMD ones; the AMD list (whatever comgr the machine has) says
+/// nothing about it.
+fn check_target(
+    targets: &AmdTargets,
+    nvidia_platform: bool,
+    arch: &str,
+) -> Result<(), HiprtcError> {
+    if !nvidia_platform {
+        return targets.check(arch);
+    }
+    match Target::parse(arch) {
+        Ok(t) if t.platform == Platform::Nvidia => Ok(()),
+        _ => Err(HiprtcError::UnsupportedTarget {
+            target: arch.to_string(),
+            reason: "HIP's NVIDIA platform compiles NVIDIA architectures only".into(),
+            supported: "the sm_ architectures of rocmforge's target tables".into(),
+        }),
+    }
+}
+
 /// Destroys the program however compilation ends.
 struct ProgramGuard<'a> {
     rtc: &'a Hiprtc,
@@ -252,5 +317,43 @@ impl Drop for ProgramGuard<'_> {
     fn drop(&mut self) {
         // SAFETY: `prog` was created by hiprtcCreateProgram and is destroyed once, here.
         unsafe { (self.rtc.destroy)(&mut self.prog) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::amd_targets::ROCM_5_2;
+
+    #[test]
+    fn nvidia_targets_go_only_to_the_nvidia_platform_hiprtc() {
+        // Whatever comgr the machine has (here ROCm 5.2's list), the paired hiprtc of a HIP
+        // runtime that reported an NVIDIA GPU takes NVIDIA architectures and nothing else.
+        let amd_list = AmdTargets::from_table("the table for ROCm 5.2", &ROCM_5_2);
+        let none = AmdTargets {
+            source: "no comgr".into(),
+            processors: vec![],
+        };
+        for targets in [&amd_list, &none] {
+            for ok in ["sm_90", "sm_90a", "sm_80", "sm_120"] {
+                assert_eq!(check_target(targets, true, ok), Ok(()), "{ok}");
+            }
+            for bad in ["gfx90a", "sm_91", "sm_9x", "sm_90:xnack+", ""] {
+                match check_target(targets, true, bad) {
+                    Err(HiprtcError::UnsupportedTarget { reason, .. }) => {
+                        assert!(reason.contains("NVIDIA architectures only"), "{reason}")
+                    }
+                    other => panic!("{bad:?}: {other:?}"),
+                }
+            }
+        }
+        // AMD's hiprtc (ROCm 5.2's aborts on `sm_90`) is never handed one, list or not.
+        for targets in [&amd_list, &none] {
+            assert!(check_target(targets, false, "sm_90").is_err());
+        }
+        assert_eq!(
+            check_target(&amd_list, false, "gfx90a:sramecc+:xnack-"),
+            Ok(())
+        );
     }
 }

@@ -58,32 +58,7 @@ impl OpenError {
 /// The library environment variable `env` names, else the first of `search` that loads.
 pub(crate) fn open(env: &'static str, search: &[String]) -> Result<Opened, OpenError> {
     if let Some(named) = std::env::var_os(env).filter(|v| !v.is_empty()) {
-        let name = named.to_string_lossy().into_owned();
-        // A path is checked before dlopen reads it (dlopen on a FIFO would block); a bare name
-        // is the dynamic loader's to search, as the user asked.
-        if name.contains('/') {
-            match std::fs::metadata(Path::new(&named)) {
-                Err(e) => {
-                    return Err(OpenError::Unusable {
-                        reason: format!("{env}={name}: {e}"),
-                    })
-                }
-                Ok(m) if !m.is_file() => {
-                    return Err(OpenError::Unusable {
-                        reason: format!("{env}={name}: {}, not a library file", describe(&m)),
-                    })
-                }
-                Ok(_) => {}
-            }
-        }
-        let lib = load(&name).map_err(|e| OpenError::Unusable {
-            reason: format!("{env}={name}: cannot load it: {e}"),
-        })?;
-        return Ok(Opened {
-            lib,
-            name,
-            env: Some(env),
-        });
+        return open_named(&named, Some(env));
     }
     let mut tried = Vec::new();
     for name in unique(search.iter().cloned()) {
@@ -103,6 +78,42 @@ pub(crate) fn open(env: &'static str, search: &[String]) -> Result<Opened, OpenE
     Err(OpenError::NotFound {
         tried: tried.join(", "),
     })
+}
+
+/// The library file at `path` and no other: the caller's own choice, as an environment
+/// variable would make it (a test opening a library it built, for one).
+pub(crate) fn open_path(path: &Path) -> Result<Opened, OpenError> {
+    open_named(path.as_os_str(), None)
+}
+
+/// The one file the user named, through `env` or directly.
+fn open_named(named: &std::ffi::OsStr, env: Option<&'static str>) -> Result<Opened, OpenError> {
+    let name = named.to_string_lossy().into_owned();
+    let label = match env {
+        Some(env) => format!("{env}={name}"),
+        None => name.clone(),
+    };
+    // A path is checked before dlopen reads it (dlopen on a FIFO would block); a bare name
+    // is the dynamic loader's to search, as the user asked.
+    if name.contains('/') {
+        match std::fs::metadata(Path::new(named)) {
+            Err(e) => {
+                return Err(OpenError::Unusable {
+                    reason: format!("{label}: {e}"),
+                })
+            }
+            Ok(m) if !m.is_file() => {
+                return Err(OpenError::Unusable {
+                    reason: format!("{label}: {}, not a library file", describe(&m)),
+                })
+            }
+            Ok(_) => {}
+        }
+    }
+    let lib = load(&name).map_err(|e| OpenError::Unusable {
+        reason: format!("{label}: cannot load it: {e}"),
+    })?;
+    Ok(Opened { lib, name, env })
 }
 
 /// `name` loaded as the dynamic loader finds it, if it does (no environment variable involved).

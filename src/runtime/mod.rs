@@ -31,6 +31,7 @@ pub use cache::{
 pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, LoadedKernel, Stream};
 pub use error::RuntimeError;
 pub use graph::{CapturedGraph, KernelLaunch, LaunchList, ReplayOff};
+pub use hip::HipLibraries;
 pub use hiprtc::{Hiprtc, HiprtcError};
 pub use memory::MemoryCounter;
 pub use timeline::{Hold, Marker};
