@@ -1781,6 +1781,32 @@ fn hip_trials(
     for (name, f) in device_trials {
         add(name, Box::new(f));
     }
+    // Sessions and hipGraph replay through the HIP runtime's entry points.
+    for name in session_trials::GRAPHS {
+        add(
+            &format!("session::warm_matches_run::{name}"),
+            Box::new(move |d| session_trials::warm_session_matches_run(d, name)),
+        );
+    }
+    let session_device_trials: [(&str, DeviceTrial); 4] = [
+        ("session::device_scalar_loop::replay", |d| {
+            session_trials::device_scalar_loop(d, true)
+        }),
+        ("session::device_scalar_loop::plain", |d| {
+            session_trials::device_scalar_loop(d, false)
+        }),
+        (
+            "session::warm_runs_allocate_nothing",
+            session_trials::warm_runs_allocate_nothing,
+        ),
+        (
+            "session::buffers_outlive_the_graph",
+            session_trials::buffers_outlive_the_graph,
+        ),
+    ];
+    for (name, f) in session_device_trials {
+        add(name, Box::new(f));
+    }
 }
 
 /// Runs on any machine with `cc`, GPU or not: the shim exports every entry point rocmforge

@@ -12,7 +12,7 @@ use rocmforge::codegen::Platform;
 use rocmforge::compile::{CompileError, Executable, Session, SessionOptions};
 use rocmforge::interp::{run, Bindings, InterpError};
 use rocmforge::ir::{format, DType, Graph, Shape, Tensor};
-use rocmforge::runtime::{Device, DeviceKind, KernelCache, KernelLaunch, ReplayOff};
+use rocmforge::runtime::{Device, DeviceKind, HipLibraries, KernelCache, KernelLaunch, ReplayOff};
 
 use super::{compare, options, tolerance, with_weights, MEMORY};
 
@@ -41,11 +41,28 @@ fn bytes(ts: &[Tensor]) -> Vec<Vec<u8>> {
 
 /// A device of the same GPU with its own memory counter and kernel cache (no disk store), so
 /// counts are this trial's alone under the parallel harness.
+/// A HIP device is reopened through the runtime library it was opened with (the test shim on
+/// an NVIDIA machine, whose hiprtc is the same file: HIP's NVIDIA platform).
 fn own_device(device: &Device) -> Result<Device, Failed> {
-    Ok(
-        Device::open_with_cache(device.spec(), KernelCache::with_disk(None))
-            .map_err(|e| e.to_string())?,
-    )
+    let cache = KernelCache::with_disk(None);
+    let opened = match device.kind() {
+        DeviceKind::Hip(h) => {
+            let runtime = std::path::PathBuf::from(h.library());
+            let nvidia = device.target().map(|t| t.platform) == Some(Platform::Nvidia);
+            let libraries = HipLibraries {
+                hiprtc: nvidia.then(|| runtime.clone()),
+                runtime: Some(runtime),
+            };
+            let ordinal = device
+                .spec()
+                .trim_start_matches("hip:")
+                .parse()
+                .unwrap_or(0);
+            Device::open_hip(ordinal, &libraries, cache)
+        }
+        _ => Device::open_with_cache(device.spec(), cache),
+    };
+    Ok(opened.map_err(|e| e.to_string())?)
 }
 
 /// On CUDA a session replays; a HIP runtime may lack the graph entry points, which the
