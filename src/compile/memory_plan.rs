@@ -24,7 +24,8 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         BufferRole::Input(_)
         | BufferRole::Weight(_)
         | BufferRole::Constant(_)
-        | BufferRole::Status => false,
+        | BufferRole::Status
+        | BufferRole::State { .. } => false,
     }
 }
 

@@ -212,7 +212,7 @@ impl Prepared<'_> {
             BufferRole::Computed | BufferRole::Workspace => {
                 &run.slots[c.memory.as_ref().expect("memory plan").slot_of[&id]]
             }
-            BufferRole::Input(_) => &run.uploaded[&id],
+            BufferRole::Input(_) | BufferRole::State { .. } => &run.uploaded[&id],
             BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
             BufferRole::Status => &run.status[&id],
         }
@@ -225,10 +225,18 @@ impl Prepared<'_> {
         for check in &plan.checks {
             let bytes = run.stream.download(&run.status[&check.status])?;
             if let Some(index) = check.failed_index(&bytes) {
-                return Err(InterpError::IndexOutOfRange {
-                    node: check.node.clone(),
-                    index,
-                    size: check.table_rows,
+                return Err(match check.write_rows {
+                    None => InterpError::IndexOutOfRange {
+                        node: check.node.clone(),
+                        index,
+                        size: check.table_rows,
+                    },
+                    Some(len) => InterpError::CacheWriteOutOfRange {
+                        node: check.node.clone(),
+                        start: index,
+                        len,
+                        size: check.table_rows,
+                    },
                 }
                 .into());
             }
@@ -512,7 +520,8 @@ fn compile(
             BufferRole::Input(_)
             | BufferRole::Computed
             | BufferRole::Workspace
-            | BufferRole::Status => continue,
+            | BufferRole::Status
+            | BufferRole::State { .. } => continue,
         };
         compiled.resident.insert(b.id, stream.upload(&data)?);
     }
@@ -616,6 +625,12 @@ impl Compiled {
                         ty: b.ty.clone(),
                     })?;
                 uploaded.insert(b.id, stream.upload(&t.to_bytes())?);
+            }
+            if let BufferRole::State { .. } = b.role {
+                // Outside a session a run is a fresh session's first: its states start zeroed,
+                // as the interpreter's `run` starts them.
+                let bytes = b.ty.shape.numel() * b.ty.dtype.size_bytes();
+                uploaded.insert(b.id, stream.alloc(bytes, false)?);
             }
         }
         Ok(Prepared {

@@ -269,6 +269,9 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                     Role::Output
                 }
                 BufferRole::Computed => Role::Computed,
+                BufferRole::State { ref name } => {
+                    return Err(BundleError::State { name: name.clone() })
+                }
             };
             Ok(BundleBuffer {
                 id: b.id,
@@ -308,7 +311,10 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             BufferRole::Input(sample) => random_input(&b.name, &b.ty, sample, seed),
             BufferRole::Weight(init) => random_weight(&b.name, &b.ty, init, seed),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values),
-            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
+            BufferRole::Computed
+            | BufferRole::Status
+            | BufferRole::Workspace
+            | BufferRole::State { .. } => continue,
         }
         .map_err(host(b))?;
         data.insert(b.id, t);
