@@ -62,7 +62,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const int bi = bh / {{ hq }}, h = bh % {{ hq }}, kvh = h / {{ group }};
 {% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read; the queries are the last Sq of the
     // kv_len positions, so the causal offset is kv_len - Sq.
-    const int kvn = min(max(kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}], 0), {{ sk }});
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
     const long long kv_off = (long long)kvn - {{ sq }};
     (void)kv_off;
 {% endif %}

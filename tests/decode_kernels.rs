@@ -297,8 +297,7 @@ fn kv_plan(c: &kv_cases::KvCase, arch: &str) -> Result<KernelPlan, Failed> {
 fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
     let plan = kv_plan(c, arch)?;
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    let decode = (c.hq / c.hkv) * c.sq <= 16;
-    if decode && families != ["flash_decode", "flash_decode_combine"] {
+    if kv_cases::is_decode(c) && families != ["flash_decode", "flash_decode_combine"] {
         return Err(format!("{}: kernels {families:?}", c.name()).into());
     }
     let g = c.graph();
@@ -481,7 +480,13 @@ fn main() {
         }
     }
     for (i, c) in kv_cases::host_cases().into_iter().enumerate() {
-        let arch = ["gfx90a", "gfx1100"][i % 2];
+        // Prefill kernels on the host: f32's CUDA-core kernel (any target), f16's scalar one
+        // on gfx1030, which has no matrix cores (MFMA/WMMA do not run here).
+        let arch = match (kv_cases::is_decode(&c), c.dtype) {
+            (true, _) => ["gfx90a", "gfx1100"][i % 2],
+            (false, DType::F32) => "gfx90a",
+            (false, _) => "gfx1030",
+        };
         trials.push(needs(
             &cxx,
             "ROCMFORGE_REQUIRE_HOST_CXX",

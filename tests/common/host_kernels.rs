@@ -46,6 +46,7 @@ pub const COOPERATIVE: [&str; 6] = [
 /// atomicity (pointwise kernels run one thread at a time). Without a block barrier (pointwise
 /// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -54,6 +55,9 @@ const SHIM: &str = r#"
 #include <mutex>
 #include <thread>
 #include <vector>
+// HIP's and CUDA's integer min/max built-ins.
+using std::max;
+using std::min;
 #define __global__
 #define __device__
 #define __forceinline__ inline

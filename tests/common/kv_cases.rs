@@ -156,7 +156,25 @@ pub fn host_cases() -> Vec<KvCase> {
         kv_len: vec![33],
         ..KvCase::new(97, 0, DType::BF16)
     });
+    // Prefill-shaped (more rows per K/V head than the decode kernel takes): the CUDA-core f32
+    // kernel, and the scalar one for f16 where the target has no matrix cores.
+    for dtype in [DType::F32, DType::F16] {
+        v.push(KvCase {
+            b: 2,
+            hq: 2,
+            hkv: 1,
+            sq: 20,
+            d: 24,
+            kv_len: vec![20, 37],
+            ..KvCase::new(45, 0, dtype)
+        });
+    }
     v
+}
+
+/// Whether the case's rows per K/V head fit the decode kernel (else a prefill kernel serves it).
+pub fn is_decode(c: &KvCase) -> bool {
+    (c.hq / c.hkv) * c.sq <= 16
 }
 
 /// GPU-sized cases: long caches (several splits past kv_len do no work), odd sizes, each dtype.
