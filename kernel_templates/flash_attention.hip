@@ -15,8 +15,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
     const long long kv_off = (long long)kvn - {{ sq }};
     (void)kv_off;
-{% endif %}
-    const int lane = threadIdx.x % {{ tpr }};
+{% endif %}    const int lane = threadIdx.x % {{ tpr }};
     const int i = blockIdx.y * {{ block_m }} + threadIdx.x / {{ tpr }};
     const bool active = i < {{ sq }};
     const int qi = active ? i : 0;

@@ -66,8 +66,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
     const long long kv_off = (long long)kvn - {{ sq }};
     (void)kv_off;
-{% endif %}
-    const int warp = threadIdx.x / {{ P }}_LANES, lane = threadIdx.x % {{ P }}_LANES;
+{% endif %}    const int warp = threadIdx.x / {{ P }}_LANES, lane = threadIdx.x % {{ P }}_LANES;
     // Atom tile i of this warp holds rows row0 + i*{{ am }} ...
     const int row0 = blockIdx.y * {{ block_m }} + warp * {{ rows_w }};
     const long long q_base = (long long)bh * {{ sq }} * {{ d }};

@@ -69,8 +69,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
     const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
     const long long kv_off = (long long)kvn - {{ sq }};
     (void)kv_off;
-{% endif %}
-    const int tid = threadIdx.x;
+{% endif %}    const int tid = threadIdx.x;
     const int rg = tid / {{ tpr }}, lane = tid % {{ tpr }};
     const int row0 = blockIdx.y * {{ bm }};
     const long long q_base = ((long long)bh * {{ sq }} + row0) * {{ d }};

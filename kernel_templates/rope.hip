@@ -7,8 +7,7 @@ extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ ctype }}*
     const int i = (int)(t % {{ half }});
 {% if positions %}    const double pos = (double)positions[row % {{ s }}];
 {% else %}    const double pos = (double)(row % {{ s }}) + {{ offset }};
-{% endif %}
-    const double angle = pos * pow({{ theta }}, -2.0 * i / {{ d }}.0);
+{% endif %}    const double angle = pos * pow({{ theta }}, -2.0 * i / {{ d }}.0);
     const double sn = sin(angle), cs = cos(angle);
     const double a = {{ load_pre }}x[row * {{ d }} + i]{{ load_post }}, b = {{ load_pre }}x[row * {{ d }} + i + {{ half }}]{{ load_post }};
     y[row * {{ d }} + i] = {{ store_pre }}(float)(a * cs - b * sn){{ store_post }};
