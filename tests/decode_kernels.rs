@@ -357,8 +357,8 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     if state_bufs.len() != 2 || writes != state_bufs {
         return Err(format!("cache writes into {writes:?}, states {state_bufs:?}").into());
     }
-    let weights: HashMap<String, Tensor> = host_kernels::with_weights(&g, Bindings::default())
-        .weights;
+    let weights: HashMap<String, Tensor> =
+        host_kernels::with_weights(&g, Bindings::default()).weights;
     let cache = g.ty(g.find("k_cache").ok_or("no k_cache")?).clone();
     let nan = Tensor::from_f64(
         DType::F32,
@@ -376,8 +376,8 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         b.inputs.insert("pos".into(), i32s(&[t]));
         b.inputs.insert("kv_len".into(), i32s(&[t + 1]));
         let b = host_kernels::with_weights(&g, b);
-        let (want, want_states) = interp::run_with_state(&g, &b, &weights, &ref_states)
-            .map_err(|e| e.to_string())?;
+        let (want, want_states) =
+            interp::run_with_state(&g, &b, &weights, &ref_states).map_err(|e| e.to_string())?;
         let (got, got_states) =
             host_kernels::run_plan_with_states(cxx, &g, &plan, &b, &host_states)?
                 .map_err(|e| e.to_string())?;
@@ -390,11 +390,13 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         }
         // Written rows agree; the tail is still the NaN it started as.
         for name in ["k_cache", "v_cache"] {
-            let (h, r) = (got_states[name].to_f64_vec(), want_states[name].to_f64_vec());
-            let same = h
-                .iter()
-                .zip(&r)
-                .all(|(a, b)| (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+            let (h, r) = (
+                got_states[name].to_f64_vec(),
+                want_states[name].to_f64_vec(),
+            );
+            let same = h.iter().zip(&r).all(|(a, b)| {
+                (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
+            });
             if !same {
                 return Err(format!("step {t}: state {name} differs").into());
             }
@@ -420,7 +422,9 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
 /// Argmax's kernel on rows with ties, NaN, infinities and rows longer than its block.
 fn argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     let mut g = Graph::new("argmax");
-    let x = g.input("x", DType::F32, &[6, 700]).map_err(|e| e.to_string())?;
+    let x = g
+        .input("x", DType::F32, &[6, 700])
+        .map_err(|e| e.to_string())?;
     let rows = g.argmax(x, -1).map_err(|e| e.to_string())?;
     let cols = g.argmax(x, 0).map_err(|e| e.to_string())?;
     g.set_outputs(&[rows, cols]).map_err(|e| e.to_string())?;

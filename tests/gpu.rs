@@ -25,8 +25,6 @@ mod attention_graphs;
 mod attention_mma_trials;
 #[path = "common/decode_cases.rs"]
 mod decode_cases;
-#[path = "common/kv_cases.rs"]
-mod kv_cases;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
@@ -35,6 +33,8 @@ mod gemm_cases;
 mod gemm_graphs;
 #[path = "common/gemm_small_cases.rs"]
 mod gemm_small_cases;
+#[path = "common/kv_cases.rs"]
+mod kv_cases;
 #[path = "common/linear_graphs.rs"]
 mod linear_graphs;
 #[path = "common/op_zoo.rs"]
@@ -256,13 +256,24 @@ fn check_cache_write_bounds(device: &Device) -> Result<(), Failed> {
             (Ok(got), Ok(want)) if ok => {
                 let err = compare(&got[0], &want[0], "decode_step logits")?;
                 if err > tolerance(DType::F32) || got[1] != want[1] {
-                    return Err(format!("pos {pos}: logits error {err:e}, tokens {:?} vs {:?}", got[1], want[1]).into());
+                    return Err(format!(
+                        "pos {pos}: logits error {err:e}, tokens {:?} vs {:?}",
+                        got[1], want[1]
+                    )
+                    .into());
                 }
             }
-            (Err(CompileError::Interp(InterpError::CacheWriteOutOfRange { start, .. })), Err(_))
-                if !ok && start == pos => {}
+            (
+                Err(CompileError::Interp(InterpError::CacheWriteOutOfRange { start, .. })),
+                Err(_),
+            ) if !ok && start == pos => {}
             (got, want) => {
-                return Err(format!("pos {pos}: run {:?}, interpreter {:?}", got.err(), want.err()).into())
+                return Err(format!(
+                    "pos {pos}: run {:?}, interpreter {:?}",
+                    got.err(),
+                    want.err()
+                )
+                .into())
             }
         }
     }
@@ -285,7 +296,9 @@ fn check_argmax(device: &Device) -> Result<(), Failed> {
         vals[2 * 1001 + 3] = f64::INFINITY;
         vals[2 * 1001 + 999] = f64::INFINITY;
         vals[3 * 1001..4 * 1001].iter_mut().for_each(|v| *v = 5.0);
-        vals[4 * 1001..5 * 1001].iter_mut().for_each(|v| *v = f64::NEG_INFINITY);
+        vals[4 * 1001..5 * 1001]
+            .iter_mut()
+            .for_each(|v| *v = f64::NEG_INFINITY);
         let t = Tensor::from_f64(dtype, vec![7, 1001], &vals).map_err(|e| e.to_string())?;
         let b = Bindings::default().with_input("x", t);
         let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
-use super::expr_c::{describe, op_expr, render};
 use super::argmax::argmax;
 use super::cache_write::cache_write;
+use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
+use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};

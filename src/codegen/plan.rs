@@ -26,7 +26,9 @@ pub enum BufferRole {
     /// after it.
     Status,
     /// A persistent tensor a session keeps across runs (a KV cache): allocated once per session, poisoned or zeroed, never reused by the memory plan.
-    State { name: String },
+    State {
+        name: String,
+    },
 }
 
 /// Bytes of a status buffer: two u64, the bitwise complement of the first failing position

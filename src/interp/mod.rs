@@ -46,7 +46,9 @@ pub enum InterpError {
     },
 
     /// A cache write whose rows `start..start + len` leave the state's `size` along its axis.
-    #[error("node `{node}`: writing {len} row(s) at {start} leaves a state of {size} along the axis")]
+    #[error(
+        "node `{node}`: writing {len} row(s) at {start} leaves a state of {size} along the axis"
+    )]
     CacheWriteOutOfRange {
         node: String,
         start: i64,
@@ -345,7 +347,9 @@ fn eval(
         Op::Softmax { axis: a } => reduce::softmax(args[0], axis(*a)),
         Op::LayerNorm { eps } => reduce::norm(args[0], args[1], Some(args[2]), *eps, false),
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
-        Op::Rope { theta, offset } => attention::rope(args[0], *theta, *offset, args.get(1).copied()),
+        Op::Rope { theta, offset } => {
+            attention::rope(args[0], *theta, *offset, args.get(1).copied())
+        }
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
         Op::Gemm(g) => gemm::gemm(g, args, ty),
         Op::FusedElementwise(expr) => elementwise::fused(expr, args),
@@ -357,7 +361,13 @@ fn eval(
             } else {
                 None
             };
-            attention::flash_attention(att, (args[0], args[1], args[2]), mask, kv_len.as_deref(), ty)
+            attention::flash_attention(
+                att,
+                (args[0], args[1], args[2]),
+                mask,
+                kv_len.as_deref(),
+                ty,
+            )
         }
     };
     value.map_err(host)

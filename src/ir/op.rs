@@ -259,7 +259,10 @@ pub enum Op {
     /// A named persistent tensor that a session keeps across runs (a KV cache, sized by a
     /// maximum context). Its value in a run is the one the previous run left (the
     /// [`Op::CacheWrite`] that reads it gives the next run's value).
-    State { dtype: DType, shape: Shape },
+    State {
+        dtype: DType,
+        shape: Shape,
+    },
     /// Bool `[sq, sk]`, true where `k ≤ q + offset`.
     CausalMask {
         sq: usize,
@@ -343,12 +346,16 @@ pub enum Op {
     /// `start..start + len` along `axis` (start: i32, one element). Functional here and in the
     /// interpreter; in codegen the result's buffer is the state's, written in place. The state
     /// operand must be an [`Op::State`] read by nothing else (checked by `Graph::validate`).
-    CacheWrite { axis: i64 },
+    CacheWrite {
+        axis: i64,
+    },
 
     // Index reductions.
     /// Index (i32) of the largest element along `axis`, the axis removed; ties go to the first
     /// index, and a NaN counts as larger than every number (the first NaN wins), as torch.argmax.
-    ArgMax { axis: i64 },
+    ArgMax {
+        axis: i64,
+    },
 }
 
 /// How many operands an op takes.

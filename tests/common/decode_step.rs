@@ -37,7 +37,9 @@ impl Layer {
     fn heads(&self, g: &mut Graph, x: NodeId, w: &str, h: usize, s: usize) -> NodeId {
         let w = g.weight(w, DType::F32, &[self.hidden, h * self.d]).unwrap();
         let y = g.matmul(x, w).unwrap();
-        let y = g.reshape(y, &[1, s as i64, h as i64, self.d as i64]).unwrap();
+        let y = g
+            .reshape(y, &[1, s as i64, h as i64, self.d as i64])
+            .unwrap();
         g.permute(y, &[0, 2, 1, 3]).unwrap()
     }
 
@@ -71,14 +73,22 @@ impl Layer {
         let x = g.input("x", DType::F32, &[1, 1, self.hidden]).unwrap();
         let last = self.max_ctx as i64 - 1;
         let pos = g
-            .input_sampled("pos", DType::I32, &[1], Sample::Range { low: 0, high: last })
+            .input_sampled(
+                "pos",
+                DType::I32,
+                &[1],
+                Sample::Range { low: 0, high: last },
+            )
             .unwrap();
         let kv_len = g
             .input_sampled(
                 "kv_len",
                 DType::I32,
                 &[1],
-                Sample::Range { low: 1, high: last + 1 },
+                Sample::Range {
+                    low: 1,
+                    high: last + 1,
+                },
             )
             .unwrap();
         let shape = [1, self.hkv, self.max_ctx, self.d];

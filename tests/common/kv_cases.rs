@@ -71,9 +71,7 @@ impl KvCase {
         let v = g
             .input("v", dtype, &[self.b, self.hkv, self.sk, self.d])
             .unwrap();
-        let l = g
-            .input("kv_len", DType::I32, &[self.kv_len.len()])
-            .unwrap();
+        let l = g.input("kv_len", DType::I32, &[self.kv_len.len()]).unwrap();
         let scale = 1.0 / (self.d as f64).sqrt();
         let out = g
             .flash_attention_len((q, k, v), l, scale, self.causal)

@@ -24,8 +24,7 @@ fn run_state(
     for (n, t) in inputs {
         b.inputs.insert(n.into(), t);
     }
-    let states: HashMap<String, Tensor> =
-        states.into_iter().map(|(n, t)| (n.into(), t)).collect();
+    let states: HashMap<String, Tensor> = states.into_iter().map(|(n, t)| (n.into(), t)).collect();
     interp::run_with_state(g, &b, &HashMap::new(), &states)
 }
 
@@ -104,16 +103,16 @@ fn cache_write_outside_the_state_is_a_typed_error() {
     let ok = run_state(
         &g,
         vec![
-            ("v", Tensor::from_f64(DType::F32, vec![1, 2, 2], &[1.0; 4]).unwrap()),
+            (
+                "v",
+                Tensor::from_f64(DType::F32, vec![1, 2, 2], &[1.0; 4]).unwrap(),
+            ),
             ("start", i32s(&[5])),
         ],
         vec![("s", Tensor::zeros(&g.ty(g.find("s").unwrap()).clone()))],
     )
     .unwrap();
-    assert_eq!(
-        ok.0[0].to_f64_vec(),
-        [vec![0.0; 10], vec![1.0; 4]].concat()
-    );
+    assert_eq!(ok.0[0].to_f64_vec(), [vec![0.0; 10], vec![1.0; 4]].concat());
 }
 
 #[test]
@@ -133,7 +132,10 @@ fn cache_write_operands_are_checked() {
     assert_eq!(kind(g.cache_write(s, v, two, 1)), "dtype_mismatch");
     assert_eq!(kind(g.cache_write(s, v16, start, 1)), "dtype_mismatch");
     assert_eq!(kind(g.cache_write(s, long, start, 1)), "shape_mismatch");
-    assert_eq!(kind(g.cache_write(s, wrong_rows, start, 1)), "shape_mismatch");
+    assert_eq!(
+        kind(g.cache_write(s, wrong_rows, start, 1)),
+        "shape_mismatch"
+    );
     assert_eq!(kind(g.cache_write(s, v, start, 2)), "bad_attribute");
 
     // Writing a value that is not a state: refused by validation, and by the interpreter.
@@ -185,7 +187,10 @@ fn states_are_given_by_name_and_checked() {
     ));
     // A plain run starts from zeros.
     let mut b = Bindings::default();
-    b.inputs.insert("v".into(), Tensor::from_f64(DType::F32, vec![2, 1], &[3.0, 4.0]).unwrap());
+    b.inputs.insert(
+        "v".into(),
+        Tensor::from_f64(DType::F32, vec![2, 1], &[3.0, 4.0]).unwrap(),
+    );
     b.inputs.insert("start".into(), i32s(&[2]));
     let out = interp::run(&g, &b).unwrap().remove(0);
     assert_eq!(
@@ -227,7 +232,9 @@ fn rope_reads_positions_from_data() {
         let dims = [2usize, 3, 5, 18];
         let (x, xv) = random_tensor(&mut r, dtype, &dims);
         let pos = [7i64, 0, 4095, 3, 8191];
-        let out = run_op(&[&x, &i32s(&pos)], |g, i| g.rope_at(i[0], i[1], 100000.0).unwrap());
+        let out = run_op(&[&x, &i32s(&pos)], |g, i| {
+            g.rope_at(i[0], i[1], 100000.0).unwrap()
+        });
         let want: Vec<f64> = rope_ref(&xv, &dims, &pos, 100000.0)
             .into_iter()
             .map(|v| f64::from(dtype.round_f32(v as f32)))
@@ -254,7 +261,13 @@ fn rope_positions_are_checked() {
     assert_eq!(g.rope_at(x, p3, 1e4).unwrap_err().kind(), "shape_mismatch");
     assert_eq!(g.rope_at(x, p64, 1e4).unwrap_err().kind(), "dtype_mismatch");
     assert_eq!(g.rope_at(x, pf, 1e4).unwrap_err().kind(), "dtype_mismatch");
-    let both = g.add_op(rocmforge::ir::Op::Rope { theta: 1e4, offset: 2 }, &[x, p]);
+    let both = g.add_op(
+        rocmforge::ir::Op::Rope {
+            theta: 1e4,
+            offset: 2,
+        },
+        &[x, p],
+    );
     assert_eq!(both.unwrap_err().kind(), "bad_attribute");
 }
 
@@ -383,11 +396,15 @@ fn kv_len_is_checked() {
     let lf = g.input("lf", DType::F32, &[1]).unwrap();
     let l = g.input("l", DType::I32, &[2]).unwrap();
     assert_eq!(
-        g.flash_attention_len((q, k, k), l3, 1.0, false).unwrap_err().kind(),
+        g.flash_attention_len((q, k, k), l3, 1.0, false)
+            .unwrap_err()
+            .kind(),
         "shape_mismatch"
     );
     assert_eq!(
-        g.flash_attention_len((q, k, k), lf, 1.0, false).unwrap_err().kind(),
+        g.flash_attention_len((q, k, k), lf, 1.0, false)
+            .unwrap_err()
+            .kind(),
         "dtype_mismatch"
     );
     let o = g.flash_attention_len((q, k, k), l, 1.0, true).unwrap();
@@ -435,7 +452,11 @@ fn argmax_takes_the_first_maximum_and_the_first_nan() {
         ] {
             let (x, xv) = random_tensor(&mut r, dtype, &dims);
             let out = run_op(&[&x], |g, i| g.argmax(i[0], axis).unwrap());
-            let ax = if axis < 0 { dims.len() - 1 } else { axis as usize };
+            let ax = if axis < 0 {
+                dims.len() - 1
+            } else {
+                axis as usize
+            };
             let mut out_dims = dims.clone();
             out_dims.remove(ax);
             assert_eq!(out.dtype(), DType::I32);
@@ -496,7 +517,10 @@ fn decode_steps_through_the_cache_equal_a_prefill() {
         ("w_v", [layer.hidden, layer.hkv * layer.d]),
         ("w_out", [layer.hq * layer.d, layer.vocab]),
     ] {
-        weights.insert(name.to_string(), random_tensor(&mut r, DType::F32, &shape).0);
+        weights.insert(
+            name.to_string(),
+            random_tensor(&mut r, DType::F32, &shape).0,
+        );
     }
     let prefill = layer.prefill(t_len);
     let mut pb = Bindings::default();
