@@ -4,12 +4,18 @@
 // softmax is computed online in f32: a running max and sum per row, the accumulator rescaled when the
 // max grows. Masked keys get -inf and contribute nothing; a row with no visible key writes zeros.
 // Every lane runs the same loop, so the shuffles that sum a row's dot product never diverge.
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{{ ctype }}* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
     __shared__ float Ks[{{ block_n }}][{{ d }} + 1];
     __shared__ float Vs[{{ block_n }}][{{ dv }} + 1];
     const int bh = blockIdx.x;
     const int bi = bh / {{ hq }}, h = bh % {{ hq }}, kvh = h / {{ group }};
-    const int lane = threadIdx.x % {{ tpr }};
+{% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read; the queries are the last Sq of the
+    // kv_len positions, so the causal offset is kv_len - Sq.
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
+    const long long kv_off = (long long)kvn - {{ sq }};
+    (void)kv_off;
+{% endif %}    const int lane = threadIdx.x % {{ tpr }};
     const int i = blockIdx.y * {{ block_m }} + threadIdx.x / {{ tpr }};
     const bool active = i < {{ sq }};
     const int qi = active ? i : 0;
@@ -26,17 +32,17 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 {% if causal %}    // Keys after the last visible key of this block's last row are never needed.
     const long long last_row = min((long long)blockIdx.y * {{ block_m }} + {{ block_m - 1 }}, {{ sq - 1 }}LL);
     const long long end_ll = last_row + {{ offset }} + 1;
-    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
-{% else %}    const int key_end = {{ sk }};
+    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
+{% else %}    const int key_end = {{ keys }};
 {% endif %}    for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
         __syncthreads();
 {% if d > 0 %}        for (int t = threadIdx.x; t < {{ block_n * d }}; t += {{ threads }}) {
             const int r = t / {{ d }}, c = t % {{ d }};
-            Ks[r][c] = j0 + r < {{ sk }} ? {{ load_pre }}k[k_base + (long long)(j0 + r) * {{ d }} + c]{{ load_post }} : 0.0f;
+            Ks[r][c] = j0 + r < {{ keys }} ? {{ load_pre }}k[k_base + (long long)(j0 + r) * {{ d }} + c]{{ load_post }} : 0.0f;
         }
 {% endif %}        for (int t = threadIdx.x; t < {{ block_n * dv }}; t += {{ threads }}) {
             const int r = t / {{ dv }}, c = t % {{ dv }};
-            Vs[r][c] = j0 + r < {{ sk }} ? {{ load_pre }}v[v_base + (long long)(j0 + r) * {{ dv }} + c]{{ load_post }} : 0.0f;
+            Vs[r][c] = j0 + r < {{ keys }} ? {{ load_pre }}v[v_base + (long long)(j0 + r) * {{ dv }} + c]{{ load_post }} : 0.0f;
         }
         __syncthreads();
         const int n = min({{ block_n }}, key_end - j0);

@@ -17,15 +17,15 @@
 {%- endif %}
                         float x = s[i][n][e]{% if not fold %} * {{ scale_log2 }}{% endif %};
 {%- if mask == "additive" %}
-                        {% if edge %}if (kj < {{ sk }}) {% endif %}x += LOG2E * {{ mask_load_pre }}mask[mrow[i][{{ P }}_c_row_slot(e)] + (long long)kj * {{ ms[3] }}]{{ mask_load_post }};
+                        {% if edge %}if (kj < {{ keys }}) {% endif %}x += LOG2E * {{ mask_load_pre }}mask[mrow[i][{{ P }}_c_row_slot(e)] + (long long)kj * {{ ms[3] }}]{{ mask_load_post }};
 {%- elif mask == "boolean" %}
-                        if ({% if edge %}kj < {{ sk }} && {% endif %}!mask[mrow[i][{{ P }}_c_row_slot(e)] + (long long)kj * {{ ms[3] }}]) x = -INFINITY;
+                        if ({% if edge %}kj < {{ keys }} && {% endif %}!mask[mrow[i][{{ P }}_c_row_slot(e)] + (long long)kj * {{ ms[3] }}]) x = -INFINITY;
 {%- endif %}
 {%- if edge %}
 {%- if causal %}
                         if ((long long)kj > (long long)qi + {{ offset }}) x = -INFINITY;
 {%- endif %}
-                        if (kj >= {{ sk }}) x = -INFINITY;
+                        if (kj >= {{ keys }}) x = -INFINITY;
 {%- endif %}
                         s[i][n][e] = x;
                         mx[i][{{ P }}_c_row_slot(e)] = fmaxf(mx[i][{{ P }}_c_row_slot(e)], x);
@@ -49,7 +49,7 @@
 // Only boundary tiles (past Sk{% if causal %}, or crossing the causal diagonal of the warp's rows{% endif %}) check keys{% if causal %}; tiles wholly
 // above the block's diagonal are never loaded{% endif %}. Masked keys contribute nothing; a row with no visible key writes zeros.
 // Fragments are indexed only through the {{ P }}_* helpers generated from the atom.
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{{ ctype }}* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
     __shared__ __align__(16) unsigned short Ks[{{ S }}][{{ tk.rows * tk.ld }}];
     __shared__ __align__(16) unsigned short Vs[{{ S }}][{{ tv.rows * tv.ld }}];
 {%- if not p_in_registers %}
@@ -60,7 +60,13 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {%- endif %}
     const int bh = blockIdx.x;
     const int bi = bh / {{ hq }}, h = bh % {{ hq }}, kvh = h / {{ group }};
-    const int warp = threadIdx.x / {{ P }}_LANES, lane = threadIdx.x % {{ P }}_LANES;
+{% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read; the queries are the last Sq of the
+    // kv_len positions, so the causal offset is kv_len - Sq.
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
+    const long long kv_off = (long long)kvn - {{ sq }};
+    (void)kv_off;
+{% endif %}    const int warp = threadIdx.x / {{ P }}_LANES, lane = threadIdx.x % {{ P }}_LANES;
     // Atom tile i of this warp holds rows row0 + i*{{ am }} ...
     const int row0 = blockIdx.y * {{ block_m }} + warp * {{ rows_w }};
     const long long q_base = (long long)bh * {{ sq }} * {{ d }};
@@ -100,8 +106,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {% if causal %}    // Keys after the last visible key of this block's last row are never loaded.
     const long long last_row = min((long long)blockIdx.y * {{ block_m }} + {{ block_m - 1 }}, {{ sq - 1 }}LL);
     const long long end_ll = last_row + {{ offset }} + 1;
-    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
-{% else %}    const int key_end = {{ sk }};
+    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
+{% else %}    const int key_end = {{ keys }};
 {% endif %}    const int ntiles = (key_end + {{ block_n - 1 }}) / {{ block_n }};
 {%- if cp_async %}
     // Tile t of K (V) into buffer t % {{ S }}, one commit group each, empty past the last tile so that
@@ -114,7 +120,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int x = threadIdx.x; x < {{ block_n * d // 8 }}; x += {{ threads }}) {
                 const int r = x / {{ d // 8 }}, c = (x % {{ d // 8 }}) * 8;
-                const bool ok = j0 + r < {{ sk }};
+                const bool ok = j0 + r < {{ keys }};
                 rf_cp_async16(dst + {{ at(tk, "r", "c") }}, k + k_base + (long long)(ok ? j0 + r : 0) * {{ d }} + c, ok);
             }
         }
@@ -127,7 +133,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int x = threadIdx.x; x < {{ block_n * dv // 8 }}; x += {{ threads }}) {
                 const int r = x / {{ dv // 8 }}, c = (x % {{ dv // 8 }}) * 8;
-                const bool ok = j0 + r < {{ sk }};
+                const bool ok = j0 + r < {{ keys }};
                 rf_cp_async16(dst + {{ at(tv, "r", "c") }}, v + v_base + (long long)(ok ? j0 + r : 0) * {{ dv }} + c, ok);
             }
         }
@@ -151,7 +157,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
             const int x = threadIdx.x + i * {{ threads }};
             const int r = x / {{ cols // 8 }}, c = (x % {{ cols // 8 }}) * 8;
             uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (x < {{ block_n * cols // 8 }} && t < ntiles && j0 + r < {{ sk }})
+            if (x < {{ block_n * cols // 8 }} && t < ntiles && j0 + r < {{ keys }})
                 val = *(const uint4*)({{ w[0] }} + {{ w[0] }}_base + (long long)(j0 + r) * {{ cols }} + c);
             {{ w[1] }}[i] = val;
         }
@@ -218,7 +224,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int r = 0; r < {{ P }}_C_ROWS; ++r) mx[i][r] = -INFINITY;
         // Key checks only where the tile reaches past Sk{% if causal %} or crosses the diagonal of this warp's first row{% endif %}.
-        const bool edge = j0 + {{ block_n }} > {{ sk }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
+        const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
         if (edge) {
 {{- scores(true) }}
         } else {

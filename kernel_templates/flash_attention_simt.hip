@@ -4,38 +4,38 @@
         const int jt = {{ j0 }};
 {% if async_copy %}        for (int u = tid; u < {{ bn * d4 // 4 }}; u += {{ threads }}) {
             const int r = u / {{ d4 // 4 }}, c = u % {{ d4 // 4 }} * 4;
-            const bool ok = jt + r < {{ sk }};
+            const bool ok = jt + r < {{ keys }};
             rf_cp_async16(&Ks[r][c], k + k_base + (long long)(ok ? jt + r : 0) * {{ d }} + c, ok);
         }
         rf_cp_async_commit();
 {% elif vec_qk %}        for (int u = tid; u < {{ bn * d4 // 4 }}; u += {{ threads }}) {
             const int r = u / {{ d4 // 4 }}, c = u % {{ d4 // 4 }} * 4;
             F4* dst = (F4*)&Ks[r][c];
-            if (jt + r < {{ sk }}) *dst = *(const F4*)(k + k_base + (long long)(jt + r) * {{ d }} + c);
+            if (jt + r < {{ keys }}) *dst = *(const F4*)(k + k_base + (long long)(jt + r) * {{ d }} + c);
             else *dst = F4{};
         }
 {% else %}        for (int u = tid; u < {{ bn * d4 }}; u += {{ threads }}) {
             const int r = u / {{ d4 }}, c = u % {{ d4 }};
-            Ks[r][c] = jt + r < {{ sk }} && c < {{ d }} ? k[k_base + (long long)(jt + r) * {{ d }} + c] : 0.0f;
+            Ks[r][c] = jt + r < {{ keys }} && c < {{ d }} ? k[k_base + (long long)(jt + r) * {{ d }} + c] : 0.0f;
         }
 {% endif %}    }
 {% endmacro %}{% macro load_v(j0) %}    {
         const int jt = {{ j0 }};
 {% if async_copy %}        for (int u = tid; u < {{ bn * dv // 4 }}; u += {{ threads }}) {
             const int r = u / {{ dv // 4 }}, c = u % {{ dv // 4 }} * 4;
-            const bool ok = jt + r < {{ sk }};
+            const bool ok = jt + r < {{ keys }};
             rf_cp_async16(&Vs[r][c], v + v_base + (long long)(ok ? jt + r : 0) * {{ dv }} + c, ok);
         }
         rf_cp_async_commit();
 {% elif vec_v %}        for (int u = tid; u < {{ bn * dv // 4 }}; u += {{ threads }}) {
             const int r = u / {{ dv // 4 }}, c = u % {{ dv // 4 }} * 4;
             F4* dst = (F4*)&Vs[r][c];
-            if (jt + r < {{ sk }}) *dst = *(const F4*)(v + v_base + (long long)(jt + r) * {{ dv }} + c);
+            if (jt + r < {{ keys }}) *dst = *(const F4*)(v + v_base + (long long)(jt + r) * {{ dv }} + c);
             else *dst = F4{};
         }
 {% else %}        for (int u = tid; u < {{ bn * ((dv + 3) // 4 * 4) }}; u += {{ threads }}) {
             const int r = u / {{ (dv + 3) // 4 * 4 }}, c = u % {{ (dv + 3) // 4 * 4 }};
-            Vs[r][c] = jt + r < {{ sk }} && c < {{ dv }} ? v[v_base + (long long)(jt + r) * {{ dv }} + c] : 0.0f;
+            Vs[r][c] = jt + r < {{ keys }} && c < {{ dv }} ? v[v_base + (long long)(jt + r) * {{ dv }} + c] : 0.0f;
         }
 {% endif %}    }
 {% endmacro -%}
@@ -54,7 +54,7 @@
 // Causal tiles wholly above the diagonal are never loaded; key bounds and the causal mask are checked only on
 // the tiles that cross them. Masked keys get -inf and contribute nothing; a row with no visible key writes zeros.
 // Exact f32: fmaf, no TF32.
-extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}float* __restrict__ out) {
     struct alignas(16) F4 { float v[4]; };
     alignas(16) __shared__ float Qs[{{ bm }}][{{ qs }}];
     alignas(16) __shared__ float Ks[{{ bn }}][{{ qs }}];
@@ -63,7 +63,13 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
     const float LOG2E = 1.4426950408889634f;
     const int bh = blockIdx.x;
     const int bi = bh / {{ hq }}, h = bh % {{ hq }}, kvh = h / {{ group }};
-    const int tid = threadIdx.x;
+{% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read; the queries are the last Sq of the
+    // kv_len positions, so the causal offset is kv_len - Sq.
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
+    const long long kv_off = (long long)kvn - {{ sq }};
+    (void)kv_off;
+{% endif %}    const int tid = threadIdx.x;
     const int rg = tid / {{ tpr }}, lane = tid % {{ tpr }};
     const int row0 = blockIdx.y * {{ bm }};
     const long long q_base = ((long long)bh * {{ sq }} + row0) * {{ d }};
@@ -96,8 +102,8 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
 {% if causal %}    // Keys after the last visible key of this block's last row are never needed.
     const long long last_row = row0 + {{ bm - 1 }} < {{ sq }} ? row0 + {{ bm - 1 }} : {{ sq - 1 }};
     const long long end_ll = last_row + {{ offset }} + 1;
-    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ sk }} ? {{ sk }} : (int)end_ll);
-{% else %}    const int key_end = {{ sk }};
+    const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
+{% else %}    const int key_end = {{ keys }};
 {% endif %}    if (key_end > 0) {
 {{ load_k("0") }}    }
     for (int j0 = 0; j0 < key_end; j0 += {{ bn }}) {
@@ -123,7 +129,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
                     for (int t = 0; t < {{ tn }}; ++t) s[i][t] = fmaf(a[i].v[e], kb[t].v[e], s[i][t]);
         }
         // Only a tile past Sk or crossing the diagonal of the block's first row checks keys.
-        const bool edge = j0 + {{ bn }} > {{ sk }}{% if causal %} || (long long)j0 + {{ bn - 1 }} > (long long)row0 + {{ offset }}{% endif %};
+        const bool edge = j0 + {{ bn }} > {{ keys }}{% if causal %} || (long long)j0 + {{ bn - 1 }} > (long long)row0 + {{ offset }}{% endif %};
 #pragma unroll
         for (int i = 0; i < {{ tm }}; ++i) {
             const int row = row0 + rg + i * {{ rg }};
@@ -133,7 +139,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
             for (int t = 0; t < {{ tn }}; ++t) {
                 const int j = j0 + lane + t * {{ tpr }};
                 bool visible = true;
-                if (edge) visible = j < {{ sk }}{% if causal %} && (long long)j <= (long long)row + {{ offset }}{% endif %};
+                if (edge) visible = j < {{ keys }}{% if causal %} && (long long)j <= (long long)row + {{ offset }}{% endif %};
                 float x = -INFINITY;
                 if (visible) {
 {% if mask == "additive" %}                    x = fmaf(s[i][t], {{ scale_f }}, {{ mask_load_pre }}mask[mrow + (long long)j * {{ ms[3] }}]{{ mask_load_post }});

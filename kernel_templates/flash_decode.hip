@@ -9,7 +9,7 @@
 // Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
 // sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0.
 // At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}float* __restrict__ ws) {
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}float* __restrict__ ws) {
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
     constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
     constexpr int VEC = {{ vec }};  // elements per load
@@ -31,8 +31,16 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const long long kv_row0 = (long long)bkv * {{ sk }};
     const int key_begin = (int)((long long)split * {{ keys_per_split }});
     const long long split_end = (long long)key_begin + {{ keys_per_split }};
-    const int key_end = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
-    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
+    const int {% if kv_len %}key_end_static{% else %}key_end{% endif %} = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
+{% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read, so a split past kv_len does no work and
+    // writes the empty split the combine weighs 0. The queries are the last Sq of the kv_len positions (causal offset
+    // kv_len - Sq).
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
+    const long long kv_off = (long long)kvn - {{ sq }};
+    (void)kv_off;
+    const int key_end = key_end_static < kvn ? key_end_static : kvn;
+{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
     float qr[{{ rows }}][PK * VEC];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {

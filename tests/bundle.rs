@@ -71,6 +71,20 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             seed,
             ..EmitOptions::default()
         };
+        let has_state = source
+            .node_ids()
+            .any(|id| matches!(source.op(id), rocmforge::ir::Op::State { .. }));
+        if has_state {
+            // A bundle replays one run: a graph with persistent state is refused, by name,
+            // before anything is written.
+            let err = bundle::emit(&source, &target, &dir, &options).unwrap_err();
+            assert!(
+                matches!(err, bundle::BundleError::State { .. }),
+                "{name}: {err}"
+            );
+            assert_eq!(std::fs::read_dir(&dir).map_or(0, |d| d.count()), 0);
+            continue;
+        }
         let emitted = bundle::emit(&source, &target, &dir, &options).unwrap();
         let plan = read_plan(&dir);
         assert_eq!(

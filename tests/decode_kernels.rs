@@ -12,7 +12,15 @@
 //!   form with hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and
 //!   NVRTC + ptxas (sm_90): no spills, no scratch or stack, the target's wave size.
 //!
-//! The GPU trials are `decode::` in `tests/gpu.rs`. Trials whose tool is missing are reported
+//! - `state::` (issue 15): the decode pair and the prefill kernels bounded by `kv_len` from data
+//!   over caches whose tail past it is NaN (`common/kv_cases.rs`), on the host against the
+//!   interpreter; one decode step of a GQA layer (`graphs/decode_step.json` after the default
+//!   pipeline: in-place cache writes, rope at positions from data, attention over `kv_len` keys,
+//!   argmax) run token by token on the host through state buffers whose unwritten tail is NaN,
+//!   against the interpreter's `run_with_state`; a write past the cache reported as the
+//!   interpreter's error; argmax's ties and NaN. The `compile::` trials include these kernels.
+//!
+//! The GPU trials are `decode::` and `decops::` in `tests/gpu.rs`. Trials whose tool is missing are reported
 //! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
 //! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
 
@@ -24,9 +32,12 @@ mod decode_cases;
 mod host_kernels;
 #[path = "common/kernel_compile.rs"]
 mod kernel_compile;
+#[path = "common/kv_cases.rs"]
+mod kv_cases;
 #[path = "common/needs.rs"]
 mod needs;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use accuracy::{rel_l2, tolerance};
@@ -35,7 +46,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use needs::needs;
 use rocmforge::codegen::{generate_with, BufferRole, CodegenOptions, KernelPlan, Target};
 use rocmforge::compile::plan_memory;
-use rocmforge::ir::DType;
+use rocmforge::interp::{self, Bindings, InterpError};
+use rocmforge::ir::{format, DType, Graph, Tensor};
+use rocmforge::passes::PassManager;
 
 fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
@@ -242,7 +255,8 @@ fn compile_cases() -> Vec<Case> {
     v
 }
 
-/// The unique kernels of the compile cases for `arch`.
+/// The unique kernels of the compile cases for `arch`, with the kv_len forms of the decode and
+/// prefill kernels and the decode step's state kernels.
 fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     let mut out = kernel_compile::KernelSet::new();
     for c in compile_cases() {
@@ -253,7 +267,196 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
                 .or_insert((plan.source(k), k.body.clone(), c.name()));
         }
     }
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let mut graphs: Vec<(String, Graph)> = kv_cases::gpu_cases()
+        .into_iter()
+        .map(|c| (c.name(), c.graph()))
+        .collect();
+    graphs.push(("decode_step".into(), decode_step()?));
+    for (name, g) in graphs {
+        let plan = generate_with(&g, &target, &CodegenOptions::default())
+            .map_err(|e| format!("{name}: {e}"))?;
+        // Rope's double-precision sin/cos takes a 40-byte stack frame on NVIDIA (CUDA's
+        // argument reduction for large angles), with or without positions: that is the rope
+        // family's, not this target's concern, so it is compiled here for AMD only.
+        let nvidia_rope =
+            |k: &rocmforge::codegen::Kernel| k.family == "rope" && arch.starts_with("sm_");
+        for k in plan.kernels.iter().filter(|k| !nvidia_rope(k)) {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), name.clone()));
+        }
+    }
     Ok(out)
+}
+
+// ---- state:: (issue 15) -------------------------------------------------------------------
+
+fn kv_plan(c: &kv_cases::KvCase, arch: &str) -> Result<KernelPlan, Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    generate_with(&c.graph(), &target, &CodegenOptions::default())
+        .map_err(|e| format!("{}: {e}", c.name()).into())
+}
+
+/// The kv_len case on the host: the decode pair where its rows fit one block (else the prefill
+/// kernel the target has), against the interpreter; the tail of K/V is NaN.
+fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
+    let plan = kv_plan(c, arch)?;
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    if kv_cases::is_decode(c) && families != ["flash_decode", "flash_decode_combine"] {
+        return Err(format!("{}: kernels {families:?}", c.name()).into());
+    }
+    let g = c.graph();
+    let b = c.bindings(7);
+    let want = c.reference(&b);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
+    let tol = tolerance(c.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
+    }
+    Ok(())
+}
+
+/// `graphs/decode_step.json` after the default pipeline.
+fn decode_step() -> Result<Graph, Failed> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/decode_step.json");
+    let mut g = format::load(&path).map_err(|e| e.to_string())?;
+    PassManager::default_pipeline()
+        .run(&mut g)
+        .map_err(|e| e.to_string())?;
+    Ok(g)
+}
+
+fn i32s(v: &[i64]) -> Tensor {
+    Tensor::from_i64(DType::I32, vec![v.len()], v.to_vec()).expect("i32 values")
+}
+
+/// Six decode steps on the host through the plan's state buffers (starting NaN: the unwritten
+/// tail must never be read), each against the interpreter's `run_with_state` from the states it
+/// left; then a write at the end of the context, which both refuse with the same error.
+fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
+    let g = decode_step()?;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    for f in ["cache_write", "rope", "flash_decode", "argmax"] {
+        if !families.contains(&f) {
+            return Err(format!("no {f} kernel in {families:?}").into());
+        }
+    }
+    // The cache writes are in place: the state buffers are written, no copy of a cache made.
+    let state_bufs: Vec<usize> = plan
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.role, BufferRole::State { .. }))
+        .map(|b| b.id)
+        .collect();
+    let writes: Vec<usize> = plan
+        .kernels
+        .iter()
+        .filter(|k| k.family == "cache_write")
+        .map(|k| *k.args.last().expect("arguments"))
+        .collect();
+    if state_bufs.len() != 2 || writes != state_bufs {
+        return Err(format!("cache writes into {writes:?}, states {state_bufs:?}").into());
+    }
+    let weights: HashMap<String, Tensor> =
+        host_kernels::with_weights(&g, Bindings::default()).weights;
+    let cache = g.ty(g.find("k_cache").ok_or("no k_cache")?).clone();
+    let nan = Tensor::from_f64(
+        DType::F32,
+        cache.shape.clone(),
+        &vec![f64::NAN; cache.shape.numel()],
+    )
+    .map_err(|e| e.to_string())?;
+    let mut host_states: HashMap<String, Tensor> = ["k_cache", "v_cache"]
+        .iter()
+        .map(|n| (n.to_string(), nan.clone()))
+        .collect();
+    let mut ref_states = host_states.clone();
+    for t in 0..6i64 {
+        let mut b = Bindings::random(&g, 100 + t as u64);
+        b.inputs.insert("pos".into(), i32s(&[t]));
+        b.inputs.insert("kv_len".into(), i32s(&[t + 1]));
+        let b = host_kernels::with_weights(&g, b);
+        let (want, want_states) =
+            interp::run_with_state(&g, &b, &weights, &ref_states).map_err(|e| e.to_string())?;
+        let (got, got_states) =
+            host_kernels::run_plan_with_states(cxx, &g, &plan, &b, &host_states)?
+                .map_err(|e| e.to_string())?;
+        let err = rel_l2(&got[0], &want[0]).map_err(|e| format!("step {t}: {e}"))?;
+        if err > 1e-5 {
+            return Err(format!("step {t}: logits relative L2 {err:e}").into());
+        }
+        if got[1] != want[1] {
+            return Err(format!("step {t}: token {:?}, want {:?}", got[1], want[1]).into());
+        }
+        // Written rows agree; the tail is still the NaN it started as.
+        for name in ["k_cache", "v_cache"] {
+            let (h, r) = (
+                got_states[name].to_f64_vec(),
+                want_states[name].to_f64_vec(),
+            );
+            let same = h.iter().zip(&r).all(|(a, b)| {
+                (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
+            });
+            if !same {
+                return Err(format!("step {t}: state {name} differs").into());
+            }
+        }
+        host_states = got_states;
+        ref_states = want_states;
+    }
+    let last = cache.shape.dims()[2] as i64;
+    let mut b = host_kernels::with_weights(&g, Bindings::random(&g, 9));
+    b.inputs.insert("pos".into(), i32s(&[last]));
+    b.inputs.insert("kv_len".into(), i32s(&[last]));
+    let want = interp::run_with_state(&g, &b, &weights, &ref_states).unwrap_err();
+    let got = host_kernels::run_plan_with_states(cxx, &g, &plan, &b, &host_states)?.unwrap_err();
+    let (InterpError::CacheWriteOutOfRange { start, .. }, true) = (&got, got == want) else {
+        return Err(format!("a write past the cache: host {got}, interpreter {want}").into());
+    };
+    if *start != last {
+        return Err(format!("reported start {start}, want {last}").into());
+    }
+    Ok(())
+}
+
+/// Argmax's kernel on rows with ties, NaN, infinities and rows longer than its block.
+fn argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
+    let mut g = Graph::new("argmax");
+    let x = g
+        .input("x", DType::F32, &[6, 700])
+        .map_err(|e| e.to_string())?;
+    let rows = g.argmax(x, -1).map_err(|e| e.to_string())?;
+    let cols = g.argmax(x, 0).map_err(|e| e.to_string())?;
+    g.set_outputs(&[rows, cols]).map_err(|e| e.to_string())?;
+    let mut vals: Vec<f64> = (0..6 * 700).map(|i| ((i * 37) % 101) as f64).collect();
+    vals[700 + 650] = f64::NAN; // row 1: a NaN after the maximum
+    vals[700 + 690] = f64::NAN;
+    vals[2 * 700 + 3] = f64::INFINITY;
+    vals[2 * 700 + 600] = f64::INFINITY; // row 2: tie of +inf
+    for v in &mut vals[3 * 700..4 * 700] {
+        *v = 5.0; // row 3: all equal
+    }
+    for v in &mut vals[4 * 700..5 * 700] {
+        *v = f64::NEG_INFINITY;
+    }
+    let t = Tensor::from_f64(DType::F32, vec![6, 700], &vals).map_err(|e| e.to_string())?;
+    let b = Bindings::default().with_input("x", t);
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?.map_err(|e| e.to_string())?;
+    if got != want {
+        return Err(format!("argmax: host {:?}, interpreter {:?}", got[0], want[0]).into());
+    }
+    if want[0].to_f64_vec()[1] != 650.0 || want[0].to_f64_vec()[3] != 0.0 {
+        return Err("the interpreter's reference is not the first NaN / first tie".into());
+    }
+    Ok(())
 }
 
 fn main() {
@@ -284,6 +487,35 @@ fn main() {
                 move || plan_shape(&c, arch),
             ));
         }
+    }
+    for (i, c) in kv_cases::host_cases().into_iter().enumerate() {
+        // Prefill kernels on the host: f32's CUDA-core kernel (any target), f16's scalar one
+        // on gfx1030, which has no matrix cores (MFMA/WMMA do not run here).
+        let arch = match (kv_cases::is_decode(&c), c.dtype) {
+            (true, _) => ["gfx90a", "gfx1100"][i % 2],
+            (false, DType::F32) => "gfx90a",
+            (false, _) => "gfx1030",
+        };
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::host::{arch}::{}", c.name()),
+            move |cxx| kv_host_run(&cxx, &c, arch),
+        ));
+    }
+    for arch in ["gfx90a", "gfx1100"] {
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::decode_step::{arch}"),
+            move |cxx| decode_step_host(&cxx, arch),
+        ));
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::argmax::{arch}"),
+            move |cxx| argmax_host(&cxx, arch),
+        ));
     }
     trials.extend(kernel_compile::compile_trials(compile_set));
     trials.push(Trial::test(

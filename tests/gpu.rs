@@ -19,6 +19,10 @@
 //! the CUDA driver and NVRTC); a selection of the trials above runs on that device. This checks
 //! our HIP plumbing (loading, entry points, marshalling, streams, memory, events), not AMD
 //! hardware or ISA. No `cc`, or no NVIDIA GPU: those trials are ignored with the reason.
+//! State and decode ops (issue 15, `decops::`): attention bounded by `kv_len` from data over
+//! caches whose tail past it is NaN (decode pair and prefill kernels, odd sizes, GQA, one
+//! kv_len per batch), a cache write past the cache reported as the interpreter's error, argmax
+//! with ties and NaN; `graph::decode_step` runs the example decode step.
 
 #[path = "common/files.rs"]
 mod files;
@@ -39,6 +43,8 @@ mod gemm_graphs;
 mod gemm_small_cases;
 #[path = "common/hipshim.rs"]
 mod hipshim;
+#[path = "common/kv_cases.rs"]
+mod kv_cases;
 #[path = "common/linear_graphs.rs"]
 mod linear_graphs;
 #[path = "common/op_zoo.rs"]
@@ -53,7 +59,7 @@ use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::mma::MmaAtom;
 use rocmforge::codegen::{mma_probe_kernel, Platform};
-use rocmforge::compile::{bundle, CompileOptions};
+use rocmforge::compile::{bundle, CompileError, CompileOptions};
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{format, DType, Graph, Tensor};
 use rocmforge::runtime::{Device, DiskCache, HipLibraries, KernelCache};
@@ -216,6 +222,103 @@ fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<
     }
     if case.mask == decode_cases::Mask::EmptyRow && !decode_cases::batch0_zero(&got, &case) {
         return Err(format!("{what}: rows with no visible key are not zeros").into());
+    }
+    Ok(())
+}
+
+/// Attention over `kv_len` valid keys of a cache whose tail is NaN, against the f32
+/// interpreter (which never reads the tail): any read of the tail by a kernel is NaN and fails.
+fn check_kv(device: &Device, case: kv_cases::KvCase, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g = case.graph();
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let b = case.bindings(seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let want = case.reference(&b);
+    let what = format!(
+        "{} ({:?})",
+        case.name(),
+        c.plan
+            .as_ref()
+            .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
+    );
+    let err = compare(&got.cast(DType::F32), &want, &what)?;
+    if err > tolerance(case.dtype) {
+        return Err(format!("{what}: relative L2 {err:e}").into());
+    }
+    Ok(())
+}
+
+/// The example decode step with its position at the last row of the cache (runs) and one past
+/// it: the run fails with the interpreter's `CacheWriteOutOfRange`, not a write past the state.
+fn check_cache_write_bounds(device: &Device) -> Result<(), Failed> {
+    use rocmforge::interp::InterpError;
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/decode_step.json");
+    let g = format::load(&path).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let size = g.ty(g.find("k_cache").ok_or("no k_cache")?).shape.dims()[2] as i64;
+    let i32s = |v: i64| Tensor::from_i64(DType::I32, vec![1], vec![v]).expect("an i32");
+    for (pos, ok) in [(size - 1, true), (size, false), (-1, false)] {
+        let b = Bindings::random(&g, 21)
+            .with_input("pos", i32s(pos))
+            .with_input("kv_len", i32s(size));
+        let want = run(&g, &with_weights(&g, &b));
+        match (c.run(&b), want) {
+            (Ok(got), Ok(want)) if ok => {
+                let err = compare(&got[0], &want[0], "decode_step logits")?;
+                if err > tolerance(DType::F32) || got[1] != want[1] {
+                    return Err(format!(
+                        "pos {pos}: logits error {err:e}, tokens {:?} vs {:?}",
+                        got[1], want[1]
+                    )
+                    .into());
+                }
+            }
+            (
+                Err(CompileError::Interp(InterpError::CacheWriteOutOfRange { start, .. })),
+                Err(_),
+            ) if !ok && start == pos => {}
+            (got, want) => {
+                return Err(format!(
+                    "pos {pos}: run {:?}, interpreter {:?}",
+                    got.err(),
+                    want.err()
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Argmax on the device: rows with ties, NaN, ±inf, longer than a block, exactly the
+/// interpreter's indices.
+fn check_argmax(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mut g = Graph::new(format!("argmax_{dtype}"));
+        let x = g.input("x", dtype, &[7, 1001]).map_err(|e| e.to_string())?;
+        let rows = g.argmax(x, -1).map_err(|e| e.to_string())?;
+        let cols = g.argmax(x, 0).map_err(|e| e.to_string())?;
+        g.set_outputs(&[rows, cols]).map_err(|e| e.to_string())?;
+        let mut vals: Vec<f64> = (0..7 * 1001).map(|i| ((i * 37) % 101) as f64).collect();
+        vals[1001 + 650] = f64::NAN;
+        vals[1001 + 990] = f64::NAN;
+        vals[2 * 1001 + 3] = f64::INFINITY;
+        vals[2 * 1001 + 999] = f64::INFINITY;
+        vals[3 * 1001..4 * 1001].iter_mut().for_each(|v| *v = 5.0);
+        vals[4 * 1001..5 * 1001]
+            .iter_mut()
+            .for_each(|v| *v = f64::NEG_INFINITY);
+        let t = Tensor::from_f64(dtype, vec![7, 1001], &vals).map_err(|e| e.to_string())?;
+        let b = Bindings::default().with_input("x", t);
+        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+        let got = c.run(&b).map_err(|e| e.to_string())?;
+        let want = run(&g, &b).map_err(|e| e.to_string())?;
+        if got != want {
+            return Err(format!("{dtype}: device {:?}, interpreter {:?}", got[0], want[0]).into());
+        }
     }
     Ok(())
 }
@@ -2413,6 +2516,29 @@ fn main() {
             Box::new(move || check_decode(&d, case, 300 + i as u64)),
         );
     }
+    for (i, case) in kv_cases::gpu_cases().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("decops::kv::{}", case.name()),
+            Box::new(move || check_kv(&d, case, 500 + i as u64)),
+        );
+    }
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "decops::cache_write_bounds".into(),
+        Box::new(move || check_cache_write_bounds(&d)),
+    );
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "decops::argmax".into(),
+        Box::new(move || check_argmax(&d)),
+    );
     let (shim, hip) = hipshim::device(&device);
     hip_trials(&mut trials, &device, &shim, &hip);
     trials.push(Trial::test(

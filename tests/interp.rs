@@ -1263,3 +1263,8 @@ fn gemm_views_are_checked() {
     let err = g.gemm(short, a, b, &[]).unwrap_err().to_string();
     assert!(err.contains("strides"), "{err}");
 }
+
+#[path = "common/decode_step.rs"]
+mod decode_step;
+#[path = "interp/state.rs"]
+mod state;

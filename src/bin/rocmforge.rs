@@ -832,6 +832,7 @@ fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::CodeObject { .. }
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }
+        | BundleError::State { .. }
         | BundleError::Runtime { .. } => 5,
     }
 }

@@ -278,6 +278,9 @@ pub(crate) fn op_expr(op: &Op, arity: usize) -> Option<Cow<'_, Expr>> {
         | Op::Rope { .. }
         | Op::MatMul
         | Op::FlashAttention(_)
-        | Op::Gemm(_) => return None,
+        | Op::Gemm(_)
+        | Op::State { .. }
+        | Op::CacheWrite { .. }
+        | Op::ArgMax { .. } => return None,
     })
 }

@@ -47,6 +47,7 @@ pub(crate) fn gather(
         node: name.clone(),
         table_rows: rows,
         status,
+        write_rows: None,
     });
     let c = ctype(table.dtype);
     let bad = if table.dtype.is_float() {

@@ -1,10 +1,13 @@
 //! Fused graph → kernel plan. Every op that can remain after the passes has a kernel here (one
-//! exhaustive match); reshapes alias their operand's buffer; sources are host data.
+//! exhaustive match); reshapes alias their operand's buffer, and a cache write its state's (it
+//! writes in place); sources are host data.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use super::argmax::argmax;
+use super::cache_write::cache_write;
 use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
 use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
@@ -74,6 +77,8 @@ pub(crate) fn generate(
     options: &CodegenOptions,
 ) -> Result<KernelPlan, CodegenError> {
     let order = g.topo_order()?;
+    // Cache writes are in place only where their state has no other reader.
+    g.check_state_writes()?;
     let mut plan = KernelPlan {
         target: target.clone(),
         graph: g.name.clone(),
@@ -89,8 +94,18 @@ pub(crate) fn generate(
             buf.insert(id, buf[&g.operands(id)[0]]);
             continue;
         }
+        if let Op::CacheWrite { .. } = node.op {
+            // In place: the state is read by nothing else (checked above), so its buffer holds
+            // the written value from here on.
+            buf.insert(id, buf[&g.operands(id)[0]]);
+            lower_node(g, id, &buf, target, options, &mut plan)?;
+            continue;
+        }
         let role = match &node.op {
             Op::Input { sample, .. } => BufferRole::Input(sample.clone()),
+            Op::State { .. } => BufferRole::State {
+                name: node.name.clone(),
+            },
             Op::Weight { init, .. } => BufferRole::Weight(init.clone()),
             Op::Constant { values, .. } => BufferRole::Constant(values.clone()),
             _ => BufferRole::Computed,
@@ -140,9 +155,13 @@ fn lower_node(
     let name = node.name.as_str();
     let ty = &node.ty;
     let k = match &node.op {
-        Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::Reshape { .. } => {
-            return Ok(())
-        }
+        Op::Input { .. }
+        | Op::Weight { .. }
+        | Op::State { .. }
+        | Op::Constant { .. }
+        | Op::Reshape { .. } => return Ok(()),
+        Op::CacheWrite { axis } => return cache_write(g, id, *axis, &ops, buf, target, plan),
+        Op::ArgMax { axis } => argmax(g, id, *axis, &ops, buf, target)?,
         Op::CausalMask { sq, sk, offset } => {
             let n = ty.shape.numel();
             let ctx = json!({"sq": sq, "sk": sk, "n": n,
@@ -281,7 +300,7 @@ fn lower_node(
             // Positions are `offset + s` in double, as the interpreter computes them; the
             // offset is written as a double literal, which any i64 has.
             let c = ctype(ty.dtype);
-            let ctx = json!({"s": s, "d": d, "half": half, "n": rows * half,
+            let ctx = json!({"s": s, "d": d, "half": half, "n": rows * half, "positions": ops.len() == 2,
                 "theta": double_attr(name, "theta", *theta)?, "offset": format!("({offset}.0)"), "offset_text": offset,
                 "ctype": c.storage, "load_pre": c.load_pre, "load_post": c.load_post, "store_pre": c.store_pre, "store_post": c.store_post});
             finish(

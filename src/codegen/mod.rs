@@ -6,6 +6,8 @@
 //! numeric attributes alone (see `names.rs`), every launch is checked against the target's
 //! limits and every value a kernel indexes with `int` against that range (`limits.rs`).
 
+mod argmax;
+mod cache_write;
 mod ctype;
 mod expr_c;
 mod gather;

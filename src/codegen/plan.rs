@@ -36,16 +36,20 @@ pub enum BufferRole {
 /// (0 while none failed), then the value found there.
 pub const STATUS_BYTES: usize = 16;
 
-/// A gather whose kernels report an index outside its table, so that a run on a GPU fails
-/// with the interpreter's error instead of returning rows nobody looked up.
+/// A gather whose kernels report an index outside its table, or a cache write whose window
+/// leaves its state, so that a run on a GPU fails with the interpreter's error instead of
+/// returning rows nobody looked up or writing memory the state does not own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IndexCheck {
-    /// The gather node.
+    /// The gather or cache-write node.
     pub node: String,
-    /// Rows of its table: valid indices are `0..table_rows`.
+    /// Rows of its table (valid indices are `0..table_rows`); for a cache write, the state's
+    /// size along the written axis.
     pub table_rows: usize,
     /// Its status buffer.
     pub status: BufferId,
+    /// For a cache write, the rows it writes (the failing value is then its start).
+    pub write_rows: Option<usize>,
 }
 
 impl IndexCheck {

@@ -30,6 +30,14 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gather.hip"),
     ),
     (
+        "cache_write.hip",
+        include_str!("../../kernel_templates/cache_write.hip"),
+    ),
+    (
+        "argmax.hip",
+        include_str!("../../kernel_templates/argmax.hip"),
+    ),
+    (
         "gather_check.hip",
         include_str!("../../kernel_templates/gather_check.hip"),
     ),

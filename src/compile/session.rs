@@ -444,10 +444,18 @@ impl<'e> Session<'e> {
         for check in &plan.checks {
             let bytes = gpu.stream.download(&gpu.status[&check.status])?;
             if let Some(index) = check.failed_index(&bytes) {
-                return Err(InterpError::IndexOutOfRange {
-                    node: check.node.clone(),
-                    index,
-                    size: check.table_rows,
+                return Err(match check.write_rows {
+                    None => InterpError::IndexOutOfRange {
+                        node: check.node.clone(),
+                        index,
+                        size: check.table_rows,
+                    },
+                    Some(len) => InterpError::CacheWriteOutOfRange {
+                        node: check.node.clone(),
+                        start: index,
+                        len,
+                        size: check.table_rows,
+                    },
                 }
                 .into());
             }

@@ -27,12 +27,13 @@ pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Result<Tensor, TensorEr
 
 /// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
 /// Softmax and the weighted sum run in f64; a query row with no visible key gives zeros.
+/// With `kv_len` (valid keys per batch, checked to be at most Sk), keys from `kv_len[b]` on
+/// are never read, and the causal offset is `kv_len[b] − Sq`.
 pub fn flash_attention(
     att: &Attention,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     mask: Option<&Tensor>,
+    kv_len: Option<&[usize]>,
     out: &TensorType,
 ) -> Result<Tensor, TensorError> {
     let [b, hq, sq, d] = dims4(q.shape());
@@ -67,7 +68,12 @@ pub fn flash_attention(
             let q_base = (bi * hq + h) * sq * d;
             let k_base = (bi * hkv + kvh) * sk * d;
             let v_base = (bi * hkv + kvh) * sk * dv;
-            let mut scores = vec![0.0f64; sk];
+            // Keys past the valid ones do not exist for this batch: never read, not scored.
+            let (valid, offset) = match kv_len {
+                Some(lens) => (lens[bi], lens[bi] as i64 - sq as i64),
+                None => (sk, att.causal_offset),
+            };
+            let mut scores = vec![0.0f64; valid];
             for i in 0..sq {
                 let qi = &qv[q_base + i * d..][..d];
                 let mut max = f64::NEG_INFINITY;
@@ -94,7 +100,7 @@ pub fn flash_attention(
                             MaskKind::Boolean | MaskKind::None => {}
                         }
                     }
-                    if att.causal && !visible(i, j, att.causal_offset) {
+                    if att.causal && !visible(i, j, offset) {
                         x = f64::NEG_INFINITY;
                     }
                     *s = x;
@@ -129,8 +135,14 @@ pub fn flash_attention(
 }
 
 /// Rotate-half rotary embedding over `[.., S, D]`: pairs `(i, i + D/2)` rotate by
-/// `(offset + s)·theta^(−2i/D)`.
-pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Result<Tensor, TensorError> {
+/// `p(s)·theta^(−2i/D)`, with `p(s) = offset + s`, or `positions[s]` when given.
+pub fn rope(
+    x: &Tensor,
+    theta: f64,
+    offset: i64,
+    positions: Option<&Tensor>,
+) -> Result<Tensor, TensorError> {
+    let positions = positions.map(|p| p.as_i64().expect("positions are i32 by inference"));
     let dims = x.shape().dims();
     let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let half = d / 2;
@@ -141,7 +153,10 @@ pub fn rope(x: &Tensor, theta: f64, offset: i64) -> Result<Tensor, TensorError> 
         .zip(out.chunks_mut(d.max(1)))
         .enumerate()
     {
-        let pos = (r % s.max(1)) as f64 + offset as f64;
+        let pos = match positions {
+            Some(p) => p[r % s.max(1)] as f64,
+            None => (r % s.max(1)) as f64 + offset as f64,
+        };
         for i in 0..half {
             let inv_freq = theta.powf(-2.0 * i as f64 / d as f64);
             let (sin, cos) = (pos * inv_freq).sin_cos();

@@ -8,6 +8,7 @@ mod gemm;
 mod layout;
 mod matmul;
 mod reduce;
+mod state;
 mod strided;
 
 use std::collections::HashMap;
@@ -43,6 +44,31 @@ pub enum InterpError {
         index: i64,
         size: usize,
     },
+
+    /// A cache write whose rows `start..start + len` leave the state's `size` along its axis.
+    #[error(
+        "node `{node}`: writing {len} row(s) at {start} leaves a state of {size} along the axis"
+    )]
+    CacheWriteOutOfRange {
+        node: String,
+        start: i64,
+        len: usize,
+        size: usize,
+    },
+
+    /// An attention's number of valid keys outside `0..=keys`.
+    #[error("node `{node}`: kv_len {kv_len} is outside 0..={keys} (the keys of its k and v)")]
+    KvLenOutOfRange {
+        node: String,
+        kv_len: i64,
+        keys: usize,
+    },
+
+    #[error("no value given for state `{name}` ({ty})")]
+    MissingState { name: String, ty: TensorType },
+
+    #[error("a value is given for state `{name}`, but the graph has no state of that name")]
+    UnknownState { name: String },
 
     /// Host data for the node (its value, or random data drawn for it) is larger than the host
     /// may hold or than the allocator gives.
@@ -135,7 +161,8 @@ impl Bindings {
     }
 }
 
-/// Runs `graph` and returns its outputs in order.
+/// Runs `graph` and returns its outputs in order. States start from zeros (a fresh session's
+/// first run); [`run_with_state`] gives them values and returns the next ones.
 pub fn run(graph: &Graph, bindings: &Bindings) -> Result<Vec<Tensor>, InterpError> {
     run_with_weights(graph, bindings, &HashMap::new())
 }
@@ -147,7 +174,23 @@ pub fn run_with_weights(
     bindings: &Bindings,
     weights: &HashMap<String, Tensor>,
 ) -> Result<Vec<Tensor>, InterpError> {
+    let states = state::zeros(graph)?;
+    Ok(run_with_state(graph, bindings, weights, &states)?.0)
+}
+
+/// Runs `graph` with each state's value given by name in `states` (every state of the graph,
+/// nothing else), and returns the outputs in order and each state's next value: what its cache
+/// write made of it, or the value given when nothing writes it.
+pub fn run_with_state(
+    graph: &Graph,
+    bindings: &Bindings,
+    weights: &HashMap<String, Tensor>,
+    states: &HashMap<String, Tensor>,
+) -> Result<(Vec<Tensor>, HashMap<String, Tensor>), InterpError> {
     bindings.check_against(graph)?;
+    graph.check_state_writes()?;
+    state::check_against(graph, states)?;
+    let mut next_states: HashMap<String, Tensor> = HashMap::new();
     let order = graph.topo_order()?;
     let mut remaining: NodeMap<usize> = order
         .iter()
@@ -164,8 +207,13 @@ pub fn run_with_weights(
         check_host_size(&node.ty).map_err(host)?;
         let operands = graph.operands(id);
         let args: Vec<&Tensor> = operands.iter().map(|o| &values[o]).collect();
-        let value = eval(node, &args, bindings, weights)?;
+        let value = eval(node, &args, bindings, weights, states)?;
         debug_assert_eq!(value.ty(), node.ty, "node {}", node.name);
+        if let Op::CacheWrite { .. } = node.op {
+            // Checked above: the first operand is a state.
+            let state = graph.node(operands[0]).name.clone();
+            next_states.insert(state, value.clone());
+        }
         values.insert(id, value);
         // Free operands nobody else needs.
         let mut distinct = operands;
@@ -194,7 +242,13 @@ pub fn run_with_weights(
             values.remove(o).expect("outputs are kept")
         });
     }
-    Ok(result)
+    // A state nothing writes keeps its value.
+    for (name, t) in states {
+        if !next_states.contains_key(name) {
+            next_states.insert(name.clone(), t.clone());
+        }
+    }
+    Ok((result, next_states))
 }
 
 fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tensor>, InterpError> {
@@ -211,9 +265,9 @@ fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tenso
 
 /// Whether `op` computes its value from its operands (so an empty value needs no computing).
 /// Sources produce data from bindings or attributes; a gather checks its indices even when the
-/// rows it picks are empty.
+/// rows it picks are empty, and a cache write checks where it writes.
 fn computes(op: &Op) -> bool {
-    !op.is_source() && !matches!(op, Op::Gather)
+    !op.is_source() && !matches!(op, Op::Gather | Op::CacheWrite { .. })
 }
 
 /// Evaluates one node on its operand values.
@@ -222,6 +276,7 @@ fn eval(
     args: &[&Tensor],
     bindings: &Bindings,
     weights: &HashMap<String, Tensor>,
+    states: &HashMap<String, Tensor>,
 ) -> Result<Tensor, InterpError> {
     let ty = &node.ty;
     let host = |source| InterpError::Host {
@@ -256,6 +311,19 @@ fn eval(
             Some(t) => Ok(t),
             None => random_weight(&node.name, ty, init, bindings.seed),
         },
+        Op::State { .. } => {
+            // Checked against the graph by `state::check_against`.
+            return bound(&node.name, ty, states.get(&node.name))?.ok_or_else(|| {
+                InterpError::MissingState {
+                    name: node.name.clone(),
+                    ty: ty.clone(),
+                }
+            });
+        }
+        Op::CacheWrite { axis: a } => {
+            return state::cache_write(&node.name, args[0], args[1], args[2], axis(*a))
+        }
+        Op::ArgMax { axis: a } => reduce::argmax(args[0], axis(*a), ty),
         Op::Constant { values, .. } => Tensor::constant(ty, values),
         Op::CausalMask { sq, sk, offset } => attention::causal_mask(*sq, *sk, *offset),
         Op::Reshape { .. } => layout::reshape(args[0], ty),
@@ -279,12 +347,27 @@ fn eval(
         Op::Softmax { axis: a } => reduce::softmax(args[0], axis(*a)),
         Op::LayerNorm { eps } => reduce::norm(args[0], args[1], Some(args[2]), *eps, false),
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
-        Op::Rope { theta, offset } => attention::rope(args[0], *theta, *offset),
+        Op::Rope { theta, offset } => {
+            attention::rope(args[0], *theta, *offset, args.get(1).copied())
+        }
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
         Op::Gemm(g) => gemm::gemm(g, args, ty),
         Op::FusedElementwise(expr) => elementwise::fused(expr, args),
         Op::FlashAttention(att) => {
-            attention::flash_attention(att, args[0], args[1], args[2], args.get(3).copied(), ty)
+            let has_mask = att.mask != crate::ir::MaskKind::None;
+            let mask = if has_mask { Some(args[3]) } else { None };
+            let kv_len = if att.kv_len {
+                Some(state::kv_len(&node.name, args[args.len() - 1], args[1])?)
+            } else {
+                None
+            };
+            attention::flash_attention(
+                att,
+                (args[0], args[1], args[2]),
+                mask,
+                kv_len.as_deref(),
+                ty,
+            )
         }
     };
     value.map_err(host)

@@ -115,3 +115,26 @@ pub fn norm(
     }
     Tensor::from_f32(x.dtype(), x.shape().clone(), out)
 }
+
+/// Index of the largest element along `axis` (i32). Ties go to the first index; a NaN is
+/// larger than every number, so the first NaN wins (torch.argmax's rule).
+pub fn argmax(x: &Tensor, axis: usize, out: &TensorType) -> Result<Tensor, TensorError> {
+    let dims = x.shape().dims();
+    let len = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product();
+    let src = floats(x);
+    let n = out.shape.numel();
+    let values = (0..n).map(|r| {
+        let (o, i) = (r / inner.max(1), r % inner.max(1));
+        let at = |j: usize| src[(o * len + j) * inner + i];
+        let mut best = 0;
+        for j in 1..len {
+            let (b, v) = (at(best), at(j));
+            if !b.is_nan() && (v.is_nan() || v > b) {
+                best = j;
+            }
+        }
+        crate::ir::Element::Int(best as i64)
+    });
+    Tensor::from_elements(out.dtype, out.shape.clone(), n, values)
+}

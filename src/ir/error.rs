@@ -57,6 +57,9 @@ pub enum GraphError {
         reason: String,
     },
 
+    #[error("node `{node}` (cache_write): {reason}")]
+    StateWrite { node: String, reason: String },
+
     #[error("node name `{node}` is used twice")]
     DuplicateName { node: String },
 
@@ -113,6 +116,7 @@ impl GraphError {
             GraphError::BadAttribute { .. } => "bad_attribute",
             GraphError::UnknownOp { .. } => "unknown_op",
             GraphError::Overflow { .. } => "overflow",
+            GraphError::StateWrite { .. } => "state_write",
             GraphError::DuplicateName { .. } => "duplicate_name",
             GraphError::UnknownOutput { .. } => "unknown_output",
             GraphError::NoOutputs => "no_outputs",

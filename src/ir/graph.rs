@@ -260,6 +260,36 @@ impl Graph {
         if self.outputs.is_empty() {
             return Err(GraphError::NoOutputs);
         }
+        self.check_state_writes()
+    }
+
+    /// Every cache write writes a state that nothing else reads (so writing it in place is
+    /// sound: no other reader can see the state before or after the write).
+    pub fn check_state_writes(&self) -> Result<(), GraphError> {
+        for id in self.node_ids() {
+            let Op::CacheWrite { .. } = self.op(id) else {
+                continue;
+            };
+            let state = self.g[id].operands[0];
+            let reason = if !matches!(self.op(state), Op::State { .. }) {
+                format!(
+                    "its first operand `{}` is a {}, not a state",
+                    self.node(state).name,
+                    self.op(state).name()
+                )
+            } else if self.use_count(state) != 1 {
+                format!(
+                    "its state `{}` has other uses (a cache write must be its only reader)",
+                    self.node(state).name
+                )
+            } else {
+                continue;
+            };
+            return Err(GraphError::StateWrite {
+                node: self.node(id).name.clone(),
+                reason,
+            });
+        }
         Ok(())
     }
 
@@ -533,6 +563,35 @@ impl Graph {
         self.add_node(Some(name), op, &[])
     }
 
+    /// A persistent state named `name` (a KV cache), kept by a session across runs.
+    pub fn state(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<NodeId, GraphError> {
+        let op = Op::State {
+            dtype,
+            shape: Shape::new(shape.to_vec()),
+        };
+        self.add_node(Some(name), op, &[])
+    }
+
+    /// `state` with `values` written at `start` (one i32) along `axis`; the state's next value.
+    pub fn cache_write(
+        &mut self,
+        state: NodeId,
+        values: NodeId,
+        start: NodeId,
+        axis: i64,
+    ) -> Result<NodeId, GraphError> {
+        self.add_op(Op::CacheWrite { axis }, &[state, values, start])
+    }
+
+    pub fn argmax(&mut self, x: NodeId, axis: i64) -> Result<NodeId, GraphError> {
+        self.add_op(Op::ArgMax { axis }, &[x])
+    }
+
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<NodeId, GraphError> {
         self.constant(dtype, &[], vec![value])
     }
@@ -663,6 +722,16 @@ impl Graph {
         self.add_op(Op::Rope { theta, offset }, &[x])
     }
 
+    /// Rope at the positions `positions` holds (i32 `[S]`).
+    pub fn rope_at(
+        &mut self,
+        x: NodeId,
+        positions: NodeId,
+        theta: f64,
+    ) -> Result<NodeId, GraphError> {
+        self.add_op(Op::Rope { theta, offset: 0 }, &[x, positions])
+    }
+
     pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {
         self.add_op(Op::MatMul, &[a, b])
     }
@@ -701,10 +770,30 @@ impl Graph {
             causal: causal.is_some(),
             causal_offset: causal.unwrap_or(0),
             mask: mask_kind,
+            kv_len: false,
         };
         let mut operands = vec![q, k, v];
         operands.extend(mask);
         self.add_op(Op::FlashAttention(att), &operands)
+    }
+
+    /// FlashAttention over the first `kv_len` keys (i32 `[1]` or `[B]`), causal with the
+    /// queries the last Sq of those positions when `causal`.
+    pub fn flash_attention_len(
+        &mut self,
+        (q, k, v): (NodeId, NodeId, NodeId),
+        kv_len: NodeId,
+        scale: f64,
+        causal: bool,
+    ) -> Result<NodeId, GraphError> {
+        let att = Attention {
+            scale,
+            causal,
+            causal_offset: 0,
+            mask: MaskKind::None,
+            kv_len: true,
+        };
+        self.add_op(Op::FlashAttention(att), &[q, k, v, kv_len])
     }
 }
 

@@ -53,7 +53,9 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             sample.check(*dtype).map_err(InferError::Attribute)?;
             Ok(TensorType::new(*dtype, shape.clone()))
         }
-        Op::Weight { dtype, shape, .. } => Ok(TensorType::new(*dtype, shape.clone())),
+        Op::Weight { dtype, shape, .. } | Op::State { dtype, shape } => {
+            Ok(TensorType::new(*dtype, shape.clone()))
+        }
         Op::Constant {
             dtype,
             shape,
@@ -222,8 +224,23 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             }
             Ok(x.clone())
         }
-        Op::Rope { theta, .. } => {
+        Op::Rope { theta, offset } => {
             let x = ins[0];
+            if let Some(pos) = ins.get(1) {
+                if pos.dtype != DType::I32 {
+                    return dtype_err(format!("rope positions must be i32, got {}", pos.dtype));
+                }
+                let s = x.shape.rank().checked_sub(2).map(|a| x.shape.0[a]);
+                if Some(pos.shape.0.as_slice()) != s.as_ref().map(std::slice::from_ref) {
+                    return shape_err(format!(
+                        "rope positions {} must be [S], one per row of {}",
+                        pos.shape, x.shape
+                    ));
+                }
+                if *offset != 0 {
+                    return attr_err("rope takes an offset or positions, not both");
+                }
+            }
             require_float(x)?;
             if !(theta.is_finite() && *theta > 0.0) {
                 return attr_err(format!("theta must be positive, got {theta}"));
@@ -244,7 +261,53 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             expr.check(ins.len()).map_err(InferError::Attribute)?;
             expr.ty(ins)
         }
+        Op::CacheWrite { axis } => cache_write(*axis, ins),
+        Op::ArgMax { axis } => {
+            let x = ins[0];
+            require_float(x)?;
+            let ax = axis_of(*axis, &x.shape)?;
+            if x.shape.0[ax] == 0 {
+                return shape_err(format!("argmax over the empty axis {axis} of {}", x.shape));
+            }
+            let mut dims = x.shape.0.clone();
+            dims.remove(ax);
+            Ok(TensorType::new(DType::I32, dims))
+        }
     }
+}
+
+/// A cache write: `values` of the state's dtype and rank, equal to it on every axis but
+/// `axis`, where it is no longer; `start` one i32. Where it lands is data, checked when run.
+fn cache_write(axis: i64, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let (state, values, start) = (ins[0], ins[1], ins[2]);
+    if values.dtype != state.dtype {
+        return dtype_err(format!(
+            "values ({}) must have the state's dtype ({})",
+            values.dtype, state.dtype
+        ));
+    }
+    if start.dtype != DType::I32 || start.shape.numel() != 1 {
+        return dtype_err(format!(
+            "start must be one i32, got {}{}",
+            start.dtype, start.shape
+        ));
+    }
+    let ax = axis_of(axis, &state.shape)?;
+    let fits = values.shape.rank() == state.shape.rank()
+        && (0..state.shape.rank()).all(|i| {
+            if i == ax {
+                values.shape.0[i] <= state.shape.0[i]
+            } else {
+                values.shape.0[i] == state.shape.0[i]
+            }
+        });
+    if !fits {
+        return shape_err(format!(
+            "values {} must match the state {} on every axis but {axis}, and be no longer on it",
+            values.shape, state.shape
+        ));
+    }
+    Ok(state.clone())
 }
 
 fn require_float(t: &TensorType) -> Result<(), InferError> {
@@ -490,6 +553,21 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
             }
         }
         (_, None) => return attr_err("mask kind given but no mask operand"),
+    }
+    if att.kv_len {
+        let kv = ins[ins.len() - 1];
+        if kv.dtype != DType::I32 {
+            return dtype_err(format!("kv_len must be i32, got {}", kv.dtype));
+        }
+        if kv.shape.0 != [1] && kv.shape.0 != [b] {
+            return shape_err(format!(
+                "kv_len {} must be [1] or [{b}] (one per batch)",
+                kv.shape
+            ));
+        }
+        if att.causal_offset != 0 {
+            return attr_err("with kv_len the causal offset is kv_len − Sq, not an attribute");
+        }
     }
     Ok(TensorType::new(q.dtype, vec![b, hq, sq, dv]))
 }

@@ -229,6 +229,10 @@ pub struct Attention {
     pub causal: bool,
     pub causal_offset: i64,
     pub mask: MaskKind,
+    /// A last operand `kv_len` (i32, one element or one per batch) gives the number of valid
+    /// keys: keys at index ≥ kv_len are invisible (never read by the kernels), and a causal
+    /// mask is offset by kv_len − Sq (the queries are the last Sq of the kv_len positions).
+    pub kv_len: bool,
 }
 
 /// An operation. Operands are the node's incoming edges, in slot order.
@@ -251,6 +255,13 @@ pub enum Op {
         dtype: DType,
         shape: Shape,
         values: Vec<f64>,
+    },
+    /// A named persistent tensor that a session keeps across runs (a KV cache, sized by a
+    /// maximum context). Its value in a run is the one the previous run left (the
+    /// [`Op::CacheWrite`] that reads it gives the next run's value).
+    State {
+        dtype: DType,
+        shape: Shape,
     },
     /// Bool `[sq, sk]`, true where `k ≤ q + offset`.
     CausalMask {
@@ -310,7 +321,8 @@ pub enum Op {
     RmsNorm {
         eps: f64,
     },
-    /// Rotary embedding, rotate-half form (LLaMA), over `[.., S, D]` with positions `offset..offset+S`.
+    /// Rotary embedding, rotate-half form (LLaMA), over `[.., S, D]` with positions `offset..offset+S`,
+    /// or, with a second operand (i32 `[S]`), the positions that operand holds (`offset` then 0).
     Rope {
         theta: f64,
         offset: i64,
@@ -328,6 +340,22 @@ pub enum Op {
     Gemm(Box<Gemm>),
     /// A chain of elementwise ops evaluated in one pass over the result, operands broadcast.
     FusedElementwise(Expr),
+
+    // State.
+    /// Operands (state, values, start): the state with `values` written at
+    /// `start..start + len` along `axis` (start: i32, one element). Functional here and in the
+    /// interpreter; in codegen the result's buffer is the state's, written in place. The state
+    /// operand must be an [`Op::State`] read by nothing else (checked by `Graph::validate`).
+    CacheWrite {
+        axis: i64,
+    },
+
+    // Index reductions.
+    /// Index (i32) of the largest element along `axis`, the axis removed; ties go to the first
+    /// index, and a NaN counts as larger than every number (the first NaN wins), as torch.argmax.
+    ArgMax {
+        axis: i64,
+    },
 }
 
 /// How many operands an op takes.
@@ -335,6 +363,8 @@ pub enum Op {
 pub enum Arity {
     Exact(usize),
     AtLeast(usize),
+    /// From the first to the second, both included (optional trailing operands).
+    Between(usize, usize),
 }
 
 impl Arity {
@@ -342,6 +372,7 @@ impl Arity {
         match self {
             Arity::Exact(k) => n == k,
             Arity::AtLeast(k) => n >= k,
+            Arity::Between(lo, hi) => lo <= n && n <= hi,
         }
     }
 }
@@ -351,6 +382,7 @@ impl fmt::Display for Arity {
         match self {
             Arity::Exact(k) => write!(f, "{k}"),
             Arity::AtLeast(k) => write!(f, "at least {k}"),
+            Arity::Between(lo, hi) => write!(f, "{lo} to {hi}"),
         }
     }
 }
@@ -363,9 +395,10 @@ pub enum OpParseError {
 }
 
 /// Names of the ops that are not a Binary/Unary/Reduce family member.
-const STRUCTURAL_OPS: [&str; 19] = [
+const STRUCTURAL_OPS: [&str; 22] = [
     "input",
     "weight",
+    "state",
     "constant",
     "causal_mask",
     "reshape",
@@ -383,6 +416,8 @@ const STRUCTURAL_OPS: [&str; 19] = [
     "matmul",
     "flash_attention",
     "fused_elementwise",
+    "cache_write",
+    "argmax",
 ];
 
 impl Op {
@@ -399,6 +434,7 @@ impl Op {
         match self {
             Op::Input { .. } => "input",
             Op::Weight { .. } => "weight",
+            Op::State { .. } => "state",
             Op::Constant { .. } => "constant",
             Op::CausalMask { .. } => "causal_mask",
             Op::Reshape { .. } => "reshape",
@@ -420,14 +456,18 @@ impl Op {
             Op::FlashAttention(_) => "flash_attention",
             Op::Gemm(_) => "gemm",
             Op::FusedElementwise(_) => "fused_elementwise",
+            Op::CacheWrite { .. } => "cache_write",
+            Op::ArgMax { .. } => "argmax",
         }
     }
 
     pub fn arity(&self) -> Arity {
         match self {
-            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::CausalMask { .. } => {
-                Arity::Exact(0)
-            }
+            Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::State { .. }
+            | Op::Constant { .. }
+            | Op::CausalMask { .. } => Arity::Exact(0),
             Op::Reshape { .. }
             | Op::Permute { .. }
             | Op::Expand { .. }
@@ -436,15 +476,19 @@ impl Op {
             | Op::Cast { .. }
             | Op::Reduce { .. }
             | Op::Softmax { .. }
-            | Op::Rope { .. } => Arity::Exact(1),
+            | Op::ArgMax { .. } => Arity::Exact(1),
+            Op::Rope { .. } => Arity::Between(1, 2),
             Op::Concat { .. } | Op::FusedElementwise(_) => Arity::AtLeast(1),
             Op::Gemm(_) => Arity::AtLeast(2),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
-            Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
-            Op::FlashAttention(a) => match a.mask {
-                MaskKind::None => Arity::Exact(3),
-                MaskKind::Additive | MaskKind::Boolean => Arity::Exact(4),
-            },
+            Op::Where | Op::LayerNorm { .. } | Op::CacheWrite { .. } => Arity::Exact(3),
+            Op::FlashAttention(a) => {
+                let mask = match a.mask {
+                    MaskKind::None => 0,
+                    MaskKind::Additive | MaskKind::Boolean => 1,
+                };
+                Arity::Exact(3 + mask + usize::from(a.kv_len))
+            }
         }
     }
 
@@ -476,6 +520,10 @@ impl Op {
                 if *sample != Sample::Normal {
                     a.push(("sample", json(sample)));
                 }
+            }
+            Op::State { dtype, shape } => {
+                a.push(("dtype", json(dtype)));
+                a.push(("shape", json(&shape.0)));
             }
             Op::Weight { dtype, shape, init } => {
                 a.push(("dtype", json(dtype)));
@@ -510,7 +558,9 @@ impl Op {
             Op::Reshape { shape } => a.push(("shape", json(shape))),
             Op::Permute { perm } => a.push(("perm", json(perm))),
             Op::Expand { shape } => a.push(("shape", json(shape))),
-            Op::Concat { axis } => a.push(("axis", json(axis))),
+            Op::Concat { axis } | Op::CacheWrite { axis } | Op::ArgMax { axis } => {
+                a.push(("axis", json(axis)))
+            }
             Op::Slice { axis, start, end } => {
                 a.push(("axis", json(axis)));
                 a.push(("start", json(start)));
@@ -543,6 +593,9 @@ impl Op {
                 if att.mask != MaskKind::None {
                     a.push(("mask", json(&att.mask)));
                 }
+                if att.kv_len {
+                    a.push(("kv_len", json(&att.kv_len)));
+                }
             }
             Op::FusedElementwise(expr) => a.push(("expr", expr.to_json())),
             Op::Gemm(g) => {
@@ -571,6 +624,10 @@ impl Op {
                 dtype: a.req("dtype")?,
                 shape: Shape(a.req("shape")?),
                 sample: a.opt("sample")?.unwrap_or_default(),
+            },
+            "state" => Op::State {
+                dtype: a.req("dtype")?,
+                shape: Shape(a.req("shape")?),
             },
             "weight" => Op::Weight {
                 dtype: a.req("dtype")?,
@@ -636,7 +693,14 @@ impl Op {
                 causal: a.opt("causal")?.unwrap_or(false),
                 causal_offset: a.opt("causal_offset")?.unwrap_or(0),
                 mask: a.opt("mask")?.unwrap_or_default(),
+                kv_len: a.opt("kv_len")?.unwrap_or(false),
             }),
+            "cache_write" => Op::CacheWrite {
+                axis: a.req("axis")?,
+            },
+            "argmax" => Op::ArgMax {
+                axis: a.req("axis")?,
+            },
             other => {
                 if let Some(b) = BinaryOp::ALL.iter().find(|b| b.name() == other) {
                     Op::Binary(*b)

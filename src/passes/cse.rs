@@ -32,7 +32,12 @@ impl Pass for CommonSubexpressions {
         let mut seen: HashMap<(String, Vec<usize>), crate::ir::NodeId> = HashMap::new();
         for id in order {
             let node = g.node(id);
-            if matches!(node.op, Op::Input { .. } | Op::Weight { .. }) {
+            // Sources named by the caller are distinct values whatever their type (two states
+            // of one shape are two caches).
+            if matches!(
+                node.op,
+                Op::Input { .. } | Op::Weight { .. } | Op::State { .. }
+            ) {
                 continue;
             }
             let mut operands: Vec<usize> = g.operands(id).iter().map(|o| o.index()).collect();

@@ -9,6 +9,7 @@
 //! the interpreter.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,8 +19,9 @@ use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 7] = [
+pub const POINTWISE: [&str; 8] = [
     "elementwise",
+    "cache_write",
     "copy",
     "gather",
     "gather_check",
@@ -30,7 +32,8 @@ pub const POINTWISE: [&str; 7] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 5] = [
+pub const COOPERATIVE: [&str; 6] = [
+    "argmax",
     "gemm",
     "gemm_small_m",
     "flash_attention",
@@ -43,6 +46,7 @@ pub const COOPERATIVE: [&str; 5] = [
 /// atomicity (pointwise kernels run one thread at a time). Without a block barrier (pointwise
 /// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -51,6 +55,9 @@ const SHIM: &str = r#"
 #include <mutex>
 #include <thread>
 #include <vector>
+// HIP's and CUDA's integer min/max built-ins.
+using std::max;
+using std::min;
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -135,7 +142,12 @@ pub fn host_cxx() -> Result<PathBuf, String> {
 /// The bytes each buffer of `plan` starts a run with: bound inputs, weights (seed 0, as
 /// `Graph::compile` draws them when none are given), constants; computed buffers and
 /// workspaces poisoned with 0xFF (NaN in every float dtype), status buffers zeroed.
-fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec<u8>>, String> {
+fn initial_buffers(
+    g: &Graph,
+    plan: &KernelPlan,
+    b: &Bindings,
+    states: &HashMap<String, Tensor>,
+) -> Result<Vec<Vec<u8>>, String> {
     plan.buffers
         .iter()
         .map(|buf| {
@@ -163,10 +175,12 @@ fn initial_buffers(g: &Graph, plan: &KernelPlan, b: &Bindings) -> Result<Vec<Vec
                         .map_err(|e| e.to_string())?
                         .to_bytes()
                 }
-                BufferRole::Computed | BufferRole::Workspace | BufferRole::State { .. } => {
-                    vec![0xFF; n]
-                }
+                BufferRole::Computed | BufferRole::Workspace => vec![0xFF; n],
                 BufferRole::Status => vec![0; STATUS_BYTES],
+                // A state not given starts zeroed, as a plain run's.
+                BufferRole::State { name } => states
+                    .get(name)
+                    .map_or_else(|| vec![0; n], Tensor::to_bytes),
             })
         })
         .collect::<Result<_, String>>()
@@ -355,6 +369,9 @@ pub fn run_source(
 /// interpreter's error, as `Compiled::run` raises it on a GPU).
 pub type HostResult = Result<Vec<Tensor>, InterpError>;
 
+/// What a run with states gave: outputs and each state's buffer after the run, or the error.
+pub type HostStateResult = Result<(Vec<Tensor>, HashMap<String, Tensor>), InterpError>;
+
 /// Runs `plan` (generated from `g`) on the host with `bindings`; `Err(String)` when the plan
 /// cannot run here (a kernel that is not pointwise) or the compiler fails.
 pub fn run_plan(
@@ -363,6 +380,18 @@ pub fn run_plan(
     plan: &KernelPlan,
     bindings: &Bindings,
 ) -> Result<HostResult, String> {
+    Ok(run_plan_with_states(cxx, g, plan, bindings, &HashMap::new())?.map(|(outs, _)| outs))
+}
+
+/// As [`run_plan`], with the states' buffers starting from `states` (zeros for one not
+/// given), and returning them after the run.
+pub fn run_plan_with_states(
+    cxx: &Path,
+    g: &Graph,
+    plan: &KernelPlan,
+    bindings: &Bindings,
+    states: &HashMap<String, Tensor>,
+) -> Result<HostStateResult, String> {
     let runs_here = |k: &&rocmforge::codegen::Kernel| {
         POINTWISE.contains(&k.family)
             || (COOPERATIVE.contains(&k.family) && k.launch.block[1..] == [1, 1])
@@ -373,26 +402,42 @@ pub fn run_plan(
             g.name, k.entry
         ));
     }
-    let init = initial_buffers(g, plan, bindings)?;
+    let init = initial_buffers(g, plan, bindings, states)?;
     let sizes: Vec<usize> = init.iter().map(Vec::len).collect();
     let buffers = build_and_run(cxx, &g.name, &program(plan, &sizes), &init)?;
     for check in &plan.checks {
         if let Some(index) = check.failed_index(&buffers[check.status]) {
-            return Ok(Err(InterpError::IndexOutOfRange {
-                node: check.node.clone(),
-                index,
-                size: check.table_rows,
+            return Ok(Err(match check.write_rows {
+                None => InterpError::IndexOutOfRange {
+                    node: check.node.clone(),
+                    index,
+                    size: check.table_rows,
+                },
+                Some(len) => InterpError::CacheWriteOutOfRange {
+                    node: check.node.clone(),
+                    start: index,
+                    len,
+                    size: check.table_rows,
+                },
             }));
         }
     }
-    plan.outputs
+    let outs = plan
+        .outputs
         .iter()
         .map(|o| {
             let n = o.ty.shape.numel() * o.ty.dtype.size_bytes();
             Tensor::from_bytes(&o.ty, &buffers[o.buffer][..n]).map_err(|e| e.to_string())
         })
-        .collect::<Result<Vec<_>, String>>()
-        .map(Ok)
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut next = HashMap::new();
+    for b in &plan.buffers {
+        if let BufferRole::State { name } = &b.role {
+            let t = Tensor::from_bytes(&b.ty, &buffers[b.id]).map_err(|e| e.to_string())?;
+            next.insert(name.clone(), t);
+        }
+    }
+    Ok(Ok((outs, next)))
 }
 
 fn unique() -> usize {

@@ -109,6 +109,34 @@ pub fn zoo() -> Vec<Graph> {
             graphs.push(g);
         }
     }
+    for dt in FLOATS {
+        // State ops: a cache write at a drawn start, rope at drawn positions, attention over a
+        // drawn number of valid keys of the written cache, argmax.
+        let mut g = Graph::new(format!("state_{dt}"));
+        let cache = g.state("cache", dt, &[2, 3, 13, 16]).unwrap();
+        let vals = g.input("vals", dt, &[2, 3, 2, 16]).unwrap();
+        let range = |low, high| Sample::Range { low, high };
+        let start = g
+            .input_sampled("start", DType::I32, &[1], range(0, 12))
+            .unwrap();
+        let written = g.cache_write(cache, vals, start, 2).unwrap();
+        let q = g.input("q", dt, &[2, 6, 2, 16]).unwrap();
+        let pos = g
+            .input_sampled("pos", DType::I32, &[2], range(0, 100))
+            .unwrap();
+        let qr = g.rope_at(q, pos, 10000.0).unwrap();
+        let kv_len = g
+            .input_sampled("kv_len", DType::I32, &[2], range(1, 14))
+            .unwrap();
+        let o = g
+            .flash_attention_len((qr, written, written), kv_len, 0.25, true)
+            .unwrap();
+        let x = g.input("x", dt, &[3, 33]).unwrap();
+        let am = g.argmax(x, -1).unwrap();
+        let am0 = g.argmax(x, 0).unwrap();
+        out(&mut g, &[o, am, am0, written]);
+        graphs.push(g);
+    }
     for dt in [DType::I32, DType::I64] {
         let mut g = Graph::new(format!("integers_{dt}"));
         let x = g.input("x", dt, &[5, 3]).unwrap();

@@ -269,12 +269,8 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                     Role::Output
                 }
                 BufferRole::Computed => Role::Computed,
-                BufferRole::State { name } => {
-                    return Err(BundleError::malformed(format!(
-                        "buffer {} is the state `{name}`, which a session keeps across runs; \
-                         bundles hold single runs and have no role for it yet",
-                        b.id
-                    )))
+                BufferRole::State { ref name } => {
+                    return Err(BundleError::State { name: name.clone() })
                 }
             };
             Ok(BundleBuffer {

@@ -53,6 +53,10 @@ pub enum BundleError {
     #[error("{path}: format `{found}` is not one this build reads (it reads `{FORMAT}`)")]
     Version { path: String, found: String },
     /// `plan.json` contradicts itself or the files beside it.
+    #[error(
+        "state `{name}`: a bundle replays one run, so it holds no graph with persistent state"
+    )]
+    State { name: String },
     #[error("malformed bundle: {reason}")]
     Malformed { reason: String },
     #[error("{path} has {found} bytes; the buffer table says {expected}")]

@@ -229,6 +229,7 @@ impl Bundle {
                     node: c.node.clone(),
                     table_rows: usize::try_from(c.table_rows).unwrap_or(usize::MAX),
                     status: c.status,
+                    write_rows: None,
                 };
                 Ok(CheckResult {
                     node: c.node.clone(),

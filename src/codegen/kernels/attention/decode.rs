@@ -99,9 +99,10 @@ impl Config {
 }
 
 /// Keys that any query row can see: all `sk` without a causal mask; with one, up to the last
-/// row's last visible key, `(sq - 1) + offset` (the offset is clamped to `[-sq, sk]`).
+/// row's last visible key, `(sq - 1) + offset` (the offset is clamped to `[-sq, sk]`). With a
+/// `kv_len` operand the bound is data: all `sk` here, `kv_len` in the kernel.
 pub(crate) fn valid_keys(p: &Problem) -> usize {
-    if !p.causal {
+    if !p.causal || !p.kv_len.is_empty() {
         return p.sk;
     }
     let end = i64::try_from(p.sq)

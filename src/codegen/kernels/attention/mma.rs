@@ -423,6 +423,8 @@ mod tests {
             mask_load_pre: "",
             mask_load_post: "",
             ms: vec![0; 4],
+            kv_len: "",
+            keys: sk.to_string(),
             ctype: "rf_half",
             load_pre: "",
             load_post: "",

@@ -66,6 +66,11 @@ pub(crate) struct Problem {
     pub mask_load_post: &'static str,
     /// The mask's strides over (b, h, q, k), broadcast axes 0.
     pub ms: Vec<usize>,
+    /// "" (every key valid), "one" (one `kv_len` for every batch) or "batch" (one per batch):
+    /// the kernel then reads `kvn`, the valid keys, from the `kv_len` operand (after the mask).
+    pub kv_len: &'static str,
+    /// The key loops' bound as C: `sk`, or the kernel's `kvn`.
+    pub keys: String,
     pub ctype: &'static str,
     pub load_pre: &'static str,
     pub load_post: &'static str,
@@ -113,6 +118,13 @@ impl Problem {
             }
         };
         let mc = ctype(mask_t);
+        let kv_len = match ops.last().map(|&o| g.ty(o).shape.numel()) {
+            _ if !att.kv_len => "",
+            Some(1) => "one",
+            _ => "batch",
+        };
+        // With kv_len the offset is the kernel's `kv_off` (kv_len − Sq, in [-Sq, Sk]); the
+        // attribute is 0 (inference), so the number below only names it in comments.
         let offset = clamp_offset(att.causal_offset, sq, sk);
         Ok(Problem {
             b,
@@ -127,13 +139,23 @@ impl Problem {
             scale: att.scale,
             scale_f: f32_literal(att.scale),
             causal: att.causal,
-            offset: i64_literal(offset),
+            offset: if att.kv_len {
+                "kv_off".to_string()
+            } else {
+                i64_literal(offset)
+            },
             offset_text: offset,
             mask,
             mask_ctype: mc.storage,
             mask_load_pre: mc.load_pre,
             mask_load_post: mc.load_post,
             ms,
+            kv_len,
+            keys: if att.kv_len {
+                "kvn".to_string()
+            } else {
+                sk.to_string()
+            },
             ctype: c.storage,
             load_pre: c.load_pre,
             load_post: c.load_post,

@@ -257,6 +257,8 @@ mod tests {
             mask_load_pre: "",
             mask_load_post: "",
             ms: vec![0; 4],
+            kv_len: "",
+            keys: "131".into(),
             ctype: "float",
             load_pre: "",
             load_post: "",

@@ -1,0 +1,88 @@
+//! The in-place cache write. Its result is its state's buffer (aliased in `lower`); the kernel
+//! copies the values into the window its `start` operand names. A window outside the state is
+//! `InterpError::CacheWriteOutOfRange` on the CPU; on a GPU the kernel writes nothing and
+//! reports the start in a status buffer ([`IndexCheck`] with `write_rows`), read after the run,
+//! so a bad position is never a silent write past the state.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::ctype::ctype;
+use super::limits::launch_1d;
+use super::lower::finish;
+use super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
+use super::{CodegenError, Target};
+use crate::ir::{DType, Graph, NodeId, TensorType};
+
+#[derive(Serialize)]
+struct Context {
+    ctype: &'static str,
+    values_shape: String,
+    state_shape: String,
+    axis: usize,
+    /// Elements of the values; threads (at least one, which checks an empty write).
+    n: usize,
+    threads: usize,
+    /// Rows written, the state's rows along the axis, elements per row after the axis.
+    len: usize,
+    size: usize,
+    inner: usize,
+    /// The largest valid start, `size - len` (no wrap: inference keeps `len ≤ size`).
+    max_start: usize,
+}
+
+/// Appends the kernel of cache write `id` (operands state, values, start) and its check.
+pub(crate) fn cache_write(
+    g: &Graph,
+    id: NodeId,
+    axis: i64,
+    ops: &[NodeId],
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
+    let name = &g.node(id).name;
+    let (state, values) = (g.ty(ops[0]), g.ty(ops[1]));
+    let ax = state.shape.axis(axis).expect("checked by inference");
+    let dims = state.shape.dims();
+    let (size, len) = (dims[ax], values.shape.dims()[ax]);
+    let inner: usize = dims[ax + 1..].iter().product();
+    let n = values.shape.numel();
+    let status = plan.buffers.len();
+    plan.buffers.push(Buffer {
+        id: status,
+        name: name.clone(),
+        ty: TensorType::new(DType::I64, vec![2]),
+        role: BufferRole::Status,
+    });
+    plan.checks.push(IndexCheck {
+        node: name.clone(),
+        table_rows: size,
+        status,
+        write_rows: Some(len),
+    });
+    let ctx = Context {
+        ctype: ctype(state.dtype).storage,
+        values_shape: values.shape.to_string(),
+        state_shape: state.shape.to_string(),
+        axis: ax,
+        n,
+        threads: n.max(1),
+        len: len.max(1),
+        size,
+        inner: inner.max(1),
+        // An empty write is rendered with len 1 for the index split (no element reaches it);
+        // its bound is still that of its true length.
+        max_start: size - len,
+    };
+    plan.kernels.push(finish(
+        "cache_write",
+        "cache_write.hip",
+        ctx,
+        launch_1d(name, target, n.max(1))?,
+        vec![buf[&ops[1]], buf[&ops[2]], status, buf[&id]],
+        name,
+    )?);
+    Ok(())
+}
