@@ -273,10 +273,20 @@ impl<'e> Session<'e> {
                     // The optimised graph's interpreter run takes the inputs it still reads.
                     slot.buffer = exe.graph.find(&slot.name).map(|_| 0);
                 }
+                // Every state starts zeroed, as a fresh session's device buffers do.
+                let states = exe
+                    .graph
+                    .node_ids()
+                    .filter(|&id| matches!(exe.graph.op(id), Op::State { .. }))
+                    .map(|id| {
+                        let n = exe.graph.node(id);
+                        (n.name.clone(), Tensor::zeros(&n.ty))
+                    })
+                    .collect();
                 Backend::Cpu(CpuSession {
                     bindings: Bindings::default(),
                     outputs: None,
-                    states: HashMap::new(),
+                    states,
                 })
             }
         };
@@ -353,11 +363,16 @@ impl<'e> Session<'e> {
         match &mut self.backend {
             Backend::Cpu(cpu) => {
                 cpu.outputs = None;
-                cpu.outputs = Some(interp::run_with_weights(
+                // The states move on only when the run succeeds (a write out of range leaves
+                // them as they were).
+                let (outputs, next) = interp::run_with_state(
                     &self.exe.graph,
                     &cpu.bindings,
                     &self.exe.weights,
-                )?);
+                    &cpu.states,
+                )?;
+                cpu.states = next;
+                cpu.outputs = Some(outputs);
             }
             Backend::Gpu(gpu) => {
                 // What the checks found is about this run's inputs only.
