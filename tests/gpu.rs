@@ -106,13 +106,26 @@ fn compare(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
 fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
     let mut wb = b.clone();
     for id in g.node_ids() {
-        if let rocmforge::ir::Op::Weight { init, .. } = g.op(id) {
-            let n = g.node(id);
-            wb.weights.insert(
-                n.name.clone(),
-                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
-                    .expect("a test graph's weights fit"),
-            );
+        let n = g.node(id);
+        match g.op(id) {
+            rocmforge::ir::Op::Weight {
+                quant: Some(scheme),
+                ..
+            } => {
+                wb.quantized.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_quant(&n.name, *scheme, &n.ty.shape, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            rocmforge::ir::Op::Weight { init, .. } => {
+                wb.weights.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            _ => {}
         }
     }
     wb

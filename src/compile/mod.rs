@@ -16,7 +16,9 @@ use thiserror::Error;
 
 use crate::codegen::{self, BufferRole, CodegenError, CodegenOptions, Kernel, KernelPlan};
 use crate::interp::{self, Bindings, InterpError};
-use crate::ir::{format, random_weight, Graph, GraphError, Op, Tensor};
+use crate::ir::{
+    format, random_quant, random_weight, Graph, GraphError, Op, QuantError, QuantTensor, Tensor,
+};
 use crate::passes::{PassError, PassManager};
 use crate::runtime::device::LoadedKernel;
 use crate::runtime::{CacheKey, Device, DeviceBuffer, RuntimeError};
@@ -88,6 +90,9 @@ pub struct CompileOptions {
     pub seed: u64,
     /// Weights by name; others are drawn from `seed`.
     pub weights: HashMap<String, Tensor>,
+    /// Blocks of quantized weights (`Op::Weight` with `quant`) by name; others are drawn from
+    /// `seed` as random blocks.
+    pub quantized: HashMap<String, QuantTensor>,
     /// Print compile progress on a terminal when it takes more than a moment.
     pub progress: bool,
     pub rewrite_kernels: Option<KernelRewrite>,
@@ -102,6 +107,7 @@ impl Default for CompileOptions {
             memory_budget: None,
             seed: 0,
             weights: HashMap::new(),
+            quantized: HashMap::new(),
             progress: true,
             rewrite_kernels: None,
         }
@@ -183,6 +189,8 @@ pub struct Compiled {
     /// Weights and constants on the device, uploaded once and only read by runs.
     resident: HashMap<usize, DeviceBuffer>,
     weights: HashMap<String, Tensor>,
+    /// Blocks of the quantized weights (uploaded as they are; the interpreter dequantizes them).
+    quantized: HashMap<String, QuantTensor>,
     poison: bool,
     pub stats: CompileStats,
 }
@@ -213,7 +221,9 @@ impl Prepared<'_> {
                 &run.slots[c.memory.as_ref().expect("memory plan").slot_of[&id]]
             }
             BufferRole::Input(_) => &run.uploaded[&id],
-            BufferRole::Weight(_) | BufferRole::Constant(_) => &c.resident[&id],
+            BufferRole::Weight(_) | BufferRole::QuantWeight(_) | BufferRole::Constant(_) => {
+                &c.resident[&id]
+            }
             BufferRole::Status => &run.status[&id],
         }
     }
@@ -239,7 +249,12 @@ impl Prepared<'_> {
     /// Enqueues every kernel on this run's stream (asynchronous on a GPU).
     pub fn launch(&self) -> Result<(), CompileError> {
         let Some(run) = &self.gpu else {
-            interp::run_with_weights(&self.compiled.graph, &self.bindings, &self.compiled.weights)?;
+            interp::run_with_data(
+                &self.compiled.graph,
+                &self.bindings,
+                &self.compiled.weights,
+                &self.compiled.quantized,
+            )?;
             return Ok(());
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
@@ -278,10 +293,11 @@ impl Prepared<'_> {
     /// The outputs of the last launch, copied to the host.
     pub fn outputs(&self) -> Result<Vec<Tensor>, CompileError> {
         let Some(run) = &self.gpu else {
-            return Ok(interp::run_with_weights(
+            return Ok(interp::run_with_data(
                 &self.compiled.graph,
                 &self.bindings,
                 &self.compiled.weights,
+                &self.compiled.quantized,
             )?);
         };
         let plan = self.compiled.plan.as_ref().expect("GPU plan");
@@ -410,6 +426,43 @@ fn compiler_options(platform: codegen::Platform) -> Vec<String> {
     }
 }
 
+/// The blocks of every quantized weight of `source`: supplied (checked against the weight's
+/// scheme and shape; dense data for it is refused), or drawn from the seed.
+fn quantized_weights(
+    source: &Graph,
+    options: &CompileOptions,
+) -> Result<HashMap<String, QuantTensor>, CompileError> {
+    let mut out = HashMap::new();
+    for id in source.node_ids() {
+        let node = source.node(id);
+        let Op::Weight {
+            quant: Some(scheme),
+            ..
+        } = &node.op
+        else {
+            continue;
+        };
+        let err = |source| InterpError::QuantBinding {
+            name: node.name.clone(),
+            source,
+        };
+        if let Some(t) = options.weights.get(&node.name) {
+            return Err(err(QuantError::Mismatch {
+                expected: format!("{scheme}{}", node.ty.shape),
+                got: format!("dense {}", t.ty()),
+            })
+            .into());
+        }
+        let q = match options.quantized.get(&node.name) {
+            Some(q) => q.clone(),
+            None => random_quant(&node.name, *scheme, &node.ty.shape, options.seed).map_err(err)?,
+        };
+        q.check(*scheme, &node.ty.shape).map_err(err)?;
+        out.insert(node.name.clone(), q);
+    }
+    Ok(out)
+}
+
 fn compile(
     source: Graph,
     device: &Device,
@@ -424,9 +477,23 @@ fn compile(
     }
     // Every weight gets its data now: supplied, or drawn from the seed.
     let mut weights = HashMap::new();
+    let quantized = quantized_weights(&source, options)?;
     for id in source.node_ids() {
         let node = source.node(id);
-        if let Op::Weight { init, .. } = &node.op {
+        if let Op::Weight {
+            init, quant: None, ..
+        } = &node.op
+        {
+            if let Some(q) = options.quantized.get(&node.name) {
+                return Err(InterpError::QuantBinding {
+                    name: node.name.clone(),
+                    source: QuantError::Mismatch {
+                        expected: format!("dense {}", node.ty),
+                        got: q.describe(),
+                    },
+                }
+                .into());
+            }
             let t =
                 match options.weights.get(&node.name) {
                     Some(t) => t.clone(),
@@ -449,6 +516,7 @@ fn compile(
         kernels: vec![],
         resident: HashMap::new(),
         weights,
+        quantized,
         poison: options.poison,
         stats: CompileStats::default(),
     };
@@ -503,6 +571,8 @@ fn compile(
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
+            // The blocks as stored: no f32 or f16 copy of a quantized weight on the device.
+            BufferRole::QuantWeight(_) => compiled.quantized[&b.name].bytes().to_vec(),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values)
                 .map_err(|source| InterpError::Host {
                     node: b.name.clone(),
@@ -547,7 +617,7 @@ impl Compiled {
     /// else is bound, and no weight (weights are fixed when compiled). Returns the bindings of
     /// the inputs the optimised graph still reads, which is what its interpreter run takes.
     fn bind_inputs(&self, inputs: &Bindings) -> Result<Bindings, CompileError> {
-        if let Some(name) = inputs.weights.keys().min() {
+        if let Some(name) = inputs.weights.keys().chain(inputs.quantized.keys()).min() {
             return Err(CompileError::WeightAtRun { name: name.clone() });
         }
         inputs.check_against(&self.source)?;
@@ -634,7 +704,7 @@ impl Compiled {
     /// and ±inf at different places in the two is an error naming the output and the element.
     pub fn verify(&self, inputs: &Bindings) -> Result<(Vec<Tensor>, Verification), CompileError> {
         let got = self.run(inputs)?;
-        let want = interp::run_with_weights(&self.source, inputs, &self.weights)?;
+        let want = interp::run_with_data(&self.source, inputs, &self.weights, &self.quantized)?;
         let outputs = self
             .source
             .outputs()

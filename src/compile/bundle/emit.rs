@@ -262,6 +262,13 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
             let role = match b.role {
                 BufferRole::Input(_) => Role::Input,
                 BufferRole::Weight(_) => Role::Weight,
+                BufferRole::QuantWeight(_) => {
+                    return Err(BundleError::malformed(format!(
+                        "buffer {} holds the blocks of a quantized weight, which bundles do not \
+                         describe yet",
+                        b.id
+                    )))
+                }
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
                 BufferRole::Workspace => Role::Workspace,
@@ -308,7 +315,10 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             BufferRole::Input(sample) => random_input(&b.name, &b.ty, sample, seed),
             BufferRole::Weight(init) => random_weight(&b.name, &b.ty, init, seed),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values),
-            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
+            BufferRole::Computed
+            | BufferRole::Status
+            | BufferRole::Workspace
+            | BufferRole::QuantWeight(_) => continue,
         }
         .map_err(host(b))?;
         data.insert(b.id, t);
