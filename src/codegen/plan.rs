@@ -121,11 +121,19 @@ impl KernelPlan {
     /// named `<node>:workspace` for listings (a buffer's name binds nothing but inputs and
     /// weights).
     pub(crate) fn add_workspace(&mut self, node: &str, elems: usize) -> BufferId {
+        self.add_typed_workspace(
+            &format!("{node}:workspace"),
+            TensorType::new(crate::ir::DType::F32, vec![elems]),
+        )
+    }
+
+    /// Adds a workspace named `name` holding a `ty`; its id.
+    pub(crate) fn add_typed_workspace(&mut self, name: &str, ty: TensorType) -> BufferId {
         let id = self.buffers.len();
         self.buffers.push(Buffer {
             id,
-            name: format!("{node}:workspace"),
-            ty: TensorType::new(crate::ir::DType::F32, vec![elems]),
+            name: name.to_string(),
+            ty,
             role: BufferRole::Workspace,
         });
         id
