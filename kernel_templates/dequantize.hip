@@ -10,7 +10,7 @@ constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const unsigned char* __restrict__ W, {{ ctype }}* __restrict__ out) {
     using namespace {{ entry }}_ns;
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long t = (long long)blockIdx.x * {{ threads }} + threadIdx.x;
     if (t >= RF_PIECES) return;
     const long long blk = t >> 2;
     const int q = (int)(t & 3);

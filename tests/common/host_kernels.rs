@@ -18,8 +18,9 @@ use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 7] = [
+pub const POINTWISE: [&str; 8] = [
     "elementwise",
+    "dequantize",
     "copy",
     "gather",
     "gather_check",
@@ -30,9 +31,10 @@ pub const POINTWISE: [&str; 7] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 5] = [
+pub const COOPERATIVE: [&str; 6] = [
     "gemm",
     "gemm_small_m",
+    "gemm_quant",
     "flash_attention",
     "flash_decode",
     "flash_decode_combine",
