@@ -71,6 +71,13 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             seed,
             ..EmitOptions::default()
         };
+        if name.starts_with("quant_") {
+            // Bundles do not describe quantized weights' blocks yet: a typed refusal.
+            match bundle::emit(&source, &target, &dir, &options) {
+                Err(BundleError::Unsupported { .. }) => continue,
+                other => panic!("{name}: {:?}", other.map(|_| ())),
+            }
+        }
         let emitted = bundle::emit(&source, &target, &dir, &options).unwrap();
         let plan = read_plan(&dir);
         assert_eq!(

@@ -790,6 +790,7 @@ fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::CodeObject { .. }
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }
+        | BundleError::Unsupported { .. }
         | BundleError::Runtime { .. } => 5,
     }
 }

@@ -262,12 +262,14 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
             let role = match b.role {
                 BufferRole::Input(_) => Role::Input,
                 BufferRole::Weight(_) => Role::Weight,
-                BufferRole::QuantWeight(_) => {
-                    return Err(BundleError::malformed(format!(
-                        "buffer {} holds the blocks of a quantized weight, which bundles do not \
-                         describe yet",
-                        b.id
-                    )))
+                BufferRole::QuantWeight(scheme) => {
+                    return Err(BundleError::Unsupported {
+                        reason: format!(
+                            "buffer {} holds the {scheme} blocks of a quantized weight, which \
+                             bundles do not describe yet",
+                            b.id
+                        ),
+                    })
                 }
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
