@@ -183,6 +183,7 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                     );
                 }
                 BufferRole::Status => assert_eq!(b.role, Role::Status),
+                BufferRole::QuantWeight(_) => panic!("{name}: bundles refuse quantized weights"),
                 BufferRole::Workspace => {
                     assert_eq!(b.role, Role::Workspace);
                     assert_eq!((&b.data, &b.expected), (&None, &None), "{name}");

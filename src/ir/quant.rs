@@ -331,7 +331,7 @@ mod tests {
             }
             match scheme {
                 QuantScheme::Q8_0 => {
-                    v.extend((0..32).map(|i| ((i as i32 * 9 - 128 + b as i32) as i8) as u8))
+                    v.extend((0..32).map(|i| ((i * 9 - 128 + b as i32) as i8) as u8))
                 }
                 QuantScheme::Q4_0 | QuantScheme::Q4_1 => {
                     v.extend((0..16u8).map(|i| ((15 - i) << 4) | ((i + b as u8) & 0xF)))
