@@ -3,7 +3,10 @@
 //! whatever kernels the compiler picks for that graph (a layout copy and a matmul, or one GEMM
 //! reading the weight in place) are what is timed. Shapes are the (N, K) of all-MiniLM-L6-v2 and
 //! SmolLM2-135M at M ∈ {1, 16, 128, 4096}, in f16, bf16 and f32, plus bias + GELU in the
-//! epilogue for MiniLM's FFN-up shape. Throughput counts 2·M·N·K FLOPs.
+//! epilogue for MiniLM's FFN-up shape; and SmolLM2's decode projections on its GGUF's quantized
+//! weights (Q4_1 576 → 1536 and 1536 → 576, the Q8_0 LM head 576 → 49152) at M 1 and 16 in f16
+//! and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks and the small-M kernel dequantizes
+//! it in registers). Throughput counts 2·M·N·K FLOPs.
 //!
 //! Time is taken between stream synchronisations (launches enqueued on one stream, then that
 //! stream synchronised). On a CPU-only machine the same bench runs the interpreter at M ≤ 16 on
@@ -15,6 +18,8 @@
 
 #[path = "../tests/common/linear_graphs.rs"]
 mod linear_graphs;
+#[path = "../tests/common/quant_cases.rs"]
+mod quant_cases;
 #[path = "common/summary.rs"]
 mod summary;
 #[path = "common/timing.rs"]
@@ -25,7 +30,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use linear_graphs::linear;
 use rocmforge::interp::Bindings;
-use rocmforge::ir::{DType, Graph, GraphError};
+use rocmforge::ir::{DType, Graph, GraphError, QuantScheme};
 use rocmforge::runtime::Device;
 use timing::{kernel_families, seconds_per_run, time_runs};
 
@@ -106,6 +111,8 @@ struct Case {
     dtype: DType,
     /// `gelu(x·Wᵀ + b)` instead of `x·Wᵀ`.
     bias_gelu: bool,
+    /// W stored in blocks of this scheme (the graph reads it as `x·Wᵀ`, no epilogue).
+    quant: Option<QuantScheme>,
 }
 
 impl Case {
@@ -117,17 +124,29 @@ impl Case {
     /// matches and torch_compare.py reads back.
     fn name(&self) -> String {
         format!(
-            "M{}_N{}_K{}_{}{}",
+            "M{}_N{}_K{}_{}{}{}",
             self.m,
             self.n,
             self.k,
             self.dtype,
-            if self.bias_gelu { "_bias_gelu" } else { "" }
+            if self.bias_gelu { "_bias_gelu" } else { "" },
+            self.quant.map(|q| format!("_{q}")).unwrap_or_default()
         )
     }
 
     /// The graph a model's frontend builds for this layer.
     fn graph(&self) -> Result<Graph, GraphError> {
+        if let Some(scheme) = self.quant {
+            return Ok(quant_cases::QuantCase {
+                scheme,
+                dtype: self.dtype,
+                m: self.m,
+                n: self.n,
+                k: self.k,
+                bias: false,
+            }
+            .graph());
+        }
         linear(
             &self.name(),
             self.m,
@@ -166,6 +185,31 @@ fn cases(gpu: bool) -> Vec<Case> {
                         k: layer.k,
                         dtype,
                         bias_gelu,
+                        quant: None,
+                    });
+                }
+            }
+        }
+    }
+    if gpu {
+        // SmolLM2's GGUF: Q4_1 layer matrices, the Q8_0 embedding tied as the LM head.
+        let quantized = [
+            ("gate_up", 1536, 576, QuantScheme::Q4_1),
+            ("down", 576, 1536, QuantScheme::Q4_1),
+            ("lm_head", 49152, 576, QuantScheme::Q8_0),
+        ];
+        for dtype in [DType::F16, DType::F32] {
+            for (layer, n, k, scheme) in quantized {
+                for m in [1, 16] {
+                    out.push(Case {
+                        model: "smollm2",
+                        layer,
+                        m,
+                        n,
+                        k,
+                        dtype,
+                        bias_gelu: false,
+                        quant: Some(scheme),
                     });
                 }
             }
@@ -255,6 +299,7 @@ fn print_table(device: &Device, rows: &[Row]) {
                 "k": r.case.k,
                 "dtype": r.case.dtype.to_string(),
                 "bias_gelu": r.case.bias_gelu,
+                "quant": r.case.quant.map(|q| q.name()),
                 "flops": r.case.flops(),
                 "ms": r.seconds * 1e3,
                 "kernels": r.kernels,

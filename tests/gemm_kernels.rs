@@ -26,6 +26,8 @@ mod host_kernels;
 mod kernel_compile;
 #[path = "common/needs.rs"]
 mod needs;
+#[path = "common/quant_cases.rs"]
+mod quant_cases;
 
 use needs::needs;
 use std::collections::BTreeMap;
@@ -33,9 +35,10 @@ use std::path::Path;
 
 use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
+use quant_cases::QuantCase;
 use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
 use rocmforge::interp::{self, Bindings};
-use rocmforge::ir::DType;
+use rocmforge::ir::{DType, QuantScheme};
 
 use accuracy::{rel_l2, tolerance};
 
@@ -97,6 +100,97 @@ fn host_cases() -> Vec<Case> {
     v
 }
 
+/// The kernel families `case`'s plan must have: the fused small-M kernel alone up to the bound,
+/// the dequantize kernel and a dense GEMM past it.
+fn quant_families(case: &QuantCase, dense: &str) -> Vec<String> {
+    if case.m <= 16 {
+        vec!["gemm_quant".into()]
+    } else {
+        vec!["dequantize".into(), dense.into()]
+    }
+}
+
+/// Runs quantized `case` on the host for `arch`'s plan (the weight's blocks drawn from the
+/// bindings' seed, as the interpreter draws them) and compares with the interpreter.
+fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed> {
+    let g = case.fused();
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let families: Vec<String> = plan.kernels.iter().map(|k| k.family.to_string()).collect();
+    if families != quant_families(case, "gemm") {
+        return Err(format!("{}: kernels {families:?}", case.name()).into());
+    }
+    let b = Bindings::random(&g, 11);
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
+    let tol = tolerance(case.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
+    }
+    Ok(())
+}
+
+/// Quantized cases small enough for the host, for `arch`: each scheme on wave32 (gfx1030) in
+/// f32 with a bias epilogue (M 3, K of 5 blocks), f16 at M 1, and bf16 at M 17 (dequantized,
+/// then the CUDA-core GEMM); on wave64 (gfx90a) f16 at M 3 and f32 at M 17. N is odd.
+fn quant_host_cases(arch: &str) -> Vec<QuantCase> {
+    let shapes: &[(DType, usize, usize, usize, bool)] = if arch == "gfx1030" {
+        &[
+            (DType::F32, 3, 37, 160, true),
+            (DType::F16, 1, 45, 96, false),
+            (DType::BF16, 17, 29, 96, false),
+        ]
+    } else {
+        &[
+            (DType::F16, 3, 37, 160, true),
+            (DType::F32, 17, 29, 96, false),
+        ]
+    };
+    QuantScheme::ALL
+        .into_iter()
+        .flat_map(|scheme| {
+            shapes.iter().map(move |&(dtype, m, n, k, bias)| QuantCase {
+                scheme,
+                dtype,
+                m,
+                n,
+                k,
+                bias,
+            })
+        })
+        .collect()
+}
+
+/// The quantized cases compiled for every target: each scheme and dtype at M 1 (576 → 1536)
+/// and M 16 (1536 → 576), SmolLM2's projections; the Q8_0 LM head (N 49152) and the dequantize
+/// kernels of an f32 and an f16 prefill (M 130).
+fn quant_compile_cases() -> Vec<QuantCase> {
+    let mut v = Vec::new();
+    for scheme in QuantScheme::ALL {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let case = |m, n, k| QuantCase {
+                scheme,
+                dtype,
+                m,
+                n,
+                k,
+                bias: false,
+            };
+            v.extend([case(1, 1536, 576), case(16, 576, 1536)]);
+            if dtype != DType::BF16 {
+                v.push(case(130, 1536, 576));
+            }
+            if scheme == QuantScheme::Q8_0 && dtype == DType::F16 {
+                v.push(case(1, 49152, 576));
+            }
+        }
+    }
+    v
+}
+
 /// The cases compiled for every target: each dtype and path of both kernels, once.
 fn compile_cases() -> Vec<Case> {
     let mut v: Vec<Case> = gemm_small_cases::small_m()
@@ -120,12 +214,41 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         out.entry(k.entry.clone())
             .or_insert((src, k.body.clone(), c.name()));
     }
+    // The quantized cases' own kernels (the dense GEMM after a dequantize is compiled above).
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    for c in quant_compile_cases() {
+        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", c.name()))?;
+        for k in &plan.kernels {
+            if ["gemm_quant", "dequantize"].contains(&k.family) {
+                out.entry(k.entry.clone())
+                    .or_insert((plan.source(k), k.body.clone(), c.name()));
+            }
+        }
+    }
     Ok(out)
 }
 
 /// The body of one kernel of each family, as generated for sm_90.
 fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
     let (k, _) = gemm_kernel(&case, "sm_90")?;
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings().bind(|| insta::assert_snapshot!(name, k.body))
+    })
+    .map_err(|_| Failed::from(format!("{name} differs from its snapshot")))
+}
+
+/// The body of the `family` kernel of quantized `case`, as generated for sm_90.
+fn quant_snapshot(name: &'static str, case: QuantCase, family: &str) -> Result<(), Failed> {
+    let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
+    let plan = generate_with(&case.fused(), &target, &CodegenOptions::default())
+        .map_err(|e| e.to_string())?;
+    let k = plan
+        .kernels
+        .iter()
+        .find(|k| k.family == family)
+        .ok_or_else(|| format!("{}: no {family} kernel", case.name()))?
+        .clone();
     std::panic::catch_unwind(|| {
         files::snapshot_settings().bind(|| insta::assert_snapshot!(name, k.body))
     })
@@ -159,6 +282,17 @@ fn main() {
                 "ROCMFORGE_REQUIRE_HOST_CXX",
                 name,
                 move |cxx| host_run(&cxx, &case, arch),
+            ));
+        }
+    }
+    for arch in ["gfx90a", "gfx1030"] {
+        for case in quant_host_cases(arch) {
+            let name = format!("host::{arch}::quant::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| quant_host_run(&cxx, &case, arch),
             ));
         }
     }
@@ -196,5 +330,29 @@ fn main() {
             one(DType::F32, 77, 45, 40, false),
         )
     }));
+    let quant = |scheme, dtype, m| QuantCase {
+        scheme,
+        dtype,
+        m,
+        n: 45,
+        k: 96,
+        bias: true,
+    };
+    trials.push(Trial::test("snapshot::gemm_quant", move || {
+        quant_snapshot(
+            "kernels__gemm_quant__q4_1_f16__sm_90",
+            quant(QuantScheme::Q4_1, DType::F16, 3),
+            "gemm_quant",
+        )
+    }));
+    for (scheme, name) in [
+        (QuantScheme::Q8_0, "kernels__dequantize__q8_0_f16__sm_90"),
+        (QuantScheme::Q4_0, "kernels__dequantize__q4_0_f16__sm_90"),
+    ] {
+        trials.push(Trial::test(
+            format!("snapshot::dequantize::{scheme}"),
+            move || quant_snapshot(name, quant(scheme, DType::F16, 40), "dequantize"),
+        ));
+    }
     libtest_mimic::run(&args, trials).exit();
 }

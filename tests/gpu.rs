@@ -49,6 +49,8 @@ mod kv_cases;
 mod linear_graphs;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
+#[path = "common/quant_cases.rs"]
+mod quant_cases;
 #[path = "common/session_trials.rs"]
 mod session_trials;
 
@@ -124,13 +126,26 @@ fn compare(got: &Tensor, want: &Tensor, what: &str) -> Result<f64, Failed> {
 fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
     let mut wb = b.clone();
     for id in g.node_ids() {
-        if let rocmforge::ir::Op::Weight { init, .. } = g.op(id) {
-            let n = g.node(id);
-            wb.weights.insert(
-                n.name.clone(),
-                rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
-                    .expect("a test graph's weights fit"),
-            );
+        let n = g.node(id);
+        match g.op(id) {
+            rocmforge::ir::Op::Weight {
+                quant: Some(scheme),
+                ..
+            } => {
+                wb.quantized.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_quant(&n.name, *scheme, &n.ty.shape, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            rocmforge::ir::Op::Weight { init, .. } => {
+                wb.weights.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            _ => {}
         }
     }
     wb
@@ -154,6 +169,65 @@ fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), 
         let tol = tolerance(wt.dtype());
         if err > tol {
             return Err(format!("{what}: relative L2 {err:e} > {tol:e}").into());
+        }
+    }
+    Ok(())
+}
+
+/// A linear layer on a quantized weight against the interpreter (which dequantizes the same
+/// blocks): the weight's device buffer is its blocks, and the plan is the fused small-M kernel
+/// up to M 16, the dequantize kernel and a dense GEMM past it.
+fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), Failed> {
+    use rocmforge::codegen::BufferRole;
+    let g = case.graph();
+    {
+        let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+        let plan = c.plan.as_ref().ok_or("no kernel plan on a GPU")?;
+        let w = plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "w")
+            .ok_or("no buffer w")?;
+        if w.role != BufferRole::QuantWeight(case.scheme) {
+            return Err(format!("{}: w is {:?}", case.name(), w.role).into());
+        }
+        let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+        let fused = families == ["gemm_quant"];
+        let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
+        if (case.m <= 16 && !fused) || (case.m > 16 && !dequantized) {
+            return Err(format!("{}: kernels {families:?}", case.name()).into());
+        }
+    }
+    check_graph(device, &g, true, 21)
+}
+
+/// Blocks the caller binds (`CompileOptions::quantized`) are the ones the kernels read.
+fn quant_bound_blocks(device: &Device) -> Result<(), Failed> {
+    use rocmforge::ir::{random_quant, QuantScheme, Shape};
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    for m in [1, 40] {
+        let case = quant_cases::QuantCase {
+            scheme: QuantScheme::Q4_1,
+            dtype: DType::F32,
+            m,
+            n: 577,
+            k: 576,
+            bias: false,
+        };
+        let g = case.graph();
+        let blocks = random_quant("w", case.scheme, &Shape(vec![case.n, case.k]), 99)
+            .map_err(|e| e.to_string())?;
+        let mut opts = options();
+        opts.quantized.insert("w".into(), blocks.clone());
+        let c = Graph::compile_with(&g, device, &opts).map_err(|e| e.to_string())?;
+        let mut b = Bindings::random(&g, 4);
+        let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+        b.quantized.insert("w".into(), blocks);
+        let want = run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+        let err = compare(&got, &want, &case.name())?;
+        if err > tolerance(DType::F32) {
+            return Err(format!("{}: relative L2 {err:e}", case.name()).into());
         }
     }
     Ok(())
@@ -2075,7 +2149,19 @@ fn main() {
             Box::new(move || tune_cli(&d, exe.as_deref().expect("checked above"))),
         );
     }
-    let edge_trials: [(&str, DeviceTrial); 5] = [
+    // Linear layers on quantized weights at odd sizes, f32 and f16, both sides of the small-M
+    // bound, SmolLM2's shapes and a 49152-like LM head.
+    for case in quant_cases::gpu_cases() {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            format!("quant::{}", case.name()),
+            Box::new(move || check_quant(&d, case)),
+        );
+    }
+    let edge_trials: [(&str, DeviceTrial); 6] = [
+        ("quant::bound_blocks", quant_bound_blocks),
         (
             "zero_size::reductions_over_an_empty_axis",
             empty_axis_reductions,
@@ -2386,7 +2472,13 @@ fn main() {
     }
     // Replay bundles: the example graphs from their code objects, the op zoo (odd sizes,
     // every dtype, gathers with index checks) recompiled from the bundle's sources.
-    for path in files::graph_files() {
+    // (Bundles do not describe quantized weights yet: the quant_* graphs are left out.)
+    for path in files::graph_files().into_iter().filter(|p| {
+        !p.file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("quant_")
+    }) {
         let (d, p) = (device.clone(), path.clone());
         push(
             &mut trials,

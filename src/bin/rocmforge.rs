@@ -833,6 +833,7 @@ fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }
         | BundleError::State { .. }
+        | BundleError::Unsupported { .. }
         | BundleError::Runtime { .. } => 5,
     }
 }

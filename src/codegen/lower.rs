@@ -11,10 +11,11 @@ use super::cache_write::cache_write;
 use super::ctype::{ctype, f32_literal, f64_literal, i64_literal};
 use super::expr_c::{describe, op_expr, render};
 use super::gather::gather;
+use super::kernels::gemm as gemm_kernels;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
 use super::{templates, CodegenError, CodegenOptions, Target};
-use crate::ir::{DType, Expr, Graph, NodeId, Op, ReduceOp, Shape, TensorType};
+use crate::ir::{DType, Expr, Graph, NodeId, Op, QuantScheme, ReduceOp, Shape, TensorType};
 
 const ENTRY: &str = "__RF_ENTRY__";
 
@@ -88,6 +89,10 @@ pub(crate) fn generate(
         checks: Vec::new(),
     };
     let mut buf: HashMap<NodeId, BufferId> = HashMap::new();
+    // Buffers holding a quantized weight's blocks (the weight's, which its reshapes alias), and
+    // the workspace each was dequantized into for the readers that cannot read blocks.
+    let mut blocks: HashMap<BufferId, QuantScheme> = HashMap::new();
+    let mut dequantized: HashMap<BufferId, BufferId> = HashMap::new();
     for id in order {
         let node = g.node(id);
         if let Op::Reshape { .. } = node.op {
@@ -106,11 +111,18 @@ pub(crate) fn generate(
             Op::State { .. } => BufferRole::State {
                 name: node.name.clone(),
             },
+            Op::Weight {
+                quant: Some(scheme),
+                ..
+            } => BufferRole::QuantWeight(*scheme),
             Op::Weight { init, .. } => BufferRole::Weight(init.clone()),
             Op::Constant { values, .. } => BufferRole::Constant(values.clone()),
             _ => BufferRole::Computed,
         };
         let b = plan.buffers.len();
+        if let BufferRole::QuantWeight(scheme) = &role {
+            blocks.insert(b, *scheme);
+        }
         plan.buffers.push(Buffer {
             id: b,
             name: node.name.clone(),
@@ -124,18 +136,59 @@ pub(crate) fn generate(
         if node.ty.shape.numel() == 0 && !matches!(node.op, Op::Gather) {
             continue;
         }
-        lower_node(g, id, &buf, target, options, &mut plan)?;
+        // Operands held as blocks that this node's kernel does not read as blocks are read
+        // from their dequantized workspace instead.
+        let fused = match &node.op {
+            Op::Gemm(gemm) => {
+                gemm_kernels::quant::reads_blocks(g, id, gemm).map(|_| g.operands(id)[1])
+            }
+            _ => None,
+        };
+        let mut ops = g.operands(id);
+        ops.retain(|&o| blocks.contains_key(&buf[&o]) && Some(o) != fused);
+        if ops.is_empty() {
+            lower_node(g, id, &buf, target, options, &mut plan)?;
+        } else {
+            let mut local = buf.clone();
+            for o in ops {
+                let d = dequantized_buffer(&mut plan, &blocks, &mut dequantized, buf[&o], target)?;
+                local.insert(o, d);
+            }
+            lower_node(g, id, &local, target, options, &mut plan)?;
+        }
     }
-    plan.outputs = g
-        .outputs()
-        .iter()
-        .map(|&o| PlanOutput {
+    let mut outputs = Vec::new();
+    for &o in g.outputs() {
+        let mut buffer = buf[&o];
+        if blocks.contains_key(&buffer) {
+            buffer = dequantized_buffer(&mut plan, &blocks, &mut dequantized, buffer, target)?;
+        }
+        outputs.push(PlanOutput {
             name: g.node(o).name.clone(),
-            buffer: buf[&o],
+            buffer,
             ty: g.ty(o).clone(),
-        })
-        .collect();
+        });
+    }
+    plan.outputs = outputs;
     Ok(plan)
+}
+
+/// The workspace holding the values of the quantized weight whose blocks are in `weight`,
+/// dequantized by a kernel appended the first time a reader needs it.
+fn dequantized_buffer(
+    plan: &mut KernelPlan,
+    blocks: &HashMap<BufferId, QuantScheme>,
+    dequantized: &mut HashMap<BufferId, BufferId>,
+    weight: BufferId,
+    target: &Target,
+) -> Result<BufferId, CodegenError> {
+    if let Some(&d) = dequantized.get(&weight) {
+        return Ok(d);
+    }
+    let ty = plan.buffers[weight].ty.clone();
+    let d = gemm_kernels::quant::dequantize(plan, weight, blocks[&weight], &ty, target)?;
+    dequantized.insert(weight, d);
+    Ok(d)
 }
 
 /// Appends the kernels of node `id` (none for sources and reshapes) to `plan`.

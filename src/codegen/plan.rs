@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use super::names::display_name;
 use super::{prelude, Target};
-use crate::ir::{Init, Sample, TensorType};
+use crate::ir::{Init, QuantScheme, Sample, TensorType};
 
 pub type BufferId = usize;
 
@@ -14,12 +14,17 @@ pub type BufferId = usize;
 pub enum BufferRole {
     Input(Sample),
     Weight(Init),
+    /// A quantized weight: the buffer holds its blocks as stored (`ir::quant`), not the values
+    /// its type describes. Only kernels that dequantize read it (the GEMM's B operand, the
+    /// dequantize kernel); `ty` is the value's type.
+    QuantWeight(QuantScheme),
     /// Constant data, uploaded once (one value is a splat).
     Constant(Vec<f64>),
     /// Written by a kernel.
     Computed,
     /// Scratch that the kernels of one node share (split-K partials written by one kernel and
-    /// read by the next): f32 elements, allocated and poisoned with the intermediates, never a
+    /// read by the next; a quantized weight dequantized for the kernels that cannot read its
+    /// blocks): elements of its type, allocated and poisoned with the intermediates, never a
     /// graph output and holding no node's value, so never compared with the interpreter.
     Workspace,
     /// A kernel's error report ([`IndexCheck`]): [`STATUS_BYTES`] zeroed before a run and read
@@ -127,11 +132,19 @@ impl KernelPlan {
     /// named `<node>:workspace` for listings (a buffer's name binds nothing but inputs and
     /// weights).
     pub(crate) fn add_workspace(&mut self, node: &str, elems: usize) -> BufferId {
+        self.add_typed_workspace(
+            &format!("{node}:workspace"),
+            TensorType::new(crate::ir::DType::F32, vec![elems]),
+        )
+    }
+
+    /// Adds a workspace named `name` holding a `ty`; its id.
+    pub(crate) fn add_typed_workspace(&mut self, name: &str, ty: TensorType) -> BufferId {
         let id = self.buffers.len();
         self.buffers.push(Buffer {
             id,
-            name: format!("{node}:workspace"),
-            ty: TensorType::new(crate::ir::DType::F32, vec![elems]),
+            name: name.to_string(),
+            ty,
             role: BufferRole::Workspace,
         });
         id

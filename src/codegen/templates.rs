@@ -58,6 +58,18 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_small_m.hip"),
     ),
     (
+        "gemm_quant.hip",
+        include_str!("../../kernel_templates/gemm_quant.hip"),
+    ),
+    (
+        "quant_parts.hip",
+        include_str!("../../kernel_templates/quant_parts.hip"),
+    ),
+    (
+        "dequantize.hip",
+        include_str!("../../kernel_templates/dequantize.hip"),
+    ),
+    (
         "gemm_parts.hip",
         include_str!("../../kernel_templates/gemm_parts.hip"),
     ),

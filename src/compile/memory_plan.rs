@@ -23,6 +23,7 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         BufferRole::Computed | BufferRole::Workspace => true,
         BufferRole::Input(_)
         | BufferRole::Weight(_)
+        | BufferRole::QuantWeight(_)
         | BufferRole::Constant(_)
         | BufferRole::Status
         | BufferRole::State { .. } => false,

@@ -19,7 +19,9 @@ use thiserror::Error;
 
 use crate::codegen::{self, BufferRole, CodegenError, CodegenOptions, Kernel, KernelPlan};
 use crate::interp::InterpError;
-use crate::ir::{format, random_weight, Graph, GraphError, Op, Tensor};
+use crate::ir::{
+    format, random_quant, random_weight, Graph, GraphError, Op, QuantError, QuantTensor, Tensor,
+};
 use crate::passes::{PassError, PassManager};
 use crate::runtime::{Device, RuntimeError};
 
@@ -107,6 +109,9 @@ pub struct CompileOptions {
     pub seed: u64,
     /// Weights by name; others are drawn from `seed`.
     pub weights: HashMap<String, Tensor>,
+    /// Blocks of quantized weights (`Op::Weight` with `quant`) by name; others are drawn from
+    /// `seed` as random blocks.
+    pub quantized: HashMap<String, QuantTensor>,
     /// Print compile progress on a terminal when it takes more than a moment.
     pub progress: bool,
     /// Time every candidate configuration of the kernels that have several, keep the fastest
@@ -124,6 +129,7 @@ impl Default for CompileOptions {
             memory_budget: None,
             seed: 0,
             weights: HashMap::new(),
+            quantized: HashMap::new(),
             progress: true,
             tune: false,
             rewrite_kernels: None,
@@ -311,6 +317,43 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The blocks of every quantized weight of `source`: supplied (checked against the weight's
+/// scheme and shape; dense data for it is refused), or drawn from the seed.
+fn quantized_weights(
+    source: &Graph,
+    options: &CompileOptions,
+) -> Result<HashMap<String, QuantTensor>, CompileError> {
+    let mut out = HashMap::new();
+    for id in source.node_ids() {
+        let node = source.node(id);
+        let Op::Weight {
+            quant: Some(scheme),
+            ..
+        } = &node.op
+        else {
+            continue;
+        };
+        let err = |source| InterpError::QuantBinding {
+            name: node.name.clone(),
+            source,
+        };
+        if let Some(t) = options.weights.get(&node.name) {
+            return Err(err(QuantError::Mismatch {
+                expected: format!("{scheme}{}", node.ty.shape),
+                got: format!("dense {}", t.ty()),
+            })
+            .into());
+        }
+        let q = match options.quantized.get(&node.name) {
+            Some(q) => q.clone(),
+            None => random_quant(&node.name, *scheme, &node.ty.shape, options.seed).map_err(err)?,
+        };
+        q.check(*scheme, &node.ty.shape).map_err(err)?;
+        out.insert(node.name.clone(), q);
+    }
+    Ok(out)
+}
+
 fn compile(
     source: Graph,
     device: &Device,
@@ -327,9 +370,23 @@ fn compile(
     }
     // Every weight gets its data now: supplied, or drawn from the seed.
     let mut weights = HashMap::new();
+    let quantized = quantized_weights(&source, options)?;
     for id in source.node_ids() {
         let node = source.node(id);
-        if let Op::Weight { init, .. } = &node.op {
+        if let Op::Weight {
+            init, quant: None, ..
+        } = &node.op
+        {
+            if let Some(q) = options.quantized.get(&node.name) {
+                return Err(InterpError::QuantBinding {
+                    name: node.name.clone(),
+                    source: QuantError::Mismatch {
+                        expected: format!("dense {}", node.ty),
+                        got: q.describe(),
+                    },
+                }
+                .into());
+            }
             let t =
                 match options.weights.get(&node.name) {
                     Some(t) => t.clone(),
@@ -352,6 +409,7 @@ fn compile(
         kernels: vec![],
         resident: HashMap::new(),
         weights,
+        quantized,
         poison: options.poison,
         stats: CompileStats::default(),
     };
@@ -405,6 +463,8 @@ fn compile(
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
+            // The blocks as stored: no f32 or f16 copy of a quantized weight on the device.
+            BufferRole::QuantWeight(_) => compiled.quantized[&b.name].bytes().to_vec(),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values)
                 .map_err(|source| InterpError::Host {
                     node: b.name.clone(),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{compare_output, CompileError, CompileStats, MemoryPlan, Verification};
 use crate::codegen::{self, BufferRole, KernelPlan};
 use crate::interp::{self, Bindings, InterpError};
-use crate::ir::{Graph, Op, Tensor, TensorType};
+use crate::ir::{Graph, Op, QuantTensor, Tensor, TensorType};
 use crate::runtime::device::LoadedKernel;
 use crate::runtime::{
     CapturedGraph, Device, DeviceBuffer, KernelLaunch, LaunchList, ReplayOff, RuntimeError, Stream,
@@ -34,6 +34,8 @@ pub struct Executable {
     /// Weights and constants on the device, uploaded once and only read by runs.
     pub(super) resident: HashMap<usize, Arc<DeviceBuffer>>,
     pub(super) weights: HashMap<String, Tensor>,
+    /// Blocks of the quantized weights (uploaded as they are; the interpreter dequantizes them).
+    pub(super) quantized: HashMap<String, QuantTensor>,
     pub(super) poison: bool,
     pub stats: CompileStats,
 }
@@ -164,7 +166,7 @@ impl Executable {
     /// type (used or not: the interface does not change with what the passes removed), nothing
     /// else is bound, and no weight (weights are fixed when compiled).
     fn check_bindings(&self, inputs: &Bindings) -> Result<(), CompileError> {
-        if let Some(name) = inputs.weights.keys().min() {
+        if let Some(name) = inputs.weights.keys().chain(inputs.quantized.keys()).min() {
             return Err(CompileError::WeightAtRun { name: name.clone() });
         }
         inputs.check_against(&self.source)?;
@@ -203,7 +205,7 @@ impl Executable {
     /// and ±inf at different places in the two is an error naming the output and the element.
     pub fn verify(&self, inputs: &Bindings) -> Result<(Vec<Tensor>, Verification), CompileError> {
         let got = self.run(inputs)?;
-        let want = interp::run_with_weights(&self.source, inputs, &self.weights)?;
+        let want = interp::run_with_data(&self.source, inputs, &self.weights, &self.quantized)?;
         let outputs = self
             .source
             .outputs()
@@ -365,10 +367,11 @@ impl<'e> Session<'e> {
                 cpu.outputs = None;
                 // The states move on only when the run succeeds (a write out of range leaves
                 // them as they were).
-                let (outputs, next) = interp::run_with_state(
+                let (outputs, next) = interp::run_with_state_data(
                     &self.exe.graph,
                     &cpu.bindings,
                     &self.exe.weights,
+                    &self.exe.quantized,
                     &cpu.states,
                 )?;
                 cpu.states = next;
@@ -642,7 +645,9 @@ fn gpu_buffer(
     match &plan.buffers[id].role {
         BufferRole::Computed | BufferRole::Workspace => gpu.slots[memory.slot_of[&id]].clone(),
         BufferRole::Input(_) => gpu.inputs[&id].clone(),
-        BufferRole::Weight(_) | BufferRole::Constant(_) => exe.resident[&id].clone(),
+        BufferRole::Weight(_) | BufferRole::QuantWeight(_) | BufferRole::Constant(_) => {
+            exe.resident[&id].clone()
+        }
         BufferRole::Status => gpu.status[&id].clone(),
         BufferRole::State { .. } => gpu
             .states
@@ -685,6 +690,7 @@ fn gpu_session(
                 ));
             }
             BufferRole::Weight(_)
+            | BufferRole::QuantWeight(_)
             | BufferRole::Constant(_)
             | BufferRole::Computed
             | BufferRole::Workspace

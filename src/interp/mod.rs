@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::ir::{
     check_host_size, normalize_axis, random_input, random_weight, reduce_axes, Graph, GraphError,
-    Node, NodeMap, Op, Tensor, TensorError, TensorType,
+    Node, NodeMap, Op, QuantError, QuantTensor, Tensor, TensorError, TensorType,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -70,6 +70,15 @@ pub enum InterpError {
     #[error("a value is given for state `{name}`, but the graph has no state of that name")]
     UnknownState { name: String },
 
+    /// Blocks bound to a quantized weight that are not what it declares, dense data bound to a
+    /// quantized weight, or blocks bound to a dense one.
+    #[error("weight `{name}`: {source}")]
+    QuantBinding {
+        name: String,
+        #[source]
+        source: QuantError,
+    },
+
     /// Host data for the node (its value, or random data drawn for it) is larger than the host
     /// may hold or than the allocator gives.
     #[error("node `{node}`: {source}")]
@@ -86,6 +95,8 @@ pub enum InterpError {
 pub struct Bindings {
     pub inputs: HashMap<String, Tensor>,
     pub weights: HashMap<String, Tensor>,
+    /// Blocks of quantized weights (`Op::Weight` with `quant`), by name.
+    pub quantized: HashMap<String, QuantTensor>,
     pub seed: u64,
     /// Inputs [`Bindings::random`] could not draw (too large for the host), with why; every run
     /// with these bindings reports the first through [`Bindings::check_against`].
@@ -127,6 +138,7 @@ impl Bindings {
         Bindings {
             inputs,
             weights: HashMap::new(),
+            quantized: HashMap::new(),
             seed,
             undrawn,
         }
@@ -151,7 +163,7 @@ impl Bindings {
                 _ => return Err(InterpError::UnknownBinding { name: name.clone() }),
             }
         }
-        for name in self.weights.keys() {
+        for name in self.weights.keys().chain(self.quantized.keys()) {
             match graph.find(name).map(|id| graph.op(id)) {
                 Some(Op::Weight { .. }) => {}
                 _ => return Err(InterpError::UnknownBinding { name: name.clone() }),
@@ -174,8 +186,21 @@ pub fn run_with_weights(
     bindings: &Bindings,
     weights: &HashMap<String, Tensor>,
 ) -> Result<Vec<Tensor>, InterpError> {
+    run_with_data(graph, bindings, weights, &HashMap::new())
+}
+
+/// As [`run_with_weights`], with the blocks of quantized weights not in `bindings` looked up in
+/// `quantized`. A quantized weight is dequantized when the run reaches it, every run (nothing
+/// is cached: the interpreter holds no f32 copy of the weights between runs), and dropped after
+/// its last reader, as every value is. Every state starts zeroed.
+pub fn run_with_data(
+    graph: &Graph,
+    bindings: &Bindings,
+    weights: &HashMap<String, Tensor>,
+    quantized: &HashMap<String, QuantTensor>,
+) -> Result<Vec<Tensor>, InterpError> {
     let states = state::zeros(graph)?;
-    Ok(run_with_state(graph, bindings, weights, &states)?.0)
+    Ok(run_with_state_data(graph, bindings, weights, quantized, &states)?.0)
 }
 
 /// Runs `graph` with each state's value given by name in `states` (every state of the graph,
@@ -185,6 +210,17 @@ pub fn run_with_state(
     graph: &Graph,
     bindings: &Bindings,
     weights: &HashMap<String, Tensor>,
+    states: &HashMap<String, Tensor>,
+) -> Result<(Vec<Tensor>, HashMap<String, Tensor>), InterpError> {
+    run_with_state_data(graph, bindings, weights, &HashMap::new(), states)
+}
+
+/// [`run_with_state`] with quantized weights' blocks (see [`run_with_data`]).
+pub fn run_with_state_data(
+    graph: &Graph,
+    bindings: &Bindings,
+    weights: &HashMap<String, Tensor>,
+    quantized: &HashMap<String, QuantTensor>,
     states: &HashMap<String, Tensor>,
 ) -> Result<(Vec<Tensor>, HashMap<String, Tensor>), InterpError> {
     bindings.check_against(graph)?;
@@ -207,7 +243,7 @@ pub fn run_with_state(
         check_host_size(&node.ty).map_err(host)?;
         let operands = graph.operands(id);
         let args: Vec<&Tensor> = operands.iter().map(|o| &values[o]).collect();
-        let value = eval(node, &args, bindings, weights, states)?;
+        let value = eval(node, &args, bindings, (weights, quantized), states)?;
         debug_assert_eq!(value.ty(), node.ty, "node {}", node.name);
         if let Op::CacheWrite { .. } = node.op {
             // Checked above: the first operand is a state.
@@ -263,6 +299,38 @@ fn bound(name: &str, ty: &TensorType, t: Option<&Tensor>) -> Result<Option<Tenso
     }
 }
 
+/// The value of quantized weight `node`: its blocks (bound, the model's, or seeded random
+/// ones), dequantized in f32 and rounded to its dtype.
+fn quantized_weight(
+    node: &Node,
+    scheme: crate::ir::QuantScheme,
+    bindings: &Bindings,
+    quantized: &HashMap<String, QuantTensor>,
+) -> Result<Tensor, InterpError> {
+    let name = &node.name;
+    let err = |source| InterpError::QuantBinding {
+        name: name.clone(),
+        source,
+    };
+    if let Some(t) = bindings.weights.get(name) {
+        return Err(err(QuantError::Mismatch {
+            expected: format!("{scheme}{}", node.ty.shape),
+            got: format!("dense {}", t.ty()),
+        }));
+    }
+    let drawn;
+    let q = match bindings.quantized.get(name).or_else(|| quantized.get(name)) {
+        Some(q) => q,
+        None => {
+            drawn = crate::ir::random_quant(name, scheme, &node.ty.shape, bindings.seed)
+                .map_err(err)?;
+            &drawn
+        }
+    };
+    q.check(scheme, &node.ty.shape).map_err(err)?;
+    q.to_tensor(node.ty.dtype).map_err(err)
+}
+
 /// Whether `op` computes its value from its operands (so an empty value needs no computing).
 /// Sources produce data from bindings or attributes; a gather checks its indices even when the
 /// rows it picks are empty, and a cache write checks where it writes.
@@ -275,7 +343,7 @@ fn eval(
     node: &Node,
     args: &[&Tensor],
     bindings: &Bindings,
-    weights: &HashMap<String, Tensor>,
+    (weights, quantized): (&HashMap<String, Tensor>, &HashMap<String, QuantTensor>),
     states: &HashMap<String, Tensor>,
 ) -> Result<Tensor, InterpError> {
     let ty = &node.ty;
@@ -300,17 +368,33 @@ fn eval(
                 }
             })
         }
-        Op::Weight { init, .. } => match bound(
-            &node.name,
-            ty,
-            bindings
-                .weights
-                .get(&node.name)
-                .or_else(|| weights.get(&node.name)),
-        )? {
-            Some(t) => Ok(t),
-            None => random_weight(&node.name, ty, init, bindings.seed),
-        },
+        Op::Weight {
+            quant: Some(scheme),
+            ..
+        } => return quantized_weight(node, *scheme, bindings, quantized),
+        Op::Weight { init, .. } => {
+            let blocks = bindings.quantized.get(&node.name);
+            if let Some(q) = blocks.or_else(|| quantized.get(&node.name)) {
+                return Err(InterpError::QuantBinding {
+                    name: node.name.clone(),
+                    source: QuantError::Mismatch {
+                        expected: format!("dense {ty}"),
+                        got: q.describe(),
+                    },
+                });
+            }
+            match bound(
+                &node.name,
+                ty,
+                bindings
+                    .weights
+                    .get(&node.name)
+                    .or_else(|| weights.get(&node.name)),
+            )? {
+                Some(t) => Ok(t),
+                None => random_weight(&node.name, ty, init, bindings.seed),
+            }
+        }
         Op::State { .. } => {
             // Checked against the graph by `state::check_against`.
             return bound(&node.name, ty, states.get(&node.name))?.ok_or_else(|| {

@@ -18,6 +18,7 @@ use petgraph::visit::NodeIndexable;
 
 use super::infer::{infer, InferError};
 use super::op::{Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
+use super::quant::QuantScheme;
 use super::{DType, GraphError, Shape, TensorType};
 
 pub type NodeId = NodeIndex<u32>;
@@ -559,6 +560,25 @@ impl Graph {
             dtype,
             shape: Shape::new(shape.to_vec()),
             init,
+            quant: None,
+        };
+        self.add_node(Some(name), op, &[])
+    }
+
+    /// A weight stored as blocks of `scheme` whose value is `[rows.., K]` of `dtype`: the
+    /// matrix of a GGUF tensor `ne0 = K, ne1 = N` is `[N, K]`, read as `x · Wᵀ`.
+    pub fn weight_quant(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        scheme: QuantScheme,
+    ) -> Result<NodeId, GraphError> {
+        let op = Op::Weight {
+            dtype,
+            shape: Shape::new(shape.to_vec()),
+            init: Init::Normal,
+            quant: Some(scheme),
         };
         self.add_node(Some(name), op, &[])
     }

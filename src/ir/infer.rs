@@ -2,7 +2,7 @@
 //! is none.
 
 use super::gemm::Gemm;
-use super::op::{Attention, BinaryOp, MaskKind, Op};
+use super::op::{Attention, BinaryOp, Init, MaskKind, Op};
 use super::scalar::check_constant;
 use super::{normalize_axis, DType, Shape, TensorType};
 
@@ -53,7 +53,29 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             sample.check(*dtype).map_err(InferError::Attribute)?;
             Ok(TensorType::new(*dtype, shape.clone()))
         }
-        Op::Weight { dtype, shape, .. } | Op::State { dtype, shape } => {
+        Op::State { dtype, shape } => Ok(TensorType::new(*dtype, shape.clone())),
+        Op::Weight {
+            dtype,
+            shape,
+            init,
+            quant,
+        } => {
+            if let Some(q) = quant {
+                if !dtype.is_float() {
+                    return attr_err(format!("a {q} weight holds floats, not {dtype}"));
+                }
+                if *init != Init::Normal {
+                    return attr_err(format!(
+                        "a {q} weight without data is drawn as random blocks; init {init:?} \
+                         does not apply"
+                    ));
+                }
+                if shape.rank() == 0 {
+                    return attr_err(format!("a {q} weight needs at least one axis"));
+                }
+                q.layout(shape)
+                    .map_err(|e| InferError::Attribute(e.to_string()))?;
+            }
             Ok(TensorType::new(*dtype, shape.clone()))
         }
         Op::Constant {

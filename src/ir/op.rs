@@ -11,6 +11,7 @@ use std::fmt;
 
 use super::expr::Expr;
 use super::gemm::{Gemm, View};
+use super::quant::QuantScheme;
 use super::scalar::Element;
 use super::{DType, Shape};
 
@@ -244,11 +245,15 @@ pub enum Op {
         shape: Shape,
         sample: Sample,
     },
-    /// A named parameter; its data is bound at run time (or drawn from a seeded RNG).
+    /// A named parameter; its data is bound at run time (or drawn from a seeded RNG). With
+    /// `quant`, its data is blocks of that scheme (`ir::quant`, last axis along the blocks) and
+    /// its value, which every shape rule, the interpreter and the passes see, is the blocks
+    /// dequantized in f32 and rounded to `dtype`.
     Weight {
         dtype: DType,
         shape: Shape,
         init: Init,
+        quant: Option<QuantScheme>,
     },
     /// A scalar or small tensor; `values` holds one value (splat) or one per element.
     Constant {
@@ -525,11 +530,19 @@ impl Op {
                 a.push(("dtype", json(dtype)));
                 a.push(("shape", json(&shape.0)));
             }
-            Op::Weight { dtype, shape, init } => {
+            Op::Weight {
+                dtype,
+                shape,
+                init,
+                quant,
+            } => {
                 a.push(("dtype", json(dtype)));
                 a.push(("shape", json(&shape.0)));
                 if *init != Init::Normal {
                     a.push(("init", json(init)));
+                }
+                if let Some(q) = quant {
+                    a.push(("quant", json(q)));
                 }
             }
             Op::Constant {
@@ -633,6 +646,7 @@ impl Op {
                 dtype: a.req("dtype")?,
                 shape: Shape(a.req("shape")?),
                 init: a.opt("init")?.unwrap_or_default(),
+                quant: a.opt("quant")?,
             },
             "constant" => Op::Constant {
                 dtype: a.opt("dtype")?.unwrap_or(DType::F32),

@@ -406,10 +406,16 @@ pub fn promoted_to_f32(g: &Graph) -> Graph {
                 shape,
                 sample,
             },
-            Op::Weight { dtype, shape, init } => Op::Weight {
+            Op::Weight {
+                dtype,
+                shape,
+                init,
+                quant,
+            } => Op::Weight {
                 dtype: wide(dtype),
                 shape,
                 init,
+                quant,
             },
             Op::Constant {
                 dtype,

@@ -16,12 +16,13 @@ use std::process::Command;
 
 use rocmforge::codegen::{prelude, BufferRole, KernelPlan, Platform, Target, STATUS_BYTES};
 use rocmforge::interp::{Bindings, InterpError};
-use rocmforge::ir::{random_weight, Graph, Op, Tensor};
+use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 8] = [
+pub const POINTWISE: [&str; 9] = [
     "elementwise",
     "cache_write",
+    "dequantize",
     "copy",
     "gather",
     "gather_check",
@@ -32,10 +33,11 @@ pub const POINTWISE: [&str; 8] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 6] = [
+pub const COOPERATIVE: [&str; 7] = [
     "argmax",
     "gemm",
     "gemm_small_m",
+    "gemm_quant",
     "flash_attention",
     "flash_decode",
     "flash_decode_combine",
@@ -165,6 +167,14 @@ fn initial_buffers(
                     .map_or_else(|| random_weight(&buf.name, &buf.ty, init, b.seed), Ok)
                     .map_err(|e| e.to_string())?
                     .to_bytes(),
+                // The blocks as `Graph::compile` uploads them: bound, or drawn from the seed.
+                BufferRole::QuantWeight(scheme) => match b.quantized.get(&buf.name) {
+                    Some(q) => q.bytes().to_vec(),
+                    None => random_quant(&buf.name, *scheme, &buf.ty.shape, b.seed)
+                        .map_err(|e| e.to_string())?
+                        .bytes()
+                        .to_vec(),
+                },
                 BufferRole::Constant(values) => {
                     let full = if values.len() == buf.ty.shape.numel() {
                         values.clone()
@@ -454,11 +464,23 @@ pub fn is_pointwise(plan: &KernelPlan) -> bool {
 /// what the kernels see.
 pub fn with_weights(g: &Graph, mut b: Bindings) -> Bindings {
     for id in g.node_ids() {
-        if let Op::Weight { init, .. } = g.op(id) {
-            let n = g.node(id);
-            b.weights.entry(n.name.clone()).or_insert_with(|| {
-                random_weight(&n.name, &n.ty, init, 0).expect("a test graph's weights fit")
-            });
+        let n = g.node(id);
+        match g.op(id) {
+            Op::Weight {
+                quant: Some(scheme),
+                ..
+            } => {
+                b.quantized.entry(n.name.clone()).or_insert_with(|| {
+                    random_quant(&n.name, *scheme, &n.ty.shape, 0)
+                        .expect("a test graph's weights fit")
+                });
+            }
+            Op::Weight { init, .. } => {
+                b.weights.entry(n.name.clone()).or_insert_with(|| {
+                    random_weight(&n.name, &n.ty, init, 0).expect("a test graph's weights fit")
+                });
+            }
+            _ => {}
         }
     }
     b

@@ -262,6 +262,15 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
             let role = match &b.role {
                 BufferRole::Input(_) => Role::Input,
                 BufferRole::Weight(_) => Role::Weight,
+                BufferRole::QuantWeight(scheme) => {
+                    return Err(BundleError::Unsupported {
+                        reason: format!(
+                            "buffer {} holds the {scheme} blocks of a quantized weight, which \
+                             bundles do not describe yet",
+                            b.id
+                        ),
+                    })
+                }
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
                 BufferRole::Workspace => Role::Workspace,
@@ -315,6 +324,7 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             | BufferRole::Status
             | BufferRole::Workspace
             | BufferRole::State { .. } => continue,
+            BufferRole::QuantWeight(_) => continue,
         }
         .map_err(host(b))?;
         data.insert(b.id, t);

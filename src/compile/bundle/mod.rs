@@ -52,6 +52,9 @@ pub enum BundleError {
     Json { path: String, message: String },
     #[error("{path}: format `{found}` is not one this build reads (it reads `{FORMAT}`)")]
     Version { path: String, found: String },
+    /// The plan holds something bundles do not describe yet (a quantized weight's blocks).
+    #[error("cannot write a bundle of this plan: {reason}")]
+    Unsupported { reason: String },
     /// `plan.json` contradicts itself or the files beside it.
     #[error(
         "state `{name}`: a bundle replays one run, so it holds no graph with persistent state"

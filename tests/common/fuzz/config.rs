@@ -89,6 +89,7 @@ impl Target for ConfigTarget {
         let bindings = Bindings {
             inputs: enc.inputs(&batch).into_iter().collect(),
             weights,
+            quantized: Default::default(),
             seed: 0,
             undrawn: Vec::new(),
         };

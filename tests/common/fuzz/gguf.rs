@@ -260,8 +260,7 @@ impl Target for GgufTarget {
         let bindings = Bindings {
             inputs: m.inputs(&ids).into_iter().collect(),
             weights,
-            seed: 0,
-            undrawn: Vec::new(),
+            ..Bindings::default()
         };
         let out = interp::run(&graph, &bindings).map_err(|e| format!("interpreting: {e}"))?;
         if out[0].len() != m.config.vocab_size {

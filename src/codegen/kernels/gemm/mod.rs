@@ -3,6 +3,7 @@
 //! C statements. `lower` picks the kernel; the views are read in place by all of them.
 
 mod mma;
+pub(crate) mod quant;
 mod scalar;
 mod small_m;
 #[cfg(test)]
@@ -233,6 +234,9 @@ pub(crate) fn lower(
     args.push(buf[&id]);
     let node = &g.node(id).name;
     let dtype = g.ty(g.operands(id)[0]).dtype;
+    if let Some(scheme) = quant::reads_blocks(g, id, gemm) {
+        return quant::kernel(&p, gemm, scheme, node, args, target);
+    }
     if small_m::takes(&p) {
         // Decoding: memory-bound on the weights whatever the dtype.
         return small_m::kernel(&p, gemm, dtype, node, args, target);

@@ -1,0 +1,82 @@
+{% import "gemm_parts.hip" as parts -%}
+{% import "quant_parts.hip" as quant -%}
+// GEMM for small M (decoding) on a {{ scheme }} weight, GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · Wᵀ with W [{{ p.n }}, {{ p.k }}]
+// kept in its blocks ({{ block_bytes }} bytes per 32 values along K) and dequantized in registers; A and the
+// result read and written in place through their views; {{ p.what }}.
+// A block computes {{ c.cols }} column(s) (rows of W) for all {{ p.m }} rows; its threads split K in quarter blocks
+// (8 values: the quants in bytes 4j..4j+3 of a block and the values 16 further on that share them), accumulate
+// in f32, and the waves' sums meet in shared memory, added in a fixed order (deterministic). A: {% if c.a_vec %}one load of
+// 4 elements{% else %}element loads{% endif %} per run of 4.
+// Memory-bound: W's {{ weight_bytes }} bytes come from DRAM exactly once (vs {{ dense_bytes }} as {{ p.b_t }}); A (M·K) is read once per
+// block from L2.
+namespace {{ entry }}_ns {
+constexpr int RF_M = {{ p.m }};
+constexpr long long RF_N = {{ p.n }};
+constexpr int RF_COLS = {{ c.cols }};
+constexpr int RF_THREADS = {{ threads }};
+constexpr long long RF_BLOCKS = {{ blocks }};
+constexpr long long RF_PIECES = RF_BLOCKS * 4;
+constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
+{{ parts.views(p) }}
+{{ quant.piece(scheme) }}
+{% if c.a_vec %}struct alignas({{ 4 * a_bytes }}) rf_a4 { {% if a_bytes == 4 %}float x[4];{% else %}unsigned w[2];{% endif %} };
+{% endif %}// A's 4 values of row `m` from `k` (a multiple of 4; K is whole blocks, so all 4 are inside).
+RF_INLINE void rf_load_a4(const {{ p.a_t }}* __restrict__ A, long long bz, long long m, long long k, float* f) {
+{% if c.a_vec %}    const rf_a4 x = *(const rf_a4*)(A + rf_a_at(bz, m, k));
+{% if a_bytes == 4 %}    for (int i = 0; i < 4; ++i) f[i] = x.x[i];
+{% else %}    for (int i = 0; i < 4; ++i) f[i] = {{ p.a_pre }}({{ p.a_t }})((x.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.a_post }};
+{% endif %}{% else %}    for (int i = 0; i < 4; ++i) f[i] = {{ p.a_pre }}A[rf_a_at(bz, m, k + i)]{{ p.a_post }};
+{% endif %}}
+}  // namespace {{ entry }}_ns
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const unsigned char* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+    using namespace {{ entry }}_ns;
+    __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
+    const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
+    const long long bz = blockIdx.y;
+    const long long n0 = (long long)blockIdx.x * RF_COLS;
+    float acc[RF_M][RF_COLS];
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m)
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) acc[m][j] = 0.0f;
+    for (long long piece = threadIdx.x; piece < RF_PIECES; piece += RF_THREADS) {
+        const long long blk = piece >> 2;
+        const int q = (int)(piece & 3);
+        const long long k0 = blk * 32 + 4 * q;
+        float w[RF_COLS][8];
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) {
+            if (n0 + j < RF_N) {
+                rf_dequant_piece(B + ((n0 + j) * RF_BLOCKS + blk) * RF_BLOCK_BYTES, q, w[j]);
+            } else {
+                for (int i = 0; i < 8; ++i) w[j][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) {
+            float a[8];
+            rf_load_a4(A, bz, m, k0, a);
+            rf_load_a4(A, bz, m, k0 + 16, a + 4);
+#pragma unroll
+            for (int j = 0; j < RF_COLS; ++j)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[m][j] += a[i] * w[j][i];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) {
+#pragma unroll
+        for (int j = 0; j < RF_COLS; ++j) {
+            const float s = rf_wave_sum(acc[m][j]);
+            if (lane == 0) partial[wave][m * RF_COLS + j] = s;
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
+        const long long row = t / RF_COLS, col = n0 + t % RF_COLS;
+        if (col >= RF_N) continue;
+        float acc_v = 0.0f;
+        for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
+{{ parts.store(p, "        ") }}
+    }
+}

@@ -1,0 +1,195 @@
+//! GEMMs on quantized weights (`Op::Weight` with `quant`, blocks as `ir::quant` defines them).
+//!
+//! - Decoding (M ≤ [`MAX_M`]): [`kernel`], the small-M GEMM that reads B's blocks along K and
+//!   dequantizes them in registers, accumulating in f32. B must be the weight itself read
+//!   transposed (`x · Wᵀ` with W `[N, K]`, K along the blocks): [`reads_blocks`] says when.
+//!   The weight's buffer holds only the blocks, so decoding moves 4.5 to 8.5 bits a weight.
+//! - Everything else (prefill past the small-M bound, any other reader of a quantized weight):
+//!   [`dequantize`] writes the values, in the weight's dtype, into a workspace that the memory
+//!   plan reuses once its readers are done, and the reader runs as on a dense weight. Prefill
+//!   is compute-bound: one pass over the weight (N·K/32 blocks read, N·K values written) costs
+//!   little against an M > 16 product, and the f16 product then runs on the matrix cores,
+//!   which a CUDA-core kernel reading blocks would give up.
+
+use serde::Serialize;
+
+use super::super::super::limits::{launch as checked_launch, launch_1d};
+use super::super::super::lower::finish;
+use super::super::super::plan::{BufferId, Kernel, KernelPlan};
+use super::super::super::{ctype::ctype, CodegenError, Target};
+use super::small_m::MAX_M;
+use super::vectors::{vectorizes, Along};
+use super::Problem;
+use crate::ir::gemm::Operand;
+use crate::ir::quant::BLOCK_ELEMS;
+use crate::ir::{Gemm, Graph, NodeId, Op, QuantScheme, Shape, TensorType};
+
+/// Accumulators per thread (M × cols) at most, as in the dense small-M kernel.
+const MAX_ACC: usize = 64;
+/// Columns per block at most.
+const MAX_COLS: usize = 4;
+/// Waves per block at most.
+const MAX_WAVES: usize = 4;
+/// Quarter blocks each thread should have at least before another wave is added.
+const PIECES_PER_THREAD: usize = 2;
+/// Blocks that keep a large GPU busy: fewer columns per block while the grid is smaller.
+const FILL_BLOCKS: usize = 512;
+/// Values one thread dequantizes at a time: a quarter block.
+const PIECE: usize = 8;
+
+/// The scheme of Gemm `id`'s B operand when the fused kernel reads it: B is a quantized weight
+/// `[N, K]` read as `Wᵀ` (K along its blocks, contiguous; N the rows; no batch), read by no
+/// other slot of the node, and M is at most [`MAX_M`].
+pub(crate) fn reads_blocks(g: &Graph, id: NodeId, gemm: &Gemm) -> Option<QuantScheme> {
+    let ops = g.operands(id);
+    let w = *ops.get(1)?;
+    let Op::Weight {
+        quant: Some(scheme),
+        ..
+    } = g.op(w)
+    else {
+        return None;
+    };
+    if ops.iter().filter(|&&o| o == w).count() != 1 {
+        return None;
+    }
+    let [_, m, n, k] = gemm.dims.sizes()?;
+    if !(1..=MAX_M).contains(&m) || g.ty(w).shape.dims() != [n, k] {
+        return None;
+    }
+    // The view of W [N, K] read transposed: N's sub-axes outer, K's inner, both contiguous.
+    let all: Vec<usize> = gemm.dims.n.iter().chain(&gemm.dims.k).copied().collect();
+    let strides = Shape(all).strides();
+    let (want_n, want_k) = strides.split_at(gemm.dims.n.len());
+    let matches = |sizes: &[usize], got: &[usize], want: &[usize]| {
+        sizes.len() == got.len()
+            && sizes
+                .iter()
+                .zip(got.iter().zip(want))
+                .all(|(&s, (g, w))| s == 1 || g == w)
+    };
+    let b = &gemm.b;
+    (b.batch.iter().all(|&s| s == 0)
+        && matches(&gemm.dims.n, &b.cols, want_n)
+        && matches(&gemm.dims.k, &b.rows, want_k))
+    .then_some(*scheme)
+}
+
+/// How one fused kernel is shaped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Config {
+    /// Columns of the result (rows of W) per block.
+    pub cols: usize,
+    /// Waves per block, splitting K.
+    pub waves: usize,
+    /// Whether A is read 4 elements at a time along K.
+    pub a_vec: bool,
+}
+
+pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
+    let wave = target.wave_size as usize;
+    let pieces = p.k / PIECE;
+    let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
+    let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
+    while cols > 1 && blocks(cols) < FILL_BLOCKS {
+        cols /= 2;
+    }
+    Config {
+        cols,
+        waves: pieces
+            .div_ceil(wave * PIECES_PER_THREAD)
+            .clamp(1, MAX_WAVES),
+        a_vec: vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, 4),
+    }
+}
+
+#[derive(Serialize)]
+struct Context<'a> {
+    p: &'a Problem,
+    c: &'a Config,
+    scheme: &'static str,
+    threads: usize,
+    /// Blocks per row of W.
+    blocks: usize,
+    block_bytes: usize,
+    /// Bytes of A's elements.
+    a_bytes: usize,
+    weight_bytes: usize,
+    dense_bytes: usize,
+}
+
+/// The fused small-M kernel for `p` on a `scheme` weight (see [`reads_blocks`]).
+pub(crate) fn kernel(
+    p: &Problem,
+    gemm: &Gemm,
+    scheme: QuantScheme,
+    node: &str,
+    args: Vec<BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
+    let c = config(p, gemm, target);
+    let threads = c.waves * target.wave_size as usize;
+    let launch = checked_launch(node, target, [p.n.div_ceil(c.cols), p.batch, 1], threads)?;
+    let blocks = p.k / BLOCK_ELEMS;
+    let ctx = Context {
+        p,
+        c: &c,
+        scheme: scheme.name(),
+        threads,
+        blocks,
+        block_bytes: scheme.block_bytes(),
+        a_bytes: p.input.size_bytes(),
+        weight_bytes: p.n * blocks * scheme.block_bytes(),
+        dense_bytes: p.n * p.k * p.input.size_bytes(),
+    };
+    finish("gemm_quant", "gemm_quant.hip", ctx, launch, args, node)
+}
+
+#[derive(Serialize)]
+struct DequantizeContext {
+    scheme: &'static str,
+    elems: usize,
+    blocks: usize,
+    block_bytes: usize,
+    ctype: &'static str,
+    store_pre: &'static str,
+    store_post: &'static str,
+    threads: usize,
+}
+
+/// Appends to `plan` a workspace holding the values of quantized weight buffer `weight` (of
+/// type `ty`) and the kernel that writes them; returns the workspace.
+pub(crate) fn dequantize(
+    plan: &mut KernelPlan,
+    weight: BufferId,
+    scheme: QuantScheme,
+    ty: &TensorType,
+    target: &Target,
+) -> Result<BufferId, CodegenError> {
+    let name = plan.buffers[weight].name.clone();
+    let elems = ty.shape.numel();
+    let blocks = elems / BLOCK_ELEMS;
+    let launch = launch_1d(&name, target, blocks.saturating_mul(4))?;
+    let c = ctype(ty.dtype);
+    let ctx = DequantizeContext {
+        scheme: scheme.name(),
+        elems,
+        blocks,
+        block_bytes: scheme.block_bytes(),
+        ctype: c.storage,
+        store_pre: c.store_pre,
+        store_post: c.store_post,
+        threads: launch.block[0] as usize,
+    };
+    let out = plan.add_typed_workspace(&format!("{name}:dequantized"), ty.clone());
+    let k = finish(
+        "dequantize",
+        "dequantize.hip",
+        ctx,
+        launch,
+        vec![weight, out],
+        &name,
+    )?;
+    plan.kernels.push(k);
+    Ok(out)
+}

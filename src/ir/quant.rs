@@ -1,0 +1,430 @@
+//! Block-quantized weights as ggml (GGUF) stores them: the one definition of each scheme that
+//! the interpreter, codegen and the GGUF reader share.
+//!
+//! A quantized tensor's last axis (K, contiguous) is cut into blocks of [`BLOCK_ELEMS`] values;
+//! each block is a few bytes of scale (f16, little-endian) followed by the quants:
+//!
+//! | scheme | block bytes | layout | value of element `i` |
+//! | --- | --- | --- | --- |
+//! | Q8_0 | 34 | `d`, 32 × i8 `q` | `d·q[i]` |
+//! | Q4_0 | 18 | `d`, 16 bytes of nibbles | `d·(nib(i) − 8)` |
+//! | Q4_1 | 20 | `d`, `m`, 16 bytes of nibbles | `d·nib(i) + m` |
+//!
+//! `nib(i)` is ggml's nibble order: byte `j` of the quants holds element `j` in its low nibble
+//! and element `j + 16` in its high nibble. Values are computed in f32 exactly as written above
+//! (the integer `q − 8` first, then one product, then one sum), so every reader that follows
+//! the table gets the same f32 bits on the host.
+//!
+//! A GGUF matrix of `ne0 = K`, `ne1 = N` is the tensor `[N, K]` here, used as `y = x · Wᵀ`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::f16;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::random::seeded_rng;
+use super::tensor::{check_host_size, try_collect};
+use super::{DType, Shape, Tensor, TensorError, TensorType};
+
+/// Values per block, in every scheme.
+pub const BLOCK_ELEMS: usize = 32;
+
+/// A ggml block quantization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum QuantScheme {
+    /// f16 scale `d`, 32 signed bytes: `d·q`.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// f16 scale `d`, 32 nibbles: `d·(q − 8)`.
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// f16 scale `d`, f16 minimum `m`, 32 nibbles: `d·q + m`.
+    #[serde(rename = "q4_1")]
+    Q4_1,
+}
+
+impl fmt::Display for QuantScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum QuantError {
+    #[error(
+        "{scheme} stores each row as whole blocks of {BLOCK_ELEMS} values along the last axis, \
+         but shape {shape} has rows of {k}"
+    )]
+    PartialBlock {
+        scheme: QuantScheme,
+        shape: Shape,
+        k: usize,
+    },
+    #[error("{scheme} data of shape {shape}: its size in bytes overflows")]
+    Overflow { scheme: QuantScheme, shape: Shape },
+    #[error("{scheme} data of shape {shape} takes {expected} bytes, but {got} were given")]
+    Length {
+        scheme: QuantScheme,
+        shape: Shape,
+        expected: usize,
+        got: usize,
+    },
+    #[error("the weight is declared {expected}, but {got} data was bound to it")]
+    Mismatch { expected: String, got: String },
+    #[error(transparent)]
+    Host(#[from] TensorError),
+}
+
+/// Reads the little-endian f16 at `b[at..at + 2]` as f32 (exact).
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+impl QuantScheme {
+    pub const ALL: [QuantScheme; 3] = [QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::Q4_1];
+
+    /// The name in graph files and GGUF (`q8_0`, `q4_0`, `q4_1`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantScheme::Q8_0 => "q8_0",
+            QuantScheme::Q4_0 => "q4_0",
+            QuantScheme::Q4_1 => "q4_1",
+        }
+    }
+
+    /// Bytes of one block of [`BLOCK_ELEMS`] values.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantScheme::Q8_0 => 2 + BLOCK_ELEMS,
+            QuantScheme::Q4_0 => 2 + BLOCK_ELEMS / 2,
+            QuantScheme::Q4_1 => 4 + BLOCK_ELEMS / 2,
+        }
+    }
+
+    /// Where the quants start in a block (after the f16 scale, and the f16 minimum of Q4_1).
+    pub fn quants_offset(self) -> usize {
+        match self {
+            QuantScheme::Q8_0 | QuantScheme::Q4_0 => 2,
+            QuantScheme::Q4_1 => 4,
+        }
+    }
+
+    /// The 32 values of one block (`block` holds exactly [`QuantScheme::block_bytes`] bytes).
+    pub fn dequantize_block(self, block: &[u8], out: &mut [f32; BLOCK_ELEMS]) {
+        let d = f16_at(block, 0);
+        let q = &block[self.quants_offset()..self.block_bytes()];
+        match self {
+            QuantScheme::Q8_0 => {
+                for (o, &b) in out.iter_mut().zip(q) {
+                    *o = d * f32::from(b as i8);
+                }
+            }
+            QuantScheme::Q4_0 => {
+                for (j, &b) in q.iter().enumerate() {
+                    out[j] = d * f32::from(i16::from(b & 0xF) - 8);
+                    out[j + 16] = d * f32::from(i16::from(b >> 4) - 8);
+                }
+            }
+            QuantScheme::Q4_1 => {
+                let m = f16_at(block, 2);
+                for (j, &b) in q.iter().enumerate() {
+                    out[j] = d * f32::from(b & 0xF) + m;
+                    out[j + 16] = d * f32::from(b >> 4) + m;
+                }
+            }
+        }
+    }
+
+    /// Blocks per row and bytes in all of a tensor of `shape` (last axis K, the rows every
+    /// other axis): K must be a whole number of blocks.
+    pub fn layout(self, shape: &Shape) -> Result<(usize, usize), QuantError> {
+        let k = shape.dims().last().copied().unwrap_or(1);
+        if k % BLOCK_ELEMS != 0 {
+            return Err(QuantError::PartialBlock {
+                scheme: self,
+                shape: shape.clone(),
+                k,
+            });
+        }
+        let per_row = k / BLOCK_ELEMS;
+        let dims = shape.dims();
+        let rows = dims[..dims.len().saturating_sub(1)]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d));
+        let bytes = rows
+            .and_then(|r| r.checked_mul(per_row))
+            .and_then(|b| b.checked_mul(self.block_bytes()))
+            .ok_or_else(|| QuantError::Overflow {
+                scheme: self,
+                shape: shape.clone(),
+            })?;
+        Ok((per_row, bytes))
+    }
+
+    /// Every value of `bytes` (blocks of a tensor of `shape`) in row-major order, in f32.
+    pub fn dequantize(self, bytes: &[u8], shape: &Shape) -> Result<Vec<f32>, QuantError> {
+        let (_, expected) = self.layout(shape)?;
+        if bytes.len() != expected {
+            return Err(QuantError::Length {
+                scheme: self,
+                shape: shape.clone(),
+                expected,
+                got: bytes.len(),
+            });
+        }
+        let n = check_host_size(&TensorType::new(DType::F32, shape.clone()))?;
+        let values = bytes.chunks_exact(self.block_bytes()).flat_map(|b| {
+            let mut out = [0.0f32; BLOCK_ELEMS];
+            self.dequantize_block(b, &mut out);
+            out
+        });
+        Ok(try_collect(n, values)?)
+    }
+}
+
+/// A quantized tensor on the host: the blocks as stored (shared, cheap to clone), the scheme
+/// and the logical shape of the values they hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantTensor {
+    scheme: QuantScheme,
+    shape: Shape,
+    bytes: Arc<[u8]>,
+}
+
+impl QuantTensor {
+    /// Blocks of `scheme` holding a tensor of `shape`; the length is checked.
+    pub fn new(
+        scheme: QuantScheme,
+        shape: Shape,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<QuantTensor, QuantError> {
+        let bytes = bytes.into();
+        let (_, expected) = scheme.layout(&shape)?;
+        if bytes.len() != expected {
+            return Err(QuantError::Length {
+                scheme,
+                shape,
+                expected,
+                got: bytes.len(),
+            });
+        }
+        Ok(QuantTensor {
+            scheme,
+            shape,
+            bytes,
+        })
+    }
+
+    pub fn scheme(&self) -> QuantScheme {
+        self.scheme
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The blocks, as stored and as uploaded to a device.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// `scheme[shape]`, as errors name it.
+    pub fn describe(&self) -> String {
+        format!("{}{}", self.scheme, self.shape)
+    }
+
+    /// The values, dequantized in f32 and then rounded to `dtype` (a quantized weight's value).
+    pub fn to_tensor(&self, dtype: DType) -> Result<Tensor, QuantError> {
+        let values = self.scheme.dequantize(&self.bytes, &self.shape)?;
+        Ok(Tensor::from_f32(dtype, self.shape.clone(), values)?)
+    }
+
+    /// Refuses data that is not what a weight of `scheme` and `shape` declares.
+    pub fn check(&self, scheme: QuantScheme, shape: &Shape) -> Result<(), QuantError> {
+        if self.scheme != scheme || &self.shape != shape {
+            return Err(QuantError::Mismatch {
+                expected: format!("{scheme}{shape}"),
+                got: self.describe(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Seeded random blocks for a quantized weight the caller does not supply: scales of both signs
+/// sized so the values have a standard deviation near 1/√K (as `Init::Normal` draws an f32
+/// weight), every quant drawn uniformly. The stream depends only on the seed and the name.
+pub fn random_quant(
+    name: &str,
+    scheme: QuantScheme,
+    shape: &Shape,
+    seed: u64,
+) -> Result<QuantTensor, QuantError> {
+    let (_, bytes) = scheme.layout(shape)?;
+    check_host_size(&TensorType::new(DType::F32, shape.clone()))?;
+    let k = shape.dims().last().copied().unwrap_or(1).max(1) as f32;
+    // The standard deviation of the integer part: uniform over 255 (i8 but −128) or 16 values.
+    let spread = match scheme {
+        QuantScheme::Q8_0 => 73.6,
+        QuantScheme::Q4_0 | QuantScheme::Q4_1 => 4.6,
+    };
+    let mut rng = seeded_rng(seed ^ 0x0b10_c4ed, name);
+    let mut out = try_collect(bytes, std::iter::repeat_n(0u8, bytes))?;
+    for block in out.chunks_exact_mut(scheme.block_bytes()) {
+        let sign = if rng.random::<bool>() { 1.0 } else { -1.0 };
+        let d = sign * rng.random_range(0.5f32..1.5) / (spread * k.sqrt());
+        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        if scheme == QuantScheme::Q4_1 {
+            // Centred like Q4_0's `q − 8`, with a jitter so `m` is not a multiple of `d`.
+            let m = -d * rng.random_range(7.0f32..9.0);
+            block[2..4].copy_from_slice(&f16::from_f32(m).to_le_bytes());
+        }
+        let q = &mut block[scheme.quants_offset()..];
+        match scheme {
+            QuantScheme::Q8_0 => q
+                .iter_mut()
+                .for_each(|b| *b = rng.random_range(-127i8..=127) as u8),
+            QuantScheme::Q4_0 | QuantScheme::Q4_1 => q.iter_mut().for_each(|b| *b = rng.random()),
+        }
+    }
+    QuantTensor::new(scheme, shape.clone(), out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(v: f64) -> [u8; 2] {
+        f16::from_f64(v).to_le_bytes()
+    }
+
+    /// The value of element `i` of a block, by the table in the module's comment, in f64.
+    fn reference(scheme: QuantScheme, block: &[u8], i: usize) -> f64 {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f64();
+        match scheme {
+            QuantScheme::Q8_0 => d * f64::from(block[2 + i] as i8),
+            QuantScheme::Q4_0 | QuantScheme::Q4_1 => {
+                let byte = block[scheme.quants_offset() + i % 16];
+                let nib = if i < 16 { byte & 0xF } else { byte >> 4 };
+                if scheme == QuantScheme::Q4_0 {
+                    d * (f64::from(nib) - 8.0)
+                } else {
+                    d * f64::from(nib) + f16::from_le_bytes([block[2], block[3]]).to_f64()
+                }
+            }
+        }
+    }
+
+    /// Hand-built blocks: for block `b`, a scale of alternating sign, a minimum, and quants
+    /// that make every element distinct (nibble `i % 16` for byte `i`'s low half, `15 − i % 16`
+    /// for its high half).
+    fn blocks(scheme: QuantScheme, count: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        for b in 0..count {
+            let d = if b % 2 == 0 { 0.25 } else { -0.375 } * (b + 1) as f64;
+            v.extend(h(d));
+            if scheme == QuantScheme::Q4_1 {
+                v.extend(h(-1.5 + b as f64));
+            }
+            match scheme {
+                QuantScheme::Q8_0 => {
+                    v.extend((0..32).map(|i| ((i * 9 - 128 + b as i32) as i8) as u8))
+                }
+                QuantScheme::Q4_0 | QuantScheme::Q4_1 => {
+                    v.extend((0..16u8).map(|i| ((15 - i) << 4) | ((i + b as u8) & 0xF)))
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn every_scheme_matches_f64_loops() {
+        // Odd block counts: 3 rows of 5 blocks and one row of 1.
+        for scheme in QuantScheme::ALL {
+            for (rows, per_row) in [(3usize, 5usize), (1, 1)] {
+                let shape = Shape(vec![rows, per_row * 32]);
+                let bytes = blocks(scheme, rows * per_row);
+                assert_eq!(bytes.len(), scheme.layout(&shape).unwrap().1);
+                let got = scheme.dequantize(&bytes, &shape).unwrap();
+                for (bi, block) in bytes.chunks_exact(scheme.block_bytes()).enumerate() {
+                    for i in 0..32 {
+                        let want = reference(scheme, block, i);
+                        let g = got[bi * 32 + i];
+                        assert!(
+                            (f64::from(g) - want).abs() <= want.abs() * 1e-6,
+                            "{scheme} block {bi} element {i}: {g} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nibble_order_and_signs_are_ggml_s() {
+        // Q4_0, d = −2: byte 0 = 0x93 holds element 0 (low nibble 3) and element 16 (high 9).
+        let mut b = h(-2.0).to_vec();
+        b.extend([0x93u8]);
+        b.extend([0x88u8; 15]);
+        let v = QuantScheme::Q4_0.dequantize(&b, &Shape(vec![32])).unwrap();
+        assert_eq!((v[0], v[16], v[1], v[17]), (10.0, -2.0, 0.0, 0.0));
+        // Q4_1, d = 0.5, m = −1: element 0 = 0.5·3 − 1, element 16 = 0.5·9 − 1.
+        let mut b = h(0.5).to_vec();
+        b.extend(h(-1.0));
+        b.extend([0x93u8; 16]);
+        let v = QuantScheme::Q4_1.dequantize(&b, &Shape(vec![32])).unwrap();
+        assert_eq!((v[0], v[16], v[15], v[31]), (0.5, 3.5, 0.5, 3.5));
+        // Q8_0 quants are signed: 0xFF is −1.
+        let mut b = h(-0.5).to_vec();
+        b.extend([0xFFu8, 0x7F, 0x80]);
+        b.extend([0u8; 29]);
+        let v = QuantScheme::Q8_0.dequantize(&b, &Shape(vec![32])).unwrap();
+        assert_eq!((v[0], v[1], v[2], v[3]), (0.5, -63.5, 64.0, -0.0));
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        let s = QuantScheme::Q4_1;
+        assert_eq!(
+            s.layout(&Shape(vec![1536, 576])).unwrap(),
+            (18, 1536 * 18 * 20)
+        );
+        assert!(matches!(
+            s.layout(&Shape(vec![4, 40])),
+            Err(QuantError::PartialBlock { k: 40, .. })
+        ));
+        assert!(matches!(
+            s.layout(&Shape(vec![usize::MAX / 2, 64])),
+            Err(QuantError::Overflow { .. })
+        ));
+        assert!(matches!(
+            QuantTensor::new(s, Shape(vec![2, 32]), vec![0u8; 39]),
+            Err(QuantError::Length {
+                expected: 40,
+                got: 39,
+                ..
+            })
+        ));
+        assert!(matches!(
+            s.dequantize(&[0u8; 20], &Shape(vec![2, 32])),
+            Err(QuantError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn random_blocks_are_seeded_and_sized() {
+        let shape = Shape(vec![7, 64]);
+        for scheme in QuantScheme::ALL {
+            let a = random_quant("w", scheme, &shape, 3).unwrap();
+            assert_eq!(a, random_quant("w", scheme, &shape, 3).unwrap());
+            assert_ne!(a, random_quant("w", scheme, &shape, 4).unwrap());
+            let v = a.to_tensor(DType::F32).unwrap().to_f64_vec();
+            let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+            assert!((0.03..0.3).contains(&rms), "{scheme}: rms {rms}");
+        }
+    }
+}
