@@ -132,7 +132,7 @@ impl KvCase {
 /// kv_len per batch, odd key counts.
 pub fn host_cases() -> Vec<KvCase> {
     let mut v = Vec::new();
-    for dtype in [DType::F16, DType::BF16, DType::F32] {
+    for dtype in [DType::F16, DType::BF16] {
         v.push(KvCase::new(301, 157, dtype));
     }
     v.push(KvCase::new(301, 1, DType::F32));
