@@ -23,7 +23,7 @@ use rocmforge::compile::{CompileOptions, Compiled, Profile};
 use rocmforge::frontend::{self, BertEncoder};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{format, DType, Graph, Tensor};
-use timing::time_runs;
+use timing::{time_runs, time_session, Drive};
 
 /// One model to time: its graph, weights (empty for the example graphs) and inputs.
 struct Case {
@@ -85,7 +85,13 @@ fn cases(gpu: bool) -> Vec<Case> {
 
 struct Row {
     case: String,
+    /// Warm session, kernels launched one by one from the host.
     fused_s: f64,
+    /// Warm session replaying its captured graph: launches only, and with inputs written and
+    /// outputs read back every step.
+    replay_s: Option<f64>,
+    replay_io_s: Option<f64>,
+    kernels: usize,
     unfused_s: f64,
     /// The fused model's kernel times, with ROCMFORGE_BENCH_BREAKDOWN=1 on a GPU.
     profile: Option<Profile>,
@@ -153,33 +159,87 @@ fn bench(c: &mut Criterion) {
                 b.iter_custom(|iters| time_runs(compiled, &case.inputs, iters))
             });
         }
-        let iters = if device.is_gpu() { 10 } else { 1 };
-        let best = |c: &Compiled| {
-            (0..3)
-                .map(|_| time_runs(c, &case.inputs, iters).as_secs_f64() / iters as f64)
+        let iters = if device.is_gpu() { 50 } else { 1 };
+        let best = |c: &Compiled, drive: Drive| {
+            (0..5)
+                .map(|_| time_session(c, &case.inputs, iters, drive).as_secs_f64() / iters as f64)
                 .fold(f64::INFINITY, f64::min)
         };
+        let plain = Drive {
+            replay: false,
+            io: false,
+        };
+        let gpu = device.is_gpu();
         rows.push(Row {
             case: case.name.clone(),
-            fused_s: best(&fused),
-            unfused_s: best(&unfused),
+            fused_s: best(&fused, plain),
+            replay_s: gpu.then(|| {
+                best(
+                    &fused,
+                    Drive {
+                        replay: true,
+                        io: false,
+                    },
+                )
+            }),
+            replay_io_s: gpu.then(|| {
+                best(
+                    &fused,
+                    Drive {
+                        replay: true,
+                        io: true,
+                    },
+                )
+            }),
+            kernels: fused.plan.as_ref().map_or(0, |p| p.kernels.len()),
+            unfused_s: best(&unfused, plain),
             profile: (breakdown() && device.is_gpu()).then(|| median_profile(&fused, &case.inputs)),
         });
     }
     group.finish();
     println!("\nmodels on {}", device.label());
+    let ms = |x: Option<f64>| x.map_or("n/a".to_string(), |s| format!("{:.3}", s * 1e3));
     println!(
-        "{:<26} {:>10} {:>11} {:>8}",
-        "case", "fused ms", "unfused ms", "speedup"
+        "{:<26} {:>8} {:>10} {:>10} {:>12} {:>11} {:>8}",
+        "case", "kernels", "fused ms", "replay ms", "replay+io ms", "unfused ms", "speedup"
     );
     for r in &rows {
         println!(
-            "{:<26} {:>10.3} {:>11.3} {:>7.2}x",
+            "{:<26} {:>8} {:>10.3} {:>10} {:>12} {:>11.3} {:>7.2}x",
             r.case,
+            r.kernels,
             r.fused_s * 1e3,
+            ms(r.replay_s),
+            ms(r.replay_io_s),
             r.unfused_s * 1e3,
             r.unfused_s / r.fused_s
         );
+    }
+    println!(
+        "fused: a warm session launching each kernel from the host; replay: the same session \
+         replaying its captured graph; +io: with inputs written and outputs read every step."
+    );
+    // Host overhead per kernel: a step's time past the kernels' own device time, over the
+    // number of kernels (needs the device-time breakdown).
+    let overhead: Vec<&Row> = rows.iter().filter(|r| r.profile.is_some()).collect();
+    if !overhead.is_empty() {
+        println!(
+            "\n{:<26} {:>8} {:>14} {:>16} {:>17}",
+            "case", "kernels", "kernel sum ms", "us/kernel plain", "us/kernel replay"
+        );
+        for r in overhead {
+            let sum = r.profile.as_ref().map_or(0.0, |p| p.total().as_secs_f64());
+            let per = |t: f64| (t - sum) / r.kernels.max(1) as f64 * 1e6;
+            println!(
+                "{:<26} {:>8} {:>14.3} {:>16.2} {:>17}",
+                r.case,
+                r.kernels,
+                sum * 1e3,
+                per(r.fused_s),
+                r.replay_s
+                    .map_or("n/a".into(), |t| format!("{:.2}", per(t)))
+            );
+        }
     }
     for r in &rows {
         if let Some(p) = &r.profile {
@@ -193,7 +253,12 @@ fn bench(c: &mut Criterion) {
     let json: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
-            let mut row = serde_json::json!({"case": r.case, "fused_ms": r.fused_s * 1e3, "unfused_ms": r.unfused_s * 1e3});
+            let mut row = serde_json::json!({
+                "case": r.case, "kernels": r.kernels, "fused_ms": r.fused_s * 1e3,
+                "replay_ms": r.replay_s.map(|s| s * 1e3),
+                "replay_io_ms": r.replay_io_s.map(|s| s * 1e3),
+                "unfused_ms": r.unfused_s * 1e3,
+            });
             if let Some(p) = &r.profile {
                 row["breakdown"] = profile_json(p);
             }

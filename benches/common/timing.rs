@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocmforge::compile::{CompileOptions, Compiled};
+use rocmforge::compile::{CompileOptions, Compiled, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
 
@@ -32,6 +32,46 @@ pub fn bench_options() -> CompileOptions {
         progress: false,
         ..CompileOptions::default()
     }
+}
+
+/// How a warm session is driven in a timed loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drive {
+    /// Replay the captured graph (else each kernel is launched from the host).
+    pub replay: bool,
+    /// Every step also writes every input and reads every output back to the host, as a
+    /// caller serving requests does; without it only the launches are timed (the inputs stay
+    /// on the device, as in torch's CUDA-graph replay).
+    pub io: bool,
+}
+
+/// Time of `iters` steps of a warm session of `compiled` on `inputs`, after one warm-up step.
+pub fn time_session(compiled: &Compiled, inputs: &Bindings, iters: u64, drive: Drive) -> Duration {
+    let mut s = compiled
+        .session_with(&SessionOptions {
+            replay: drive.replay,
+        })
+        .expect("session");
+    let set = |s: &mut rocmforge::compile::Session<'_>| {
+        for (name, t) in &inputs.inputs {
+            s.set_input(name, t).expect("set_input");
+        }
+    };
+    set(&mut s);
+    s.run().expect("warm-up run");
+    s.outputs().expect("warm-up outputs");
+    let t = Instant::now();
+    for _ in 0..iters {
+        if drive.io {
+            set(&mut s);
+        }
+        s.run().expect("run");
+        if drive.io {
+            s.outputs().expect("outputs");
+        }
+    }
+    s.synchronize().expect("sync");
+    t.elapsed()
 }
 
 /// Time of `iters` runs of `compiled` on `inputs`, after one warm-up run.
