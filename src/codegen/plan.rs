@@ -31,7 +31,7 @@ pub enum BufferRole {
     /// after it.
     Status,
     /// A persistent tensor a session keeps across runs (a KV cache): allocated once per
-    /// session, poisoned or zeroed, never reused by the memory plan.
+    /// session, zeroed (as the interpreter starts it), never reused by the memory plan.
     State {
         name: String,
     },

@@ -683,11 +683,11 @@ fn gpu_session(
                 inputs.insert(b.id, Arc::new(stream.alloc(bytes(b.id), exe.poison)?));
             }
             BufferRole::State { name } => {
-                states.push((
-                    b.id,
-                    name.clone(),
-                    Arc::new(stream.alloc(bytes(b.id), exe.poison)?),
-                ));
+                // A state starts zeroed, as the interpreter starts it; a test that wants a
+                // poisoned cache tail writes one.
+                let buf = stream.alloc(bytes(b.id), false)?;
+                stream.fill(&buf, 0)?;
+                states.push((b.id, name.clone(), Arc::new(buf)));
             }
             BufferRole::Weight(_)
             | BufferRole::QuantWeight(_)

@@ -143,6 +143,7 @@ static struct {
     CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*cuModuleLoadData)(CUmodule *, const void *);
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -214,6 +215,7 @@ static void load_driver(void) {
     RESOLVE(cuMemFreeAsync, "cuMemFreeAsync");
     RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
     RESOLVE(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    RESOLVE(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     RESOLVE(cuModuleLoadData, "cuModuleLoadData");
     RESOLVE(cuModuleGetFunction, "cuModuleGetFunction");
@@ -474,6 +476,12 @@ EXPORT hipError_t hipMemcpyHtoDAsync(void *dst, const void *src, size_t size, CU
 EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, void *src, size_t size, CUstream stream) {
     BOUND();
     return cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, size, stream);
+}
+
+EXPORT hipError_t hipMemcpyDtoDAsync(void *dst, void *src, size_t size, CUstream stream) {
+    BOUND();
+    return cu.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, size,
+                                stream);
 }
 
 /* The image is NVRTC's PTX, NUL-terminated (hiprtcGetCode copies the terminator). */
