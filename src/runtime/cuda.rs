@@ -72,7 +72,7 @@ const GRAPH_SYMBOLS: [&str; 6] = [
 ];
 
 /// The NVRTC entry points compilation and the arch check call.
-const NVRTC_SYMBOLS: [&str; 10] = [
+const NVRTC_SYMBOLS: [&str; 12] = [
     "nvrtcVersion",
     "nvrtcGetNumSupportedArchs",
     "nvrtcGetSupportedArchs",
@@ -81,6 +81,8 @@ const NVRTC_SYMBOLS: [&str; 10] = [
     "nvrtcDestroyProgram",
     "nvrtcGetPTXSize",
     "nvrtcGetPTX",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
 ];
@@ -180,6 +182,66 @@ pub fn compile_ptx(
             log: e.to_string(),
         })?;
     Ok(ptx.to_src().into_bytes())
+}
+
+/// Compiles HIP source (with the NVIDIA prelude) to machine code (CUBIN) for the real
+/// architecture `arch` (`sm_90`): loading it costs the driver no JIT, so a kernel read from the
+/// disk cache is ready at once (PTX would be compiled again by the driver at every load).
+pub fn compile_cubin(
+    source: &str,
+    entry: &str,
+    arch: &str,
+    options: &[String],
+) -> Result<Vec<u8>, RuntimeError> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::{c_char, CStr, CString};
+    let failed = |log: String| RuntimeError::Nvrtc {
+        kernel: entry.to_string(),
+        target: arch.to_string(),
+        log,
+    };
+    let src = CString::new(source).map_err(|_| failed("the source holds a NUL byte".into()))?;
+    let prog = result::create_program(&src, None).map_err(|e| failed(e.to_string()))?;
+    let mut opts = vec![format!("--gpu-architecture={arch}")];
+    opts.extend(options.iter().cloned());
+    // SAFETY: `prog` was created just above and is destroyed once, below; the options are
+    // NUL-free strings (ours).
+    let compiled = unsafe { result::compile_program(prog, &opts) };
+    let out = match compiled {
+        Err(e) => {
+            // SAFETY: `prog` is valid; the log is a NUL-terminated buffer NVRTC filled.
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| {
+                    unsafe { CStr::from_ptr(l.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .unwrap_or_default();
+            Err(failed(format!("{e}: {log}")))
+        }
+        Ok(()) => {
+            let mut size = 0usize;
+            // SAFETY: `prog` compiled; `size` is a valid out-pointer.
+            let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
+            if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+                Err(failed(format!(
+                    "nvrtcGetCUBINSize: {r:?} (is {arch} a real architecture?)"
+                )))
+            } else {
+                let mut cubin = vec![0u8; size];
+                // SAFETY: `cubin` holds the `size` bytes NVRTC said it would write.
+                let r = unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>()) };
+                if r == sys::nvrtcResult::NVRTC_SUCCESS {
+                    Ok(cubin)
+                } else {
+                    Err(failed(format!("nvrtcGetCUBIN: {r:?}")))
+                }
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    unsafe { result::destroy_program(prog) }.ok();
+    out
 }
 
 pub struct CudaDevice {
@@ -307,11 +369,17 @@ impl CudaDevice {
         entry: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RuntimeError> {
-        compile_ptx(source, entry, &self.arch, options)
+        compile_cubin(source, entry, &self.arch, options)
     }
 
+    /// Loads a kernel: CUBIN (an ELF image, what [`CudaDevice::compile`] makes) or PTX text
+    /// (what bundles carry, [`compile_ptx`]).
     pub fn load(&self, image: &[u8], entry: &str) -> Result<CudaFunction, RuntimeError> {
-        let ptx = Ptx::from_src(String::from_utf8_lossy(image).into_owned());
+        let ptx = if image.starts_with(b"\x7fELF") {
+            Ptx::from_binary(image.to_vec())
+        } else {
+            Ptx::from_src(String::from_utf8_lossy(image).into_owned())
+        };
         let module = self.ctx.load_module(ptx).map_err(cuda_err)?;
         module.load_function(entry).map_err(cuda_err)
     }

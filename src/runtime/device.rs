@@ -228,8 +228,9 @@ impl Device {
     pub fn toolchain(&self) -> String {
         match &self.0.kind {
             DeviceKind::Cpu => "cpu".into(),
+            // Kernels are CUBIN (entries from before were PTX, under another key).
             DeviceKind::Cuda(d) => format!(
-                "nvrtc {}.{} driver {}",
+                "nvrtc {}.{} cubin driver {}",
                 d.nvrtc_version.0, d.nvrtc_version.1, d.driver_version
             ),
             DeviceKind::Hip(d) => format!(
@@ -243,7 +244,7 @@ impl Device {
         }
     }
 
-    /// Compiles kernel source for this device (PTX on NVIDIA).
+    /// Compiles kernel source for this device (CUBIN on NVIDIA, a code object on AMD).
     pub fn compile_source(
         &self,
         source: &str,
