@@ -173,6 +173,12 @@ impl Executable {
         options: &SessionOptions,
         states_of: &Session<'_>,
     ) -> Result<Session<'a>, CompileError> {
+        let shared = self.lend(states_of)?;
+        Session::make_sharing(ExeRef::Borrowed(self), options, Some(shared))
+    }
+
+    /// `states_of`'s states, checked to be this executable's.
+    fn lend(&self, states_of: &Session<'_>) -> Result<Shared, CompileError> {
         let mine = self.state_types();
         let theirs = states_of.exe.state_types();
         for (name, ty) in &mine {
@@ -208,7 +214,7 @@ impl Executable {
                 found: Some(format!("states on {}", states_of.exe.device.label())),
             });
         }
-        Session::make_sharing(ExeRef::Borrowed(self), options, Some(shared))
+        Ok(shared)
     }
 
     /// The persistent states of the optimised graph (what a session holds), by name.
@@ -307,6 +313,16 @@ impl Session<'static> {
         options: &SessionOptions,
     ) -> Result<Session<'static>, CompileError> {
         Session::make(ExeRef::Shared(exe), options)
+    }
+
+    /// [`Executable::session_sharing`] for a shared executable.
+    pub fn new_sharing(
+        exe: Arc<Executable>,
+        options: &SessionOptions,
+        states_of: &Session<'_>,
+    ) -> Result<Session<'static>, CompileError> {
+        let shared = exe.lend(states_of)?;
+        Session::make_sharing(ExeRef::Shared(exe), options, Some(shared))
     }
 }
 
