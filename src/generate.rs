@@ -8,7 +8,7 @@
 //! [`MIN_BUCKET`], capped at the maximum context) and kept; the decode plan is compiled once,
 //! at load.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::compile::{CompileError, CompileOptions, Session, SessionOptions};
 use crate::frontend::llama::{io, Precision};
 use crate::frontend::{LlamaModel, ModelError};
-use crate::ir::{DType, Graph, GraphError, QuantTensor, Shape, Tensor};
+use crate::ir::{DType, Graph, GraphError, Shape, Tensor};
 use crate::runtime::Device;
 
 /// The smallest prefill bucket: shorter prompts are padded to it.
@@ -222,7 +222,7 @@ impl Generator {
             return Err(GenerateError::EmptyPrompt);
         }
         let max_context = self.options.max_context;
-        let needed = n.checked_add(max_new_tokens).unwrap_or(usize::MAX);
+        let needed = n.saturating_add(max_new_tokens);
         if needed > max_context {
             return Err(GenerateError::ContextExceeded {
                 prompt: n,
@@ -320,13 +320,4 @@ fn read_token(session: &Session<'_>, vocab: usize) -> Result<u32, GenerateError>
         Ok(id) if (id as usize) < vocab => Ok(id),
         _ => Err(GenerateError::BadToken { value }),
     }
-}
-
-/// The blocks and dense weights a generator binds, for callers that compile plans of their own
-/// (benchmarks, tests) with the same weights.
-pub fn weights_of(
-    model: &LlamaModel,
-    graph: &Graph,
-) -> Result<(HashMap<String, Tensor>, HashMap<String, QuantTensor>), ModelError> {
-    Ok((model.weights_for(graph)?, model.quantized_for(graph)?))
 }

@@ -105,6 +105,9 @@ fn lock(states: &SharedStates) -> std::sync::MutexGuard<'_, HashMap<String, Tens
     states.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A GPU session's state buffers: plan buffer id, name, buffer.
+type StateBuffers = Vec<(usize, String, Arc<DeviceBuffer>)>;
+
 /// A session on a GPU.
 pub(super) struct GpuSession {
     // Field order is drop order: the captured graph and the launch list release their hold on
@@ -120,7 +123,7 @@ pub(super) struct GpuSession {
     /// Status buffers of the index checks, zeroed before every run.
     status: HashMap<usize, Arc<DeviceBuffer>>,
     /// Persistent state buffers by plan buffer id, with their names.
-    states: Vec<(usize, String, Arc<DeviceBuffer>)>,
+    states: StateBuffers,
     /// Shared with the sessions that share this one's states, so their runs are ordered.
     pub(super) stream: Arc<Stream>,
 }
@@ -334,7 +337,7 @@ fn replay_env_off() -> bool {
 /// The states another session lends a new one.
 enum Shared {
     Cpu(SharedStates),
-    Gpu(Arc<Stream>, Vec<(usize, String, Arc<DeviceBuffer>)>),
+    Gpu(Arc<Stream>, StateBuffers),
 }
 
 impl<'e> Session<'e> {
@@ -789,7 +792,7 @@ fn gpu_session(
     plan: &KernelPlan,
     memory: &MemoryPlan,
     options: &SessionOptions,
-    lent: Option<(Arc<Stream>, Vec<(usize, String, Arc<DeviceBuffer>)>)>,
+    lent: Option<(Arc<Stream>, StateBuffers)>,
 ) -> Result<GpuSession, CompileError> {
     let (stream, lent_states) = match lent {
         Some((stream, states)) => (stream, Some(states)),
