@@ -55,6 +55,8 @@ mod op_zoo;
 mod quant_cases;
 #[path = "common/session_trials.rs"]
 mod session_trials;
+#[path = "common/tiny_gguf.rs"]
+mod tiny_gguf;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -2150,6 +2152,15 @@ fn main() {
             &why,
             "tune::cli_run_tune_and_cache_ls".into(),
             Box::new(move || tune_cli(&d, exe.as_deref().expect("checked above"))),
+        );
+    }
+    {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            "llama::tiny_kv_cache_matches_the_interpreter".into(),
+            Box::new(move || llama_trials::tiny(&d)),
         );
     }
     // SmolLM2 generation against the PyTorch reference, where the model file is here.

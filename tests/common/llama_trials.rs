@@ -194,3 +194,103 @@ pub fn reduced(d: &Device, p: Precision) -> Result<(), Failed> {
     }
     Ok(())
 }
+
+/// The tiny LLaMA of tests/common/tiny_gguf.rs (every tensor type the reader supports, Q/K
+/// rows permuted as llama.cpp stores them) written to a temporary file.
+fn tiny_model() -> Result<LlamaModel, Failed> {
+    let dir = std::env::temp_dir().join(format!("rocmforge-gpu-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let p = dir.join("tiny.gguf");
+    std::fs::write(&p, super::tiny_gguf::tiny_llama().to_bytes())?;
+    let m = LlamaModel::load(&p)?;
+    std::fs::remove_file(&p).ok();
+    Ok(m)
+}
+
+/// Prefill (bucket 16) and decode plans of the tiny model on `d`, context 48.
+fn tiny_plans(
+    m: &LlamaModel,
+    d: &Device,
+    p: Precision,
+) -> Result<(Executable, Executable), Failed> {
+    let prefill = m.kv_graph(16, 48, p, true)?;
+    let decode = m.kv_graph(1, 48, p, true)?;
+    let options = CompileOptions {
+        weights: m.weights_for(&decode)?,
+        quantized: m.quantized_for(&decode)?,
+        progress: false,
+        ..CompileOptions::default()
+    };
+    Ok((
+        Graph::compile_with(prefill, d, &options)?,
+        Graph::compile_with(decode, d, &options)?,
+    ))
+}
+
+/// The tiny model through the KV cache on the GPU against the interpreter, in f32, f16 and
+/// quantized (blocks kept; f32 and f16 activations): a padded prefill with poisoned caches,
+/// then decode steps fed the interpreter's tokens; the logits of every step within the dtype's
+/// tolerance, the f32 tokens exactly. Then the f32 generator on both devices gives the same
+/// tokens, and a cache write past the end is the interpreter's error.
+pub fn tiny(d: &Device) -> Result<(), Failed> {
+    let m = tiny_model()?;
+    let prompt: Vec<u32> = m.tokenizer.encode("hello world, hello")?;
+    let n = prompt.len();
+    let cpu = Device::cpu();
+    for (p, tol) in [
+        (Precision::F32, 1e-3),
+        (Precision::quantized(DType::F32), 1e-3),
+        (Precision::F16, 0.05),
+        (Precision::quantized(DType::F16), 0.05),
+    ] {
+        let (gp, gd) = tiny_plans(&m, d, p)?;
+        let (cp, cd) = tiny_plans(&m, &cpu, p)?;
+        let mut gps = gp.session()?;
+        let mut gds = gd.session_sharing(&SessionOptions { replay: true }, &gps)?;
+        let mut cps = cp.session()?;
+        let mut cds = cd.session_sharing(&SessionOptions::default(), &cps)?;
+        gps.poison_state()?;
+        cps.poison_state()?;
+        let mut got = vec![step(&mut gps, 16, &prompt, 0, 16, n - 1)?];
+        let mut want = vec![step(&mut cps, 16, &prompt, 0, 16, n - 1)?];
+        for i in 0..12 {
+            let (t, _) = top2(want.last().expect("one"));
+            let t = t as u32;
+            got.push(step(&mut gds, 1, &[t], n + i, n + i + 1, 0)?);
+            want.push(step(&mut cds, 1, &[t], n + i, n + i + 1, 0)?);
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = w.iter().map(|x| x.abs()).fold(1.0, f64::max);
+            let worst = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            if worst.is_nan() || worst > tol * scale {
+                return Err(format!("{p:?}: step {i}: max |Δ| {worst} (scale {scale})").into());
+            }
+            if p == Precision::F32 && top2(g).0 != top2(w).0 {
+                return Err(format!("{p:?}: step {i}: token differs").into());
+            }
+        }
+        // Past the cache's 48 rows: the op's own check, as on the CPU.
+        match step(&mut gds, 1, &[0], 48, 49, 0) {
+            Err(e) if e.message().is_some_and(|m| m.contains("48")) => {}
+            other => return Err(format!("{p:?}: write past the end: {other:?}").into()),
+        }
+    }
+    let options = GenerateOptions {
+        precision: Precision::F32,
+        max_context: 48,
+        replay: true,
+    };
+    let mut on_gpu = Generator::new(tiny_model()?, d, options.clone())?;
+    let mut on_cpu = Generator::new(tiny_model()?, &cpu, options)?;
+    let a = on_gpu.generate(&prompt, 20, |_| true)?;
+    let b = on_cpu.generate(&prompt, 20, |_| true)?;
+    if a.ids != b.ids {
+        return Err(format!("generator: GPU {:?}, CPU {:?}", a.ids, b.ids).into());
+    }
+    eprintln!("tiny generator: {:?} ({:?})", a.ids, a.stats);
+    Ok(())
+}
