@@ -6,6 +6,7 @@
 pub mod codegen;
 pub mod compile;
 pub mod frontend;
+pub mod generate;
 pub mod interp;
 pub mod ir;
 pub mod passes;

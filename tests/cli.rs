@@ -172,6 +172,8 @@ fn help_answers_for_every_command() {
         vec!["--help"],
         vec!["run", "--help"],
         vec!["show", "--help"],
+        vec!["generate", "--help"],
+        vec!["embed", "--help"],
     ] {
         let (ok, out, _) = rocmforge(&args);
         assert!(ok && out.contains("Usage"), "{args:?}: {out}");
@@ -791,4 +793,72 @@ fn a_bundle_for_a_target_without_a_compiler_has_sources_and_says_so() {
         &[],
     );
     assert_eq!(code, Some(2), "{err}");
+}
+
+/// SmolLM2's GGUF where scripts/fetch-models puts it (or ROCMFORGE_SMOLLM2), if present.
+fn smollm2() -> Option<PathBuf> {
+    let p = std::env::var_os("ROCMFORGE_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            rocmforge::frontend::model_cache_dir(rocmforge::frontend::SMOLLM2)
+                .join(rocmforge::frontend::SMOLLM2_GGUF)
+        });
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var("ROCMFORGE_REQUIRE_MODELS").map_or(true, |v| v != "1"),
+        "ROCMFORGE_REQUIRE_MODELS=1 but no model at {}",
+        p.display()
+    );
+    eprintln!(
+        "skipped: SmolLM2 not found at {} (run scripts/fetch-models)",
+        p.display()
+    );
+    None
+}
+
+/// `generate --json` on the CPU: the reference's prompt ids and first greedy tokens (from
+/// ../shared/reference/smollm2), their text, and timings; past the context, a clean error.
+#[test]
+fn generate_json_gives_the_reference_tokens_on_the_cpu() {
+    let Some(model) = smollm2() else { return };
+    let model = model.to_str().unwrap();
+    let prompt = "The capital of France is";
+    let (ok, out, err) = rocmforge(&[
+        "generate",
+        "--model",
+        model,
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "3",
+        "--max-context",
+        "32",
+        "--json",
+        prompt,
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let ids = |k: &str| -> Vec<u64> { serde_json::from_value(v[k].clone()).unwrap() };
+    assert_eq!(ids("prompt_ids"), [504, 3575, 282, 4649, 314]);
+    assert_eq!(ids("generated_ids"), [7042, 30, 198]);
+    assert_eq!(v["text"], " Paris.\n");
+    assert_eq!(v["stats"]["prompt_tokens"], 5);
+    assert_eq!(v["stats"]["decode_tokens"], 2);
+    assert!(v["stats"]["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let (ok, _, err) = rocmforge(&[
+        "generate",
+        "--model",
+        model,
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "40",
+        "--max-context",
+        "32",
+        prompt,
+    ]);
+    assert!(!ok && err.contains("maximum context 32"), "{err}");
+    assert_clean_error("generate past the context", ok, &err);
 }

@@ -47,12 +47,16 @@ mod hipshim;
 mod kv_cases;
 #[path = "common/linear_graphs.rs"]
 mod linear_graphs;
+#[path = "common/llama_trials.rs"]
+mod llama_trials;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
 #[path = "common/quant_cases.rs"]
 mod quant_cases;
 #[path = "common/session_trials.rs"]
 mod session_trials;
+#[path = "common/tiny_gguf.rs"]
+mod tiny_gguf;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -62,6 +66,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::codegen::mma::MmaAtom;
 use rocmforge::codegen::{mma_probe_kernel, Platform};
 use rocmforge::compile::{bundle, CompileError, CompileOptions};
+use rocmforge::frontend::llama::Precision;
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{format, DType, Graph, Tensor};
 use rocmforge::runtime::{Device, DiskCache, HipLibraries, KernelCache};
@@ -2159,6 +2164,41 @@ fn main() {
             "tune::cli_run_tune_and_cache_ls".into(),
             Box::new(move || tune_cli(&d, exe.as_deref().expect("checked above"))),
         );
+    }
+    {
+        let d = device.clone();
+        push(
+            &mut trials,
+            &ignored,
+            "llama::tiny_kv_cache_matches_the_interpreter".into(),
+            Box::new(move || llama_trials::tiny(&d)),
+        );
+    }
+    // SmolLM2 generation against the PyTorch reference, where the model file is here.
+    {
+        let why = ignored.clone().or_else(llama_trials::missing);
+        let d = device.clone();
+        push(
+            &mut trials,
+            &why,
+            "llama::f32_greedy_24_every_prompt".into(),
+            Box::new(move || llama_trials::f32_greedy(&d)),
+        );
+        for (name, p) in [
+            ("llama::f16_top1_and_teacher_forced", Precision::F16),
+            (
+                "llama::q4_f16_top1_and_teacher_forced",
+                Precision::quantized(DType::F16),
+            ),
+        ] {
+            let d = device.clone();
+            push(
+                &mut trials,
+                &why,
+                name.into(),
+                Box::new(move || llama_trials::reduced(&d, p)),
+            );
+        }
     }
     // Linear layers on quantized weights at odd sizes, f32 and f16, both sides of the small-M
     // bound, SmolLM2's shapes and a 49152-like LM head.

@@ -12,7 +12,9 @@ use rocmforge::compile::bundle::{
     self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport, DEFAULT_MAX_BUNDLE_BYTES,
 };
 use rocmforge::compile::{CompileOptions, TuneStats};
+use rocmforge::frontend::llama::Precision;
 use rocmforge::frontend::{self, BertEncoder};
+use rocmforge::generate::{GenerateOptions, GenerateStats, Generator};
 use rocmforge::interp::Bindings;
 use rocmforge::ir::{self, format, DType, Graph, GraphError, Tensor};
 use rocmforge::passes::{explain_text, PassManager};
@@ -20,6 +22,7 @@ use rocmforge::runtime::{
     amd_compiler_for, occupancy_table, parse_code_object, report_table, AmdCompiler,
     AmdCompilerChoice, Device, DiskCache, EntryKind, Hiprtc, KernelResources,
 };
+use serde::Serialize;
 
 /// `println!` that ends the program quietly when stdout is closed (`rocmforge ... | head`).
 macro_rules! outln {
@@ -115,9 +118,55 @@ enum Command {
         /// (`rocmforge cache ls` lists them), so only the first compile of a problem pays for it.
         #[arg(long)]
         tune: bool,
+        /// Print one JSON object instead: the embeddings (every value) and the cosine
+        /// similarity matrix.
+        #[arg(long)]
+        json: bool,
         /// The texts.
         #[arg(required = true)]
         texts: Vec<String>,
+    },
+    /// Generate text with a LLaMA-class GGUF model (SmolLM2-135M-Instruct: scripts/fetch-models).
+    ///
+    /// The prompt runs in one pass (padded to a power-of-two bucket, each bucket's plan compiled
+    /// once), then one replayed decode plan per token reading and writing the KV cache; only
+    /// the token id comes back per step. Greedy (argmax) decoding; stops at the model's end of
+    /// sequence token or after --max-tokens. Text streams to stdout as tokens arrive; the
+    /// prompt and decode speeds (tokens/s) go to stderr at the end.
+    #[command(
+        after_help = "Examples:\n  rocmforge generate \"The capital of France is\"\n  rocmforge generate --chat --max-tokens 64 \"What is the capital of France?\"\n  rocmforge generate --device cpu --max-tokens 3 --json \"Hello\""
+    )]
+    Generate {
+        /// The GGUF file.
+        #[arg(long, value_name = "FILE", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
+        model: PathBuf,
+        /// The most tokens to generate.
+        #[arg(long, value_name = "N", default_value_t = 128)]
+        max_tokens: usize,
+        /// Device: cpu, cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        #[arg(long)]
+        device: Option<String>,
+        /// Weights and activations: f32 (weights dequantized), f16 (weights dequantized once to
+        /// f16, f16 activations), or q4 (the file's Q4_1/Q8_0 blocks kept as stored and
+        /// dequantized inside the matrix products; f16 activations on a GPU, f32 on the CPU).
+        #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "q4"])]
+        dtype: String,
+        /// The KV cache's length in tokens: prompt plus --max-tokens may not exceed it.
+        /// Default: 2048 on a GPU, 512 on the CPU (whose interpreter copies the cache each step).
+        #[arg(long, value_name = "N")]
+        max_context: Option<usize>,
+        /// Wrap the prompt in the model's ChatML template (a user turn, then the assistant's).
+        #[arg(long)]
+        chat: bool,
+        /// Print one JSON object at the end instead of streaming: prompt and generated token
+        /// ids, the text and the timings.
+        #[arg(long)]
+        json: bool,
+        /// Launch the decode plan's kernels one by one instead of replaying a captured graph.
+        #[arg(long)]
+        no_replay: bool,
+        /// The prompt.
+        prompt: String,
     },
     /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge):
     /// compiled kernels and tuning results.
@@ -318,6 +367,7 @@ fn cmd_embed(
     dtype: &str,
     texts: &[String],
     tune: bool,
+    json: bool,
 ) -> Result<(), String> {
     let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
     let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
@@ -344,6 +394,34 @@ fn cmd_embed(
         .map_err(|e| e.to_string())?
         .remove(0)
         .to_f64_vec();
+    let h = enc.config.hidden_size;
+    let rows: Vec<&[f64]> = out.chunks(h).collect();
+    let cosine = |a: &[f64], b: &[f64]| {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let n =
+            (a.iter().map(|x| x * x).sum::<f64>() * b.iter().map(|x| x * x).sum::<f64>()).sqrt();
+        dot / n.max(1e-30)
+    };
+    let similarity: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|a| rows.iter().map(|b| cosine(a, b)).collect())
+        .collect();
+    if json {
+        let report = EmbedReport {
+            model: model.display().to_string(),
+            device: device.label().to_string(),
+            dtype: dtype.to_string(),
+            texts: texts.to_vec(),
+            seconds: start.elapsed().as_secs_f64(),
+            embeddings: rows.iter().map(|r| r.to_vec()).collect(),
+            similarity,
+        };
+        outln!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
     outln!(
         "model:  {} ({} layers, hidden {})",
         model.display(),
@@ -361,8 +439,6 @@ fn cmd_embed(
         batch.seq_len,
         start.elapsed().as_secs_f64() * 1e3
     );
-    let h = enc.config.hidden_size;
-    let rows: Vec<&[f64]> = out.chunks(h).collect();
     for (i, (t, e)) in texts.iter().zip(&rows).enumerate() {
         let norm = e.iter().map(|x| x * x).sum::<f64>().sqrt();
         let head: Vec<String> = e.iter().take(values).map(|x| format!("{x:.6}")).collect();
@@ -370,19 +446,185 @@ fn cmd_embed(
         outln!("    norm {norm:.6}  first [{}]", head.join(", "));
     }
     outln!("cosine similarity:");
-    for a in &rows {
-        let line: Vec<String> = rows
-            .iter()
-            .map(|b| {
-                let dot: f64 = a.iter().zip(b.iter()).map(|(x, y)| x * y).sum();
-                let n = (a.iter().map(|x| x * x).sum::<f64>()
-                    * b.iter().map(|x| x * x).sum::<f64>())
-                .sqrt();
-                format!("{:7.4}", dot / n.max(1e-30))
-            })
-            .collect();
+    for row in &similarity {
+        let line: Vec<String> = row.iter().map(|c| format!("{c:7.4}")).collect();
         outln!("  {}", line.join(" "));
     }
+    Ok(())
+}
+
+/// `embed --json`.
+#[derive(Serialize)]
+struct EmbedReport {
+    model: String,
+    device: String,
+    dtype: String,
+    texts: Vec<String>,
+    /// The batch's run, compile excluded.
+    seconds: f64,
+    embeddings: Vec<Vec<f64>>,
+    similarity: Vec<Vec<f64>>,
+}
+
+/// `generate --json`.
+#[derive(Serialize)]
+struct GenerateReport {
+    model: String,
+    device: String,
+    precision: Precision,
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    generated_ids: Vec<u32>,
+    text: String,
+    stats: GenerateStats,
+}
+
+/// What `generate` was asked for.
+struct GenerateArgs<'a> {
+    model: &'a Path,
+    max_tokens: usize,
+    device: Option<&'a str>,
+    dtype: &'a str,
+    max_context: Option<usize>,
+    chat: bool,
+    json: bool,
+    replay: bool,
+}
+
+/// The ChatML turn `prompt` becomes under `--chat`, when the model's template
+/// (`tokenizer.chat_template`) is ChatML-shaped; an error naming what it is otherwise.
+fn chat_prompt(gen: &Generator, prompt: &str) -> Result<String, String> {
+    let template = gen
+        .model
+        .tokenizer
+        .chat_template
+        .as_deref()
+        .ok_or("--chat: the model has no chat template (tokenizer.chat_template)")?;
+    if !(template.contains("<|im_start|>") && template.contains("<|im_end|>")) {
+        return Err(format!(
+            "--chat: the model's chat template is not ChatML (no <|im_start|>/<|im_end|>); \
+             only ChatML is supported. It begins: {:?}",
+            template.chars().take(120).collect::<String>()
+        ));
+    }
+    Ok(format!(
+        "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    ))
+}
+
+fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), String> {
+    let device = pick_device(a.device)?;
+    let precision = match a.dtype {
+        "f32" => Precision::F32,
+        "f16" => Precision::F16,
+        _ => Precision::quantized(if device.is_gpu() {
+            DType::F16
+        } else {
+            DType::F32
+        }),
+    };
+    let options = GenerateOptions {
+        precision,
+        max_context: a
+            .max_context
+            .unwrap_or(if device.is_gpu() { 2048 } else { 512 }),
+        replay: a.replay,
+    };
+    let t0 = Instant::now();
+    let mut gen = Generator::load(a.model, &device, options).map_err(|e| e.to_string())?;
+    let text_in = if a.chat {
+        chat_prompt(&gen, prompt)?
+    } else {
+        prompt.to_string()
+    };
+    let prompt_ids = gen
+        .model
+        .tokenizer
+        .encode(&text_in)
+        .map_err(|e| e.to_string())?;
+    if !a.json {
+        eprintln!(
+            "{} on {} ({}{}), loaded and compiled in {:.2} s",
+            file_name(a.model),
+            device.label(),
+            precision.dtype,
+            if precision.quantized {
+                ", quantized blocks"
+            } else {
+                ""
+            },
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    // Streamed text: the decoding of every id so far minus what was printed, held back while
+    // it ends in an incomplete UTF-8 sequence (a byte-level token's first half).
+    let mut ids = Vec::new();
+    let mut printed = String::new();
+    let tokenizer = gen.model.tokenizer.clone();
+    let json = a.json;
+    let mut failed = None;
+    let out = gen
+        .generate(&prompt_ids, a.max_tokens, |t| {
+            ids.push(t);
+            if json {
+                return true;
+            }
+            match tokenizer.decode(&ids) {
+                Ok(text) if !text.ends_with('\u{fffd}') => {
+                    if let Some(new) = text.strip_prefix(printed.as_str()) {
+                        out!("{new}");
+                        use std::io::Write as _;
+                        let _ = std::io::stdout().flush();
+                    }
+                    printed = text;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    return false;
+                }
+            }
+            true
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let text = tokenizer.decode(&out.ids).map_err(|e| e.to_string())?;
+    let st = &out.stats;
+    if json {
+        let report = GenerateReport {
+            model: a.model.display().to_string(),
+            device: device.label().to_string(),
+            precision,
+            prompt: text_in,
+            prompt_ids,
+            generated_ids: out.ids.clone(),
+            text,
+            stats: out.stats.clone(),
+        };
+        outln!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    if let Some(rest) = text.strip_prefix(printed.as_str()) {
+        out!("{rest}");
+    }
+    outln!();
+    eprintln!(
+        "prompt: {} tokens in {:.3} s ({:.1} tokens/s, bucket {}); decode: {} tokens in {:.3} s \
+         ({:.1} tokens/s); stop: {:?}",
+        st.prompt_tokens,
+        st.prompt_seconds,
+        st.prompt_tokens_per_s,
+        st.prompt_bucket,
+        st.decode_tokens,
+        st.decode_seconds,
+        st.decode_tokens_per_s,
+        st.stop
+    );
     Ok(())
 }
 
@@ -993,7 +1235,39 @@ fn main() -> ExitCode {
             dtype,
             texts,
             tune,
-        } => cmd_embed(model, device.as_deref(), *values, dtype, texts, *tune),
+            json,
+        } => cmd_embed(
+            model,
+            device.as_deref(),
+            *values,
+            dtype,
+            texts,
+            *tune,
+            *json,
+        ),
+        Command::Generate {
+            model,
+            max_tokens,
+            device,
+            dtype,
+            max_context,
+            chat,
+            json,
+            no_replay,
+            prompt,
+        } => cmd_generate(
+            prompt,
+            &GenerateArgs {
+                model,
+                max_tokens: *max_tokens,
+                device: device.as_deref(),
+                dtype,
+                max_context: *max_context,
+                chat: *chat,
+                json: *json,
+                replay: !*no_replay,
+            },
+        ),
         Command::Compile {
             file,
             dump_passes,

@@ -59,6 +59,13 @@ pub enum CompileError {
     UnknownOutput { name: String },
     #[error("the model has no state `{name}`")]
     UnknownState { name: String },
+    /// [`Executable::session_sharing`] between executables whose states differ.
+    #[error("cannot share state `{name}`: this model's is {expected}, the other session's {}", found.as_deref().unwrap_or("missing"))]
+    StateMismatch {
+        name: String,
+        expected: String,
+        found: Option<String>,
+    },
     #[error("output `{name}` ({ty}) is {want} bytes, but the buffer given holds {got}")]
     OutputSize {
         name: String,

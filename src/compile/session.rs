@@ -10,7 +10,7 @@
 //! On the CPU a session runs the interpreter with the same API.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{compare_output, CompileError, CompileStats, MemoryPlan, Verification};
 use crate::codegen::{self, BufferRole, KernelPlan};
@@ -91,10 +91,22 @@ struct InputSlot {
 struct CpuSession {
     bindings: Bindings,
     outputs: Option<Vec<Tensor>>,
-    /// Persistent tensors by name, kept across runs. Empty until the interpreter has a state
-    /// op; then each run passes them in and takes them back (see `docs/architecture.md`).
-    states: HashMap<String, Tensor>,
+    /// Persistent tensors by name, kept across runs: each run passes them in and takes them
+    /// back (see `docs/architecture.md`). Shared with the sessions made by
+    /// [`Executable::session_sharing`].
+    states: SharedStates,
 }
+
+/// A CPU session's states, shared by the sessions that share them.
+type SharedStates = Arc<Mutex<HashMap<String, Tensor>>>;
+
+/// The states, whatever a panicking holder left (each run replaces them whole).
+fn lock(states: &SharedStates) -> std::sync::MutexGuard<'_, HashMap<String, Tensor>> {
+    states.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A GPU session's state buffers: plan buffer id, name, buffer.
+type StateBuffers = Vec<(usize, String, Arc<DeviceBuffer>)>;
 
 /// A session on a GPU.
 pub(super) struct GpuSession {
@@ -111,8 +123,9 @@ pub(super) struct GpuSession {
     /// Status buffers of the index checks, zeroed before every run.
     status: HashMap<usize, Arc<DeviceBuffer>>,
     /// Persistent state buffers by plan buffer id, with their names.
-    states: Vec<(usize, String, Arc<DeviceBuffer>)>,
-    pub(super) stream: Stream,
+    states: StateBuffers,
+    /// Shared with the sessions that share this one's states, so their runs are ordered.
+    pub(super) stream: Arc<Stream>,
 }
 
 impl Drop for GpuSession {
@@ -151,6 +164,72 @@ impl Executable {
 
     pub fn session_with(&self, options: &SessionOptions) -> Result<Session<'_>, CompileError> {
         Session::make(ExeRef::Borrowed(self), options)
+    }
+
+    /// A session whose persistent states are `states_of`'s (the same buffers, not copies): what
+    /// a run of either writes, the other reads, as a prefill plan and a decode plan share a KV
+    /// cache. The two executables must be on one device and declare the same states (names and
+    /// types), else [`CompileError::StateMismatch`]. On a GPU the new session also runs on
+    /// `states_of`'s stream, so the runs of both are ordered without synchronising.
+    pub fn session_sharing<'a>(
+        &'a self,
+        options: &SessionOptions,
+        states_of: &Session<'_>,
+    ) -> Result<Session<'a>, CompileError> {
+        let shared = self.lend(states_of)?;
+        Session::make_sharing(ExeRef::Borrowed(self), options, Some(shared))
+    }
+
+    /// `states_of`'s states, checked to be this executable's.
+    fn lend(&self, states_of: &Session<'_>) -> Result<Shared, CompileError> {
+        let mine = self.state_types();
+        let theirs = states_of.exe.state_types();
+        for (name, ty) in &mine {
+            match theirs.get(name) {
+                Some(t) if t == ty => {}
+                other => {
+                    return Err(CompileError::StateMismatch {
+                        name: name.clone(),
+                        expected: ty.to_string(),
+                        found: other.map(ToString::to_string),
+                    })
+                }
+            }
+        }
+        if let Some(name) = theirs.keys().find(|n| !mine.contains_key(*n)) {
+            return Err(CompileError::StateMismatch {
+                name: name.clone(),
+                expected: "no such state".into(),
+                found: Some(theirs[name].to_string()),
+            });
+        }
+        let shared = match &states_of.backend {
+            Backend::Cpu(cpu) => Shared::Cpu(cpu.states.clone()),
+            Backend::Gpu(gpu) => Shared::Gpu(gpu.stream.clone(), gpu.states.clone()),
+        };
+        let on_gpu = self.plan.is_some() && self.memory.is_some();
+        if on_gpu != matches!(shared, Shared::Gpu(..))
+            || self.device.label() != states_of.exe.device.label()
+        {
+            return Err(CompileError::StateMismatch {
+                name: mine.keys().min().cloned().unwrap_or_default(),
+                expected: format!("states on {}", self.device.label()),
+                found: Some(format!("states on {}", states_of.exe.device.label())),
+            });
+        }
+        Ok(shared)
+    }
+
+    /// The persistent states of the optimised graph (what a session holds), by name.
+    fn state_types(&self) -> HashMap<String, TensorType> {
+        self.graph
+            .node_ids()
+            .filter(|&id| matches!(self.graph.op(id), Op::State { .. }))
+            .map(|id| {
+                let n = self.graph.node(id);
+                (n.name.clone(), n.ty.clone())
+            })
+            .collect()
     }
 
     /// Runs on the device and returns the outputs in order: a session of its own (no replay:
@@ -238,6 +317,16 @@ impl Session<'static> {
     ) -> Result<Session<'static>, CompileError> {
         Session::make(ExeRef::Shared(exe), options)
     }
+
+    /// [`Executable::session_sharing`] for a shared executable.
+    pub fn new_sharing(
+        exe: Arc<Executable>,
+        options: &SessionOptions,
+        states_of: &Session<'_>,
+    ) -> Result<Session<'static>, CompileError> {
+        let shared = exe.lend(states_of)?;
+        Session::make_sharing(ExeRef::Shared(exe), options, Some(shared))
+    }
 }
 
 /// Whether `ROCMFORGE_REPLAY=0` turns replay off.
@@ -245,8 +334,22 @@ fn replay_env_off() -> bool {
     std::env::var("ROCMFORGE_REPLAY").is_ok_and(|v| v == "0")
 }
 
+/// The states another session lends a new one.
+enum Shared {
+    Cpu(SharedStates),
+    Gpu(Arc<Stream>, StateBuffers),
+}
+
 impl<'e> Session<'e> {
     fn make(exe: ExeRef<'e>, options: &SessionOptions) -> Result<Session<'e>, CompileError> {
+        Session::make_sharing(exe, options, None)
+    }
+
+    fn make_sharing(
+        exe: ExeRef<'e>,
+        options: &SessionOptions,
+        shared: Option<Shared>,
+    ) -> Result<Session<'e>, CompileError> {
         let mut inputs = Vec::new();
         for id in exe.source.node_ids() {
             let node = exe.source.node(id);
@@ -268,7 +371,11 @@ impl<'e> Session<'e> {
                         .find(|b| matches!(b.role, BufferRole::Input(_)) && b.name == slot.name)
                         .map(|b| b.id);
                 }
-                Backend::Gpu(gpu_session(&exe, plan, memory, options)?)
+                let lent = match shared {
+                    Some(Shared::Gpu(stream, states)) => Some((stream, states)),
+                    Some(Shared::Cpu(_)) | None => None,
+                };
+                Backend::Gpu(gpu_session(&exe, plan, memory, options, lent)?)
             }
             _ => {
                 for slot in &mut inputs {
@@ -276,15 +383,15 @@ impl<'e> Session<'e> {
                     slot.buffer = exe.graph.find(&slot.name).map(|_| 0);
                 }
                 // Every state starts zeroed, as a fresh session's device buffers do.
-                let states = exe
-                    .graph
-                    .node_ids()
-                    .filter(|&id| matches!(exe.graph.op(id), Op::State { .. }))
-                    .map(|id| {
-                        let n = exe.graph.node(id);
-                        (n.name.clone(), Tensor::zeros(&n.ty))
-                    })
-                    .collect();
+                let states = match shared {
+                    Some(Shared::Cpu(states)) => states,
+                    Some(Shared::Gpu(..)) | None => Arc::new(Mutex::new(
+                        exe.state_types()
+                            .into_iter()
+                            .map(|(name, ty)| (name, Tensor::zeros(&ty)))
+                            .collect(),
+                    )),
+                };
                 Backend::Cpu(CpuSession {
                     bindings: Bindings::default(),
                     outputs: None,
@@ -367,14 +474,16 @@ impl<'e> Session<'e> {
                 cpu.outputs = None;
                 // The states move on only when the run succeeds (a write out of range leaves
                 // them as they were).
+                let mut states = lock(&cpu.states);
                 let (outputs, next) = interp::run_with_state_data(
                     &self.exe.graph,
                     &cpu.bindings,
                     &self.exe.weights,
                     &self.exe.quantized,
-                    &cpu.states,
+                    &states,
                 )?;
-                cpu.states = next;
+                *states = next;
+                drop(states);
                 cpu.outputs = Some(outputs);
             }
             Backend::Gpu(gpu) => {
@@ -432,7 +541,7 @@ impl<'e> Session<'e> {
 
     /// The session's stream (GPU).
     pub fn stream(&self) -> Option<&Stream> {
-        self.gpu().map(|g| &g.stream)
+        self.gpu().map(|g| &*g.stream)
     }
 
     pub(super) fn gpu(&self) -> Option<&GpuSession> {
@@ -580,7 +689,7 @@ impl<'e> Session<'e> {
     pub fn state_names(&self) -> Vec<String> {
         match &self.backend {
             Backend::Cpu(cpu) => {
-                let mut names: Vec<String> = cpu.states.keys().cloned().collect();
+                let mut names: Vec<String> = lock(&cpu.states).keys().cloned().collect();
                 names.sort();
                 names
             }
@@ -592,7 +701,7 @@ impl<'e> Session<'e> {
     pub fn state(&self, name: &str) -> Result<Tensor, CompileError> {
         let unknown = || CompileError::UnknownState { name: name.into() };
         match &self.backend {
-            Backend::Cpu(cpu) => cpu.states.get(name).cloned().ok_or_else(unknown),
+            Backend::Cpu(cpu) => lock(&cpu.states).get(name).cloned().ok_or_else(unknown),
             Backend::Gpu(gpu) => {
                 let plan = self.exe.plan.as_ref().expect("a GPU session has a plan");
                 let (id, _, buffer) = gpu
@@ -608,15 +717,34 @@ impl<'e> Session<'e> {
 
     /// Zeroes every state (ordered on the session's stream).
     pub fn reset_state(&mut self) -> Result<(), CompileError> {
+        self.fill_state(false)
+    }
+
+    /// Fills every state with NaN (every byte 0xff: a NaN in f32, f16 and bf16; -1 in the
+    /// integer types), so a test shows that nothing reads a row no run has written.
+    pub fn poison_state(&mut self) -> Result<(), CompileError> {
+        self.fill_state(true)
+    }
+
+    fn fill_state(&mut self, poison: bool) -> Result<(), CompileError> {
         match &mut self.backend {
             Backend::Cpu(cpu) => {
-                for t in cpu.states.values_mut() {
-                    *t = Tensor::zeros(&t.ty());
+                for t in lock(&cpu.states).values_mut() {
+                    let ty = t.ty();
+                    *t = if poison {
+                        Tensor::from_bytes(
+                            &ty,
+                            &vec![0xff; ty.shape.numel() * ty.dtype.size_bytes()],
+                        )
+                        .map_err(|e| RuntimeError::Cuda(e.to_string()))?
+                    } else {
+                        Tensor::zeros(&ty)
+                    };
                 }
             }
             Backend::Gpu(gpu) => {
                 for (_, _, b) in &gpu.states {
-                    gpu.stream.fill(b, 0)?;
+                    gpu.stream.fill(b, if poison { 0xff } else { 0 })?;
                 }
             }
         }
@@ -664,8 +792,12 @@ fn gpu_session(
     plan: &KernelPlan,
     memory: &MemoryPlan,
     options: &SessionOptions,
+    lent: Option<(Arc<Stream>, StateBuffers)>,
 ) -> Result<GpuSession, CompileError> {
-    let stream = exe.device.new_stream()?;
+    let (stream, lent_states) = match lent {
+        Some((stream, states)) => (stream, Some(states)),
+        None => (Arc::new(exe.device.new_stream()?), None),
+    };
     let bytes =
         |id: usize| plan.buffers[id].ty.shape.numel() * plan.buffers[id].ty.dtype.size_bytes();
     let slots = memory
@@ -683,11 +815,26 @@ fn gpu_session(
                 inputs.insert(b.id, Arc::new(stream.alloc(bytes(b.id), exe.poison)?));
             }
             BufferRole::State { name } => {
-                // A state starts zeroed, as the interpreter starts it; a test that wants a
-                // poisoned cache tail writes one.
-                let buf = stream.alloc(bytes(b.id), false)?;
-                stream.fill(&buf, 0)?;
-                states.push((b.id, name.clone(), Arc::new(buf)));
+                // A lent buffer of the same name (its type was checked against the graph's).
+                let buffer = match &lent_states {
+                    Some(lent) => lent
+                        .iter()
+                        .find(|(_, n, _)| n == name)
+                        .map(|(_, _, buf)| buf.clone())
+                        .ok_or_else(|| CompileError::StateMismatch {
+                            name: name.clone(),
+                            expected: b.ty.to_string(),
+                            found: None,
+                        })?,
+                    // A state starts zeroed, as the interpreter starts it; a test that wants a
+                    // poisoned cache tail writes one (`poison_state`).
+                    None => {
+                        let buf = stream.alloc(bytes(b.id), false)?;
+                        stream.fill(&buf, 0)?;
+                        Arc::new(buf)
+                    }
+                };
+                states.push((b.id, name.clone(), buffer));
             }
             BufferRole::Weight(_)
             | BufferRole::QuantWeight(_)
@@ -863,6 +1010,73 @@ mod tests {
         ));
         assert!(s.state_names().is_empty());
         s.reset_state().unwrap();
+    }
+
+    /// A cache `kv` `[1, 1, rows, 2]` with `s` rows written at `start`; outputs its next value.
+    fn cache_graph(s: usize, rows: usize) -> Executable {
+        let mut g = Graph::new(format!("cache_s{s}"));
+        let kv = g.state("kv", DType::F32, &[1, 1, rows, 2]).unwrap();
+        let vals = g.input("vals", DType::F32, &[1, 1, s, 2]).unwrap();
+        let start = g.input("start", DType::I32, &[1]).unwrap();
+        let next = g.cache_write(kv, vals, start, 2).unwrap();
+        let out = g.add(next, next).unwrap();
+        g.add_output(out).unwrap();
+        Graph::compile_with(g, &Device::cpu(), &CompileOptions::default()).unwrap()
+    }
+
+    fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
+        Tensor::from_f64(DType::F32, dims.to_vec(), v).unwrap()
+    }
+
+    /// A prefill-like executable writes two rows, a decode-like one sharing its states writes
+    /// the third and sees all three; each session's `state` reads the same cache; a poisoned
+    /// cache reads back NaN in both.
+    #[test]
+    fn sessions_sharing_states_see_each_others_writes() {
+        let (wide, one) = (cache_graph(2, 5), cache_graph(1, 5));
+        let mut a = wide.session().unwrap();
+        let mut b = one.session_sharing(&SessionOptions::default(), &a).unwrap();
+        a.set_input("vals", &f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]))
+            .unwrap();
+        a.set_input("start", &ids(&[0])).unwrap();
+        a.run().unwrap();
+        b.set_input("vals", &f32s(&[1, 1, 1, 2], &[5.0, 6.0]))
+            .unwrap();
+        b.set_input("start", &ids(&[2])).unwrap();
+        b.run().unwrap();
+        let want = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0];
+        let doubled: Vec<f64> = want.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(b.outputs().unwrap()[0].to_f64_vec(), doubled);
+        assert_eq!(a.state("kv").unwrap().to_f64_vec(), want);
+        assert_eq!(b.state("kv").unwrap().to_f64_vec(), want);
+        // A session of its own does not see them.
+        let c = one.session().unwrap();
+        assert_eq!(c.state("kv").unwrap().to_f64_vec(), vec![0.0; 10]);
+        b.poison_state().unwrap();
+        assert!(a
+            .state("kv")
+            .unwrap()
+            .to_f64_vec()
+            .iter()
+            .all(|v| v.is_nan()));
+        a.reset_state().unwrap();
+        assert_eq!(b.state("kv").unwrap().to_f64_vec(), vec![0.0; 10]);
+    }
+
+    #[test]
+    fn sharing_states_of_another_type_is_a_typed_error() {
+        let (short, long) = (cache_graph(1, 5), cache_graph(1, 6));
+        let a = short.session().unwrap();
+        assert!(matches!(
+            long.session_sharing(&SessionOptions::default(), &a),
+            Err(CompileError::StateMismatch { name, found: Some(_), .. }) if name == "kv"
+        ));
+        // No states where the other has one.
+        let plain = compiled();
+        assert!(matches!(
+            plain.session_sharing(&SessionOptions::default(), &a),
+            Err(CompileError::StateMismatch { name, .. }) if name == "kv"
+        ));
     }
 
     #[test]

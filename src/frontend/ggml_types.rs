@@ -7,6 +7,8 @@
 
 use half::{bf16, f16};
 
+use crate::ir::quant::{QuantScheme, BLOCK_ELEMS};
+
 /// The tensor types this reader understands, with ggml's type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
@@ -58,6 +60,16 @@ impl GgmlType {
         }
     }
 
+    /// The IR's block quantization this type is, `None` for the plain float types.
+    pub fn quant_scheme(self) -> Option<QuantScheme> {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+            GgmlType::Q4_0 => Some(QuantScheme::Q4_0),
+            GgmlType::Q4_1 => Some(QuantScheme::Q4_1),
+            GgmlType::Q8_0 => Some(QuantScheme::Q8_0),
+        }
+    }
+
     /// Values per block (1 for the plain float types).
     pub fn block_elements(self) -> usize {
         match self {
@@ -100,27 +112,15 @@ impl GgmlType {
             GgmlType::BF16 => blocks
                 .zip(outs)
                 .for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            // Byte j of the packed values holds value j in its low nibble, value j + 16 in its high.
-            GgmlType::Q4_0 => blocks.zip(outs).for_each(|(b, o)| {
-                let d = half(&b[0..2]);
-                for (j, &q) in b[2..18].iter().enumerate() {
-                    o[j] = (f32::from(q & 0x0f) - 8.0) * d;
-                    o[j + 16] = (f32::from(q >> 4) - 8.0) * d;
-                }
-            }),
-            GgmlType::Q4_1 => blocks.zip(outs).for_each(|(b, o)| {
-                let (d, m) = (half(&b[0..2]), half(&b[2..4]));
-                for (j, &q) in b[4..20].iter().enumerate() {
-                    o[j] = f32::from(q & 0x0f) * d + m;
-                    o[j + 16] = f32::from(q >> 4) * d + m;
-                }
-            }),
-            GgmlType::Q8_0 => blocks.zip(outs).for_each(|(b, o)| {
-                let d = half(&b[0..2]);
-                for (j, &q) in b[2..34].iter().enumerate() {
-                    o[j] = f32::from(q as i8) * d;
-                }
-            }),
+            // The block layouts are defined once, in `ir::quant`, which the interpreter and the
+            // device kernels read too.
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                let scheme = self.quant_scheme().expect("a block-quantized type");
+                blocks.zip(outs).for_each(|(b, o)| {
+                    let o: &mut [f32; BLOCK_ELEMS] = o.try_into().expect("whole blocks");
+                    scheme.dequantize_block(b, o);
+                })
+            }
         }
     }
 }

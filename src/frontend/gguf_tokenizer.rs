@@ -21,6 +21,7 @@ const TOKEN_USER_DEFINED: i64 = 4;
 const PRE_TOKENIZERS: &str = "smollm, gpt2";
 
 /// A tokenizer read from GGUF metadata.
+#[derive(Clone)]
 pub struct GgufTokenizer {
     tokenizer: Tokenizer,
     /// `tokenizer.ggml.bos_token_id`, prepended when `add_bos` is set.

@@ -1,0 +1,153 @@
+//! SmolLM2-135M (the real GGUF from `scripts/fetch-models`; without it the bench says so and
+//! exits) on the best GPU, f16 and quantized (the file's Q4_1/Q8_0 blocks, f16 activations):
+//!
+//! - `prefill_1024`: ms for one 1024-token prefill through the KV cache (token id read back);
+//! - `decode_ctxN` (N = 128, 512, 2048): ms per decode token with replay, after a prefill that
+//!   filled the cache to N (two 1024-token chunks for 2048), each step as `rocmforge generate`
+//!   runs it: inputs written, the replayed plan, the token read back.
+//!
+//! f16 rows are named as benches/llama_compare.py expects (`prefill_1024`, `decode_ctxN`); the
+//! quantized rows end in `_q4`. Medians over the runs; same environment as the other benches
+//! (benches/common/summary.rs: `ROCMFORGE_BENCH_FILTER`, `ROCMFORGE_BENCH_JSON`).
+
+#[allow(dead_code)] // table_only: this bench prints a table only
+#[path = "common/summary.rs"]
+mod summary;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rocmforge::compile::{CompileOptions, Executable, Session, SessionOptions};
+use rocmforge::frontend::llama::{io, Precision};
+use rocmforge::frontend::{self, LlamaModel};
+use rocmforge::ir::{DType, Graph, Tensor};
+use rocmforge::runtime::Device;
+
+const PREFILL: usize = 1024;
+const CONTEXTS: [usize; 3] = [128, 512, 2048];
+/// Room for a decode step at position 2048.
+const MAX_CONTEXT: usize = 2048 + 64;
+
+fn ints(dtype: DType, dims: &[usize], v: Vec<i64>) -> Tensor {
+    Tensor::from_i64(dtype, dims.to_vec(), v).expect("sized here")
+}
+
+/// One step of `s` tokens at `start` over `kv_len` keys; returns after the token is on the host.
+fn step(sess: &mut Session<'_>, s: usize, start: usize, kv_len: usize) {
+    let ids = (0..s as i64).map(|i| (i * 7919 + 13) % 49152).collect();
+    sess.set_input(io::INPUT_IDS, &ints(DType::I64, &[1, s], ids))
+        .unwrap();
+    let positions = (start as i64..(start + s) as i64).collect();
+    sess.set_input(io::POSITIONS, &ints(DType::I32, &[s], positions))
+        .unwrap();
+    sess.set_input(io::START, &ints(DType::I32, &[1], vec![start as i64]))
+        .unwrap();
+    sess.set_input(io::KV_LEN, &ints(DType::I32, &[1], vec![kv_len as i64]))
+        .unwrap();
+    sess.set_input(io::LAST, &ints(DType::I32, &[1], vec![s as i64 - 1]))
+        .unwrap();
+    sess.run().unwrap();
+    sess.output(io::TOKEN).unwrap();
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median ms of `f` over `n` calls after two warm-ups.
+fn time_ms(n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    median(
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    )
+}
+
+fn plans(m: &LlamaModel, d: &Device, p: Precision) -> (Executable, Executable) {
+    let prefill = m.kv_graph(PREFILL, MAX_CONTEXT, p, false).unwrap();
+    let decode = m.kv_graph(1, MAX_CONTEXT, p, false).unwrap();
+    let options = CompileOptions {
+        weights: m.weights_for(&decode).unwrap(),
+        quantized: m.quantized_for(&decode).unwrap(),
+        progress: false,
+        ..CompileOptions::default()
+    };
+    (
+        Graph::compile_with(prefill, d, &options).unwrap(),
+        Graph::compile_with(decode, d, &options).unwrap(),
+    )
+}
+
+fn main() {
+    let path = std::env::var_os("ROCMFORGE_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF)
+        });
+    if !path.is_file() {
+        println!(
+            "skipped: SmolLM2 not found at {} (run scripts/fetch-models)",
+            path.display()
+        );
+        return;
+    }
+    let (device, notes) = Device::best().expect("a device");
+    if !device.is_gpu() {
+        println!(
+            "skipped: no GPU ({}); the interpreter would take hours on a 1024-token prefill",
+            notes.join("; ")
+        );
+        return;
+    }
+    let m = LlamaModel::load(&path).unwrap();
+    println!("SmolLM2-135M on {}", device.label());
+    println!("{:<22} {:>10}", "case", "ms");
+    let mut rows = Vec::new();
+    for (suffix, p) in [
+        ("", Precision::F16),
+        ("_q4", Precision::quantized(DType::F16)),
+    ] {
+        let names: Vec<String> = std::iter::once(format!("prefill_{PREFILL}{suffix}"))
+            .chain(CONTEXTS.iter().map(|c| format!("decode_ctx{c}{suffix}")))
+            .collect();
+        if !names.iter().any(|n| summary::selected(n)) {
+            continue;
+        }
+        let t0 = Instant::now();
+        let (pre, dec) = plans(&m, &device, p);
+        eprintln!("{p:?}: compiled in {:.1} s", t0.elapsed().as_secs_f64());
+        let mut ps = pre.session_with(&SessionOptions { replay: false }).unwrap();
+        let mut ds = dec
+            .session_sharing(&SessionOptions { replay: true }, &ps)
+            .unwrap();
+        let mut record = |case: String, ms: f64| {
+            println!("{case:<22} {ms:>10.3}");
+            rows.push(serde_json::json!({"case": case, "ms": ms, "dtype": p.dtype.to_string(), "quantized": p.quantized}));
+        };
+        let case = format!("prefill_{PREFILL}{suffix}");
+        if summary::selected(&case) {
+            record(case, time_ms(10, || step(&mut ps, PREFILL, 0, PREFILL)));
+        }
+        for ctx in CONTEXTS {
+            let case = format!("decode_ctx{ctx}{suffix}");
+            if !summary::selected(&case) {
+                continue;
+            }
+            // The cache filled to ctx (the 1024-token plan in chunks), then steps at ctx.
+            let mut filled = 0;
+            while filled < ctx {
+                step(&mut ps, PREFILL, filled, filled + PREFILL);
+                filled += PREFILL;
+            }
+            record(case, time_ms(100, || step(&mut ds, 1, ctx, ctx + 1)));
+        }
+    }
+    summary::write_json(&device, rows);
+}

@@ -1,0 +1,323 @@
+//! Text generation with a LLaMA-class model: the prompt in one pass (its length rounded up to a
+//! bucket, so a few compiled plans serve every prompt), then one decode plan per token, both
+//! reading and writing the same KV caches
+//! ([`crate::compile::Executable::session_sharing`]). Only the token id
+//! comes back to the host per step (the graphs end in an argmax).
+//!
+//! Prefill plans are compiled when a prompt first needs their bucket (powers of two from
+//! [`MIN_BUCKET`], capped at the maximum context) and kept; the decode plan is compiled once,
+//! at load.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::compile::{CompileError, CompileOptions, Session, SessionOptions};
+use crate::frontend::llama::{io, Precision};
+use crate::frontend::{LlamaModel, ModelError};
+use crate::ir::{DType, Graph, GraphError, Shape, Tensor};
+use crate::runtime::Device;
+
+/// The smallest prefill bucket: shorter prompts are padded to it.
+pub const MIN_BUCKET: usize = 16;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GenerateOptions {
+    pub precision: Precision,
+    /// The KV caches' length: prompt plus generated tokens may not exceed it.
+    pub max_context: usize,
+    /// Replay the decode plan's captured launches (GPU).
+    pub replay: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            precision: Precision::F32,
+            max_context: 2048,
+            replay: true,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error("the prompt is empty: generation needs at least one token")]
+    EmptyPrompt,
+    #[error(
+        "{prompt} prompt tokens and up to {new} new ones need a context of {needed}, past the \
+         maximum context {max_context}"
+    )]
+    ContextExceeded {
+        prompt: usize,
+        new: usize,
+        needed: usize,
+        max_context: usize,
+    },
+    #[error("a maximum context of {max_context} is outside 1..={limit} (the model's)")]
+    MaxContext { max_context: usize, limit: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenId { id: u32, vocab: usize },
+    #[error("the model returned token {value}, outside the vocabulary")]
+    BadToken { value: i64 },
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The model produced its end-of-sequence token (not returned).
+    Eos,
+    /// The callback asked to stop.
+    Callback,
+}
+
+/// What one [`Generator::generate`] did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    /// The bucket the prompt was padded to.
+    pub prompt_bucket: usize,
+    /// The prefill, from setting its inputs to its token on the host (compiling excluded).
+    pub prompt_seconds: f64,
+    /// Decode steps run (the first generated token comes from the prefill).
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+    pub prompt_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub stop: Stop,
+}
+
+/// The generated ids and the stats.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Generation {
+    pub ids: Vec<u32>,
+    pub stats: GenerateStats,
+}
+
+/// A model compiled for generation on one device.
+pub struct Generator {
+    pub model: LlamaModel,
+    options: GenerateOptions,
+    device: Device,
+    compile: CompileOptions,
+    /// The decode plan's session; it owns the caches every prefill session shares.
+    decode: Session<'static>,
+    prefills: BTreeMap<usize, Session<'static>>,
+}
+
+fn rate(tokens: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+impl Generator {
+    /// Loads `path`, reads its weights for `options.precision` and compiles the decode plan.
+    pub fn load(
+        path: &Path,
+        device: &Device,
+        options: GenerateOptions,
+    ) -> Result<Generator, GenerateError> {
+        Generator::new(LlamaModel::load(path)?, device, options)
+    }
+
+    pub fn new(
+        model: LlamaModel,
+        device: &Device,
+        options: GenerateOptions,
+    ) -> Result<Generator, GenerateError> {
+        let limit = model.config.max_position_embeddings;
+        if options.max_context == 0 || options.max_context > limit {
+            return Err(GenerateError::MaxContext {
+                max_context: options.max_context,
+                limit,
+            });
+        }
+        let graph = model.kv_graph(1, options.max_context, options.precision, false)?;
+        // Every step reads the same weights: read them once, for every plan.
+        let compile = CompileOptions {
+            weights: model.weights_for(&graph)?,
+            quantized: model.quantized_for(&graph)?,
+            progress: false,
+            ..CompileOptions::default()
+        };
+        let exe = Arc::new(Graph::compile_with(graph, device, &compile)?);
+        let decode = Session::new_with(
+            exe,
+            &SessionOptions {
+                replay: options.replay,
+            },
+        )?;
+        Ok(Generator {
+            model,
+            options,
+            device: device.clone(),
+            compile,
+            decode,
+            prefills: BTreeMap::new(),
+        })
+    }
+
+    pub fn options(&self) -> &GenerateOptions {
+        &self.options
+    }
+
+    pub fn path(&self) -> &PathBuf {
+        &self.model.path
+    }
+
+    /// The bucket a prompt of `n` tokens is padded to.
+    pub fn bucket(&self, n: usize) -> usize {
+        n.max(MIN_BUCKET)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .min(self.options.max_context)
+    }
+
+    /// The prefill session of `bucket`, compiled on first use.
+    fn prefill(&mut self, bucket: usize) -> Result<&mut Session<'static>, GenerateError> {
+        if !self.prefills.contains_key(&bucket) {
+            let graph = self.model.kv_graph(
+                bucket,
+                self.options.max_context,
+                self.options.precision,
+                false,
+            )?;
+            let exe = Arc::new(Graph::compile_with(graph, &self.device, &self.compile)?);
+            // A prefill runs once per prompt: capturing it would cost more than it saves.
+            let session =
+                Session::new_sharing(exe, &SessionOptions { replay: false }, &self.decode)?;
+            self.prefills.insert(bucket, session);
+        }
+        Ok(self.prefills.get_mut(&bucket).expect("inserted above"))
+    }
+
+    /// Generates up to `max_new_tokens` greedily after `prompt`, calling `on_token` with each
+    /// new token as soon as it is known (returning false stops); stops at the model's end of
+    /// sequence token (not passed on). A prompt and budget past the maximum context is an error
+    /// before anything runs.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Generation, GenerateError> {
+        let n = prompt.len();
+        if n == 0 {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        let max_context = self.options.max_context;
+        let needed = n.saturating_add(max_new_tokens);
+        if needed > max_context {
+            return Err(GenerateError::ContextExceeded {
+                prompt: n,
+                new: max_new_tokens,
+                needed,
+                max_context,
+            });
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::TokenId { id, vocab });
+        }
+        let eos = self.model.tokenizer.eos;
+        let bucket = self.bucket(n);
+        let mut ids = Vec::new();
+        let mut stop = Stop::Length;
+        let mut token = None;
+        // Compiling a bucket's plan the first time is not the prompt's time.
+        if max_new_tokens > 0 {
+            self.prefill(bucket)?;
+        }
+        let t0 = Instant::now();
+        if max_new_tokens > 0 {
+            let session = self.prefill(bucket)?;
+            let mut padded: Vec<i64> = prompt.iter().map(|&i| i64::from(i)).collect();
+            padded.resize(bucket, 0);
+            let positions: Vec<i64> = (0..bucket as i64).collect();
+            session.set_input(io::INPUT_IDS, &int(DType::I64, &[1, bucket], padded))?;
+            session.set_input(io::POSITIONS, &int(DType::I32, &[bucket], positions))?;
+            session.set_input(io::START, &one(0))?;
+            session.set_input(io::KV_LEN, &one(bucket as i64))?;
+            session.set_input(io::LAST, &one(n as i64 - 1))?;
+            session.run()?;
+            token = Some(read_token(session, vocab)?);
+        }
+        let prompt_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut decode_tokens = 0;
+        while let Some(t) = token.take() {
+            if Some(t) == eos {
+                stop = Stop::Eos;
+                break;
+            }
+            ids.push(t);
+            if !on_token(t) {
+                stop = Stop::Callback;
+                break;
+            }
+            if ids.len() == max_new_tokens {
+                break;
+            }
+            // Token `t` sits at position n + len − 1 and attends to everything before it.
+            let pos = (n + ids.len() - 1) as i64;
+            let s = &mut self.decode;
+            s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, 1], vec![i64::from(t)]))?;
+            s.set_input(io::POSITIONS, &int(DType::I32, &[1], vec![pos]))?;
+            s.set_input(io::START, &one(pos))?;
+            s.set_input(io::KV_LEN, &one(pos + 1))?;
+            s.set_input(io::LAST, &one(0))?;
+            s.run()?;
+            decode_tokens += 1;
+            token = Some(read_token(s, vocab)?);
+        }
+        let decode_seconds = t1.elapsed().as_secs_f64();
+        Ok(Generation {
+            ids,
+            stats: GenerateStats {
+                prompt_tokens: n,
+                prompt_bucket: bucket,
+                prompt_seconds,
+                decode_tokens,
+                decode_seconds,
+                prompt_tokens_per_s: rate(n, prompt_seconds),
+                decode_tokens_per_s: rate(decode_tokens, decode_seconds),
+                stop,
+            },
+        })
+    }
+}
+
+fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
+    Tensor::from_i64(dtype, Shape::new(dims.to_vec()), values).expect("sized by the caller")
+}
+
+/// An i32 `[1]`.
+fn one(v: i64) -> Tensor {
+    int(DType::I32, &[1], vec![v])
+}
+
+/// The token a run produced (the argmax output: i32 `[1]`).
+fn read_token(session: &Session<'_>, vocab: usize) -> Result<u32, GenerateError> {
+    let t = session.output(io::TOKEN)?;
+    let value = t.as_i64().and_then(|v| v.first().copied()).unwrap_or(-1);
+    match u32::try_from(value) {
+        Ok(id) if (id as usize) < vocab => Ok(id),
+        _ => Err(GenerateError::BadToken { value }),
+    }
+}
