@@ -2,6 +2,9 @@
 //! blocks (on a FIFO, an endless stream) fails instead of hanging the suite; stdin is a pipe
 //! that stays open and empty, as a terminal waiting for input would.
 
+#[path = "common/smollm2.rs"]
+mod smollm2;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -795,34 +798,13 @@ fn a_bundle_for_a_target_without_a_compiler_has_sources_and_says_so() {
     assert_eq!(code, Some(2), "{err}");
 }
 
-/// SmolLM2's GGUF where scripts/fetch-models puts it (or ROCMFORGE_SMOLLM2), if present.
-fn smollm2() -> Option<PathBuf> {
-    let p = std::env::var_os("ROCMFORGE_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            rocmforge::frontend::model_cache_dir(rocmforge::frontend::SMOLLM2)
-                .join(rocmforge::frontend::SMOLLM2_GGUF)
-        });
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var("ROCMFORGE_REQUIRE_MODELS").map_or(true, |v| v != "1"),
-        "ROCMFORGE_REQUIRE_MODELS=1 but no model at {}",
-        p.display()
-    );
-    eprintln!(
-        "skipped: SmolLM2 not found at {} (run scripts/fetch-models)",
-        p.display()
-    );
-    None
-}
-
 /// `generate --json` on the CPU: the reference's prompt ids and first greedy tokens (from
 /// ../shared/reference/smollm2), their text, and timings; past the context, a clean error.
 #[test]
 fn generate_json_gives_the_reference_tokens_on_the_cpu() {
-    let Some(model) = smollm2() else { return };
+    let Some(model) = smollm2::gguf_if_present() else {
+        return;
+    };
     let model = model.to_str().unwrap();
     let prompt = "The capital of France is";
     let (ok, out, err) = rocmforge(&[

@@ -55,6 +55,8 @@ mod op_zoo;
 mod quant_cases;
 #[path = "common/session_trials.rs"]
 mod session_trials;
+#[path = "common/smollm2.rs"]
+mod smollm2;
 #[path = "common/tiny_gguf.rs"]
 mod tiny_gguf;
 
@@ -278,27 +280,46 @@ fn check_attention_with(
     Ok(())
 }
 
-/// A decode-shaped FlashAttention node against the f32 interpreter, outputs and the split-K
-/// workspace poisoned; rows with no visible key must be zeros. Which cases lower to the decode
-/// pair is checked without a GPU (`plan::gpu_cases_take_decode` in tests/decode_kernels.rs).
-fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<(), Failed> {
+/// Runs `g`'s first output on `b` and compares it with the f32 reference `want` within
+/// `dtype`'s tolerance; returns it and a description naming the case and the plan's kernels.
+fn first_output_within_tolerance(
+    device: &Device,
+    g: &Graph,
+    b: &Bindings,
+    want: &Tensor,
+    name: &str,
+    dtype: DType,
+) -> Result<(Tensor, String), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
-    let g = case.graph();
-    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-    let b = case.bindings(seed);
-    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
-    let want = case.reference(&b);
+    let c = Graph::compile_with(g, device, &options()).map_err(|e| e.to_string())?;
+    let got = c.run(b).map_err(|e| e.to_string())?.remove(0);
     let what = format!(
-        "{} ({:?})",
-        case.name(),
+        "{name} ({:?})",
         c.plan
             .as_ref()
             .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
     );
-    let err = compare(&got.cast(DType::F32), &want, &what)?;
-    if err > tolerance(case.dtype) {
+    let err = compare(&got.cast(DType::F32), want, &what)?;
+    if err > tolerance(dtype) {
         return Err(format!("{what}: relative L2 {err:e}").into());
     }
+    Ok((got, what))
+}
+
+/// A decode-shaped FlashAttention node against the f32 interpreter, outputs and the split-K
+/// workspace poisoned; rows with no visible key must be zeros. Which cases lower to the decode
+/// pair is checked without a GPU (`plan::gpu_cases_take_decode` in tests/decode_kernels.rs).
+fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<(), Failed> {
+    let g = case.graph();
+    let b = case.bindings(seed);
+    let (got, what) = first_output_within_tolerance(
+        device,
+        &g,
+        &b,
+        &case.reference(&b),
+        &case.name(),
+        case.dtype,
+    )?;
     if case.mask == decode_cases::Mask::EmptyRow && !decode_cases::batch0_zero(&got, &case) {
         return Err(format!("{what}: rows with no visible key are not zeros").into());
     }
@@ -308,23 +329,16 @@ fn check_decode(device: &Device, case: decode_cases::Case, seed: u64) -> Result<
 /// Attention over `kv_len` valid keys of a cache whose tail is NaN, against the f32
 /// interpreter (which never reads the tail): any read of the tail by a kernel is NaN and fails.
 fn check_kv(device: &Device, case: kv_cases::KvCase, seed: u64) -> Result<(), Failed> {
-    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let g = case.graph();
-    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
     let b = case.bindings(seed);
-    let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
-    let want = case.reference(&b);
-    let what = format!(
-        "{} ({:?})",
-        case.name(),
-        c.plan
-            .as_ref()
-            .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
-    );
-    let err = compare(&got.cast(DType::F32), &want, &what)?;
-    if err > tolerance(case.dtype) {
-        return Err(format!("{what}: relative L2 {err:e}").into());
-    }
+    first_output_within_tolerance(
+        device,
+        &g,
+        &b,
+        &case.reference(&b),
+        &case.name(),
+        case.dtype,
+    )?;
     Ok(())
 }
 

@@ -19,28 +19,6 @@ use rocmforge::passes::optimize;
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
-fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("ROCMFORGE_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            rocmforge::frontend::model_cache_dir(rocmforge::frontend::SMOLLM2)
-                .join(rocmforge::frontend::SMOLLM2_GGUF)
-        });
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var("ROCMFORGE_REQUIRE_MODELS").map_or(true, |v| v != "1"),
-        "ROCMFORGE_REQUIRE_MODELS=1 but no model at {}",
-        p.display()
-    );
-    eprintln!(
-        "skipped: SmolLM2 not found at {} (run scripts/fetch-models)",
-        p.display()
-    );
-    None
-}
-
 /// `shared/reference/smollm2/reference.json` beside the repository or one of its parents.
 fn reference() -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -57,7 +35,7 @@ fn reference() -> Value {
 fn model() -> Option<&'static LlamaModel> {
     static MODEL: OnceLock<Option<LlamaModel>> = OnceLock::new();
     MODEL
-        .get_or_init(|| model_path().map(|p| LlamaModel::load(&p).unwrap()))
+        .get_or_init(|| smollm2::gguf_if_present().map(|p| LlamaModel::load(&p).unwrap()))
         .as_ref()
 }
 
@@ -350,6 +328,8 @@ fn every_layer_attention_is_fused_causal_gqa() {
 
 // ---- A tiny LLaMA written by tests/common/tiny_gguf.rs: runs without the real model. ----
 
+#[path = "common/smollm2.rs"]
+mod smollm2;
 #[path = "common/tiny_gguf.rs"]
 mod tiny_gguf;
 

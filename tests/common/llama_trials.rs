@@ -14,16 +14,6 @@ use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
-/// The model file (ROCMFORGE_SMOLLM2, else where scripts/fetch-models puts it).
-pub fn model_path() -> PathBuf {
-    std::env::var_os("ROCMFORGE_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            rocmforge::frontend::model_cache_dir(rocmforge::frontend::SMOLLM2)
-                .join(rocmforge::frontend::SMOLLM2_GGUF)
-        })
-}
-
 /// `shared/reference/smollm2/reference.json` beside the repository or one of its parents
 /// (ROCMFORGE_SMOLLM2_REFERENCE names it directly).
 fn reference_path() -> Option<PathBuf> {
@@ -42,7 +32,7 @@ fn reference_path() -> Option<PathBuf> {
 
 /// Why the llama trials cannot run here, if they cannot.
 pub fn missing() -> Option<String> {
-    let p = model_path();
+    let p = super::smollm2::gguf_path();
     if !p.is_file() {
         return Some(format!(
             "SmolLM2 not found at {} (scripts/fetch-models, or ROCMFORGE_SMOLLM2)",
@@ -72,7 +62,7 @@ pub fn f32_greedy(d: &Device) -> Result<(), Failed> {
         max_context: 256,
         replay: true,
     };
-    let mut g = Generator::load(&model_path(), d, options)?;
+    let mut g = Generator::load(&super::smollm2::gguf_path(), d, options)?;
     for case in reference()? {
         let want = ids(&case["greedy_24_ids"])?;
         let out = g.generate(&ids(&case["input_ids"])?, 24, |_| true)?;
@@ -152,7 +142,7 @@ fn forced(pre: &Executable, dec: &Executable, case: &Value) -> Result<Vec<Vec<f6
 /// f32 path is the reference's to 1e-3; the reference's own margin, `last_logits_top8`, checks
 /// the prompt position).
 pub fn reduced(d: &Device, p: Precision) -> Result<(), Failed> {
-    let m = LlamaModel::load(&model_path())?;
+    let m = LlamaModel::load(&super::smollm2::gguf_path())?;
     let (pre32, dec32) = plans(&m, d, Precision::F32)?;
     let (pre, dec) = plans(&m, d, p)?;
     for case in reference()? {
