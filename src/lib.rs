@@ -3,6 +3,7 @@
 //! The pipeline is model → [`ir::Graph`] → passes → codegen → runtime; the [`interp`] CPU
 //! interpreter runs the same graph and is the numeric reference for everything else.
 
+pub mod arch;
 pub mod codegen;
 pub mod compile;
 pub mod frontend;

@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::codegen::{generate_with, mma_probe_kernel, prelude, CodegenOptions, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::{generate_with, mma_probe_kernel, prelude, CodegenOptions};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{

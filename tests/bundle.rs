@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rocmforge::codegen::{self, BufferRole, CodegenOptions, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::{self, BufferRole, CodegenOptions};
 use rocmforge::compile::bundle::format::{Access, BundlePlan, Role};
 use rocmforge::compile::bundle::{self, Bundle, BundleError, EmitOptions, ReplayOptions};
 use rocmforge::interp::{self, Bindings};

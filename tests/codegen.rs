@@ -16,8 +16,9 @@ mod op_zoo;
 use std::path::Path;
 
 use attention_graphs::{build, Mask, Spec};
+use rocmforge::arch::{ArchError, Target};
 use rocmforge::codegen::{
-    generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan, Target,
+    generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan,
     MAX_KERNEL_ARGS,
 };
 use rocmforge::compile::plan_memory;
@@ -84,7 +85,7 @@ fn preludes_per_target() {
 fn unknown_arch_is_a_typed_error() {
     for bad in ["gfx", "cuda", "sm_", "gfx90a:sramecc", "rdna3"] {
         assert!(
-            matches!(Target::parse(bad), Err(CodegenError::UnknownArch { .. })),
+            matches!(Target::parse(bad), Err(ArchError::UnknownArch { .. })),
             "{bad}"
         );
     }
@@ -575,7 +576,7 @@ fn config_field(config: &str, name: &str) -> usize {
 /// list, the family's default is emitted, as the snapshots hold it.
 #[test]
 fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
-    use rocmforge::codegen::{Choice, Family, Tuned};
+    use rocmforge::arch::{Choice, Family, Tuned};
     let target = Target::parse("sm_90").unwrap();
     let gemm = gemm_cases::plain_case(DType::F16, 77, 130, 72, true);
     let spec = Spec {

@@ -36,7 +36,8 @@ use std::path::Path;
 use gemm_small_cases::Case;
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
-use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::{generate_with, CodegenOptions, Kernel};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, QuantScheme};
 

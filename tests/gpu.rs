@@ -65,8 +65,9 @@ use std::sync::{Arc, RwLock};
 
 use attention_graphs::{build, promoted_to_f32, Chain, Mask, Scale, Spec, Step};
 use libtest_mimic::{Arguments, Failed, Trial};
+use rocmforge::arch::Platform;
 use rocmforge::codegen::mma::MmaAtom;
-use rocmforge::codegen::{mma_probe_kernel, Platform};
+use rocmforge::codegen::mma_probe_kernel;
 use rocmforge::compile::{bundle, CompileError, CompileOptions};
 use rocmforge::frontend::llama::Precision;
 use rocmforge::interp::{run, Bindings};
@@ -1185,8 +1186,8 @@ fn launch_past_the_device_limits(device: &Device) -> Result<(), Failed> {
     let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
     let k = &plan.kernels[0];
     let opts: Vec<String> = match target.platform {
-        rocmforge::codegen::Platform::Amd => vec!["-O3".into()],
-        rocmforge::codegen::Platform::Nvidia => vec![],
+        rocmforge::arch::Platform::Amd => vec!["-O3".into()],
+        rocmforge::arch::Platform::Nvidia => vec![],
     };
     let image = device
         .compile_source(&plan.source(k), &k.entry, &opts)

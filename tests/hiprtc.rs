@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;

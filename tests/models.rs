@@ -162,7 +162,7 @@ fn forward_pass_has_at_most_six_copy_kernels() {
     let enc = BertEncoder::load(&dir).unwrap();
     for dt in [DType::F32, DType::F16] {
         let (fused, _) = optimize(&enc.graph_typed(1, 128, dt).unwrap()).unwrap();
-        let target = rocmforge::codegen::Target::parse("sm_90").unwrap();
+        let target = rocmforge::arch::Target::parse("sm_90").unwrap();
         let plan = rocmforge::codegen::generate(&fused, &target).unwrap();
         let copies = plan.kernels.iter().filter(|k| k.family == "copy").count();
         assert!(copies <= 6, "{dt}: {copies} copy kernels");

@@ -7,7 +7,8 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 use rayon::prelude::*;
-use rocmforge::codegen::{self, CodegenOptions, Platform, Target};
+use rocmforge::arch::{Platform, Target};
+use rocmforge::codegen::{self, CodegenOptions};
 use rocmforge::compile::bundle::{
     self, Bundle, BundleError, EmitOptions, ReplayOptions, ReplayReport, DEFAULT_MAX_BUNDLE_BYTES,
 };

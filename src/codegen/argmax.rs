@@ -9,7 +9,8 @@ use super::ctype::ctype;
 use super::limits::{int_index, launch, BLOCK_1D};
 use super::lower::finish;
 use super::plan::{BufferId, Kernel};
-use super::{CodegenError, Target};
+use super::CodegenError;
+use crate::arch::Target;
 use crate::ir::{Graph, NodeId};
 
 #[derive(Serialize)]

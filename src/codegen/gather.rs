@@ -12,7 +12,8 @@ use super::ctype::ctype;
 use super::limits::{launch, launch_1d};
 use super::lower::finish;
 use super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
-use super::{CodegenError, Target};
+use super::CodegenError;
+use crate::arch::Target;
 use crate::ir::{DType, Graph, NodeId, TensorType};
 
 /// Appends the gather kernel of node `id` and its check (none when there are no indices).

@@ -3,7 +3,8 @@
 //! 32-bit `int`s, the number of buffer parameters, and the size of a fused expression.
 
 use super::plan::Launch;
-use super::{CodegenError, Target};
+use super::CodegenError;
+use crate::arch::Target;
 
 /// Most buffer parameters one kernel takes. CUDA's classic parameter space is 4 KiB (512
 /// pointers); half of it leaves room for the launch's own bookkeeping on every driver.

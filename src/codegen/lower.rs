@@ -14,7 +14,8 @@ use super::gather::gather;
 use super::kernels::gemm as gemm_kernels;
 use super::limits::{int_index, kernel_args, launch, launch_1d, BLOCK_1D};
 use super::plan::{Buffer, BufferId, BufferRole, Kernel, KernelPlan, Launch, PlanOutput};
-use super::{templates, CodegenError, CodegenOptions, Target};
+use super::{templates, CodegenError, CodegenOptions};
+use crate::arch::Target;
 use crate::ir::{DType, Expr, Graph, NodeId, Op, QuantScheme, ReduceOp, Shape, TensorType};
 
 const ENTRY: &str = "__RF_ENTRY__";

@@ -5,7 +5,8 @@
 use serde_json::json;
 
 use super::mma::MmaAtom;
-use super::{prelude, templates, CodegenError, Target};
+use super::{prelude, templates, CodegenError};
+use crate::arch::Target;
 
 /// The probe of one atom on one target: `entry(a, b, bt, c)` run by one wave (`lanes` threads)
 /// computes `c = a · b`, where `a` is `m × k` row-major, `b` is `k × n` row-major and `bt` is

@@ -18,12 +18,11 @@ pub mod mma;
 mod mma_probe;
 mod names;
 mod plan;
-pub mod target;
 mod templates;
-pub mod tuning;
 
 use thiserror::Error;
 
+use crate::arch::{ArchError, Platform, Target, Tuned};
 use crate::ir::{Graph, GraphError};
 
 pub use kernels::attention::AttentionAccess;
@@ -33,13 +32,11 @@ pub use names::display_name;
 pub use plan::{
     Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
 };
-pub use target::{Arch, AsyncCopy, LaunchLimits, Platform, Target};
-pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {
-    #[error("unknown target arch `{arch}`: {reason}")]
-    UnknownArch { arch: String, reason: String },
+    #[error(transparent)]
+    Arch(#[from] ArchError),
     #[error("node `{node}` cannot be compiled: {reason}")]
     Unsupported { node: String, reason: String },
     #[error("kernel template `{template}` failed to render: {message}")]

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use super::names::display_name;
-use super::{prelude, Target};
+use super::prelude;
+use crate::arch::Target;
 use crate::ir::{Init, QuantScheme, Sample, TensorType};
 
 pub type BufferId = usize;
@@ -103,7 +104,7 @@ pub struct Kernel {
     /// Buffers bound to the kernel's pointer parameters, in order; the last is written.
     pub args: Vec<BufferId>,
     /// Where the family had several configurations to choose from: which, and which it took.
-    pub tune: Option<super::tuning::TuneSite>,
+    pub tune: Option<crate::arch::tuning::TuneSite>,
 }
 
 /// A graph output: the buffer holding it and its own type (a reshaped output shares the buffer

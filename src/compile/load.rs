@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::codegen::Target;
+use crate::arch::Target;
 use crate::runtime::device::LoadedKernel;
 use crate::runtime::{CacheKey, Device, RuntimeError};
 

@@ -135,7 +135,8 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::{generate, Buffer, Target};
+    use crate::arch::Target;
+    use crate::codegen::{generate, Buffer};
     use crate::ir::{DType, Graph, TensorType};
 
     /// A state buffer bound to kernels (a cache written in place and read) never gets a slot,

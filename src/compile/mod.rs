@@ -302,7 +302,7 @@ fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
 }
 
 /// The kernel plan of an optimised graph, with matmul epilogues when fusing.
-fn lower(graph: &Graph, target: &codegen::Target) -> Result<KernelPlan, CompileError> {
+fn lower(graph: &Graph, target: &crate::arch::Target) -> Result<KernelPlan, CompileError> {
     Ok(codegen::generate_with(
         graph,
         target,
@@ -312,10 +312,10 @@ fn lower(graph: &Graph, target: &codegen::Target) -> Result<KernelPlan, CompileE
 
 /// Options every kernel is compiled with: hiprtc (and clang) take -O3; NVRTC optimises by
 /// default and refuses it.
-fn compiler_options(platform: codegen::Platform) -> Vec<String> {
+fn compiler_options(platform: crate::arch::Platform) -> Vec<String> {
     match platform {
-        codegen::Platform::Amd => vec!["-O3".into()],
-        codegen::Platform::Nvidia => vec![],
+        crate::arch::Platform::Amd => vec!["-O3".into()],
+        crate::arch::Platform::Nvidia => vec![],
     }
 }
 

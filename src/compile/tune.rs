@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::{load, progress, CompileError};
-use crate::codegen::{
-    self, BufferRole, Choice, CodegenOptions, Kernel, KernelPlan, Target, TuneKey, TuneSite, Tuned,
-    STATUS_BYTES,
-};
+use crate::arch::{Choice, Target, TuneKey, TuneSite, Tuned};
+use crate::codegen::{self, BufferRole, CodegenOptions, Kernel, KernelPlan, STATUS_BYTES};
 use crate::ir::Graph;
 use crate::runtime::device::LoadedKernel;
 use crate::runtime::{Device, DeviceBuffer, RuntimeError, TuneCacheKey, TuneDevice, TuneRecord};

@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use super::amd_metadata::{parse_code_object, KernelResources};
 use super::cache::DiskCache;
-use crate::codegen::{Platform, Target};
+use crate::arch::{Platform, Target};
 
 /// The oldest clang whose AMDGPU backend knows gfx942.
 pub const MIN_CLANG_MAJOR: u32 = 17;

@@ -9,7 +9,7 @@ use libloading::Library;
 
 use super::amd_clang::AmdClang;
 use super::hiprtc::Hiprtc;
-use crate::codegen::{Platform, Target};
+use crate::arch::{Platform, Target};
 
 /// Which compiler the caller wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use super::libraries;
 use super::timeline::HoldWait;
 use super::RuntimeError;
-use crate::codegen::LaunchLimits;
+use crate::arch::LaunchLimits;
 
 fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Cuda(e.to_string())

@@ -12,7 +12,7 @@ use super::graph::{Bound, CapturedGraph, GraphInner, KernelLaunch, LaunchList, R
 use super::hip::{HipBuffer, HipDevice, HipFunction, HipLibraries, HipStream};
 use super::timeline::{Hold, Marker, MarkerInner};
 use super::{MemoryCounter, RuntimeError};
-use crate::codegen::{LaunchLimits, Target};
+use crate::arch::{LaunchLimits, Target};
 
 pub enum DeviceKind {
     /// The reference interpreter.

@@ -22,7 +22,7 @@ use super::hiprtc::Hiprtc;
 use super::libraries;
 use super::timeline::HoldWait;
 use super::RuntimeError;
-use crate::codegen::LaunchLimits;
+use crate::arch::LaunchLimits;
 
 /// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
 /// nothing to keep rocmforge off AMD GPUs).

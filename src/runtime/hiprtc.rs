@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use super::amd_targets::AmdTargets;
 use super::libraries::{self, OpenError};
-use crate::codegen::{Platform, Target};
+use crate::arch::{Platform, Target};
 
 /// Libraries tried in order.
 pub const HIPRTC_LIBRARIES: [&str; 4] = [

@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::cache::{DiskCache, EntryError, TUNING_EXT};
 use super::RuntimeError;
-use crate::codegen::{Choice, Family, TuneKey, TuneProblem};
+use crate::arch::{Choice, Family, TuneKey, TuneProblem};
 
 /// The device a result was measured on, as the kernel cache keys it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -14,7 +14,8 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rocmforge::codegen::{prelude, BufferRole, KernelPlan, Platform, Target, STATUS_BYTES};
+use rocmforge::arch::{Platform, Target};
+use rocmforge::codegen::{prelude, BufferRole, KernelPlan, STATUS_BYTES};
 use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 

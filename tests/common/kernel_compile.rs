@@ -10,7 +10,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use libtest_mimic::{Failed, Trial};
-use rocmforge::codegen::{prelude, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::prelude;
 use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
 
 /// Kernels to compile: entry → (full source, body, the case it came from).

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use libtest_mimic::Failed;
-use rocmforge::codegen::Platform;
+use rocmforge::arch::Platform;
 use rocmforge::compile::{CompileError, Executable, Session, SessionOptions};
 use rocmforge::interp::{run, Bindings, InterpError};
 use rocmforge::ir::{format, DType, Graph, Shape, Tensor};

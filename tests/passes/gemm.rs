@@ -6,7 +6,8 @@
 
 use super::*;
 use crate::common::files;
-use rocmforge::codegen::{generate, Target};
+use rocmforge::arch::Target;
+use rocmforge::codegen::generate;
 use rocmforge::ir::{format, to_text, Gemm, GemmDims, NodeId, Tensor, View};
 use rocmforge::passes::{explain_text, DeadCode, FormGemm, Pass, PassManager};
 use std::collections::BTreeMap;

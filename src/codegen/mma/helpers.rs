@@ -22,8 +22,8 @@
 
 use std::fmt::Write;
 
-use super::index::{Field, Linear, Var};
 use super::{Bit, Layout, MmaAtom, MmaKind};
+use super::{Field, Linear, Var};
 use crate::ir::DType;
 
 /// The helpers for one atom, as C++ for the target's prelude.

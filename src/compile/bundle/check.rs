@@ -12,7 +12,8 @@ use serde::Serialize;
 use super::emit::byte_size;
 use super::format::{paths, Access, BundlePlan, Role, FORMAT};
 use super::{signature, BundleError};
-use crate::codegen::{Target, STATUS_BYTES};
+use crate::arch::Target;
+use crate::codegen::STATUS_BYTES;
 use crate::ir::file::{open_regular, read_limited, read_text};
 use crate::ir::FileLimit;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codegen::Platform;
+use crate::arch::Platform;
 use crate::ir::DType;
 
 /// The format this build writes and the only one it reads.

@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use super::format::{tolerance, Access, CodeObjectKind, Role};
 use super::{Bundle, BundleError};
-use crate::codegen::{IndexCheck, Target};
+use crate::arch::Target;
+use crate::codegen::IndexCheck;
 use crate::compile::{compare_output, compiler_options};
 use crate::ir::{DType, Tensor, TensorType};
 use crate::runtime::device::LoadedKernel;

@@ -6,7 +6,8 @@
 
 use std::path::Path;
 
-use rocmforge::codegen::{self, CodegenOptions, Target as Arch};
+use rocmforge::arch::Target as Arch;
+use rocmforge::codegen::{self, CodegenOptions};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, to_dot, to_text, DType, Graph, Op, Tensor};
 use rocmforge::passes::{optimize, PassManager};

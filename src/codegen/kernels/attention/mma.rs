@@ -20,10 +20,12 @@ use serde::Serialize;
 use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_pairs, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
-use super::super::super::tuning::{Family, Tuned};
-use super::super::super::{CodegenError, Target};
+use super::super::super::CodegenError;
 use super::super::gemm::TileLayout;
 use super::Problem;
+use crate::arch::tuning::{Family, Tuned};
+use crate::arch::Target;
+use crate::codegen::mma::AtomHelpers;
 use crate::ir::DType;
 
 /// Elements of a 16-byte piece of a 16-bit tile.

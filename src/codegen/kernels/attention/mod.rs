@@ -22,8 +22,9 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
 use super::super::plan::{BufferId, KernelPlan, Launch};
-use super::super::tuning::{Family, TuneKey, TuneProblem};
-use super::super::{CodegenError, CodegenOptions, Target};
+use super::super::{CodegenError, CodegenOptions};
+use crate::arch::tuning::{Family, TuneKey, TuneProblem};
+use crate::arch::Target;
 use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
 
 /// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from

@@ -6,8 +6,9 @@ use serde::Serialize;
 
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
-use super::super::super::{CodegenError, Target};
+use super::super::super::CodegenError;
 use super::Problem;
+use crate::arch::Target;
 
 /// One tiling of the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

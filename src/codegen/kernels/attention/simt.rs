@@ -10,10 +10,11 @@ use serde::Serialize;
 
 use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
-use super::super::super::target::Platform;
-use super::super::super::tuning::{Family, Tuned};
-use super::super::super::{CodegenError, Target};
+use super::super::super::CodegenError;
 use super::Problem;
+use crate::arch::tuning::{Family, Tuned};
+use crate::arch::Platform;
+use crate::arch::Target;
 use crate::ir::DType;
 
 /// The largest head size (D or Dv) the kernel takes: beyond it no tile fits both 48 KiB of
@@ -234,7 +235,7 @@ pub(crate) fn kernel(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::target::arches;
+    use crate::arch::arches;
 
     fn problem(d: usize, dv: usize, dtype: DType) -> Problem {
         Problem {

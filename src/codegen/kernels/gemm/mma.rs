@@ -21,10 +21,11 @@ use super::super::super::limits::launch as checked_launch;
 use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, Bit, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
-use super::super::super::target::Arch;
-use super::super::super::tuning::{Family, TuneKey, TuneProblem, Tuned};
-use super::super::super::{CodegenError, Target};
+use super::super::super::CodegenError;
 use super::Problem;
+use crate::arch::tuning::{Family, TuneKey, TuneProblem, Tuned};
+use crate::arch::Arch;
+use crate::arch::Target;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::Gemm;
 
@@ -400,7 +401,7 @@ fn tune_key(p: &Problem, acc: &Access) -> TuneKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::target::arch;
+    use crate::arch::arch;
     use crate::ir::{GemmDims, View};
 
     fn ax(v: &[(usize, usize)]) -> Vec<Axis> {

@@ -22,8 +22,9 @@ use super::super::ctype::ctype;
 use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
 use super::super::plan::{BufferId, Kernel};
-use super::super::tuning::Tuned;
-use super::super::{CodegenError, Target};
+use super::super::CodegenError;
+use crate::arch::tuning::Tuned;
+use crate::arch::Target;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::{DType, Gemm, Graph, NodeId, Shape, TensorType, View};
 

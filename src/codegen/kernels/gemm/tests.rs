@@ -1,7 +1,7 @@
 //! How the GEMM family chooses among its kernels and shapes them, per problem and target.
 
 use super::{scalar, small_m, Problem};
-use crate::codegen::Target;
+use crate::arch::Target;
 use crate::ir::gemm::Operand;
 use crate::ir::{DType, Gemm, GemmDims, Graph, Op, Shape, View};
 

@@ -3,10 +3,10 @@
 //! `cp.async.bulk.tensor` target requirements). Statically declared shared memory is capped at
 //! 48 KiB on every one of them.
 
-use super::arch::{Arch, AsyncCopy};
+use super::caps::{Arch, AsyncCopy};
 use super::Platform;
-use crate::codegen::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
-use crate::codegen::mma::MmaAtom;
+use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
+use crate::arch::mma::MmaAtom;
 
 const STATIC_SHARED: u32 = 48 * 1024;
 /// `mma.sync.m16n8k16` with f16 or bf16 inputs: sm_80 and later.

@@ -2,8 +2,8 @@
 //! Every choice codegen and the runtime make per target reads a row; nothing is inferred from
 //! the shape of the arch string.
 
+use super::mma::MmaAtom;
 use super::Platform;
-use crate::codegen::mma::MmaAtom;
 
 /// How a kernel can move global memory into shared memory without staging it in registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,7 +42,7 @@ pub struct Arch {
     /// needs dynamic shared memory and an opt-in), the whole LDS on AMD.
     pub static_shared_bytes: u32,
     pub async_copy: AsyncCopy,
-    /// The matrix instructions we have atoms for (`codegen::mma`); empty where the arch has
+    /// The matrix instructions we have atoms for (`arch::mma`); empty where the arch has
     /// none or only ones we do not model (Volta's m8n8k4, Turing's m16n8k8).
     pub mma: &'static [&'static MmaAtom],
     /// Target features the arch string may switch (`gfx90a:sramecc+:xnack-`).

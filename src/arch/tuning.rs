@@ -1,7 +1,7 @@
 //! Tuned choices: a kernel family that offers several configurations for a problem marks its
 //! kernel with a [`TuneSite`] (family, problem, the candidate list's checksum); the tuner
 //! (`compile::tune`) times the candidates and hands back a [`Tuned`] table, which codegen reads
-//! through [`CodegenOptions::tuned`](super::CodegenOptions). Without an entry, or with one made
+//! through `CodegenOptions::tuned`. Without an entry, or with one made
 //! for another candidate list, a family makes its own deterministic choice, so generated
 //! kernels (and their snapshots) do not depend on tuning unless it is asked for.
 

@@ -3,16 +3,11 @@
 //! (`amd.rs`, `nvidia.rs`: one [`Arch`] row per processor); an arch with no row is an error, so
 //! no capability is ever guessed from the name.
 
-mod amd;
-mod arch;
-mod nvidia;
-
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-pub use arch::{Arch, AsyncCopy};
-
-use super::CodegenError;
+use super::caps::Arch;
+use super::{amd, nvidia, ArchError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Platform {
@@ -58,8 +53,8 @@ impl Hash for Target {
 }
 
 impl Target {
-    pub fn parse(arch: &str) -> Result<Target, CodegenError> {
-        let unknown = |reason: String| CodegenError::UnknownArch {
+    pub fn parse(arch: &str) -> Result<Target, ArchError> {
+        let unknown = |reason: String| ArchError::UnknownArch {
             arch: arch.to_string(),
             reason,
         };
@@ -157,7 +152,8 @@ impl fmt::Display for Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::mma::MmaKind;
+    use crate::arch::mma::MmaKind;
+    use crate::arch::AsyncCopy;
     use crate::ir::DType;
 
     #[test]
@@ -199,7 +195,7 @@ mod tests {
             "sm_61",
         ] {
             assert!(
-                matches!(Target::parse(bad), Err(CodegenError::UnknownArch { .. })),
+                matches!(Target::parse(bad), Err(ArchError::UnknownArch { .. })),
                 "{bad}"
             );
         }

@@ -6,9 +6,9 @@
 //! release that lists the processor as supported; where unsure we give the later release, which
 //! only means the offline clang is used where an older hiprtc might also have worked.
 
-use super::arch::{Arch, AsyncCopy};
+use super::caps::{Arch, AsyncCopy};
 use super::Platform;
-use crate::codegen::mma::atoms::{
+use crate::arch::mma::atoms::{
     MFMA_16X16X16_BF16, MFMA_16X16X16_F16, MFMA_32X32X8_BF16, MFMA_32X32X8_F16,
     WMMA11_16X16X16_BF16, WMMA11_16X16X16_F16, WMMA12_16X16X16_BF16, WMMA12_16X16X16_F16,
 };
@@ -21,7 +21,7 @@ const fn amd(
     name: &'static str,
     family: &'static str,
     wave_size: u32,
-    mma: &'static [&'static crate::codegen::mma::MmaAtom],
+    mma: &'static [&'static crate::arch::mma::MmaAtom],
     features: &'static [&'static str],
     isa_version: (u32, u32, u32),
     hiprtc_since_rocm: (u32, u32),
@@ -98,7 +98,7 @@ pub static GFX942: Arch = amd(
 /// RX 6800/6900, W6800: no matrix instructions.
 pub static GFX1030: Arch = amd("gfx1030", "RDNA2", 32, &[], &[], (10, 3, 0), (5, 0));
 /// RDNA3: WMMA with A and B replicated across the two half-waves.
-const RDNA3_MMA: &[&crate::codegen::mma::MmaAtom] = &[&WMMA11_16X16X16_F16, &WMMA11_16X16X16_BF16];
+const RDNA3_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA11_16X16X16_F16, &WMMA11_16X16X16_BF16];
 /// RX 7900.
 pub static GFX1100: Arch = amd("gfx1100", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 0), (5, 7));
 /// RX 7800/7700.
@@ -106,7 +106,7 @@ pub static GFX1101: Arch = amd("gfx1101", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 1
 /// RX 7600.
 pub static GFX1102: Arch = amd("gfx1102", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 2), (5, 7));
 /// RDNA4: WMMA with A and B split between the half-waves.
-const RDNA4_MMA: &[&crate::codegen::mma::MmaAtom] = &[&WMMA12_16X16X16_F16, &WMMA12_16X16X16_BF16];
+const RDNA4_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA12_16X16X16_F16, &WMMA12_16X16X16_BF16];
 /// RX 9060.
 pub static GFX1200: Arch = amd("gfx1200", "RDNA4", 32, RDNA4_MMA, &[], (12, 0, 0), (6, 4));
 /// RX 9070.
