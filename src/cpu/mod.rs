@@ -250,6 +250,8 @@ pub struct CpuPlan {
     inputs: HashMap<String, usize>,
     states: HashMap<String, usize>,
     outputs: Vec<usize>,
+    /// Each output's own type (a reshape shares its operand's slot, not its shape).
+    output_types: Vec<TensorType>,
     pool: Arc<ThreadPool>,
     kernel: Kernel,
     options: CpuOptions,
@@ -289,6 +291,7 @@ impl CpuPlan {
             inputs: HashMap::new(),
             states: HashMap::new(),
             outputs: Vec::new(),
+            output_types: Vec::new(),
             pool: Arc::new(pool),
             kernel: Kernel::detect(),
             options: CpuOptions { threads, ..options },
@@ -523,6 +526,11 @@ impl CpuPlan {
             }
         }
         plan.outputs = fused.outputs().iter().map(|o| slot_of[o]).collect();
+        plan.output_types = fused
+            .outputs()
+            .iter()
+            .map(|o| fused.ty(*o).clone())
+            .collect();
         Ok(plan)
     }
 
@@ -756,7 +764,7 @@ impl CpuSession<'_> {
             count: self.plan.outputs.len(),
         })?;
         val(&self.plan.fixed, &self.bufs, s)
-            .to_tensor(&self.plan.types[s])
+            .to_tensor(&self.plan.output_types[index])
             .map_err(|source| CpuError::Host {
                 node: format!("output {index}"),
                 source,
