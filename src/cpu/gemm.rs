@@ -189,7 +189,7 @@ impl GemmStep {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     pub fn run(
         &self,
         kernel: Kernel,
@@ -252,14 +252,14 @@ impl GemmStep {
                     }
                 });
         } else {
-            let (b, b_rs, b_cs, b_bs): (&[f32], usize, usize, Option<usize>) =
-                if self.b_strides.is_none() {
+            let (b, b_rs, b_cs, b_bs): (&[f32], usize, usize, Option<usize>) = match self.b_strides
+            {
+                Some((rs, cs)) => (b_src, rs, cs, None),
+                None => {
                     pack(b_src, &self.b, pack_b);
                     (&*pack_b, n, 1, Some(k * n))
-                } else {
-                    let (rs, cs) = self.b_strides.expect("in place");
-                    (b_src, rs, cs, None)
-                };
+                }
+            };
             let b_off = |bi: usize| {
                 b_bs.map_or(self.b.batch[bi] + self.b.rows[0] + self.b.cols[0], |s| {
                     bi * s
