@@ -6,6 +6,7 @@
 pub mod arch;
 pub mod codegen;
 pub mod compile;
+pub mod cpu;
 pub mod frontend;
 pub mod generate;
 pub mod interp;

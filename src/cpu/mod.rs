@@ -1,0 +1,904 @@
+//! A fast CPU device for the *fused* graph (what `passes` produce, the plan the GPUs run).
+//!
+//! Entry API (what `compile` builds sessions and `Device::best()` on):
+//! ```text
+//! let plan = CpuPlan::new(&fused, &weights, CpuOptions::default())?;   // once per model
+//! let mut s = plan.session()?;                                         // buffers, states
+//! s.set_input("x", &tensor)?; s.run()?; let y = s.output(0)?;          // per step
+//! ```
+//! * [`CpuPlan`] holds the steps (one per node, in topological order), the weights (dense f32,
+//!   or the blocks of quantized ones) and a rayon pool of an explicit thread count.
+//! * [`CpuSession`] holds every value's buffer, allocated once; a warm [`CpuSession::run`]
+//!   allocates nothing except in the nodes that run on the interpreter (listed in
+//!   [`CpuPlan::fallbacks`]). States live in the session with the interpreter's
+//!   `run_with_state` semantics: zeros at first, each cache write gives the next run's value
+//!   (written in place: validation guarantees the state has no other reader).
+//!
+//! Which ops have a kernel here and which run on the interpreter is decided per op in
+//! [`CpuPlan::new`]'s exhaustive match: layout ops other than reshape, reductions, concat,
+//! slice, permute, expand and unfused matmuls run on the interpreter (the fused graphs of the
+//! models have few, and none on a hot path).
+
+mod attention;
+mod expr;
+mod gemm;
+mod kernels;
+pub mod quant;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rayon::ThreadPool;
+use thiserror::Error;
+
+use crate::interp::{self, Bindings, InterpError};
+use crate::ir::{
+    normalize_axis, random_quant, random_weight, Expr, Graph, GraphError, NodeId, NodeMap, Op,
+    QuantError, QuantScheme, QuantTensor, Tensor, TensorError, TensorType, UnaryOp,
+};
+
+pub use expr::Program;
+pub use quant::Kernel;
+
+#[derive(Debug, Error)]
+pub enum CpuError {
+    /// What the interpreter reports for the same condition (bindings, indices, cache
+    /// windows, kv_len), so both devices fail alike.
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error("node `{node}`: {source}")]
+    Host {
+        node: String,
+        #[source]
+        source: TensorError,
+    },
+    #[error("`{name}` is not an input of the graph")]
+    UnknownInput { name: String },
+    #[error("output {index} does not exist (the graph has {count})")]
+    NoOutput { index: usize, count: usize },
+    #[error("cannot build the thread pool of {threads} threads: {reason}")]
+    Pool { threads: usize, reason: String },
+    #[error("node `{node}`: the interpreter fallback could not be built: {reason}")]
+    Fallback { node: String, reason: String },
+}
+
+/// How products with quantized weights are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Quantized weights are dequantized once, when the plan is made (as the interpreter
+    /// does every run), and multiplied in f32: results agree with the interpreter to f32
+    /// rounding.
+    Exact,
+    /// Activations are quantized to 8 bits per block of 32 and multiplied with the weight
+    /// blocks in integers (llama.cpp's scheme): the fast decode path. Its error against the
+    /// f32 product is that of 8-bit activations (about 1e-3 relative).
+    Q8Activations,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct CpuOptions {
+    /// Worker threads. The default is the number of physical cores: the kernels are bound by
+    /// memory bandwidth and SIMD units, which hyper-threads share, so a second thread per core
+    /// adds contention rather than speed.
+    pub threads: usize,
+    pub precision: Precision,
+}
+
+impl Default for CpuOptions {
+    fn default() -> CpuOptions {
+        CpuOptions {
+            threads: physical_cores(),
+            precision: Precision::Q8Activations,
+        }
+    }
+}
+
+/// Physical cores: distinct (package, core) pairs in `/proc/cpuinfo`, else the logical count
+/// (`std::thread::available_parallelism`).
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::BTreeSet::new();
+    let (mut package, mut core) = (None, None);
+    for line in info.lines() {
+        let mut kv = line.splitn(2, ':').map(str::trim);
+        match (kv.next(), kv.next()) {
+            (Some("physical id"), Some(v)) => package = Some(v.to_string()),
+            (Some("core id"), Some(v)) => core = Some(v.to_string()),
+            (Some(""), _) | (None, _) => {
+                if let (Some(p), Some(c)) = (package.take(), core.take()) {
+                    cores.insert((p, c));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let (Some(p), Some(c)) = (package, core) {
+        cores.insert((p, c));
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+/// A value's storage: floats as f32 rounded to their dtype, integers and bools as i64 (the
+/// interpreter's `Tensor` representation, so conversions at the edges are copies).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Buf {
+    F(Vec<f32>),
+    I(Vec<i64>),
+}
+
+impl Default for Buf {
+    fn default() -> Buf {
+        Buf::F(Vec::new())
+    }
+}
+
+impl Buf {
+    fn zeros(ty: &TensorType) -> Buf {
+        let n = ty.shape.numel();
+        if ty.dtype.is_float() {
+            Buf::F(vec![0.0; n])
+        } else {
+            Buf::I(vec![0; n])
+        }
+    }
+
+    fn from_tensor(t: &Tensor) -> Buf {
+        match t.data() {
+            crate::ir::Data::Float(v) => Buf::F(v.clone()),
+            crate::ir::Data::Int(v) => Buf::I(v.clone()),
+        }
+    }
+
+    fn to_tensor(&self, ty: &TensorType) -> Result<Tensor, TensorError> {
+        match self {
+            Buf::F(v) => Tensor::from_f32(ty.dtype, ty.shape.clone(), v.clone()),
+            Buf::I(v) => Tensor::from_i64(ty.dtype, ty.shape.clone(), v.clone()),
+        }
+    }
+
+    /// Overwrites the values with `t`'s (same length and kind, checked by the caller's type
+    /// check), without allocating.
+    fn copy_from(&mut self, t: &Tensor) {
+        match (self, t.data()) {
+            (Buf::F(d), crate::ir::Data::Float(s)) => d.copy_from_slice(s),
+            (Buf::I(d), crate::ir::Data::Int(s)) => d.copy_from_slice(s),
+            (d, _) => *d = Buf::from_tensor(t),
+        }
+    }
+
+    pub fn f(&self) -> &[f32] {
+        match self {
+            Buf::F(v) => v,
+            Buf::I(_) => &[],
+        }
+    }
+
+    pub fn i(&self) -> &[i64] {
+        match self {
+            Buf::I(v) => v,
+            Buf::F(_) => &[],
+        }
+    }
+
+    /// Element `i` as f32 (bools and small integers exactly).
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            Buf::F(v) => v[i],
+            Buf::I(v) => v[i] as f32,
+        }
+    }
+}
+
+/// A node that runs on the interpreter: a one-node graph over inputs `$0…`.
+struct Fallback {
+    graph: Graph,
+    names: Vec<String>,
+    types: Vec<TensorType>,
+}
+
+enum Kind {
+    /// Sources (inputs, states, weights, constants) and aliases (reshape): no work.
+    Nothing,
+    Elementwise(Box<kernels::Elementwise>),
+    Gemm(Box<gemm::GemmStep>),
+    Norm {
+        eps: f64,
+        rms: bool,
+        d: usize,
+    },
+    Softmax {
+        d: usize,
+    },
+    Rope(Box<attention::RopeStep>),
+    Attention(Box<attention::AttentionStep>),
+    Gather {
+        row: usize,
+        rows: usize,
+    },
+    CacheWrite(kernels::Window),
+    ArgMax {
+        len: usize,
+        inner: usize,
+    },
+    Fallback(Box<Fallback>),
+}
+
+struct Step {
+    node: String,
+    slot: usize,
+    args: Vec<usize>,
+    kind: Kind,
+}
+
+/// The compiled form of a fused graph for the CPU: immutable, shareable across sessions.
+pub struct CpuPlan {
+    steps: Vec<Step>,
+    types: Vec<TensorType>,
+    /// Values fixed for the plan's life: weights, constants, causal masks.
+    fixed: Vec<Option<Buf>>,
+    /// Quantized weights kept as blocks (read by Q8 GEMV steps).
+    quant: Vec<Option<QuantTensor>>,
+    inputs: HashMap<String, usize>,
+    states: HashMap<String, usize>,
+    outputs: Vec<usize>,
+    /// Each output's own type (a reshape shares its operand's slot, not its shape).
+    output_types: Vec<TensorType>,
+    pool: Arc<ThreadPool>,
+    kernel: Kernel,
+    options: CpuOptions,
+}
+
+/// Why the buffer of slot `s` in `bufs` is read from the plan instead.
+fn val<'a>(fixed: &'a [Option<Buf>], bufs: &'a [Buf], s: usize) -> &'a Buf {
+    fixed[s].as_ref().unwrap_or(&bufs[s])
+}
+
+impl CpuPlan {
+    /// Plans `fused` (any graph; normally the output of `passes::optimize`). Weights come from
+    /// `weights.weights` / `weights.quantized`, or are drawn from `weights.seed` as the
+    /// interpreter draws them; `weights.inputs` is not read (inputs are set per run).
+    pub fn new(
+        fused: &Graph,
+        weights: &Bindings,
+        options: CpuOptions,
+    ) -> Result<CpuPlan, CpuError> {
+        fused.validate()?;
+        fused.check_state_writes()?;
+        let threads = options.threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| CpuError::Pool {
+                threads,
+                reason: e.to_string(),
+            })?;
+        let order = fused.topo_order()?;
+        let mut slot_of: NodeMap<usize> = NodeMap::default();
+        let mut plan = CpuPlan {
+            steps: Vec::new(),
+            types: Vec::new(),
+            fixed: Vec::new(),
+            quant: Vec::new(),
+            inputs: HashMap::new(),
+            states: HashMap::new(),
+            outputs: Vec::new(),
+            output_types: Vec::new(),
+            pool: Arc::new(pool),
+            kernel: Kernel::detect(),
+            options: CpuOptions { threads, ..options },
+        };
+        // Quantized weights only Q8 GEMV steps read need no dense copy.
+        let q8 = options.precision == Precision::Q8Activations;
+        for id in order {
+            let node = fused.node(id);
+            let ops: Vec<NodeId> = fused.operands(id);
+            let args: Vec<usize> = ops.iter().map(|o| slot_of[o]).collect();
+            let arg_ty: Vec<&TensorType> = ops.iter().map(|o| fused.ty(*o)).collect();
+            let host = |source| CpuError::Host {
+                node: node.name.clone(),
+                source,
+            };
+            crate::ir::check_host_size(&node.ty).map_err(host)?;
+            let ty = &node.ty;
+            let axis = |a: i64| normalize_axis(a, arg_ty[0].shape.rank()).unwrap_or(0);
+            let new_slot = |plan: &mut CpuPlan, fixed: Option<Buf>| {
+                plan.types.push(ty.clone());
+                plan.fixed.push(fixed);
+                plan.quant.push(None);
+                plan.types.len() - 1
+            };
+            let fallback = |plan: &mut CpuPlan| -> Result<Kind, CpuError> {
+                let _ = plan;
+                Ok(Kind::Fallback(Box::new(build_fallback(
+                    &node.name, &node.op, &arg_ty,
+                )?)))
+            };
+            let elementwise = |expr: Expr| -> Option<Kind> {
+                let p = Program::compile(&expr, &arg_ty)?;
+                Some(Kind::Elementwise(Box::new(kernels::Elementwise::new(
+                    p, &arg_ty, ty,
+                ))))
+            };
+            // Each op's choice: a kernel here, or the interpreter (with why).
+            let (slot, kind) = match &node.op {
+                Op::Input { .. } => {
+                    let s = new_slot(&mut plan, None);
+                    plan.inputs.insert(node.name.clone(), s);
+                    (s, Kind::Nothing)
+                }
+                Op::State { .. } => {
+                    let s = new_slot(&mut plan, None);
+                    plan.states.insert(node.name.clone(), s);
+                    (s, Kind::Nothing)
+                }
+                Op::Weight {
+                    quant: Some(scheme),
+                    ..
+                } => {
+                    let q = quantized(&node.name, *scheme, ty, weights)?;
+                    // A dense copy unless every reader is a GEMV that reads the blocks.
+                    let blocks_only = q8
+                        && fused
+                            .consumers(id)
+                            .iter()
+                            .all(|c| gemm::reads_blocks(fused, *c, id));
+                    let dense = if blocks_only {
+                        None
+                    } else {
+                        let t =
+                            q.to_tensor(ty.dtype)
+                                .map_err(|source| InterpError::QuantBinding {
+                                    name: node.name.clone(),
+                                    source,
+                                })?;
+                        Some(Buf::from_tensor(&t))
+                    };
+                    let s = new_slot(&mut plan, dense.or(Some(Buf::F(Vec::new()))));
+                    plan.quant[s] = Some(q);
+                    (s, Kind::Nothing)
+                }
+                Op::Weight { init, .. } => {
+                    let t = dense_weight(&node.name, ty, init, weights)?;
+                    (
+                        new_slot(&mut plan, Some(Buf::from_tensor(&t))),
+                        Kind::Nothing,
+                    )
+                }
+                Op::Constant { values, .. } => {
+                    let t = Tensor::constant(ty, values).map_err(host)?;
+                    (
+                        new_slot(&mut plan, Some(Buf::from_tensor(&t))),
+                        Kind::Nothing,
+                    )
+                }
+                Op::CausalMask { .. } => {
+                    // Computed once: it depends on attributes only.
+                    let mut g = Graph::new("mask");
+                    let m = g.add_op(node.op.clone(), &[])?;
+                    g.add_output(m)?;
+                    let t = interp::run(&g, &Bindings::default())?.remove(0);
+                    (
+                        new_slot(&mut plan, Some(Buf::from_tensor(&t))),
+                        Kind::Nothing,
+                    )
+                }
+                // Row-major data is unchanged by a reshape: the value is its operand's buffer.
+                Op::Reshape { .. } => (args[0], Kind::Nothing),
+                // Rare in fused graphs and never on a hot path: the interpreter's.
+                Op::Permute { .. }
+                | Op::Expand { .. }
+                | Op::Concat { .. }
+                | Op::Slice { .. }
+                | Op::Reduce { .. }
+                | Op::MatMul => (new_slot(&mut plan, None), fallback(&mut plan)?),
+                Op::Gather => {
+                    let tdims = arg_ty[0].shape.dims();
+                    let row: usize = tdims[1..].iter().product();
+                    let k = if arg_ty[0].dtype.is_float() && !arg_ty[1].dtype.is_float() {
+                        Kind::Gather {
+                            row,
+                            rows: tdims[0],
+                        }
+                    } else {
+                        fallback(&mut plan)?
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Binary(b) => {
+                    let e = Expr::Binary(*b, Box::new(Expr::Input(0)), Box::new(Expr::Input(1)));
+                    let k = match elementwise(e) {
+                        Some(k) => k,
+                        None => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Where => {
+                    let e = Expr::Where(
+                        Box::new(Expr::Input(0)),
+                        Box::new(Expr::Input(1)),
+                        Box::new(Expr::Input(2)),
+                    );
+                    let k = match elementwise(e) {
+                        Some(k) => k,
+                        None => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Unary(u) => {
+                    let k = match elementwise(unary_expr(*u)) {
+                        Some(k) => k,
+                        None => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Cast { to } => {
+                    let k = match elementwise(Expr::Cast(*to, Box::new(Expr::Input(0)))) {
+                        Some(k) => k,
+                        None => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::FusedElementwise(e) => {
+                    let k = match elementwise(e.clone()) {
+                        Some(k) => k,
+                        None => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Softmax { axis: a } => {
+                    let rank = arg_ty[0].shape.rank();
+                    let k = if axis(*a) + 1 == rank {
+                        Kind::Softmax {
+                            d: arg_ty[0].shape.dims()[rank - 1],
+                        }
+                    } else {
+                        fallback(&mut plan)?
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
+                    let d = arg_ty[0].shape.dims().last().copied().unwrap_or(1);
+                    let rms = matches!(node.op, Op::RmsNorm { .. });
+                    (new_slot(&mut plan, None), Kind::Norm { eps: *eps, rms, d })
+                }
+                Op::Rope { theta, offset } => {
+                    let k = Kind::Rope(Box::new(attention::RopeStep::new(
+                        *theta,
+                        *offset,
+                        &arg_ty[0].shape,
+                        args.len() > 1,
+                    )));
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::FlashAttention(att) => {
+                    let k = Kind::Attention(Box::new(attention::AttentionStep::new(att, &arg_ty)));
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::Gemm(g) => {
+                    let quant_b = if q8 {
+                        plan.quant[args[1]]
+                            .clone()
+                            .filter(|_| gemm::reads_blocks(fused, id, ops[1]))
+                    } else {
+                        None
+                    };
+                    // An epilogue over integer values has no program: the interpreter's.
+                    let k = if gemm::GemmStep::compilable(g, &arg_ty) {
+                        let step = gemm::GemmStep::new(g, &arg_ty, ty, quant_b, threads);
+                        Kind::Gemm(Box::new(step))
+                    } else {
+                        fallback(&mut plan)?
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+                Op::CacheWrite { axis: a } => {
+                    // In place: the value is the state's buffer.
+                    let w = kernels::Window::new(&arg_ty[0].shape, &arg_ty[1].shape, axis(*a));
+                    (args[0], Kind::CacheWrite(w))
+                }
+                Op::ArgMax { axis: a } => {
+                    let dims = arg_ty[0].shape.dims();
+                    let ax = axis(*a);
+                    let k = Kind::ArgMax {
+                        len: dims[ax],
+                        inner: dims[ax + 1..].iter().product(),
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
+            };
+            slot_of.insert(id, slot);
+            if !matches!(kind, Kind::Nothing) {
+                plan.steps.push(Step {
+                    node: node.name.clone(),
+                    slot,
+                    args,
+                    kind,
+                });
+            }
+        }
+        plan.outputs = fused.outputs().iter().map(|o| slot_of[o]).collect();
+        plan.output_types = fused
+            .outputs()
+            .iter()
+            .map(|o| fused.ty(*o).clone())
+            .collect();
+        Ok(plan)
+    }
+
+    /// The nodes that run on the interpreter, with their op names.
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s.kind, Kind::Fallback(_)))
+            .map(|s| s.node.clone())
+            .collect()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.options.threads
+    }
+
+    /// The quantized dot-product kernel this CPU runs.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// A session: every buffer allocated now, states zeroed.
+    pub fn session(&self) -> Result<CpuSession<'_>, CpuError> {
+        let bufs = self
+            .types
+            .iter()
+            .zip(&self.fixed)
+            .map(|(ty, f)| {
+                if f.is_some() {
+                    Buf::default()
+                } else {
+                    Buf::zeros(ty)
+                }
+            })
+            .collect();
+        let scratch = self
+            .steps
+            .iter()
+            .map(|s| match &s.kind {
+                Kind::Gemm(g) => g.scratch(),
+                Kind::Attention(a) => a.scratch(),
+                Kind::Nothing
+                | Kind::Elementwise(_)
+                | Kind::Norm { .. }
+                | Kind::Softmax { .. }
+                | Kind::Rope(_)
+                | Kind::Gather { .. }
+                | Kind::CacheWrite(_)
+                | Kind::ArgMax { .. }
+                | Kind::Fallback(_) => Scratch::default(),
+            })
+            .collect();
+        Ok(CpuSession {
+            plan: self,
+            bufs,
+            scratch,
+        })
+    }
+}
+
+/// Per-step working memory, allocated with the session.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub f: Vec<f32>,
+    pub q: Vec<quant::Q8Block>,
+}
+
+fn unary_expr(u: UnaryOp) -> Expr {
+    Expr::Unary(u, Box::new(Expr::Input(0)))
+}
+
+fn dense_weight(
+    name: &str,
+    ty: &TensorType,
+    init: &crate::ir::Init,
+    w: &Bindings,
+) -> Result<Tensor, CpuError> {
+    if let Some(q) = w.quantized.get(name) {
+        return Err(InterpError::QuantBinding {
+            name: name.to_string(),
+            source: QuantError::Mismatch {
+                expected: format!("dense {ty}"),
+                got: q.describe(),
+            },
+        }
+        .into());
+    }
+    match w.weights.get(name) {
+        Some(t) if t.ty() == *ty => Ok(t.clone()),
+        Some(t) => Err(InterpError::BindingType {
+            name: name.to_string(),
+            expected: ty.clone(),
+            got: t.ty(),
+        }
+        .into()),
+        None => random_weight(name, ty, init, w.seed).map_err(|source| CpuError::Host {
+            node: name.to_string(),
+            source,
+        }),
+    }
+}
+
+fn quantized(
+    name: &str,
+    scheme: QuantScheme,
+    ty: &TensorType,
+    w: &Bindings,
+) -> Result<QuantTensor, CpuError> {
+    let err = |source| InterpError::QuantBinding {
+        name: name.to_string(),
+        source,
+    };
+    if let Some(t) = w.weights.get(name) {
+        return Err(err(QuantError::Mismatch {
+            expected: format!("{scheme}{}", ty.shape),
+            got: format!("dense {}", t.ty()),
+        })
+        .into());
+    }
+    let q = match w.quantized.get(name) {
+        Some(q) => q.clone(),
+        None => random_quant(name, scheme, &ty.shape, w.seed).map_err(err)?,
+    };
+    q.check(scheme, &ty.shape).map_err(err)?;
+    Ok(q)
+}
+
+fn build_fallback(name: &str, op: &Op, tys: &[&TensorType]) -> Result<Fallback, CpuError> {
+    let why = |e: GraphError| CpuError::Fallback {
+        node: name.to_string(),
+        reason: e.to_string(),
+    };
+    let mut g = Graph::new("fallback");
+    let mut ids = Vec::new();
+    let mut names = Vec::new();
+    for (i, t) in tys.iter().enumerate() {
+        let n = format!("in{i}");
+        ids.push(g.input(&n, t.dtype, t.shape.dims()).map_err(why)?);
+        names.push(n);
+    }
+    let out = g.add_op(op.clone(), &ids).map_err(why)?;
+    g.add_output(out).map_err(why)?;
+    Ok(Fallback {
+        graph: g,
+        names,
+        types: tys.iter().map(|t| (*t).clone()).collect(),
+    })
+}
+
+/// One run's worth of buffers and the states across runs.
+pub struct CpuSession<'p> {
+    plan: &'p CpuPlan,
+    bufs: Vec<Buf>,
+    scratch: Vec<Scratch>,
+}
+
+impl CpuSession<'_> {
+    /// Copies `t` into input `name` (its type checked against the graph's).
+    pub fn set_input(&mut self, name: &str, t: &Tensor) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .inputs
+            .get(name)
+            .ok_or_else(|| CpuError::UnknownInput {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        if t.ty() != *ty {
+            return Err(InterpError::BindingType {
+                name: name.to_string(),
+                expected: ty.clone(),
+                got: t.ty(),
+            }
+            .into());
+        }
+        self.bufs[s].copy_from(t);
+        Ok(())
+    }
+
+    /// Every input of `b` (weights in `b` are the plan's business, not the session's).
+    pub fn set_inputs(&mut self, b: &Bindings) -> Result<(), CpuError> {
+        for (name, t) in &b.inputs {
+            self.set_input(name, t)?;
+        }
+        Ok(())
+    }
+
+    /// Sets state `name`'s value (as `run_with_state`'s `states`).
+    pub fn set_state(&mut self, name: &str, t: &Tensor) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        if t.ty() != *ty {
+            return Err(InterpError::BindingType {
+                name: name.to_string(),
+                expected: ty.clone(),
+                got: t.ty(),
+            }
+            .into());
+        }
+        self.bufs[s].copy_from(t);
+        Ok(())
+    }
+
+    /// State `name`'s current value (after a run: the next run's).
+    pub fn state(&self, name: &str) -> Result<Tensor, CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        self.bufs[s]
+            .to_tensor(&self.plan.types[s])
+            .map_err(|source| CpuError::Host {
+                node: name.to_string(),
+                source,
+            })
+    }
+
+    /// Output `index` of the last run as a tensor (a copy).
+    pub fn output(&self, index: usize) -> Result<Tensor, CpuError> {
+        let &s = self.plan.outputs.get(index).ok_or(CpuError::NoOutput {
+            index,
+            count: self.plan.outputs.len(),
+        })?;
+        val(&self.plan.fixed, &self.bufs, s)
+            .to_tensor(&self.plan.output_types[index])
+            .map_err(|source| CpuError::Host {
+                node: format!("output {index}"),
+                source,
+            })
+    }
+
+    /// Output `index` of the last run, borrowed (no copy).
+    pub fn output_buf(&self, index: usize) -> Option<&Buf> {
+        let &s = self.plan.outputs.get(index)?;
+        Some(val(&self.plan.fixed, &self.bufs, s))
+    }
+
+    pub fn outputs(&self) -> Result<Vec<Tensor>, CpuError> {
+        (0..self.plan.outputs.len())
+            .map(|i| self.output(i))
+            .collect()
+    }
+
+    /// Runs every step once, on the plan's thread pool.
+    pub fn run(&mut self) -> Result<(), CpuError> {
+        let plan = self.plan;
+        let (bufs, scratch) = (&mut self.bufs, &mut self.scratch);
+        plan.pool.install(|| {
+            for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
+                run_step(plan, step, bufs, scr)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn run_step(
+    plan: &CpuPlan,
+    step: &Step,
+    bufs: &mut [Buf],
+    scr: &mut Scratch,
+) -> Result<(), CpuError> {
+    let mut out = std::mem::take(&mut bufs[step.slot]);
+    let result = run_into(plan, step, bufs, scr, &mut out);
+    bufs[step.slot] = out;
+    result
+}
+
+fn run_into(
+    plan: &CpuPlan,
+    step: &Step,
+    bufs: &[Buf],
+    scr: &mut Scratch,
+    out: &mut Buf,
+) -> Result<(), CpuError> {
+    let arg = |i: usize| val(&plan.fixed, bufs, step.args[i]);
+    let ty = &plan.types[step.slot];
+    match &step.kind {
+        Kind::Nothing => Ok(()),
+        Kind::Elementwise(e) => {
+            e.run(&step.args, &plan.fixed, bufs, out);
+            Ok(())
+        }
+        Kind::Gemm(g) => {
+            g.run(plan.kernel, &step.args, &plan.fixed, bufs, scr, out);
+            Ok(())
+        }
+        Kind::Norm { eps, rms, d } => {
+            let bias = if *rms { None } else { Some(arg(2).f()) };
+            kernels::norm(
+                arg(0).f(),
+                arg(1).f(),
+                bias,
+                *eps,
+                *rms,
+                *d,
+                ty.dtype,
+                out_f(out),
+            );
+            Ok(())
+        }
+        Kind::Softmax { d } => {
+            kernels::softmax(arg(0).f(), *d, ty.dtype, out_f(out));
+            Ok(())
+        }
+        Kind::Rope(r) => {
+            let pos = if step.args.len() > 1 {
+                Some(arg(1).i())
+            } else {
+                None
+            };
+            r.run(arg(0).f(), pos, ty.dtype, out_f(out));
+            Ok(())
+        }
+        Kind::Attention(a) => a.run(
+            &step.node,
+            &step.args,
+            &plan.fixed,
+            bufs,
+            scr,
+            ty.dtype,
+            out_f(out),
+        ),
+        Kind::Gather { row, rows } => {
+            kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
+        }
+        Kind::CacheWrite(w) => {
+            let start = arg(2).i()[0];
+            match out {
+                Buf::F(o) => w.write(&step.node, o, arg(1).f(), start),
+                Buf::I(o) => w.write(&step.node, o, arg(1).i(), start),
+            }
+        }
+        Kind::ArgMax { len, inner } => {
+            let Buf::I(o) = out else {
+                unreachable!("argmax gives i32")
+            };
+            kernels::argmax(arg(0), *len, *inner, o);
+            Ok(())
+        }
+        Kind::Fallback(f) => {
+            let mut b = Bindings::default();
+            for (i, (n, t)) in f.names.iter().zip(&f.types).enumerate() {
+                let t = arg(i).to_tensor(t).map_err(|source| CpuError::Host {
+                    node: step.node.clone(),
+                    source,
+                })?;
+                b.inputs.insert(n.clone(), t);
+            }
+            let r = interp::run(&f.graph, &b)?;
+            out.copy_from(&r[0]);
+            Ok(())
+        }
+    }
+}
+
+fn out_f(out: &mut Buf) -> &mut [f32] {
+    match out {
+        Buf::F(v) => v,
+        Buf::I(_) => unreachable!("a float op's buffer is float"),
+    }
+}

@@ -1,0 +1,279 @@
+//! The CPU device (`rocmforge::cpu`) against the interpreter on the same fused graphs: every
+//! example graph and every op of the op zoo at odd sizes, after the default pass pipeline;
+//! quantized weights in both precisions; the decode step with its KV cache over several runs;
+//! thread counts 1 and 2; and no allocation in a warm run.
+
+#[path = "common/accuracy.rs"]
+mod accuracy;
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use accuracy::{rel_l2, tolerance};
+use rocmforge::cpu::{CpuOptions, CpuPlan, Precision};
+use rocmforge::interp::{self, Bindings};
+use rocmforge::ir::{format, Graph, Op, Tensor};
+use rocmforge::passes;
+
+/// Counts allocations made by the thread that set `COUNTING` (and by rayon's workers while
+/// it is set): a warm run must make none.
+struct Counting;
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Tests run one at a time, so the count is the warm run's alone.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counter is atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn exact(threads: usize) -> CpuOptions {
+    CpuOptions {
+        threads,
+        precision: Precision::Exact,
+    }
+}
+
+fn example(name: &str) -> Graph {
+    let path = format!("{}/graphs/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    format::load(std::path::Path::new(&path)).unwrap()
+}
+
+fn fused(g: &Graph) -> Graph {
+    passes::optimize(g).unwrap().0
+}
+
+/// Runs `g` on the CPU device with `b`'s inputs and weights.
+fn cpu_run(g: &Graph, b: &Bindings, opts: CpuOptions) -> Vec<Tensor> {
+    let plan = CpuPlan::new(g, b, opts).unwrap();
+    let mut s = plan.session().unwrap();
+    s.set_inputs(b).unwrap();
+    s.run().unwrap();
+    s.outputs().unwrap()
+}
+
+fn check(what: &str, got: &[Tensor], want: &[Tensor], scale: f64) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.ty(), w.ty(), "{what} output {i}");
+        if w.dtype().is_float() {
+            // NaN and infinities where the interpreter has them (the op zoo's log, pow, …),
+            // then the relative L2 error of the finite rest.
+            let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
+            for (j, (a, b)) in gv.iter().zip(&wv).enumerate() {
+                if !b.is_finite() {
+                    assert!(
+                        a.is_nan() && b.is_nan() || a == b,
+                        "{what} output {i}[{j}]: {a} vs {b}"
+                    );
+                }
+            }
+            let keep = |v: &[f64]| -> Vec<f64> {
+                v.iter()
+                    .zip(&wv)
+                    .map(|(&x, b)| if b.is_finite() { x } else { 0.0 })
+                    .collect()
+            };
+            let ft = |v: Vec<f64>| {
+                Tensor::from_f64(rocmforge::ir::DType::F32, vec![v.len()], &v).unwrap()
+            };
+            let e = rel_l2(&ft(keep(&gv)), &ft(keep(&wv)))
+                .unwrap_or_else(|e| panic!("{what} output {i}: {e}"));
+            let tol = tolerance(w.dtype()) * scale;
+            assert!(e <= tol, "{what} output {i}: rel L2 {e:e} > {tol:e}");
+        } else {
+            assert_eq!(g, w, "{what} output {i}");
+        }
+    }
+}
+
+/// The interpreter on the fused graph, the device with 1 and 2 threads; the two thread
+/// counts bitwise equal (every reduction's order is fixed by the plan, not the threads).
+fn against_interp(what: &str, g: &Graph, seed: u64) {
+    let b = Bindings::random(g, seed);
+    let want = interp::run(g, &b).unwrap();
+    let one = cpu_run(g, &b, exact(1));
+    check(&format!("{what} (1 thread)"), &one, &want, 1.0);
+    let two = cpu_run(g, &b, exact(2));
+    check(&format!("{what} (2 threads)"), &two, &want, 1.0);
+}
+
+#[test]
+fn example_graphs_match_the_interpreter_after_the_passes() {
+    let _serial = serial();
+    for name in [
+        "attention",
+        "attention_causal",
+        "attention_f16",
+        "attention_padding_mask",
+        "bert_layer",
+        "gqa_attention",
+        "gqa_decode",
+        "gqa_decode_f16",
+        "llama_block",
+        "quant_linear",
+        "quant_prefill_f16",
+        "decode_step",
+    ] {
+        let g = fused(&example(name));
+        against_interp(name, &g, 7);
+    }
+}
+
+#[test]
+fn every_op_of_the_zoo_matches_the_interpreter_unfused_and_fused() {
+    let _serial = serial();
+    for g in common::op_zoo::zoo() {
+        against_interp(&format!("{} (unfused)", g.name), &g, 3);
+        against_interp(&format!("{} (fused)", g.name), &fused(&g), 3);
+    }
+}
+
+#[test]
+fn quantized_gemv_on_the_blocks_is_within_8_bit_activation_error() {
+    let _serial = serial();
+    for name in ["quant_linear", "quant_prefill_f16", "llama_block"] {
+        let g = fused(&example(name));
+        let b = Bindings::random(&g, 11);
+        let want = interp::run(&g, &b).unwrap();
+        for threads in [1, 2] {
+            let opts = CpuOptions {
+                threads,
+                precision: Precision::Q8Activations,
+            };
+            let got = cpu_run(&g, &b, opts);
+            // 8-bit activations: about 0.4% per product, documented in `cpu::Precision`.
+            for (i, (x, w)) in got.iter().zip(&want).enumerate() {
+                if w.dtype().is_float() {
+                    let e = rel_l2(x, w).unwrap();
+                    assert!(e < 2e-2, "{name} output {i}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Decoding step by step keeps the KV cache in the session as the interpreter's
+/// `run_with_state` does.
+#[test]
+fn decode_steps_carry_the_cache_like_run_with_state() {
+    let _serial = serial();
+    let g = fused(&example("decode_step"));
+    let plan = CpuPlan::new(&g, &Bindings::random(&g, 1), exact(2)).unwrap();
+    let mut s = plan.session().unwrap();
+    let mut states: HashMap<String, Tensor> = HashMap::new();
+    for id in g.node_ids() {
+        if let Op::State { .. } = g.op(id) {
+            states.insert(g.node(id).name.clone(), Tensor::zeros(g.ty(id)));
+        }
+    }
+    for step in 0..6i64 {
+        let mut b = Bindings::random(&g, 100 + step as u64);
+        b.seed = 1;
+        for (name, t) in b.inputs.iter_mut() {
+            if name == "pos" {
+                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step]).unwrap();
+            } else if name == "kv_len" {
+                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step + 1]).unwrap();
+            }
+        }
+        let (want, next) = interp::run_with_state(&g, &b, &HashMap::new(), &states).unwrap();
+        s.set_inputs(&b).unwrap();
+        s.run().unwrap();
+        check(&format!("step {step}"), &s.outputs().unwrap(), &want, 1.0);
+        for (name, t) in &next {
+            let e = rel_l2(&s.state(name).unwrap(), t).unwrap();
+            assert!(e <= 1e-5, "state {name} after step {step}: {e}");
+        }
+        states = next;
+    }
+}
+
+#[test]
+fn errors_are_the_interpreters() {
+    let _serial = serial();
+    let g = fused(&example("decode_step"));
+    let mut b = Bindings::random(&g, 1);
+    let pos = b.inputs.get_mut("pos").unwrap();
+    *pos = Tensor::from_i64(pos.dtype(), pos.shape().clone(), vec![1000]).unwrap();
+    let plan = CpuPlan::new(&g, &b, exact(1)).unwrap();
+    let mut s = plan.session().unwrap();
+    s.set_inputs(&b).unwrap();
+    let got = s.run().unwrap_err().to_string();
+    let want = interp::run(&g, &b).unwrap_err().to_string();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_warm_run_allocates_nothing() {
+    let _serial = serial();
+    for name in ["llama_block", "bert_layer", "decode_step", "quant_linear"] {
+        let g = fused(&example(name));
+        let b = Bindings::random(&g, 5);
+        let plan = CpuPlan::new(&g, &b, CpuOptions::default()).unwrap();
+        assert!(
+            plan.fallbacks().is_empty(),
+            "{name}: {:?}",
+            plan.fallbacks()
+        );
+        let mut s = plan.session().unwrap();
+        s.set_inputs(&b).unwrap();
+        s.run().unwrap();
+        ALLOCS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        let r = s.run();
+        COUNTING.store(false, Ordering::SeqCst);
+        r.unwrap();
+        let n = ALLOCS.load(Ordering::SeqCst);
+        // The only allocations left are matrixmultiply's packing buffers, at most two per
+        // dense sgemm call (one call per thread per batch of each f32 Gemm); a graph whose
+        // products are all Q8 GEMVs on blocks allocates nothing but, now and then, one block
+        // of rayon's job queue (crossbeam's injector grows a block every 63 jobs injected
+        // from outside the pool).
+        let dense_calls: usize = g
+            .node_ids()
+            .filter_map(|id| match g.op(id) {
+                Op::Gemm(gm) => {
+                    let q = g
+                        .operands(id)
+                        .iter()
+                        .any(|&o| matches!(g.op(o), Op::Weight { quant: Some(_), .. }));
+                    (!q).then(|| gm.dims.sizes().unwrap()[0] * plan.threads())
+                }
+                _ => None,
+            })
+            .sum();
+        eprintln!("{name}: {n} allocations in a warm run, {dense_calls} sgemm calls");
+        assert!(
+            n <= 2 * dense_calls + 1,
+            "{name}: {n} allocations in a warm run"
+        );
+    }
+}
