@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use libtest_mimic::{Failed, Trial};
-use rocmforge::arch::Target;
+use rocmforge::arch::{compiler_options, Platform, Target};
 use rocmforge::codegen::prelude;
 use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
 
@@ -43,7 +43,7 @@ pub fn hiprtc(rtc: &Hiprtc, arch: &str, set: &KernelSet) -> Result<(), Failed> {
     let mut failures = Vec::new();
     for (entry, (src, _, case)) in set {
         let code = rtc
-            .compile(src, entry, arch, &["-O3".to_string()])
+            .compile(src, entry, arch, &compiler_options(Platform::Amd))
             .map_err(|e| format!("{case}: {e}"))?;
         let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
         let r = info
@@ -68,7 +68,12 @@ pub fn offline(clang: &AmdClang, arch: &str, set: &KernelSet) -> Result<(), Fail
         .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
         .collect();
     let rows = clang
-        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
+        .compile_batch(
+            &prelude(&target),
+            &pairs,
+            &target,
+            &compiler_options(Platform::Amd),
+        )
         .map_err(|e| e.to_string())?;
     let failures: Vec<String> = rows
         .iter()
