@@ -6,6 +6,7 @@ mod load;
 mod memory_plan;
 mod profile;
 mod progress;
+pub mod report;
 mod session;
 pub mod tune;
 
