@@ -32,11 +32,7 @@ pub(crate) fn cmd_compile(
     // A bundle runs the passes itself, from the graph as given, as `run` does.
     let source = cg.bundle.is_some().then(|| graph.clone());
     let before = graph.node_count();
-    let manager = if no_fuse {
-        PassManager::cleanup()
-    } else {
-        PassManager::default_pipeline()
-    };
+    let manager = PassManager::pipeline(!no_fuse);
     let reports = manager
         .run_observed(&mut graph, |report, g| {
             if dump && report.changed() {
