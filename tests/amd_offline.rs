@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::arch::Target;
+use rocmforge::arch::{compiler_options, Platform, Target};
 use rocmforge::codegen::{generate_with, mma_probe_kernel, prelude, CodegenOptions};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
@@ -57,12 +57,9 @@ fn graph_sets() -> Result<Vec<GraphSet>, String> {
     for path in files::graph_files() {
         for fused in [true, false] {
             let mut g = format::load(&path).map_err(|e| e.to_string())?;
-            let pm = if fused {
-                PassManager::default_pipeline()
-            } else {
-                PassManager::cleanup()
-            };
-            pm.run(&mut g).map_err(|e| e.to_string())?;
+            PassManager::pipeline(fused)
+                .run(&mut g)
+                .map_err(|e| e.to_string())?;
             sets.push(GraphSet {
                 name: set_name(&path, fused),
                 graphs: vec![g],
@@ -121,7 +118,7 @@ impl Compiler {
         let mut all: Vec<(String, String)> = all.into_iter().collect();
         all.sort();
         let prelude = prelude(target);
-        let options = ["-O3".to_string()];
+        let options = compiler_options(Platform::Amd);
         let batches: Vec<Result<Vec<(String, Row)>, String>> = all
             .par_chunks(BATCH)
             .map(|chunk| {
@@ -231,7 +228,12 @@ fn mma_probes(c: &Compiler, arch: &str) -> Result<(), Failed> {
         let probe = mma_probe_kernel(&target, atom).map_err(|e| e.to_string())?;
         let asm = c
             .clang
-            .assembly(&probe.source, &probe.entry, &target, &["-O3".to_string()])
+            .assembly(
+                &probe.source,
+                &probe.entry,
+                &target,
+                &compiler_options(Platform::Amd),
+            )
             .map_err(|e| e.to_string())?;
         if !atom.mnemonics.iter().any(|m| asm.contains(m)) {
             return Err(format!(
@@ -242,7 +244,12 @@ fn mma_probes(c: &Compiler, arch: &str) -> Result<(), Failed> {
         }
         let out = c
             .clang
-            .compile(&probe.source, &probe.entry, &target, &["-O3".to_string()])
+            .compile(
+                &probe.source,
+                &probe.entry,
+                &target,
+                &compiler_options(Platform::Amd),
+            )
             .map_err(|e| e.to_string())?;
         let info = parse_code_object(&out.code_object).map_err(|e| e.to_string())?;
         let r = info
@@ -262,7 +269,7 @@ fn mma_probes(c: &Compiler, arch: &str) -> Result<(), Failed> {
 /// the resource report a snapshot.
 fn gemm_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let options = ["-O3".to_string()];
+    let options = compiler_options(Platform::Amd);
     let prelude = prelude(&target);
     let mut rows = Vec::new();
     let mut failures = Vec::new();
@@ -324,7 +331,7 @@ fn attention_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
     use attention_graphs::{build, Mask, Spec};
     use rocmforge::ir::DType;
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let options = ["-O3".to_string()];
+    let options = compiler_options(Platform::Amd);
     let prelude = prelude(&target);
     let mut cases = Vec::new();
     for d in [64, 96, 128, 256] {

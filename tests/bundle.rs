@@ -220,7 +220,7 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             let den: f64 = w.iter().map(|b| b * b).sum();
             let err = (num / den.max(1e-300)).sqrt();
             assert!(
-                err <= 4.0 * bundle::tolerance(o.dtype).max(1e-6),
+                err <= 4.0 * o.dtype.tolerance().max(1e-6),
                 "{name}: output {} off by {err}",
                 o.name
             );

@@ -31,12 +31,7 @@ pub const TARGETS: [&str; 3] = ["gfx90a", "gfx1030", "sm_90"];
 /// The graph as compiled: the default pipeline, or clean-up only (unfused).
 fn compiled(path: &Path, fused: bool) -> (Graph, CodegenOptions) {
     let mut g = format::load(path).unwrap();
-    let pm = if fused {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut g).unwrap();
+    PassManager::pipeline(fused).run(&mut g).unwrap();
     (g, CodegenOptions::default())
 }
 
@@ -176,12 +171,7 @@ fn all_graphs() -> Vec<(Graph, bool)> {
     for g in graphs {
         for fused in [true, false] {
             let mut c = g.clone();
-            let pm = if fused {
-                PassManager::default_pipeline()
-            } else {
-                PassManager::cleanup()
-            };
-            pm.run(&mut c).unwrap();
+            PassManager::pipeline(fused).run(&mut c).unwrap();
             out.push((c, fused));
         }
     }
@@ -242,12 +232,7 @@ fn zero_size_dims_in_every_op_generate_and_get_memory() {
     for g in edge_cases::empty_graphs() {
         for fused in [true, false] {
             let mut c = g.clone();
-            let pm = if fused {
-                PassManager::default_pipeline()
-            } else {
-                PassManager::cleanup()
-            };
-            pm.run(&mut c).unwrap();
+            PassManager::pipeline(fused).run(&mut c).unwrap();
             for arch in TARGETS {
                 let plan = plan_for(&c, arch).unwrap();
                 for k in &plan.kernels {

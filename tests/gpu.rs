@@ -27,6 +27,8 @@
 #[path = "common/files.rs"]
 mod files;
 
+#[path = "common/accuracy.rs"]
+mod accuracy;
 #[path = "common/attention_graphs.rs"]
 mod attention_graphs;
 #[path = "common/attention_mma_trials.rs"]
@@ -78,13 +80,7 @@ use rocmforge::runtime::{Device, DiskCache, HipLibraries, KernelCache};
 /// measured while nothing else runs.
 static MEMORY: RwLock<()> = RwLock::new(());
 
-fn tolerance(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        _ => 1e-5,
-    }
-}
+use accuracy::tolerance;
 
 fn options() -> CompileOptions {
     CompileOptions {
@@ -707,10 +703,7 @@ fn mma_atom_probe(device: &Device, atom: &'static MmaAtom) -> Result<(), Failed>
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let target = device.target().ok_or("the device has no codegen target")?;
     let probe = mma_probe_kernel(target, atom).map_err(|e| e.to_string())?;
-    let options: Vec<String> = match target.platform {
-        Platform::Amd => vec!["-O3".into()],
-        Platform::Nvidia => vec![],
-    };
+    let options = rocmforge::arch::compiler_options(target.platform);
     let image = device
         .compile_source(&probe.source, &probe.entry, &options)
         .map_err(|e| e.to_string())?;
@@ -1185,10 +1178,7 @@ fn launch_past_the_device_limits(device: &Device) -> Result<(), Failed> {
     let target = device.target().ok_or("no target")?.clone();
     let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
     let k = &plan.kernels[0];
-    let opts: Vec<String> = match target.platform {
-        rocmforge::arch::Platform::Amd => vec!["-O3".into()],
-        rocmforge::arch::Platform::Nvidia => vec![],
-    };
+    let opts = rocmforge::arch::compiler_options(target.platform);
     let image = device
         .compile_source(&plan.source(k), &k.entry, &opts)
         .map_err(|e| e.to_string())?;

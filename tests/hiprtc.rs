@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rayon::prelude::*;
-use rocmforge::arch::Target;
+use rocmforge::arch::{compiler_options, Platform, Target};
 use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, Graph};
@@ -69,7 +69,7 @@ fn compile_all(
         .par_iter()
         .map(|(entry, (src, node))| {
             let code = rtc
-                .compile(src, entry, arch, &["-O3".to_string()])
+                .compile(src, entry, arch, &compiler_options(Platform::Amd))
                 .map_err(|e| e.to_string())?;
             let info = parse_code_object(&code).map_err(|e| format!("{entry}: {e}"))?;
             let k = info
@@ -98,12 +98,9 @@ fn compile_all(
 
 fn compile_graph(rtc: &Hiprtc, path: &Path, fused: bool, arch: &str) -> Result<(), Failed> {
     let mut g = format::load(path).map_err(|e| e.to_string())?;
-    let pm = if fused {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut g).map_err(|e| e.to_string())?;
+    PassManager::pipeline(fused)
+        .run(&mut g)
+        .map_err(|e| e.to_string())?;
     let rows = compile_all(rtc, &[g], arch)?;
     let name = path.file_stem().unwrap().to_string_lossy().into_owned();
     let mode = if fused { "fused" } else { "unfused" };
@@ -126,7 +123,12 @@ fn mma_probes(rtc: &Hiprtc, arch: &str) -> Result<(), Failed> {
     for atom in target.caps.mma {
         let probe = mma_probe_kernel(&target, atom).map_err(|e| e.to_string())?;
         let code = rtc
-            .compile(&probe.source, &probe.entry, arch, &["-O3".to_string()])
+            .compile(
+                &probe.source,
+                &probe.entry,
+                arch,
+                &compiler_options(Platform::Amd),
+            )
             .map_err(|e| e.to_string())?;
         let info = parse_code_object(&code).map_err(|e| e.to_string())?;
         match info.kernels.iter().find(|k| k.name == probe.entry) {
@@ -242,12 +244,9 @@ fn hostile_names_compile_to_the_plain_kernels(rtc: &Hiprtc, arch: &str) -> Resul
 /// The plan of `g` (fused or not) for the host runs.
 fn host_plan(g: &Graph, fused: bool) -> Result<(Graph, rocmforge::codegen::KernelPlan), Failed> {
     let mut c = g.clone();
-    let pm = if fused {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut c).map_err(|e| e.to_string())?;
+    PassManager::pipeline(fused)
+        .run(&mut c)
+        .map_err(|e| e.to_string())?;
     let plan = generate_with(
         &c,
         &Target::parse("gfx90a").map_err(|e| e.to_string())?,

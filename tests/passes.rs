@@ -10,13 +10,9 @@ use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{Attention, DType, Graph, MaskKind, Op, UnaryOp};
 use rocmforge::passes::{optimize, PassReport};
 
-fn tolerance(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        _ => 1e-5,
-    }
-}
+#[path = "common/accuracy.rs"]
+mod accuracy;
+use accuracy::tolerance;
 
 /// Optimises `g`, checks fused = unfused in the interpreter, returns the fused graph and reports.
 fn fuse_and_compare(g: &Graph, seed: u64) -> (Graph, Vec<PassReport>) {

@@ -5,6 +5,7 @@
 
 mod amd;
 mod caps;
+mod compiler;
 pub mod mma;
 mod nvidia;
 mod target;
@@ -13,6 +14,7 @@ pub mod tuning;
 use thiserror::Error;
 
 pub use caps::{Arch, AsyncCopy};
+pub use compiler::compiler_options;
 pub use target::{arch, arches, LaunchLimits, Platform, Target};
 pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 

@@ -222,9 +222,7 @@ impl Tuned {
 /// FNV-1a over the family and the candidates' serialised form: stable across runs and builds.
 pub(crate) fn checksum<C: Serialize>(family: Family, candidates: &[C]) -> u64 {
     let text = serde_json::to_string(&(family, candidates)).expect("configurations serialise");
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    crate::ir::fnv1a(text.as_bytes())
 }
 
 #[cfg(test)]

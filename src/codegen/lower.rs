@@ -38,11 +38,10 @@ pub(crate) fn finish(
     let mut ctx = serde_json::to_value(ctx).expect("a context serialises");
     ctx["entry"] = json!(ENTRY);
     let body = templates::render(template, minijinja::Value::from_serialize(&ctx))?;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in family.bytes().chain(body.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = crate::ir::Fnv1a::new()
+        .write(family.as_bytes())
+        .write(body.as_bytes())
+        .finish();
     let entry = format!("rf_{family}_{:012x}", h >> 16);
     Ok(Kernel {
         entry: entry.clone(),

@@ -6,6 +6,7 @@ mod load;
 mod memory_plan;
 mod profile;
 mod progress;
+pub mod report;
 mod session;
 pub mod tune;
 
@@ -289,15 +290,10 @@ fn compare_output(name: &str, got: &Tensor, want: &Tensor) -> Result<OutputCheck
 
 /// The graph a model runs as: validated, then the default pipeline (or clean-up only when not
 /// fusing). `compile` and bundles both start here, so a bundle holds what a run launches.
-fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
+pub fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
     source.validate()?;
     let mut graph = source.clone();
-    let pm = if fuse {
-        PassManager::default_pipeline()
-    } else {
-        PassManager::cleanup()
-    };
-    pm.run(&mut graph)?;
+    PassManager::pipeline(fuse).run(&mut graph)?;
     Ok(graph)
 }
 
@@ -308,15 +304,6 @@ fn lower(graph: &Graph, target: &crate::arch::Target) -> Result<KernelPlan, Comp
         target,
         &CodegenOptions::default(),
     )?)
-}
-
-/// Options every kernel is compiled with: hiprtc (and clang) take -O3; NVRTC optimises by
-/// default and refuses it.
-fn compiler_options(platform: crate::arch::Platform) -> Vec<String> {
-    match platform {
-        crate::arch::Platform::Amd => vec!["-O3".into()],
-        crate::arch::Platform::Nvidia => vec![],
-    }
 }
 
 /// Milliseconds, for the stage times `RUST_LOG=rocmforge=debug` shows.
@@ -425,7 +412,7 @@ fn compile(
         return Ok(compiled);
     };
     let show = options.progress;
-    let compile_opts = compiler_options(target.platform);
+    let compile_opts = crate::arch::compiler_options(target.platform);
     let (codegen_options, tuning) = tune::codegen_options(
         &compiled.graph,
         device,

@@ -69,6 +69,18 @@ impl DType {
         }
     }
 
+    /// The design's tolerance: the largest relative L2 error against the f32 interpreter a
+    /// result of this dtype may have (f32 1e-5, f16 2e-3, bf16 1e-2); integers and booleans
+    /// must match exactly. `compile`'s bundle comparison and the tests all read it here.
+    pub fn tolerance(self) -> f64 {
+        match self {
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-3,
+            DType::BF16 => 1e-2,
+            DType::I32 | DType::I64 | DType::Bool => 0.0,
+        }
+    }
+
     /// The most negative finite value: what "dtype-min" masks fill with.
     pub fn min_value(self) -> f64 {
         match self {

@@ -13,11 +13,7 @@ use super::{DType, Tensor, TensorError, TensorType};
 
 /// A generator for `(seed, name)`; FNV-1a keeps the mapping stable across Rust versions.
 pub fn seeded_rng(seed: u64, name: &str) -> ChaCha8Rng {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = super::hash::fnv1a(name.as_bytes());
     ChaCha8Rng::seed_from_u64(h ^ seed.rotate_left(17))
 }
 

@@ -158,6 +158,17 @@ impl PassManager {
             .with(DeadCode)
     }
 
+    /// The pipeline a compile runs: [`PassManager::default_pipeline`] when fusing, else
+    /// [`PassManager::cleanup`] (`--no-fuse`). The one place that choice is made: the compiler,
+    /// the CLI and the tests all take it from here.
+    pub fn pipeline(fuse: bool) -> PassManager {
+        if fuse {
+            PassManager::default_pipeline()
+        } else {
+            PassManager::cleanup()
+        }
+    }
+
     pub fn names(&self) -> Vec<&'static str> {
         self.passes.iter().map(|p| p.name()).collect()
     }

@@ -253,11 +253,9 @@ impl AmdClang {
             return Ok(dir.clone());
         }
         // One directory per (clang, shipped libraries): the generated bitcode is clang's.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in format!("{}|{}", self.describe(), self.device_libs.display()).bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        let h = crate::ir::fnv1a(
+            format!("{}|{}", self.describe(), self.device_libs.display()).as_bytes(),
+        );
         let dir = self.cache_dir.join(format!("{h:016x}"));
         let target_file = dir.join(&file);
         if !target_file.is_file() {

@@ -40,18 +40,8 @@ impl CacheKey {
             self.entry,
             self.source
         );
-        format!(
-            "{:016x}{:016x}",
-            fnv1a(text.as_bytes(), 0xcbf2_9ce4_8422_2325),
-            fnv1a(text.as_bytes(), 0x6c62_272e_07bb_0142)
-        )
+        crate::ir::fnv1a_128_hex(text.as_bytes())
     }
-}
-
-fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
-    bytes.iter().fold(seed, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 type Cell = Arc<OnceLock<Result<Arc<LoadedKernel>, RuntimeError>>>;
@@ -210,7 +200,7 @@ impl DiskCache {
         body.extend(header.as_bytes());
         body.extend(payload);
         let mut out = MAGIC.to_vec();
-        out.extend(fnv1a(&body, 0xcbf2_9ce4_8422_2325).to_le_bytes());
+        out.extend(crate::ir::fnv1a(&body).to_le_bytes());
         out.extend(body);
         out
     }
@@ -219,7 +209,7 @@ impl DiskCache {
     fn decode(bytes: &[u8]) -> Option<(Vec<String>, &[u8])> {
         let rest = bytes.strip_prefix(MAGIC)?;
         let (sum, body) = rest.split_at_checked(8)?;
-        if u64::from_le_bytes(sum.try_into().ok()?) != fnv1a(body, 0xcbf2_9ce4_8422_2325) {
+        if u64::from_le_bytes(sum.try_into().ok()?) != crate::ir::fnv1a(body) {
             return None;
         }
         let (len, body) = body.split_at_checked(4)?;
@@ -441,7 +431,7 @@ mod tests {
             arch: "gfx90a:sramecc+:xnack-".into(),
             wave_size: 64,
             toolchain: "t".into(),
-            options: vec!["-O3".into()],
+            options: crate::arch::compiler_options(crate::arch::Platform::Amd),
             entry: "k".into(),
             source: src.into(),
         }

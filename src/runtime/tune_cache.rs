@@ -43,16 +43,7 @@ impl TuneCacheKey {
             env!("CARGO_PKG_VERSION"),
             serde_json::to_string(self).expect("a tuning key serialises")
         );
-        let fnv = |seed: u64| {
-            text.bytes().fold(seed, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-            })
-        };
-        format!(
-            "{:016x}{:016x}",
-            fnv(0xcbf2_9ce4_8422_2325),
-            fnv(0x6c62_272e_07bb_0142)
-        )
+        crate::ir::fnv1a_128_hex(text.as_bytes())
     }
 }
 

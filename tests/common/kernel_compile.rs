@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use libtest_mimic::{Failed, Trial};
 use rocmforge::arch::Target;
-use rocmforge::codegen::prelude;
-use rocmforge::runtime::{parse_code_object, AmdClang, Hiprtc, KernelResources};
+use rocmforge::compile::report::{resource_report, ReportKernel};
+use rocmforge::runtime::{AmdClang, AmdCompiler, Hiprtc, KernelResources};
 
 /// Kernels to compile: entry → (full source, body, the case it came from).
 pub type KernelSet = BTreeMap<String, (String, String, String)>;
@@ -37,43 +37,25 @@ pub fn amd_problems(target: &Target, r: &KernelResources, case: &str) -> Option<
     (!p.is_empty()).then(|| format!("{case} on {}: {}", target.arch, p.join(", ")))
 }
 
-/// Every kernel of `set` through hiprtc for `arch`: no spills, no scratch, the target's wave size.
-pub fn hiprtc(rtc: &Hiprtc, arch: &str, set: &KernelSet) -> Result<(), Failed> {
+/// Every kernel of `set` through `compiler` for `arch` (the library's resource report, as
+/// `rocmforge compile --report` reads it): no spills, no scratch, the target's wave size.
+pub fn amd(compiler: &AmdCompiler, arch: &str, set: &KernelSet) -> Result<(), Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let mut failures = Vec::new();
-    for (entry, (src, _, case)) in set {
-        let code = rtc
-            .compile(src, entry, arch, &["-O3".to_string()])
-            .map_err(|e| format!("{case}: {e}"))?;
-        let info = parse_code_object(&code).map_err(|e| format!("{case}: {e}"))?;
-        let r = info
-            .kernels
-            .iter()
-            .find(|k| &k.name == entry)
-            .ok_or(format!("{case}: {entry} not in its code object"))?;
-        failures.extend(amd_problems(&target, r, case));
-    }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n").into())
-    }
-}
-
-/// Every kernel of `set` through the offline clang for `arch`, as [`hiprtc`] checks them.
-pub fn offline(clang: &AmdClang, arch: &str, set: &KernelSet) -> Result<(), Failed> {
-    let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let pairs: Vec<(&str, &str)> = set
+    let kernels: Vec<ReportKernel> = set
         .iter()
-        .map(|(e, (_, body, _))| (e.as_str(), body.as_str()))
+        .map(|(entry, (source, body, case))| ReportKernel {
+            entry,
+            source,
+            body,
+            label: case,
+        })
         .collect();
-    let rows = clang
-        .compile_batch(&prelude(&target), &pairs, &target, &["-O3".to_string()])
-        .map_err(|e| e.to_string())?;
-    let failures: Vec<String> = rows
+    let report =
+        resource_report(&kernels, &target, compiler, &|_| {}).map_err(|e| e.to_string())?;
+    let failures: Vec<String> = report
+        .rows
         .iter()
-        .zip(set.values())
-        .filter_map(|((r, _), (_, _, case))| amd_problems(&target, r, case))
+        .filter_map(|row| amd_problems(&target, &row.resources, &row.label))
         .collect();
     if failures.is_empty() {
         Ok(())
@@ -154,15 +136,15 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
 /// through hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC +
 /// ptxas (sm_90), each ignored (or failed, when its `ROCMFORGE_REQUIRE_*` is 1) without its tool.
 pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> {
-    let rtc = Hiprtc::load().map(Arc::new);
-    let clang = AmdClang::probe().map(Arc::new);
+    let rtc = Hiprtc::load().map(|r| Arc::new(AmdCompiler::Hiprtc(r)));
+    let clang = AmdClang::probe().map(|c| Arc::new(AmdCompiler::Clang(c)));
     let mut trials = Vec::new();
     for arch in ["gfx90a", "gfx1030"] {
         trials.push(super::needs::needs(
             &rtc,
             "ROCMFORGE_REQUIRE_HIPRTC",
             format!("compile::hiprtc::{arch}"),
-            move |rtc| hiprtc(&rtc, arch, &set(arch)?),
+            move |rtc| amd(&rtc, arch, &set(arch)?),
         ));
     }
     for arch in ["gfx942", "gfx1100", "gfx1201"] {
@@ -170,7 +152,7 @@ pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> 
             &clang,
             "ROCMFORGE_REQUIRE_CLANG",
             format!("compile::offline::{arch}"),
-            move |clang| offline(&clang, arch, &set(arch)?),
+            move |clang| amd(&clang, arch, &set(arch)?),
         ));
     }
     trials.push(super::needs::needs(

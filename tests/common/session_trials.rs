@@ -314,10 +314,7 @@ pub fn buffers_outlive_the_graph(device: &Device) -> Result<(), Failed> {
     let target = device.target().ok_or("no target")?.clone();
     let plan = rocmforge::codegen::generate(&g, &target).map_err(|e| e.to_string())?;
     let k = &plan.kernels[0];
-    let opts: Vec<String> = match target.platform {
-        Platform::Amd => vec!["-O3".into()],
-        Platform::Nvidia => vec![],
-    };
+    let opts = rocmforge::arch::compiler_options(target.platform);
     let image = device
         .compile_source(&plan.source(k), &k.entry, &opts)
         .map_err(|e| e.to_string())?;

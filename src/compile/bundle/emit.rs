@@ -13,9 +13,10 @@ use super::format::{
     BundlePlan, BundleTarget, CodeObjectKind, CompareRule, Role, FORMAT,
 };
 use super::{readme, signature, BundleError, DEFAULT_MAX_BUNDLE_BYTES};
+use crate::arch::compiler_options;
 use crate::arch::{Platform, Target};
 use crate::codegen::{Buffer, BufferId, BufferRole, Kernel, KernelPlan};
-use crate::compile::{compiler_options, lower, optimise, CompileError};
+use crate::compile::{lower, optimise, CompileError};
 use crate::interp::{self, Bindings, InterpError};
 use crate::ir::{random_input, random_weight, DType, Graph, Shape, Tensor, TensorError};
 use crate::runtime::cuda::{compile_ptx, nvrtc_version};

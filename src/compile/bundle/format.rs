@@ -236,17 +236,6 @@ pub struct CompareRule {
     pub tolerances: BTreeMap<DType, f64>,
 }
 
-/// The design's tolerances (relative L2 error against the f32 interpreter); integers and
-/// booleans must match exactly.
-pub fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 1e-5,
-        DType::F16 => 2e-3,
-        DType::BF16 => 1e-2,
-        DType::I32 | DType::I64 | DType::Bool => 0.0,
-    }
-}
-
 impl CompareRule {
     pub fn standard() -> CompareRule {
         CompareRule {
@@ -254,7 +243,7 @@ impl CompareRule {
                    / sum want^2) (the absolute L2 error when want is all zeros), at most the \
                    dtype's tolerance; NaN and ±inf must sit at the same places in both"
                 .into(),
-            tolerances: DType::ALL.iter().map(|&d| (d, tolerance(d))).collect(),
+            tolerances: DType::ALL.iter().map(|&d| (d, d.tolerance())).collect(),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::runtime::RuntimeError;
 
 pub use check::{Bundle, CheckReport};
 pub use emit::{emit, EmitOptions, Emitted};
-pub use format::{tolerance, BundlePlan, FORMAT};
+pub use format::{BundlePlan, FORMAT};
 pub use replay::{BufferReport, KernelSource, Mismatch, ReplayOptions, ReplayReport};
 
 /// The default limit on a bundle's bytes (written or read): 2 GiB.

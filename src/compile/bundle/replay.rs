@@ -7,11 +7,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::format::{tolerance, Access, CodeObjectKind, Role};
+use super::format::{Access, CodeObjectKind, Role};
 use super::{Bundle, BundleError};
+use crate::arch::compiler_options;
 use crate::arch::Target;
 use crate::codegen::IndexCheck;
-use crate::compile::{compare_output, compiler_options};
+use crate::compile::compare_output;
 use crate::ir::{DType, Tensor, TensorType};
 use crate::runtime::device::LoadedKernel;
 use crate::runtime::{parse_code_object, Device, DeviceBuffer, Stream};
@@ -196,7 +197,7 @@ impl Bundle {
                 role: b.role,
                 written_by: written_by[b.id],
                 error: None,
-                tolerance: tolerance(b.dtype),
+                tolerance: b.dtype.tolerance(),
                 non_finite: 0,
                 passed: true,
                 note: None,
@@ -385,7 +386,7 @@ mod tests {
             role: Role::Computed,
             written_by,
             error: None,
-            tolerance: tolerance(dtype),
+            tolerance: dtype.tolerance(),
             non_finite: 0,
             passed: true,
             note: None,

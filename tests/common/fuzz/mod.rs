@@ -262,9 +262,7 @@ const CORPUS_GROWTH: usize = 512;
 
 /// A stable 64-bit hash (FNV-1a) for file names and per-target seeds.
 pub fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    rocmforge::ir::fnv1a(bytes)
 }
 
 fn save_finding(

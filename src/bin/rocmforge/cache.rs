@@ -1,0 +1,57 @@
+//! `rocmforge cache`: list or clear the on-disk kernel cache.
+
+use rocmforge::runtime::{DiskCache, EntryKind};
+
+use crate::common::file_name;
+use crate::CacheAction;
+
+pub(crate) fn cmd_cache(action: &CacheAction) -> Result<(), String> {
+    let Some(dir) = DiskCache::default_dir() else {
+        return Err("no cache directory: set ROCMFORGE_CACHE_DIR or HOME".into());
+    };
+    let disk = DiskCache::new(dir.clone());
+    let skipped = match action {
+        CacheAction::Ls => {
+            let listing = disk.list().map_err(|e| e.to_string())?;
+            outln!("{} ({} entries)", dir.display(), listing.entries.len());
+            for e in listing.entries {
+                let what = match &e.kind {
+                    EntryKind::Kernel => e.entry.clone(),
+                    EntryKind::Tuning {
+                        family,
+                        problem,
+                        choice,
+                    } => format!("tuning {family} [{problem}] -> {choice}"),
+                };
+                outln!(
+                    "  {}  {:>8} B  {:<24} {}{}",
+                    file_name(&e.file),
+                    e.bytes,
+                    e.arch,
+                    what,
+                    if e.valid {
+                        ""
+                    } else {
+                        "  (corrupt: will be rebuilt)"
+                    }
+                );
+            }
+            listing.skipped
+        }
+        CacheAction::Clear => {
+            let cleared = disk.clear().map_err(|e| e.to_string())?;
+            outln!("removed {} entries from {}", cleared.removed, dir.display());
+            cleared.skipped
+        }
+    };
+    if !skipped.is_empty() {
+        outln!(
+            "skipped {} file(s) that are not cache entries rocmforge can handle:",
+            skipped.len()
+        );
+        for s in skipped {
+            outln!("  {}  {}", file_name(&s.file), s.reason);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! What several commands share: opening the device, loading a graph file, the tuning line.
+
+use std::path::Path;
+
+use rocmforge::compile::TuneStats;
+use rocmforge::ir::{format, Graph, GraphError};
+use rocmforge::runtime::Device;
+
+/// What `--tune` did, in one line.
+pub(crate) fn tuning_line(t: &TuneStats) -> String {
+    format!(
+        "tuning: {} problems with several candidates, {} from the cache, {} timed now \
+         ({} candidate kernels, {:.1} ms)",
+        t.problems,
+        t.from_cache,
+        t.timed,
+        t.candidates_timed,
+        t.time.as_secs_f64() * 1e3
+    )
+}
+
+pub(crate) fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+pub(crate) fn pick_device(spec: Option<&str>) -> Result<Device, String> {
+    match spec {
+        Some(spec) => Device::open(spec).map_err(|e| e.to_string()),
+        None => {
+            let (d, notes) = Device::best().map_err(|e| e.to_string())?;
+            if !d.is_gpu() {
+                for n in notes {
+                    eprintln!("note: {n}");
+                }
+                eprintln!("note: no GPU available; running on the CPU interpreter");
+            }
+            Ok(d)
+        }
+    }
+}
+
+pub(crate) fn load(path: &Path) -> Result<Graph, String> {
+    format::load(path).map_err(|e| match e {
+        // These name the file already.
+        GraphError::File(_) | GraphError::Io { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    })
+}

@@ -1,0 +1,313 @@
+//! The resource report of a set of AMD kernels: each compiled (hiprtc, or the offline clang in
+//! batches) and its VGPRs, AGPRs, SGPRs, LDS, scratch and spills read from the code object's
+//! metadata. `rocmforge compile --report` and the kernel-family tests both go through here, so
+//! the choice of compiler and the reading of its output are written once.
+
+use rayon::prelude::*;
+use thiserror::Error;
+
+use crate::arch::{compiler_options, ArchError, Platform, Target};
+use crate::runtime::{
+    amd_compiler_for, occupancy_table, parse_code_object, report_table, AmdCompiler,
+    AmdCompilerChoice, Hiprtc, KernelResources,
+};
+
+/// Kernels a clang run compiles together: each run costs mostly headers and device libraries.
+const CLANG_BATCH: usize = 24;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ReportError {
+    #[error("--report reads AMD code objects; {arch} is an NVIDIA target")]
+    NvidiaTarget { arch: String },
+    #[error(transparent)]
+    Target(#[from] ArchError),
+    /// hiprtc could not be loaded or refuses the target (the message is hiprtc's).
+    #[error("{0}")]
+    Hiprtc(String),
+    /// No compiler for the target under the choice (every reason tried).
+    #[error("{0}")]
+    NoCompiler(String),
+    #[error("{kernel}: {message}")]
+    Compile { kernel: String, message: String },
+    #[error("{kernel}: {message}")]
+    Metadata { kernel: String, message: String },
+    #[error("{kernel} missing from its code object")]
+    MissingKernel { kernel: String },
+}
+
+/// The target of a resource report for `arch`, checked against hiprtc's own list first (and
+/// so never handing hiprtc one it cannot take). Under `Auto` a target hiprtc lacks but our
+/// table has a row for goes on (to clang, see [`choose_amd_compiler`]); one neither knows is
+/// hiprtc's error, as is a hiprtc library `ROCMFORGE_HIPRTC` names that cannot be loaded.
+pub fn report_target(arch: &str, choice: AmdCompilerChoice) -> Result<Target, ReportError> {
+    if Target::parse(arch).is_ok_and(|t| t.platform == Platform::Nvidia) {
+        return Err(ReportError::NvidiaTarget {
+            arch: arch.to_string(),
+        });
+    }
+    if choice != AmdCompilerChoice::Clang {
+        let forced = choice == AmdCompilerChoice::Hiprtc;
+        match Hiprtc::load() {
+            Ok(rtc) => {
+                if let Err(e) = rtc.check_target(arch) {
+                    if forced || Target::parse(arch).is_err() {
+                        return Err(ReportError::Hiprtc(e.to_string()));
+                    }
+                }
+            }
+            Err(e) if forced || std::env::var_os("ROCMFORGE_HIPRTC").is_some() => {
+                return Err(ReportError::Hiprtc(e.to_string()))
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(Target::parse(arch)?)
+}
+
+/// The AMD compiler for `target` under `choice`: hiprtc where its ROCm release knows the
+/// processor, else the offline clang (`runtime::amd_compiler_for`).
+pub fn choose_amd_compiler(
+    target: &Target,
+    choice: AmdCompilerChoice,
+) -> Result<AmdCompiler, ReportError> {
+    amd_compiler_for(target, choice).map_err(ReportError::NoCompiler)
+}
+
+/// One kernel to compile for a report.
+#[derive(Clone, Copy, Debug)]
+pub struct ReportKernel<'a> {
+    pub entry: &'a str,
+    /// The whole source (prelude and body), for hiprtc.
+    pub source: &'a str,
+    /// The body alone: clang compiles many bodies behind one prelude.
+    pub body: &'a str,
+    /// What the row is called in the table (the node, or the test case).
+    pub label: &'a str,
+}
+
+/// One compiled kernel's resources.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportRow {
+    pub label: String,
+    pub resources: KernelResources,
+    /// Waves per SIMD as LLVM's remarks give it (clang only).
+    pub occupancy: Option<u32>,
+}
+
+/// The report of a set of kernels, in the order given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceReport {
+    /// The compiler, as it describes itself (version and file).
+    pub compiler: String,
+    /// Whether the offline clang compiled it (its table has an occupancy column).
+    pub by_clang: bool,
+    pub rows: Vec<ReportRow>,
+}
+
+impl ResourceReport {
+    /// The table `compile --report` prints: one line per kernel (with the occupancy column
+    /// when clang gave one).
+    pub fn table(&self) -> String {
+        if self.by_clang {
+            let rows: Vec<(String, KernelResources, u32)> = self
+                .rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.label.clone(),
+                        r.resources.clone(),
+                        r.occupancy.unwrap_or(0),
+                    )
+                })
+                .collect();
+            occupancy_table(&rows)
+        } else {
+            let rows: Vec<(String, KernelResources)> = self
+                .rows
+                .iter()
+                .map(|r| (r.label.clone(), r.resources.clone()))
+                .collect();
+            report_table(&rows)
+        }
+    }
+
+    /// The entries of the kernels that spill (registers or scratch).
+    pub fn spilling(&self) -> Vec<&str> {
+        self.rows
+            .iter()
+            .filter(|r| r.resources.spills())
+            .map(|r| r.resources.name.as_str())
+            .collect()
+    }
+}
+
+/// The resources of `entry` in an AMD code object.
+pub fn resources_of(code: &[u8], entry: &str) -> Result<KernelResources, ReportError> {
+    parse_code_object(code)
+        .map_err(|e| ReportError::Metadata {
+            kernel: entry.to_string(),
+            message: e.to_string(),
+        })?
+        .kernels
+        .into_iter()
+        .find(|r| r.name == entry)
+        .ok_or_else(|| ReportError::MissingKernel {
+            kernel: entry.to_string(),
+        })
+}
+
+/// Every kernel of `kernels` compiled for `target` by `compiler` with the AMD
+/// [`compiler_options`], in parallel; `done` is called once per kernel compiled (a progress
+/// bar). The rows come in the order of `kernels`; the first error ends the report.
+pub fn resource_report(
+    kernels: &[ReportKernel<'_>],
+    target: &Target,
+    compiler: &AmdCompiler,
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<ResourceReport, ReportError> {
+    let options = compiler_options(Platform::Amd);
+    match compiler {
+        AmdCompiler::Hiprtc(rtc) => {
+            let rows: Vec<Result<ReportRow, ReportError>> = kernels
+                .par_iter()
+                .map(|k| {
+                    let code = rtc
+                        .compile(k.source, k.entry, &target.arch, &options)
+                        .map_err(|e| ReportError::Compile {
+                            kernel: k.label.to_string(),
+                            message: e.to_string(),
+                        })?;
+                    let resources = resources_of(&code, k.entry)?;
+                    done(1);
+                    Ok(ReportRow {
+                        label: k.label.to_string(),
+                        resources,
+                        occupancy: None,
+                    })
+                })
+                .collect();
+            Ok(ResourceReport {
+                compiler: format!(
+                    "hiprtc {}.{} from {}",
+                    rtc.version.0, rtc.version.1, rtc.library
+                ),
+                by_clang: false,
+                rows: rows.into_iter().collect::<Result<_, _>>()?,
+            })
+        }
+        AmdCompiler::Clang(clang) => {
+            let prelude = crate::codegen::prelude(target);
+            let batches: Vec<Result<Vec<ReportRow>, ReportError>> = kernels
+                .par_chunks(CLANG_BATCH)
+                .map(|chunk| {
+                    let pairs: Vec<(&str, &str)> =
+                        chunk.iter().map(|k| (k.entry, k.body)).collect();
+                    let rows = clang
+                        .compile_batch(&prelude, &pairs, target, &options)
+                        .map_err(|e| ReportError::Compile {
+                            kernel: chunk.iter().map(|k| k.label).collect::<Vec<_>>().join(", "),
+                            message: e.to_string(),
+                        })?;
+                    done(chunk.len());
+                    Ok(chunk
+                        .iter()
+                        .zip(rows)
+                        .map(|(k, (resources, occupancy))| ReportRow {
+                            label: k.label.to_string(),
+                            resources,
+                            occupancy: Some(occupancy),
+                        })
+                        .collect())
+                })
+                .collect();
+            let mut rows = Vec::with_capacity(kernels.len());
+            for batch in batches {
+                rows.extend(batch?);
+            }
+            Ok(ResourceReport {
+                compiler: clang.describe(),
+                by_clang: true,
+                rows,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, vgpr_spills: u64, occupancy: Option<u32>) -> ReportRow {
+        ReportRow {
+            label: format!("node_{name}"),
+            resources: KernelResources {
+                name: name.to_string(),
+                vgprs: 32,
+                agprs: 0,
+                sgprs: 16,
+                lds_bytes: 1024,
+                scratch_bytes: 0,
+                vgpr_spills,
+                sgpr_spills: 0,
+                wave_size: 64,
+            },
+            occupancy,
+        }
+    }
+
+    #[test]
+    fn nvidia_targets_are_refused_before_any_compiler_is_asked() {
+        for choice in [
+            AmdCompilerChoice::Auto,
+            AmdCompilerChoice::Hiprtc,
+            AmdCompilerChoice::Clang,
+        ] {
+            assert!(matches!(
+                report_target("sm_90", choice),
+                Err(ReportError::NvidiaTarget { .. })
+            ));
+        }
+    }
+
+    /// Under clang no hiprtc is consulted, so an arch outside our table is our table's error.
+    #[test]
+    fn an_unknown_arch_under_clang_is_the_tables_error() {
+        assert!(matches!(
+            report_target("gfx9999", AmdCompilerChoice::Clang),
+            Err(ReportError::Target(ArchError::UnknownArch { .. }))
+        ));
+    }
+
+    #[test]
+    fn spilling_lists_the_entries_that_spill() {
+        let report = ResourceReport {
+            compiler: "c".into(),
+            by_clang: false,
+            rows: vec![row("a", 0, None), row("b", 3, None)],
+        };
+        assert_eq!(report.spilling(), vec!["b"]);
+    }
+
+    /// The table is hiprtc's without occupancies and clang's with them.
+    #[test]
+    fn table_has_an_occupancy_column_only_from_clang() {
+        let hiprtc = ResourceReport {
+            compiler: "h".into(),
+            by_clang: false,
+            rows: vec![row("a", 0, None)],
+        };
+        let clang = ResourceReport {
+            compiler: "c".into(),
+            by_clang: true,
+            rows: vec![row("a", 0, Some(8))],
+        };
+        assert_eq!(
+            hiprtc.table(),
+            report_table(&[("node_a".into(), row("a", 0, None).resources)])
+        );
+        assert_eq!(
+            clang.table(),
+            occupancy_table(&[("node_a".into(), row("a", 0, None).resources, 8)])
+        );
+    }
+}

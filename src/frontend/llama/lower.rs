@@ -1,0 +1,410 @@
+//! The forward pass lowered into a graph: embeddings, the layers (RMSNorm, Q/K/V, RoPE, GQA
+//! attention through an `AttentionStep`: a whole prompt, or a step with a KV cache), the final
+//! norm and the LM head.
+
+use super::super::nn::{self, Heads};
+use super::{file_tensor, lm_head, LlamaModel, Logits, Precision, BLOCKS_SUFFIX};
+use crate::ir::{DType, Graph, GraphError, NodeId, QuantScheme, Sample};
+
+/// Where the logits are computed, inside a graph.
+#[derive(Clone, Copy)]
+pub(super) enum Head {
+    All,
+    Last,
+    /// The row a graph input (i32 `[1]`) names.
+    Row(NodeId),
+}
+
+/// The names of a KV-cache graph's inputs and outputs.
+pub mod io {
+    /// i64 `[1, s]`: this step's token ids.
+    pub const INPUT_IDS: &str = "input_ids";
+    /// i32 `[s]`: the position of each of this step's tokens.
+    pub const POSITIONS: &str = "positions";
+    /// i32 `[1]`: where this step's K/V rows are written in the caches.
+    pub const START: &str = "start";
+    /// i32 `[1]`: how many cache rows the attention reads (this step's included).
+    pub const KV_LEN: &str = "kv_len";
+    /// i32 `[1]`: the row of this step whose logits are computed (the last real token).
+    pub const LAST: &str = "last";
+    /// i32 `[1]`: the argmax of the logits (ties to the first).
+    pub const TOKEN: &str = "token";
+    /// f32 `[1, vocab]`, where asked for.
+    pub const LOGITS: &str = "logits";
+
+    /// The K cache of layer `l`.
+    pub fn cache_k(l: usize) -> String {
+        format!("cache.k.{l}")
+    }
+
+    /// The V cache of layer `l`.
+    pub fn cache_v(l: usize) -> String {
+        format!("cache.v.{l}")
+    }
+}
+
+/// A step of `s` tokens with a KV cache: each layer keeps `cache.k.{l}` / `cache.v.{l}`
+/// (`[1, Hkv, max_context, D]` states), ropes at the positions `positions` holds, writes this
+/// step's K/V at `start` and attends over the first `kv_len` cache rows, causally with this
+/// step's queries the last `s` of them. The inputs are made at the first layer.
+pub struct KvCache {
+    pub s: usize,
+    pub max_context: usize,
+    inputs: Option<(NodeId, NodeId, NodeId)>,
+}
+
+impl KvCache {
+    pub fn new(s: usize, max_context: usize) -> KvCache {
+        KvCache {
+            s,
+            max_context,
+            inputs: None,
+        }
+    }
+
+    /// `positions`, `start` and `kv_len`, made on first use.
+    fn inputs(&mut self, g: &mut Graph) -> Result<(NodeId, NodeId, NodeId), GraphError> {
+        if let Some(i) = self.inputs {
+            return Ok(i);
+        }
+        let max = self.max_context as i64;
+        let positions = g.input_sampled(
+            io::POSITIONS,
+            DType::I32,
+            &[self.s],
+            Sample::Range { low: 0, high: max },
+        )?;
+        let start = g.input_sampled(
+            io::START,
+            DType::I32,
+            &[1],
+            Sample::Range {
+                low: 0,
+                high: (max - self.s as i64 + 1).max(1),
+            },
+        )?;
+        let kv_len = g.input_sampled(
+            io::KV_LEN,
+            DType::I32,
+            &[1],
+            Sample::Range {
+                low: self.s as i64,
+                high: max + 1,
+            },
+        )?;
+        self.inputs = Some((positions, start, kv_len));
+        Ok((positions, start, kv_len))
+    }
+}
+
+impl AttentionStep for KvCache {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError> {
+        let (positions, _, _) = self.inputs(g)?;
+        g.rope_at(x, positions, theta)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        let (_, start, kv_len) = self.inputs(g)?;
+        let shape = [1, heads.kv, self.max_context, heads.dim];
+        let kc = g.state(&io::cache_k(layer), dt, &shape)?;
+        let vc = g.state(&io::cache_v(layer), dt, &shape)?;
+        let kc = g.cache_write(kc, k, start, 2)?;
+        let vc = g.cache_write(vc, v, start, 2)?;
+        let scale = 1.0 / (heads.dim as f64).sqrt();
+        let ctx = g.flash_attention_len((q, kc, vc), kv_len, scale, true)?;
+        nn::merge_heads(g, ctx, 1, self.s, heads.q, heads.dim)
+    }
+}
+
+/// How each layer rotates positions and attends, the part of the forward pass that differs
+/// between a whole-prompt prefill and a decoder with a KV cache.
+pub trait AttentionStep {
+    /// Rope over `x` `[1, H, s, D]` (this step's tokens).
+    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError>;
+    /// Attention of layer `layer` for this step's roped `q` `[1, Hq, s, D]`, roped `k` and
+    /// `v` `[1, Hkv, s, D]`; returns `[1, s, Hq·D]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<NodeId, GraphError>;
+}
+
+/// A whole prompt of `s` tokens at positions `0..s`, attending causally over itself.
+pub struct Prefill {
+    pub s: usize,
+}
+
+impl AttentionStep for Prefill {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError> {
+        g.rope(x, theta, 0)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        _layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, dt)
+    }
+}
+
+impl LlamaModel {
+    /// The forward pass over a prompt of `s` tokens (batch 1) in f32: input `input_ids` (i64
+    /// `[1, s]`), output `logits` (f32).
+    pub fn graph(&self, s: usize, logits: Logits) -> Result<Graph, GraphError> {
+        self.graph_typed(s, logits, DType::F32)
+    }
+
+    /// As [`LlamaModel::graph`], computing in `dtype` (weights converted when bound); the
+    /// logits come out in f32.
+    pub fn graph_typed(&self, s: usize, logits: Logits, dt: DType) -> Result<Graph, GraphError> {
+        self.graph_with(s, logits, dt, &mut Prefill { s })
+    }
+
+    /// The forward pass over `s` new tokens with each layer's rope and attention supplied by
+    /// `step`: [`Prefill`] for a whole prompt; a KV-cache variant writes K/V into its cache and
+    /// attends over it, with the rest of the model unchanged.
+    pub fn graph_with(
+        &self,
+        s: usize,
+        logits: Logits,
+        dt: DType,
+        step: &mut dyn AttentionStep,
+    ) -> Result<Graph, GraphError> {
+        let head = match logits {
+            Logits::All => Head::All,
+            Logits::Last => Head::Last,
+        };
+        let p = Precision {
+            dtype: dt,
+            quantized: false,
+        };
+        self.build(s, head, p, true, step)
+    }
+
+    /// A step of `s` tokens through the KV caches (see [`KvCache`] and [`io`]): inputs
+    /// `input_ids`, `positions`, `start`, `kv_len` and `last` (the row whose logits are
+    /// computed); outputs `token` (their argmax) and, when `with_logits`, `logits` `[1, vocab]`.
+    /// A prefill of a prompt right-padded to `s` tokens runs with `kv_len = s` (each real row
+    /// sees exactly its causal prefix) and `last` its last real row; a decode step is `s = 1`.
+    pub fn kv_graph(
+        &self,
+        s: usize,
+        max_context: usize,
+        precision: Precision,
+        with_logits: bool,
+    ) -> Result<Graph, GraphError> {
+        let mut step = KvCache::new(s, max_context);
+        let mut g = Graph::new("llama_step");
+        let last = g.input_sampled(
+            io::LAST,
+            DType::I32,
+            &[1],
+            Sample::Range {
+                low: 0,
+                high: s as i64,
+            },
+        )?;
+        let mut g = self.build_into(g, s, Head::Row(last), precision, with_logits, &mut step)?;
+        g.name = format!(
+            "llama_{}{}_s{s}_ctx{max_context}",
+            precision.dtype,
+            if precision.quantized { "_quant" } else { "" }
+        );
+        Ok(g)
+    }
+
+    pub(super) fn build(
+        &self,
+        s: usize,
+        head: Head,
+        p: Precision,
+        with_logits: bool,
+        step: &mut dyn AttentionStep,
+    ) -> Result<Graph, GraphError> {
+        let dt = p.dtype;
+        let g = Graph::new(if dt == DType::F32 {
+            "llama".to_string()
+        } else {
+            format!("llama_{dt}")
+        });
+        self.build_into(g, s, head, p, with_logits, step)
+    }
+
+    /// The forward pass into `g`. `with_logits` only matters for [`Head::Row`], whose graphs
+    /// end in the argmax `token` (the other heads give the logits alone, as they always did).
+    pub(super) fn build_into(
+        &self,
+        mut g: Graph,
+        s: usize,
+        head: Head,
+        p: Precision,
+        with_logits: bool,
+        step: &mut dyn AttentionStep,
+    ) -> Result<Graph, GraphError> {
+        let dt = p.dtype;
+        let c = &self.config;
+        let (h, heads) = (c.hidden_size, c.heads());
+        g.description = format!(
+            "{} ({} layers, hidden {h}, {} heads, {} K/V heads)",
+            self.path.display(),
+            c.num_hidden_layers,
+            heads.q,
+            heads.kv
+        );
+        let ids = g.input_sampled(
+            io::INPUT_IDS,
+            DType::I64,
+            &[1, s],
+            Sample::Range {
+                low: 0,
+                high: c.vocab_size as i64,
+            },
+        )?;
+        let table = g.weight("token_embd.weight", dt, &[c.vocab_size, h])?;
+        let mut x = g.gather(table, ids)?;
+        for l in 0..c.num_hidden_layers {
+            x = self.layer(&mut g, x, l, s, p, step)?;
+        }
+        match head {
+            Head::All => {}
+            Head::Last => {
+                let last = g.slice(x, 1, s as i64 - 1, s as i64)?;
+                x = g.reshape(last, &[1, h as i64])?;
+            }
+            Head::Row(row) => {
+                let rows = g.reshape(x, &[s as i64, h as i64])?;
+                x = g.gather(rows, row)?;
+            }
+        }
+        let x = nn::rms_norm(&mut g, x, "output_norm.weight", h, c.rms_norm_eps, dt)?;
+        let head_w = if p.quantized && self.scheme_of(lm_head(c)).is_some() {
+            // The tied table is read dense by the gather and as blocks by the LM head.
+            let name = if c.tie_word_embeddings {
+                format!("{}{BLOCKS_SUFFIX}", lm_head(c))
+            } else {
+                lm_head(c).to_string()
+            };
+            self.matrix(&mut g, &name, c.vocab_size, h, p)?
+        } else if c.tie_word_embeddings {
+            table
+        } else {
+            g.weight(lm_head(c), dt, &[c.vocab_size, h])?
+        };
+        let head_t = g.permute(head_w, &[1, 0])?;
+        let mut out = g.matmul(x, head_t)?;
+        if dt != DType::F32 {
+            out = g.cast(out, DType::F32)?;
+        }
+        g.rename(out, io::LOGITS)?;
+        if let Head::Row(_) = head {
+            let token = g.argmax(out, -1)?;
+            g.rename(token, io::TOKEN)?;
+            if with_logits {
+                g.set_outputs(&[token, out])?;
+            } else {
+                g.set_outputs(&[token])?;
+            }
+        } else {
+            g.set_outputs(&[out])?;
+        }
+        Ok(g)
+    }
+
+    /// The block quantization file tensor `name` is stored in, if any.
+    pub(super) fn scheme_of(&self, name: &str) -> Option<QuantScheme> {
+        self.gguf
+            .tensor_info(file_tensor(name))
+            .and_then(|t| t.ggml_type.quant_scheme())
+    }
+
+    /// Matrix `name` `[dout, din]`: its blocks where `p` keeps them and the file has them,
+    /// else dense in `p.dtype`.
+    pub(super) fn matrix(
+        &self,
+        g: &mut Graph,
+        name: &str,
+        dout: usize,
+        din: usize,
+        p: Precision,
+    ) -> Result<NodeId, GraphError> {
+        match self.scheme_of(name) {
+            Some(scheme) if p.quantized => g.weight_quant(name, p.dtype, &[dout, din], scheme),
+            _ => g.weight(name, p.dtype, &[dout, din]),
+        }
+    }
+
+    /// `x · Wᵀ` for the bias-free linear layer `name` `[dout, din]`.
+    pub(super) fn linear(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        name: &str,
+        din: usize,
+        dout: usize,
+        p: Precision,
+    ) -> Result<NodeId, GraphError> {
+        let w = self.matrix(g, name, dout, din, p)?;
+        let wt = g.permute(w, &[1, 0])?;
+        g.matmul(x, wt)
+    }
+
+    /// Decoder layer `l` on `x` `[1, s, hidden]`, as transformers' `LlamaDecoderLayer`.
+    pub(super) fn layer(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        l: usize,
+        s: usize,
+        p: Precision,
+        step: &mut dyn AttentionStep,
+    ) -> Result<NodeId, GraphError> {
+        let c = &self.config;
+        let dt = p.dtype;
+        let (h, heads) = (c.hidden_size, c.heads());
+        let w = |name: &str| format!("blk.{l}.{name}.weight");
+        let a = nn::rms_norm(g, x, &w("attn_norm"), h, c.rms_norm_eps, dt)?;
+        let (qd, kvd) = (heads.q * heads.dim, heads.kv * heads.dim);
+        let q = self.linear(g, a, &w("attn_q"), h, qd, p)?;
+        let k = self.linear(g, a, &w("attn_k"), h, kvd, p)?;
+        let v = self.linear(g, a, &w("attn_v"), h, kvd, p)?;
+        let q = nn::split_heads(g, q, 1, s, heads.q, heads.dim)?;
+        let k = nn::split_heads(g, k, 1, s, heads.kv, heads.dim)?;
+        let v = nn::split_heads(g, v, 1, s, heads.kv, heads.dim)?;
+        let q = step.rope(g, q, c.rope_theta)?;
+        let k = step.rope(g, k, c.rope_theta)?;
+        let ctx = step.attend(g, l, q, k, v, heads, dt)?;
+        let o = self.linear(g, ctx, &w("attn_output"), qd, h, p)?;
+        let r = g.add(x, o)?;
+        let m = nn::rms_norm(g, r, &w("ffn_norm"), h, c.rms_norm_eps, dt)?;
+        // SwiGLU: down(silu(gate(m)) · up(m)).
+        let ffn = c.intermediate_size;
+        let gate = self.linear(g, m, &w("ffn_gate"), h, ffn, p)?;
+        let up = self.linear(g, m, &w("ffn_up"), h, ffn, p)?;
+        let act = g.silu(gate)?;
+        let hmul = g.mul(act, up)?;
+        let f = self.linear(g, hmul, &w("ffn_down"), ffn, h, p)?;
+        g.add(r, f)
+    }
+}
