@@ -17,8 +17,10 @@ use rocmforge::ir::DType;
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::Device;
 
-use super::attention_graphs::{build, Mask, Scale, Spec};
-use super::{check_attention_with, push, Failed, Trial};
+use crate::attention::check_attention_with;
+use crate::common::attention_graphs::{build, Mask, Scale, Spec};
+use crate::harness::push;
+use libtest_mimic::{Failed, Trial};
 
 /// The attention kernel of `spec` on the device's target with `access`, which must be the
 /// matrix-core kernel.
@@ -75,7 +77,7 @@ fn check(
         seed,
         CompileOptions {
             rewrite_kernels: Some(rewrite),
-            ..super::options()
+            ..crate::harness::options()
         },
     )
 }
