@@ -120,11 +120,53 @@ pub type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 pub type DeviceTrial = fn(&Device) -> Result<(), Failed>;
 
+/// Set to 1 where a GPU must be found (`.gpu/run` on the GPU machine sets it): a trial that
+/// would be ignored for want of a GPU fails instead, so a machine whose GPU did not open cannot
+/// report a green run of nothing.
+pub const REQUIRE_GPU: &str = "ROCMFORGE_REQUIRE_GPU";
+/// Set to 1 where the models must be there (CI, after scripts/fetch-models).
+pub const REQUIRE_MODELS: &str = "ROCMFORGE_REQUIRE_MODELS";
+
+/// Whether the environment variable `require` is set to 1.
+pub fn required(require: &str) -> bool {
+    std::env::var(require).is_ok_and(|v| v == "1")
+}
+
+/// A trial that cannot run here, for the reason `why`: it fails when `require` is set to 1,
+/// and is reported ignored, with the reason, otherwise.
+pub fn unavailable(name: String, why: &str, require: &str) -> Trial {
+    if required(require) {
+        let msg = format!("{require}=1 but {why}");
+        Trial::test(name, move || Err(msg.into()))
+    } else {
+        Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {why}"))
+    }
+}
+
+/// A GPU trial: it runs, or where no GPU was found (`ignored` holds why) it is ignored, or
+/// fails under `ROCMFORGE_REQUIRE_GPU=1`.
 pub fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
     trials.push(match ignored {
         None => Trial::test(name, f),
-        Some(why) => Trial::test(name, || Ok(()))
-            .with_ignored_flag(true)
-            .with_kind(format!("ignored: {why}")),
+        Some(why) => unavailable(name, why, REQUIRE_GPU),
     });
+}
+
+/// A GPU trial that also needs something else (`missing` says what is not here, if anything):
+/// no GPU is judged as in [`push`]; a GPU without the thing is ignored, or fails when `require`
+/// is set to 1.
+pub fn push_needing(
+    trials: &mut Vec<Trial>,
+    ignored: &Option<String>,
+    missing: Option<String>,
+    require: &str,
+    name: String,
+    f: Body,
+) {
+    match (ignored, missing) {
+        (None, Some(why)) => trials.push(unavailable(name, &why, require)),
+        _ => push(trials, ignored, name, f),
+    }
 }

@@ -38,8 +38,14 @@ pub fn hip_trials(
                 let d = d.clone();
                 trials.push(Trial::test(name, move || f(&d)));
             }
-            Err(hipshim::Unavailable::Skip(why)) => {
-                push(trials, &Some(why.clone()), name, Box::new(|| Ok(())))
+            // On an AMD GPU the shim has no CUDA driver to run over: nothing to require.
+            Err(hipshim::Unavailable::NotNvidia(why)) if main_device.is_gpu() => trials.push(
+                Trial::test(name, || Ok(()))
+                    .with_ignored_flag(true)
+                    .with_kind(format!("ignored: {why}")),
+            ),
+            Err(hipshim::Unavailable::NotNvidia(why) | hipshim::Unavailable::NoCompiler(why)) => {
+                trials.push(unavailable(name, why, REQUIRE_GPU))
             }
             Err(hipshim::Unavailable::Broken(why)) => {
                 let why = why.clone();
@@ -238,14 +244,27 @@ pub fn hip_trials(
     }
 }
 
+/// [`hip_shim_binds`] where `cc` is here; without it the trial is ignored with the reason (it
+/// used to pass), and fails under `ROCMFORGE_REQUIRE_GPU=1`.
+pub fn shim_binds_trial() -> Trial {
+    let name = "hip::shim::exports_every_entry_point_rocmforge_binds".to_string();
+    match hipshim::cc_missing() {
+        None => Trial::test(name, hip_shim_binds),
+        Some(why) => unavailable(name, &why, REQUIRE_GPU),
+    }
+}
+
 /// Runs on any machine with `cc`, GPU or not: the shim exports every entry point rocmforge
 /// binds as the HIP runtime (a missing one fails the open before `hipInit` is called) and as
 /// hiprtc. Without a CUDA driver the open stops at `hipInit` with the shim's reason.
 pub fn hip_shim_binds() -> Result<(), Failed> {
     let shim = match hipshim::compile("binds") {
         Ok(s) => s,
-        Err(hipshim::Unavailable::Skip(_)) => return Ok(()),
-        Err(hipshim::Unavailable::Broken(why)) => return Err(why.into()),
+        Err(
+            hipshim::Unavailable::NotNvidia(why)
+            | hipshim::Unavailable::NoCompiler(why)
+            | hipshim::Unavailable::Broken(why),
+        ) => return Err(why.into()),
     };
     let result = (|| -> Result<(), Failed> {
         let libraries = HipLibraries {

@@ -14,6 +14,8 @@ use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
+use crate::common::nan_max::{max_abs, max_abs_diff, nan_max};
+
 /// `shared/reference/smollm2/reference.json` beside the repository or one of its parents
 /// (ROCMFORGE_SMOLLM2_REFERENCE names it directly).
 fn reference_path() -> Option<PathBuf> {
@@ -250,13 +252,10 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
             want.push(step(&mut cds, 1, &[t], n + i, n + i + 1, 0)?);
         }
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let scale = w.iter().map(|x| x.abs()).fold(1.0, f64::max);
-            let worst = g
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            if worst.is_nan() || worst > tol * scale {
+            // NaN-keeping maxima: `fold(_, f64::max)` drops NaN, and NaN logits passed.
+            let scale = nan_max(max_abs(w), 1.0);
+            let worst = max_abs_diff(g, w);
+            if worst.is_nan() || scale.is_nan() || worst > tol * scale {
                 return Err(format!("{p:?}: step {i}: max |Δ| {worst} (scale {scale})").into());
             }
             if p == Precision::F32 && top2(g).0 != top2(w).0 {

@@ -103,10 +103,7 @@ fn main() {
     decode::trials(&device, &ignored, &mut trials);
     let (shim, hip) = hipshim::device(&device);
     hip::hip_trials(&mut trials, &device, &shim, &hip);
-    trials.push(Trial::test(
-        "hip::shim::exports_every_entry_point_rocmforge_binds",
-        hip::hip_shim_binds,
-    ));
+    trials.push(hip::shim_binds_trial());
     let conclusion = libtest_mimic::run(&args, trials);
     hipshim::remove(shim);
     conclusion.exit();

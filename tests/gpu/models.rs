@@ -92,11 +92,13 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
     }
     // SmolLM2 generation against the PyTorch reference, where the model file is here.
     {
-        let why = ignored.clone().or_else(crate::llama::missing);
+        let missing = crate::llama::missing();
         let d = device.clone();
-        push(
+        push_needing(
             trials,
-            &why,
+            ignored,
+            missing.clone(),
+            REQUIRE_MODELS,
             "llama::f32_greedy_24_every_prompt".into(),
             Box::new(move || crate::llama::f32_greedy(&d)),
         );
@@ -108,9 +110,11 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
             ),
         ] {
             let d = device.clone();
-            push(
+            push_needing(
                 trials,
-                &why,
+                ignored,
+                missing.clone(),
+                REQUIRE_MODELS,
                 name.into(),
                 Box::new(move || crate::llama::reduced(&d, p)),
             );
@@ -122,24 +126,21 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
 pub fn minilm(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
     for (dtype, min_cos) in [(DType::F32, 0.9999), (DType::F16, 0.999)] {
         let name = format!("minilm::{dtype}_matches_pytorch");
-        match minilm_dir() {
-            Some(dir) => {
-                let d = device.clone();
-                push(
-                    trials,
-                    ignored,
-                    name,
-                    Box::new(move || minilm_matches_reference(&d, &dir, dtype, min_cos)),
-                );
-            }
-            None if ignored.is_none() => trials.push(
-                Trial::test(name, || Ok(()))
-                    .with_ignored_flag(true)
-                    .with_kind(
-                        "ignored: all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models)",
-                    ),
-            ),
-            None => push(trials, ignored, name, Box::new(|| Ok(()))),
-        }
+        let dir = minilm_dir();
+        let missing = dir
+            .is_none()
+            .then(|| "all-MiniLM-L6-v2 not in the model cache (scripts/fetch-models)".to_string());
+        let d = device.clone();
+        push_needing(
+            trials,
+            ignored,
+            missing,
+            REQUIRE_MODELS,
+            name,
+            Box::new(move || {
+                let dir = dir.ok_or("all-MiniLM-L6-v2 not in the model cache")?;
+                minilm_matches_reference(&d, &dir, dtype, min_cos)
+            }),
+        );
     }
 }

@@ -252,17 +252,19 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
     {
         let d = device.clone();
         let exe = rocmforge_binary();
-        let why = ignored.clone().or_else(|| {
-            exe.is_none().then(|| {
-                "the rocmforge binary is not here (stage it: cp target/release/rocmforge .gpu/bin/)"
-                    .to_string()
-            })
+        // The trial needs the CLI binary as well as a GPU: on the GPU machine under
+        // ROCMFORGE_REQUIRE_GPU=1 an unstaged binary fails the trial rather than hiding it.
+        let missing = exe.is_none().then(|| {
+            "the rocmforge binary is not here (stage it: cp target/release/rocmforge .gpu/bin/)"
+                .to_string()
         });
-        push(
+        push_needing(
             trials,
-            &why,
+            ignored,
+            missing,
+            REQUIRE_GPU,
             "tune::cli_run_tune_and_cache_ls".into(),
-            Box::new(move || tune_cli(&d, exe.as_deref().expect("checked above"))),
+            Box::new(move || tune_cli(&d, exe.as_deref().ok_or("no rocmforge binary")?)),
         );
     }
 }
