@@ -41,7 +41,12 @@ pub fn check_attention_with(
         );
     }
     let want = run(&reference, &rb).map_err(|e| e.to_string())?.remove(0);
-    let err = compare(&got.cast(DType::F32), &want, &format!("{spec:?}"))?;
+    let err = compare(
+        &got.cast(DType::F32),
+        &want,
+        tolerance(spec.dtype),
+        &format!("{spec:?}"),
+    )?;
     if err > tolerance(spec.dtype) {
         return Err(format!("{spec:?}: relative L2 {err:e}").into());
     }
@@ -67,7 +72,7 @@ pub fn first_output_within_tolerance(
             .as_ref()
             .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
     );
-    let err = compare(&got.cast(DType::F32), want, &what)?;
+    let err = compare(&got.cast(DType::F32), want, tolerance(dtype), &what)?;
     if err > tolerance(dtype) {
         return Err(format!("{what}: relative L2 {err:e}").into());
     }
@@ -153,7 +158,7 @@ pub fn check_chain(device: &Device, g: &Graph, seed: u64) -> Result<(), Failed> 
             .map_err(|e| e.to_string())?
             .remove(0)
     };
-    let err = compare(&got.cast(DType::F32), &want, &g.name)?;
+    let err = compare(&got.cast(DType::F32), &want, tolerance(dt), &g.name)?;
     if err > tolerance(dt) {
         return Err(format!("{}: relative L2 {err:e}", g.name).into());
     }

@@ -107,7 +107,7 @@ pub fn planted_bug_is_caught(device: &Device) -> Result<(), Failed> {
         .into());
     }
     let want = run(&g, &Bindings::random(&g, 1)).unwrap().remove(0);
-    if compare(&out, &want, "planted").is_ok() {
+    if compare(&out, &want, tolerance(DType::F32), "planted").is_ok() {
         return Err("the comparison accepted an unwritten element".into());
     }
     Ok(())
@@ -300,7 +300,7 @@ pub fn unused_input_runs(device: &Device) -> Result<(), Failed> {
     let b = Bindings::random(&g, 6);
     let got = c.run(&b).map_err(|e| e.to_string())?;
     let want = run(&g, &b).map_err(|e| e.to_string())?;
-    let err = compare(&got[0], &want[0], "unused_input %o")?;
+    let err = compare(&got[0], &want[0], tolerance(DType::F32), "unused_input %o")?;
     if err > tolerance(DType::F32) {
         return Err(format!("unused_input: relative L2 {err:e}").into());
     }
@@ -457,7 +457,7 @@ pub fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
     let got = p.outputs().map_err(|e| e.to_string())?;
     let want = run(&g, &with_weights(&g, &b)).map_err(|e| e.to_string())?;
     for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-        let err = compare(x, y, &format!("output {i}"))?;
+        let err = compare(x, y, tolerance(x.ty().dtype), &format!("output {i}"))?;
         if err > tolerance(x.ty().dtype) {
             return Err(format!("output {i} after profiling: relative L2 {err:e}").into());
         }

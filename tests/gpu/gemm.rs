@@ -58,7 +58,7 @@ pub fn quant_bound_blocks(device: &Device) -> Result<(), Failed> {
         let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
         b.quantized.insert("w".into(), blocks);
         let want = run(&g, &b).map_err(|e| e.to_string())?.remove(0);
-        let err = compare(&got, &want, &case.name())?;
+        let err = compare(&got, &want, tolerance(DType::F32), &case.name())?;
         if err > tolerance(DType::F32) {
             return Err(format!("{}: relative L2 {err:e}", case.name()).into());
         }

@@ -118,7 +118,12 @@ pub fn warm_session_matches_run(device: &Device, name: &str) -> Result<(), Faile
         }
         let want = run(&g, &with_weights(&g, &b)).map_err(|e| e.to_string())?;
         for (i, (x, y)) in got_on.iter().zip(&want).enumerate() {
-            let e = compare(x, y, &format!("{name} step {step} output {i}"))?;
+            let e = compare(
+                x,
+                y,
+                tolerance(y.dtype()),
+                &format!("{name} step {step} output {i}"),
+            )?;
             if e > tolerance(y.dtype()) {
                 return Err(format!("{name} step {step} output {i}: relative L2 {e:e}").into());
             }

@@ -119,7 +119,7 @@ pub fn tune_gemm(device: &Device) -> Result<(), Failed> {
         let want = run(&g, &with_weights(&g, &b))
             .map_err(|e| e.to_string())?
             .remove(0);
-        let err = compare(&got, &want, &g.name)?;
+        let err = compare(&got, &want, tolerance(DType::F16), &g.name)?;
         if err > tolerance(DType::F16) {
             return Err(format!("{} tuned: relative L2 {err:e}", g.name).into());
         }
