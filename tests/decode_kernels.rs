@@ -20,7 +20,7 @@
 //!   against the interpreter's `run_with_state`; a write past the cache reported as the
 //!   interpreter's error; argmax's ties and NaN. The `compile::` trials include these kernels.
 //!
-//! The GPU trials are `decode::` and `decops::` in `tests/gpu.rs`. Trials whose tool is missing are reported
+//! The GPU trials are `decode::` and `decops::` in `tests/gpu/`. Trials whose tool is missing are reported
 //! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
 //! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
 
@@ -137,7 +137,7 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     }
 }
 
-/// The GPU trials (`decode::` in tests/gpu.rs) exercise the decode pair on sm_90 wherever a
+/// The GPU trials (`decode::` in tests/gpu/) exercise the decode pair on sm_90 wherever a
 /// K/V head serves several query heads and its rows fit one block (group × Sq ≤ 16, D ≤ 128).
 fn gpu_cases_take_decode() -> Result<(), Failed> {
     let mut decode = 0;

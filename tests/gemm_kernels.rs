@@ -275,7 +275,7 @@ fn main() {
     for arch in ["gfx90a", "gfx1030"] {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
         // which the host cannot run; gfx1030 has no matrix atom, so they run there on the
-        // CUDA-core kernel. The matrix-core kernel is checked on the GPU (tests/gpu.rs).
+        // CUDA-core kernel. The matrix-core kernel is checked on the GPU (tests/gpu/).
         for case in host_cases().into_iter().filter(|c| on_cuda_cores(c, arch)) {
             let name = format!("host::{arch}::{}", case.name());
             trials.push(needs(

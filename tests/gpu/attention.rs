@@ -13,17 +13,30 @@ pub fn check_attention(device: &Device, spec: Spec, seed: u64) -> Result<(), Fai
     check_attention_with(device, spec, seed, options())
 }
 
-pub fn check_attention_with(
+/// Fused attention compiled with `opts` against the f32 graph on the same rounded inputs;
+/// returns the family and source of each kernel of the plan that ran, for trials that must
+/// know which kernel computed the result.
+pub fn check_attention_plan(
     device: &Device,
     spec: Spec,
     seed: u64,
     opts: CompileOptions,
-) -> Result<(), Failed> {
+) -> Result<Vec<(&'static str, String)>, Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let g = build(&spec);
     let c = Graph::compile_with(&g, device, &opts).map_err(|e| e.to_string())?;
     let b = Bindings::random(&g, seed);
     let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+    let kernels = c
+        .plan
+        .as_ref()
+        .map(|p| {
+            p.kernels
+                .iter()
+                .map(|k| (k.family, k.body.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
     let reference = build(&Spec {
         dtype: DType::F32,
         cast_softmax: false,
@@ -50,7 +63,17 @@ pub fn check_attention_with(
     if err > tolerance(spec.dtype) {
         return Err(format!("{spec:?}: relative L2 {err:e}").into());
     }
-    Ok(())
+    Ok(kernels)
+}
+
+/// [`check_attention_plan`] where the kernels that ran do not matter.
+pub fn check_attention_with(
+    device: &Device,
+    spec: Spec,
+    seed: u64,
+    opts: CompileOptions,
+) -> Result<(), Failed> {
+    check_attention_plan(device, spec, seed, opts).map(|_| ())
 }
 
 /// Runs `g`'s first output on `b` and compares it with the f32 reference `want` within

@@ -2,7 +2,7 @@
 //! interpreter, replay on and off bitwise equal, sessions of one executable on many threads, a
 //! warm run allocating nothing, inputs changed in place every step of a loop (the device-side
 //! scalars a decode loop needs) without recompiling or re-capturing, and a captured graph
-//! keeping its buffers alive. Included by `tests/gpu.rs`, whose helpers they use.
+//! keeping its buffers alive. Part of the `gpu` test binary (`tests/gpu/main.rs`); uses its harness.
 
 use std::path::Path;
 use std::sync::Arc;
