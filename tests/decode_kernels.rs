@@ -36,6 +36,8 @@ mod kernel_compile;
 mod kv_cases;
 #[path = "common/needs.rs"]
 mod needs;
+#[path = "common/row_error.rs"]
+mod row_error;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -169,6 +171,7 @@ fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
     if c.mask == Mask::EmptyRow && !batch0_zero(&got, c) {
         return Err(format!("{}: rows with no visible key are not zeros", c.name()).into());
     }
@@ -317,6 +320,7 @@ fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Faile
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
     Ok(())
 }
 
@@ -391,6 +395,7 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         if err > 1e-5 {
             return Err(format!("step {t}: logits relative L2 {err:e}").into());
         }
+        row_error::rows_within(&got[0], &want[0], 1e-5).map_err(|e| format!("step {t}: {e}"))?;
         if got[1] != want[1] {
             return Err(format!("step {t}: token {:?}, want {:?}", got[1], want[1]).into());
         }

@@ -28,6 +28,8 @@ mod kernel_compile;
 mod needs;
 #[path = "common/quant_cases.rs"]
 mod quant_cases;
+#[path = "common/row_error.rs"]
+mod row_error;
 
 use needs::needs;
 use std::collections::BTreeMap;
@@ -70,6 +72,7 @@ fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
     Ok(())
 }
 
@@ -131,6 +134,7 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
     Ok(())
 }
 

@@ -1,4 +1,6 @@
-//! What every GPU trial shares: tolerances, compile options, the comparison with the interpreter, and how a trial is registered (run, ignored with the reason, or failed where a variable requires it).
+//! What every GPU trial shares: tolerances, compile options, the comparison with the
+//! interpreter, and how a trial is registered (run, ignored with the reason, or failed where a
+//! variable requires it).
 
 use std::sync::RwLock;
 
@@ -7,6 +9,8 @@ use rocmforge::compile::CompileOptions;
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
+
+use crate::common::row_error::rows_within;
 
 /// Held shared by every trial, exclusively by the memory check: device-wide memory is only
 /// measured while nothing else runs.
@@ -28,18 +32,8 @@ pub fn options() -> CompileOptions {
     }
 }
 
-/// How far one row (the last axis) may be off, as a multiple of the tensor's tolerance. A
-/// tensor-wide relative L2 error alone lets a few rows be entirely wrong: at bf16's 1e-2 about
-/// 50 elements of a 1M-element attention output could be garbage and still pass. Correct
-/// kernels round each element to f16/bf16 (one half-ulp, 2^-11 / 2^-8 of its magnitude) after
-/// f32 accumulation, so a row's error sits near the tensor's; 10x leaves room for rows whose
-/// values cancel without admitting a wrong row.
-pub const ROW_FACTOR: f64 = 10.0;
-
-/// Relative L2 error of `got` against `want` over the whole tensor; on the way every row (the
-/// last axis) is bounded too, within `ROW_FACTOR * tol`: its relative L2 error, and its largest
-/// element error relative to the row's largest magnitude (both measured against at least the
-/// tensor's root-mean-square row, so a row of near-zeros is not judged against itself alone).
+/// Relative L2 error of `got` against `want` over the whole tensor; every row (the last axis)
+/// is bounded too, within `ROW_FACTOR * tol` (`common::row_error::rows_within`).
 /// NaN must sit exactly where the reference has it, infinities must match, and an output still
 /// holding the poison where the reference is finite fails. Integer and boolean outputs must be
 /// equal, element for element.
@@ -62,10 +56,7 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: f64, what: &str) -> Result<f64,
         .into());
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let row = want.shape().dims().last().copied().unwrap_or(1).max(1);
-    let rows = g.len() / row;
-    // Per row: squared error, squared reference norm, largest error, largest magnitude.
-    let mut per_row = vec![(0.0f64, 0.0f64, 0.0f64, 0.0f64); rows];
+    let (mut num, mut den) = (0.0, 0.0);
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         match (a.is_nan(), b.is_nan()) {
             (true, true) => continue,
@@ -83,42 +74,10 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: f64, what: &str) -> Result<f64,
             }
             continue;
         }
-        let r = &mut per_row[i / row];
-        let d = (a - b).abs();
-        r.0 += d * d;
-        r.1 += b * b;
-        r.2 = r.2.max(d);
-        r.3 = r.3.max(b.abs());
+        num += (a - b).powi(2);
+        den += b * b;
     }
-    let num: f64 = per_row.iter().map(|r| r.0).sum();
-    let den: f64 = per_row.iter().map(|r| r.1).sum();
-    // The root-mean-square row norm and element magnitude: the floor of each row's scale.
-    let rms_row = (den / rows.max(1) as f64).sqrt();
-    let rms_elem = (den / g.len().max(1) as f64).sqrt();
-    let bound = ROW_FACTOR * tol;
-    for (r, &(e2, w2, emax, wmax)) in per_row.iter().enumerate() {
-        let scale = w2.sqrt().max(rms_row);
-        let rel = if scale == 0.0 {
-            e2.sqrt()
-        } else {
-            e2.sqrt() / scale
-        };
-        if rel > bound {
-            return Err(format!(
-                "{what}: row {r} (of {rows}, {row} wide): relative L2 {rel:e} > {bound:e}"
-            )
-            .into());
-        }
-        let mag = wmax.max(rms_elem);
-        let worst = if mag == 0.0 { emax } else { emax / mag };
-        if worst > bound {
-            return Err(format!(
-                "{what}: row {r} (of {rows}, {row} wide): max |error| {emax:e} is {worst:e} of \
-                 the row's largest magnitude {wmax:e}, > {bound:e}"
-            )
-            .into());
-        }
-    }
+    rows_within(got, want, tol).map_err(|e| format!("{what}: {e}"))?;
     Ok(if den == 0.0 {
         num.sqrt()
     } else {

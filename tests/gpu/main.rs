@@ -44,6 +44,7 @@ mod common {
     pub mod nan_max;
     pub mod op_zoo;
     pub mod quant_cases;
+    pub mod row_error;
     pub mod smollm2;
     pub mod tiny_gguf;
 }
