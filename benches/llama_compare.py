@@ -77,15 +77,19 @@ def main():
             per_token = (events(torch, generate(64), 3) - events(torch, generate(16), 3)) / 48
             row = {"case": f"decode_ctx{ctx}", "hf_ms": per_token}
             if args.static:
+                # The compiled forward is this row's only: the next context's eager row must run
+                # the eager forward again (it used to stay compiled for every later row).
+                eager_forward = model.forward
                 try:
                     model.generation_config.cache_implementation = "static"
-                    model.forward = torch.compile(model.forward, mode="reduce-overhead")
+                    model.forward = torch.compile(eager_forward, mode="reduce-overhead")
                     st = (events(torch, generate(64), 3) - events(torch, generate(16), 3)) / 48
                     row["hf_static_compiled_ms"] = st
                 except Exception as e:  # reported, not fatal: the eager figure stands alone
                     print(f"decode_ctx{ctx} static: {type(e).__name__}: {e}", file=sys.stderr)
                 finally:
                     model.generation_config.cache_implementation = None
+                    model.forward = eager_forward
             rows.append(row)
     ours = {}
     if args.ours:

@@ -22,6 +22,8 @@ mod host_kernels;
 mod kernel_compile;
 #[path = "common/needs.rs"]
 mod needs;
+#[path = "common/row_error.rs"]
+mod row_error;
 
 use std::path::Path;
 
@@ -159,6 +161,8 @@ fn host_run(cxx: &Path, name: &str, spec: &Spec, arch: &str) -> Result<(), Faile
     if err > tolerance(DType::F32) {
         return Err(format!("{name} on {arch}: relative L2 {err:e}").into());
     }
+    row_error::rows_within(&got, &want, tolerance(DType::F32))
+        .map_err(|e| format!("{name} on {arch}: {e}"))?;
     Ok(())
 }
 

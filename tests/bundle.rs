@@ -1,7 +1,7 @@
 //! Replay bundles (`compile --emit bundle`): their contents against an independent codegen run
 //! and an independent interpreter run, and every kind of malformed bundle refused with a typed
 //! error. Code objects are checked where hiprtc is here (`ROCMFORGE_REQUIRE_HIPRTC=1` makes its
-//! absence a failure); replaying on a GPU is a trial in tests/gpu.rs.
+//! absence a failure); replaying on a GPU is a trial in tests/gpu/.
 
 #[path = "common/files.rs"]
 mod files;
@@ -527,6 +527,11 @@ fn a_target_without_a_compiler_here_gets_sources_and_the_reason() {
         None => {
             let why = plan.compiler.missing.as_ref().unwrap();
             assert!(why.contains("NVRTC"), "{why}");
+            // Where NVRTC must be here (CI installs it), emitting sources only is a failure.
+            assert!(
+                std::env::var("ROCMFORGE_REQUIRE_NVRTC").map_or(true, |v| v != "1"),
+                "ROCMFORGE_REQUIRE_NVRTC=1 but {why}"
+            );
             assert_eq!(report.code_objects, 0);
             let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
             assert!(readme.contains("No code objects"), "{readme}");

@@ -289,8 +289,14 @@ fn compile_for_a_target_emits_sources_and_names_bad_arches() {
 
 #[test]
 fn compile_report_prints_resources_when_hiprtc_is_present() {
-    if rocmforge::runtime::Hiprtc::load().is_err() {
-        return; // covered by tests/hiprtc.rs, which reports the reason
+    if let Err(e) = rocmforge::runtime::Hiprtc::load() {
+        // A skip that passes: where hiprtc must be here (CI), it fails instead.
+        assert!(
+            std::env::var("ROCMFORGE_REQUIRE_HIPRTC").map_or(true, |v| v != "1"),
+            "ROCMFORGE_REQUIRE_HIPRTC=1 but no hiprtc: {e}"
+        );
+        eprintln!("skipped: no hiprtc ({e})");
+        return;
     }
     let (ok, out, err) = rocmforge(&[
         "compile",

@@ -20,7 +20,7 @@
 //!   against the interpreter's `run_with_state`; a write past the cache reported as the
 //!   interpreter's error; argmax's ties and NaN. The `compile::` trials include these kernels.
 //!
-//! The GPU trials are `decode::` and `decops::` in `tests/gpu.rs`. Trials whose tool is missing are reported
+//! The GPU trials are `decode::` and `decops::` in `tests/gpu/`. Trials whose tool is missing are reported
 //! ignored, with the reason; `ROCMFORGE_REQUIRE_HOST_CXX=1`, `ROCMFORGE_REQUIRE_HIPRTC=1`,
 //! `ROCMFORGE_REQUIRE_CLANG=1` and `ROCMFORGE_REQUIRE_PTXAS=1` make that a failure.
 
@@ -36,6 +36,8 @@ mod kernel_compile;
 mod kv_cases;
 #[path = "common/needs.rs"]
 mod needs;
+#[path = "common/row_error.rs"]
+mod row_error;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -137,7 +139,7 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     }
 }
 
-/// The GPU trials (`decode::` in tests/gpu.rs) exercise the decode pair on sm_90 wherever a
+/// The GPU trials (`decode::` in tests/gpu/) exercise the decode pair on sm_90 wherever a
 /// K/V head serves several query heads and its rows fit one block (group × Sq ≤ 16, D ≤ 128).
 fn gpu_cases_take_decode() -> Result<(), Failed> {
     let mut decode = 0;
@@ -169,6 +171,7 @@ fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
     if c.mask == Mask::EmptyRow && !batch0_zero(&got, c) {
         return Err(format!("{}: rows with no visible key are not zeros", c.name()).into());
     }
@@ -317,6 +320,7 @@ fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Faile
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
     Ok(())
 }
 
@@ -391,6 +395,7 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         if err > 1e-5 {
             return Err(format!("step {t}: logits relative L2 {err:e}").into());
         }
+        row_error::rows_within(&got[0], &want[0], 1e-5).map_err(|e| format!("step {t}: {e}"))?;
         if got[1] != want[1] {
             return Err(format!("step {t}: token {:?}, want {:?}", got[1], want[1]).into());
         }

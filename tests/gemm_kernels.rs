@@ -28,6 +28,8 @@ mod kernel_compile;
 mod needs;
 #[path = "common/quant_cases.rs"]
 mod quant_cases;
+#[path = "common/row_error.rs"]
+mod row_error;
 
 use needs::needs;
 use std::collections::BTreeMap;
@@ -70,6 +72,7 @@ fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
     Ok(())
 }
 
@@ -131,6 +134,7 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
     if err > tol {
         return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
     }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
     Ok(())
 }
 
@@ -275,7 +279,7 @@ fn main() {
     for arch in ["gfx90a", "gfx1030"] {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
         // which the host cannot run; gfx1030 has no matrix atom, so they run there on the
-        // CUDA-core kernel. The matrix-core kernel is checked on the GPU (tests/gpu.rs).
+        // CUDA-core kernel. The matrix-core kernel is checked on the GPU (tests/gpu/).
         for case in host_cases().into_iter().filter(|c| on_cuda_cores(c, arch)) {
             let name = format!("host::{arch}::{}", case.name());
             trials.push(needs(

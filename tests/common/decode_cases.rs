@@ -1,6 +1,6 @@
 //! Decode-shaped attention (few query rows, many keys, GQA) as one FlashAttention node, for
 //! the flash-decoding kernels: the host runs and compiles in `tests/decode_kernels.rs`, the GPU
-//! trials `decode::` in `tests/gpu.rs`. The reference is the interpreter on the same graph in
+//! trials `decode::` in `tests/gpu/`. The reference is the interpreter on the same graph in
 //! f32 (inputs cast), whose FlashAttention is checked against the unfused ops in
 //! `tests/attention.rs`.
 #![allow(dead_code)]

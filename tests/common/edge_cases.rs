@@ -1,5 +1,5 @@
 //! Graphs and data at the edges of the op semantics, shared by the host runs of the generated
-//! kernels (tests/hiprtc.rs) and the GPU trials (tests/gpu.rs): zero-size dimensions in every
+//! kernels (tests/hiprtc.rs) and the GPU trials (tests/gpu/): zero-size dimensions in every
 //! op, values at the limits of every dtype through every elementwise row, fused expressions
 //! whose intermediates overflow or wrap, causal offsets near the i64 limits, gathers out of
 //! range. References are the interpreter or values computed here by hand.
@@ -570,7 +570,7 @@ pub fn compare_values(got: &Tensor, want: &[f64], what: &str) -> Result<(), Stri
     Ok(())
 }
 
-/// Edge values of `dt` (constants folded in tests/interp.rs, kernel inputs in tests/gpu.rs): signed zeros, infinities, NaN, the f16 limit and its
+/// Edge values of `dt` (constants folded in tests/interp.rs, kernel inputs in tests/gpu/): signed zeros, infinities, NaN, the f16 limit and its
 /// overflow, values past every integer type, and the integer types' own limits.
 pub fn edge_values(dt: DType) -> Vec<f64> {
     match dt {

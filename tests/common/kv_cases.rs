@@ -1,6 +1,6 @@
 //! Attention bounded by data (`kv_len`) over a cache whose tail beyond the valid keys holds
 //! NaN (the unwritten part of a KV cache): the host runs and compiles in
-//! `tests/decode_kernels.rs` (`state::`), the GPU trials `decops::` in `tests/gpu.rs`. The
+//! `tests/decode_kernels.rs` (`state::`), the GPU trials `decops::` in `tests/gpu/`. The
 //! reference is the interpreter on the same graph in f32, which never reads the tail (checked
 //! against an f64 loop in `tests/interp/state.rs`); a kernel that reads it gives NaN and fails.
 #![allow(dead_code)]

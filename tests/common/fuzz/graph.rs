@@ -75,8 +75,23 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// Fused and unfused outputs must have the same types and, where the unfused values are
-/// finite, values within the dtype's tolerance.
+/// The class of a non-finite value, for comparing where outputs are not numbers.
+fn non_finite_class(x: f64) -> Option<&'static str> {
+    if x.is_nan() {
+        Some("NaN")
+    } else if x == f64::INFINITY {
+        Some("+inf")
+    } else if x == f64::NEG_INFINITY {
+        Some("-inf")
+    } else {
+        None
+    }
+}
+
+/// Fused and unfused outputs must have the same types, non-finite values at the same places
+/// and of the same class (NaN, +inf, -inf), and the finite values within the dtype's tolerance.
+/// (This used to skip a whole output holding one non-finite value, so a fused graph could be
+/// wrong everywhere else in it.)
 pub fn compare(unfused: &[Tensor], fused: &[Tensor]) -> Result<(), String> {
     if unfused.len() != fused.len() {
         return Err(format!(
@@ -95,11 +110,21 @@ pub fn compare(unfused: &[Tensor], fused: &[Tensor]) -> Result<(), String> {
         }
         let tol = tolerance(u.dtype());
         let (u, f) = (u.to_f64_vec(), f.to_f64_vec());
-        if u.iter().any(|x| !x.is_finite()) {
-            continue;
+        let (mut num, mut den) = (0.0, 0.0);
+        for (j, (a, b)) in u.iter().zip(&f).enumerate() {
+            match (non_finite_class(*a), non_finite_class(*b)) {
+                (None, None) => {
+                    num += (a - b).powi(2);
+                    den += a * a;
+                }
+                (ca, cb) if ca == cb => {}
+                _ => {
+                    return Err(format!(
+                        "output {i}: element {j} is {b} fused but {a} unfused"
+                    ))
+                }
+            }
         }
-        let num: f64 = u.iter().zip(&f).map(|(a, b)| (a - b).powi(2)).sum::<f64>();
-        let den: f64 = u.iter().map(|a| a * a).sum::<f64>();
         let err = if den > 0.0 {
             (num / den).sqrt()
         } else {

@@ -9,12 +9,25 @@ use std::process::Command;
 
 use rocmforge::runtime::{Device, DeviceKind, HipLibraries, KernelCache};
 
-/// Why the shim-backed device is not there: absent tools are a reason to skip its trials; a
-/// shim that fails to build or open is a failure of each.
+/// Why the shim-backed device is not there: a machine that is no NVIDIA GPU has nothing for
+/// the shim to run over (its trials are ignored); a missing C compiler is a reason to ignore
+/// them too, except under `ROCMFORGE_REQUIRE_GPU=1`; a shim that fails to build or open is a
+/// failure of each.
 pub enum Unavailable {
-    Skip(String),
+    NotNvidia(String),
+    NoCompiler(String),
     Broken(String),
 }
+
+/// Why the shim cannot be built here, if `cc` is missing.
+pub fn cc_missing() -> Option<String> {
+    match Command::new("cc").arg("--version").output() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(NO_CC.to_string()),
+        _ => None,
+    }
+}
+
+const NO_CC: &str = "no system C compiler (`cc`) to build the HIP shim";
 
 /// The shim built in a fresh directory under the system temp dir (removed by [`remove`]).
 #[derive(Clone)]
@@ -27,7 +40,7 @@ pub struct Shim {
 /// driver.
 pub fn build(main_device: &Device) -> Result<Shim, Unavailable> {
     if !matches!(main_device.kind(), DeviceKind::Cuda(_)) {
-        return Err(Unavailable::Skip(format!(
+        return Err(Unavailable::NotNvidia(format!(
             "the HIP shim runs over the CUDA driver, and {} is no NVIDIA GPU",
             main_device.label()
         )));
@@ -54,9 +67,7 @@ pub fn compile(purpose: &str) -> Result<Shim, Unavailable> {
     let out = match out {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::remove_dir_all(&dir).ok();
-            return Err(Unavailable::Skip(
-                "no system C compiler (`cc`) to build the HIP shim".into(),
-            ));
+            return Err(Unavailable::NoCompiler(NO_CC.into()));
         }
         Err(e) => return Err(Unavailable::Broken(format!("cc: {e}"))),
         Ok(out) => out,

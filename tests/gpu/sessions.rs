@@ -2,7 +2,7 @@
 //! interpreter, replay on and off bitwise equal, sessions of one executable on many threads, a
 //! warm run allocating nothing, inputs changed in place every step of a loop (the device-side
 //! scalars a decode loop needs) without recompiling or re-capturing, and a captured graph
-//! keeping its buffers alive. Included by `tests/gpu.rs`, whose helpers they use.
+//! keeping its buffers alive. Part of the `gpu` test binary (`tests/gpu/main.rs`); uses its harness.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +14,8 @@ use rocmforge::interp::{run, Bindings, InterpError};
 use rocmforge::ir::{format, DType, Graph, Shape, Tensor};
 use rocmforge::runtime::{Device, DeviceKind, HipLibraries, KernelCache, KernelLaunch, ReplayOff};
 
-use super::{compare, options, tolerance, with_weights, MEMORY};
+use crate::harness::{compare, options, push, tolerance, with_weights, DeviceTrial, MEMORY};
+use libtest_mimic::Trial;
 
 /// The example graphs the session trials run: f32 and f16.
 pub const GRAPHS: [&str; 6] = [
@@ -117,7 +118,12 @@ pub fn warm_session_matches_run(device: &Device, name: &str) -> Result<(), Faile
         }
         let want = run(&g, &with_weights(&g, &b)).map_err(|e| e.to_string())?;
         for (i, (x, y)) in got_on.iter().zip(&want).enumerate() {
-            let e = compare(x, y, &format!("{name} step {step} output {i}"))?;
+            let e = compare(
+                x,
+                y,
+                tolerance(y.dtype()),
+                &format!("{name} step {step} output {i}"),
+            )?;
             if e > tolerance(y.dtype()) {
                 return Err(format!("{name} step {step} output {i}: relative L2 {e:e}").into());
             }
@@ -394,4 +400,48 @@ pub fn buffers_outlive_the_graph(device: &Device) -> Result<(), Failed> {
         .into());
     }
     Ok(())
+}
+
+/// Sessions: warm runs, replay, threads, drop order.
+pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    // Sessions: warm runs against run and the interpreter, replay, threads, drop order.
+    for name in crate::sessions::GRAPHS {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("session::warm_matches_run::{name}"),
+            Box::new(move || crate::sessions::warm_session_matches_run(&d, name)),
+        );
+    }
+    for replay in [true, false] {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!(
+                "session::device_scalar_loop::{}",
+                if replay { "replay" } else { "plain" }
+            ),
+            Box::new(move || crate::sessions::device_scalar_loop(&d, replay)),
+        );
+    }
+    let session_device_trials: [(&str, DeviceTrial); 3] = [
+        (
+            "session::many_sessions_on_threads",
+            crate::sessions::sessions_on_threads,
+        ),
+        (
+            "session::warm_runs_allocate_nothing",
+            crate::sessions::warm_runs_allocate_nothing,
+        ),
+        (
+            "session::buffers_outlive_the_graph",
+            crate::sessions::buffers_outlive_the_graph,
+        ),
+    ];
+    for (name, f) in session_device_trials {
+        let d = device.clone();
+        push(trials, ignored, name.into(), Box::new(move || f(&d)));
+    }
 }

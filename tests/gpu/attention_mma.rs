@@ -17,8 +17,10 @@ use rocmforge::ir::DType;
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::Device;
 
-use super::attention_graphs::{build, Mask, Scale, Spec};
-use super::{check_attention_with, push, Failed, Trial};
+use crate::attention::check_attention_plan;
+use crate::common::attention_graphs::{build, Mask, Scale, Spec};
+use crate::harness::push;
+use libtest_mimic::{Failed, Trial};
 
 /// The attention kernel of `spec` on the device's target with `access`, which must be the
 /// matrix-core kernel.
@@ -63,21 +65,38 @@ fn check(
     access: Option<AttentionAccess>,
 ) -> Result<(), Failed> {
     let kernel = mma_kernel(device, &spec, access)?;
+    let kernel_body = kernel.body.clone();
     let rewrite: KernelRewrite = Arc::new(move |k| {
         // The compile path lowers the same fused graph: the node and its buffers are the same.
         if k.family == "flash_attention" && k.node == kernel.node && k.args == kernel.args {
             *k = kernel.clone();
         }
     });
-    check_attention_with(
+    let ran = check_attention_plan(
         device,
         spec,
         seed,
         CompileOptions {
             rewrite_kernels: Some(rewrite),
-            ..super::options()
+            ..crate::harness::options()
         },
-    )
+    )?;
+    // The rewrite only replaces a kernel it recognises: if none matched, the target's own
+    // kernel ran and the result says nothing about the one rendered with `access`.
+    let attention: Vec<&String> = ran
+        .iter()
+        .filter(|(family, _)| *family == "flash_attention")
+        .map(|(_, body)| body)
+        .collect();
+    if attention.len() != 1 || *attention[0] != kernel_body {
+        return Err(format!(
+            "{spec:?} ({access:?}): the plan that ran has {} attention kernel(s), not the one \
+             rendered for this trial",
+            attention.len()
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// (b, hq, hkv, sq, sk, d, dtype, mask, causal offset)

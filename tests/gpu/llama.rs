@@ -14,6 +14,8 @@ use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
+use crate::common::nan_max::{max_abs, max_abs_diff, nan_max};
+
 /// `shared/reference/smollm2/reference.json` beside the repository or one of its parents
 /// (ROCMFORGE_SMOLLM2_REFERENCE names it directly).
 fn reference_path() -> Option<PathBuf> {
@@ -32,7 +34,7 @@ fn reference_path() -> Option<PathBuf> {
 
 /// Why the llama trials cannot run here, if they cannot.
 pub fn missing() -> Option<String> {
-    let p = super::smollm2::gguf_path();
+    let p = crate::common::smollm2::gguf_path();
     if !p.is_file() {
         return Some(format!(
             "SmolLM2 not found at {} (scripts/fetch-models, or ROCMFORGE_SMOLLM2)",
@@ -62,7 +64,7 @@ pub fn f32_greedy(d: &Device) -> Result<(), Failed> {
         max_context: 256,
         replay: true,
     };
-    let mut g = Generator::load(&super::smollm2::gguf_path(), d, options)?;
+    let mut g = Generator::load(&crate::common::smollm2::gguf_path(), d, options)?;
     for case in reference()? {
         let want = ids(&case["greedy_24_ids"])?;
         let out = g.generate(&ids(&case["input_ids"])?, 24, |_| true)?;
@@ -142,7 +144,7 @@ fn forced(pre: &Executable, dec: &Executable, case: &Value) -> Result<Vec<Vec<f6
 /// f32 path is the reference's to 1e-3; the reference's own margin, `last_logits_top8`, checks
 /// the prompt position).
 pub fn reduced(d: &Device, p: Precision) -> Result<(), Failed> {
-    let m = LlamaModel::load(&super::smollm2::gguf_path())?;
+    let m = LlamaModel::load(&crate::common::smollm2::gguf_path())?;
     let (pre32, dec32) = plans(&m, d, Precision::F32)?;
     let (pre, dec) = plans(&m, d, p)?;
     for case in reference()? {
@@ -191,7 +193,7 @@ fn tiny_model() -> Result<LlamaModel, Failed> {
     let dir = std::env::temp_dir().join(format!("rocmforge-gpu-llama-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let p = dir.join("tiny.gguf");
-    std::fs::write(&p, super::tiny_gguf::tiny_llama().to_bytes())?;
+    std::fs::write(&p, crate::common::tiny_gguf::tiny_llama().to_bytes())?;
     let m = LlamaModel::load(&p)?;
     std::fs::remove_file(&p).ok();
     Ok(m)
@@ -250,13 +252,10 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
             want.push(step(&mut cds, 1, &[t], n + i, n + i + 1, 0)?);
         }
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let scale = w.iter().map(|x| x.abs()).fold(1.0, f64::max);
-            let worst = g
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            if worst.is_nan() || worst > tol * scale {
+            // NaN-keeping maxima: `fold(_, f64::max)` drops NaN, and NaN logits passed.
+            let scale = nan_max(max_abs(w), 1.0);
+            let worst = max_abs_diff(g, w);
+            if worst.is_nan() || scale.is_nan() || worst > tol * scale {
                 return Err(format!("{p:?}: step {i}: max |Δ| {worst} (scale {scale})").into());
             }
             if p == Precision::F32 && top2(g).0 != top2(w).0 {

@@ -1,0 +1,181 @@
+//! GEMM on the device: layouts read in place, the matrix cores, the small-M and CUDA-core kernels, quantized weights, the linear layers the GEMM bench times.
+
+use crate::common::*;
+use crate::harness::*;
+use libtest_mimic::{Failed, Trial};
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::{DType, Graph};
+use rocmforge::runtime::Device;
+
+/// A linear layer on a quantized weight against the interpreter (which dequantizes the same
+/// blocks): the weight's device buffer is its blocks, and the plan is the fused small-M kernel
+/// up to M 16, the dequantize kernel and a dense GEMM past it.
+pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), Failed> {
+    use rocmforge::codegen::BufferRole;
+    let g = case.graph();
+    {
+        let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+        let plan = c.plan.as_ref().ok_or("no kernel plan on a GPU")?;
+        let w = plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "w")
+            .ok_or("no buffer w")?;
+        if w.role != BufferRole::QuantWeight(case.scheme) {
+            return Err(format!("{}: w is {:?}", case.name(), w.role).into());
+        }
+        let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+        let fused = families == ["gemm_quant"];
+        let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
+        if (case.m <= 16 && !fused) || (case.m > 16 && !dequantized) {
+            return Err(format!("{}: kernels {families:?}", case.name()).into());
+        }
+    }
+    check_graph(device, &g, true, 21)
+}
+
+/// Blocks the caller binds (`CompileOptions::quantized`) are the ones the kernels read.
+pub fn quant_bound_blocks(device: &Device) -> Result<(), Failed> {
+    use rocmforge::ir::{random_quant, QuantScheme, Shape};
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    for m in [1, 40] {
+        let case = quant_cases::QuantCase {
+            scheme: QuantScheme::Q4_1,
+            dtype: DType::F32,
+            m,
+            n: 577,
+            k: 576,
+            bias: false,
+        };
+        let g = case.graph();
+        let blocks = random_quant("w", case.scheme, &Shape(vec![case.n, case.k]), 99)
+            .map_err(|e| e.to_string())?;
+        let mut opts = options();
+        opts.quantized.insert("w".into(), blocks.clone());
+        let c = Graph::compile_with(&g, device, &opts).map_err(|e| e.to_string())?;
+        let mut b = Bindings::random(&g, 4);
+        let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+        b.quantized.insert("w".into(), blocks);
+        let want = run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+        let err = compare(&got, &want, tolerance(DType::F32), &case.name())?;
+        if err > tolerance(DType::F32) {
+            return Err(format!("{}: relative L2 {err:e}", case.name()).into());
+        }
+    }
+    Ok(())
+}
+
+/// The linear-layer graphs benches/gemm.rs times, at sizes no tile divides (M = 1 and 17,
+/// MiniLM's and SmolLM2's K), against the interpreter: the bench times kernels that compute
+/// the right thing.
+pub fn linear_layer_matches_interpreter(
+    device: &Device,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+    bias_gelu: bool,
+) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let g =
+        linear_graphs::linear("linear", m, n, k, dtype, bias_gelu).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let (_, v) = c
+        .verify(&Bindings::random(&g, 12))
+        .map_err(|e| e.to_string())?;
+    if v.max_error() > tolerance(dtype) {
+        return Err(format!("M{m} N{n} K{k} {dtype}: relative L2 {:e}", v.max_error()).into());
+    }
+    Ok(())
+}
+
+/// GEMM nodes reading their layouts in place, and on the matrix cores.
+pub fn layouts_and_mma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    // Gemm kernels reading and writing the layouts around them in place, at odd sizes.
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for g in gemm_graphs::layouts(dt) {
+            let d = device.clone();
+            let name = format!("gemm_layouts::{}", g.name);
+            push(
+                trials,
+                ignored,
+                name,
+                Box::new(move || check_graph(&d, &g, true, 6)),
+            );
+        }
+    }
+    // Gemm nodes on the matrix cores (where the device has an atom for the dtype): odd sizes,
+    // element loads, both B layouts, head merge/split views, epilogues, a batch, a large shape;
+    // poisoned outputs against the interpreter.
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::cases(dt, true) {
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm_mma::{}", g.name),
+                Box::new(move || check_graph(&d, &g, false, 12)),
+            );
+        }
+    }
+}
+
+/// Linear layers on quantized weights.
+pub fn quant(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    // Linear layers on quantized weights at odd sizes, f32 and f16, both sides of the small-M
+    // bound, SmolLM2's shapes and a 49152-like LM head.
+    for case in quant_cases::gpu_cases() {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("quant::{}", case.name()),
+            Box::new(move || check_quant(&d, case)),
+        );
+    }
+}
+
+/// The linear layers benches/gemm.rs times.
+pub fn linear(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    // The graphs benches/gemm.rs times, at sizes no tile divides.
+    for (m, n, k) in [
+        (1, 384, 384),
+        (17, 1536, 384),
+        (17, 384, 1536),
+        (17, 192, 576),
+    ] {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for bias_gelu in [false, true] {
+                let d = device.clone();
+                push(
+                    trials,
+                    ignored,
+                    format!(
+                        "gemm::linear_M{m}_N{n}_K{k}_{dtype}{}",
+                        if bias_gelu { "_bias_gelu" } else { "" }
+                    ),
+                    Box::new(move || {
+                        linear_layer_matches_interpreter(&d, (m, n, k), dtype, bias_gelu)
+                    }),
+                );
+            }
+        }
+    }
+}
+
+/// The small-M and CUDA-core GEMM kernels.
+pub fn small_and_cuda_core(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    // The GEMM kernels (issue 12): small-M decode (M ≤ 16) and the CUDA-core kernel, at odd and
+    // model sizes, both weight layouts, bias + SiLU, batches, every float dtype.
+    for case in gemm_small_cases::small_m()
+        .into_iter()
+        .chain(gemm_small_cases::large_m())
+    {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("gemm::{}", case.name()),
+            Box::new(move || check_graph(&d, &case.graph(), false, 8)),
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! What every GPU trial shares: tolerances, compile options, the comparison with the
+//! interpreter, and how a trial is registered (run, ignored with the reason, or failed where a
+//! variable requires it).
+
+use std::sync::RwLock;
+
+use libtest_mimic::{Failed, Trial};
+use rocmforge::compile::CompileOptions;
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::{Graph, Tensor};
+use rocmforge::runtime::Device;
+
+use crate::common::row_error::rows_within;
+
+/// Held shared by every trial, exclusively by the memory check: device-wide memory is only
+/// measured while nothing else runs.
+pub static MEMORY: RwLock<()> = RwLock::new(());
+
+pub use crate::common::accuracy::tolerance;
+
+pub fn options() -> CompileOptions {
+    CompileOptions {
+        poison: true,
+        progress: false,
+        ..CompileOptions::default()
+    }
+}
+
+/// Relative L2 error of `got` against `want` over the whole tensor; every row (the last axis)
+/// is bounded too, within `ROW_FACTOR * tol` (`common::row_error::rows_within`).
+/// NaN must sit exactly where the reference has it, infinities must match, and an output still
+/// holding the poison where the reference is finite fails. Integer and boolean outputs must be
+/// equal, element for element.
+pub fn compare(got: &Tensor, want: &Tensor, tol: f64, what: &str) -> Result<f64, Failed> {
+    if got.ty() != want.ty() {
+        return Err(format!("{what}: {} vs {}", got.ty(), want.ty()).into());
+    }
+    if !want.dtype().is_float() {
+        if got == want {
+            return Ok(0.0);
+        }
+        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        let i = (0..g.len()).find(|&i| g[i] != w[i]).unwrap_or(0);
+        return Err(format!(
+            "{what}: {} output differs: element {i} is {:?}, want {:?}",
+            want.dtype(),
+            got.element(i),
+            want.element(i)
+        )
+        .into());
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        match (a.is_nan(), b.is_nan()) {
+            (true, true) => continue,
+            (true, false) => {
+                return Err(
+                    format!("{what}: element {i} is NaN (unwritten or wrong), want {b}").into(),
+                )
+            }
+            (false, true) => return Err(format!("{what}: element {i} is {a}, want NaN").into()),
+            _ => {}
+        }
+        if a.is_infinite() || b.is_infinite() {
+            if a != b {
+                return Err(format!("{what}: element {i} is {a}, want {b}").into());
+            }
+            continue;
+        }
+        num += (a - b).powi(2);
+        den += b * b;
+    }
+    rows_within(got, want, tol).map_err(|e| format!("{what}: {e}"))?;
+    Ok(if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    })
+}
+
+/// `b` with the weights `Graph::compile` draws for `g` (seed 0), for the interpreter.
+pub fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
+    let mut wb = b.clone();
+    for id in g.node_ids() {
+        let n = g.node(id);
+        match g.op(id) {
+            rocmforge::ir::Op::Weight {
+                quant: Some(scheme),
+                ..
+            } => {
+                wb.quantized.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_quant(&n.name, *scheme, &n.ty.shape, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            rocmforge::ir::Op::Weight { init, .. } => {
+                wb.weights.insert(
+                    n.name.clone(),
+                    rocmforge::ir::random_weight(&n.name, &n.ty, init, 0)
+                        .expect("a test graph's weights fit"),
+                );
+            }
+            _ => {}
+        }
+    }
+    wb
+}
+
+pub fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
+        .map_err(|e| e.to_string())?;
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let want = run(g, &with_weights(g, &b)).map_err(|e| e.to_string())?;
+    for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
+        let what = format!(
+            "{} %{} ({})",
+            g.name,
+            g.node(*o).name,
+            if fuse { "fused" } else { "unfused" }
+        );
+        let tol = tolerance(wt.dtype());
+        let err = compare(gt, wt, tol, &what)?;
+        if err > tol {
+            return Err(format!("{what}: relative L2 {err:e} > {tol:e}").into());
+        }
+    }
+    Ok(())
+}
+
+pub type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
+
+pub type DeviceTrial = fn(&Device) -> Result<(), Failed>;
+
+/// Set to 1 where a GPU must be found (`.gpu/run` on the GPU machine sets it): a trial that
+/// would be ignored for want of a GPU fails instead, so a machine whose GPU did not open cannot
+/// report a green run of nothing.
+pub const REQUIRE_GPU: &str = "ROCMFORGE_REQUIRE_GPU";
+/// Set to 1 where the models must be there (CI, after scripts/fetch-models).
+pub const REQUIRE_MODELS: &str = "ROCMFORGE_REQUIRE_MODELS";
+
+/// Whether the environment variable `require` is set to 1.
+pub fn required(require: &str) -> bool {
+    std::env::var(require).is_ok_and(|v| v == "1")
+}
+
+/// A trial that cannot run here, for the reason `why`: it fails when `require` is set to 1,
+/// and is reported ignored, with the reason, otherwise.
+pub fn unavailable(name: String, why: &str, require: &str) -> Trial {
+    if required(require) {
+        let msg = format!("{require}=1 but {why}");
+        Trial::test(name, move || Err(msg.into()))
+    } else {
+        Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {why}"))
+    }
+}
+
+/// A GPU trial: it runs, or where no GPU was found (`ignored` holds why) it is ignored, or
+/// fails under `ROCMFORGE_REQUIRE_GPU=1`.
+pub fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
+    trials.push(match ignored {
+        None => Trial::test(name, f),
+        Some(why) => unavailable(name, why, REQUIRE_GPU),
+    });
+}
+
+/// A GPU trial that also needs something else (`missing` says what is not here, if anything):
+/// no GPU is judged as in [`push`]; a GPU without the thing is ignored, or fails when `require`
+/// is set to 1.
+pub fn push_needing(
+    trials: &mut Vec<Trial>,
+    ignored: &Option<String>,
+    missing: Option<String>,
+    require: &str,
+    name: String,
+    f: Body,
+) {
+    match (ignored, missing) {
+        (None, Some(why)) => trials.push(unavailable(name, &why, require)),
+        _ => push(trials, ignored, name, f),
+    }
+}
