@@ -68,7 +68,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use rocmforge::arch::Platform;
 use rocmforge::codegen::mma::MmaAtom;
 use rocmforge::codegen::mma_probe_kernel;
-use rocmforge::compile::{bundle, CompileError, CompileOptions};
+use rocmforge::compile::{bundle, CompileError, CompileOptions, Poison};
 use rocmforge::frontend::llama::Precision;
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{format, DType, Graph, Tensor};
@@ -88,7 +88,7 @@ fn tolerance(dt: DType) -> f64 {
 
 fn options() -> CompileOptions {
     CompileOptions {
-        poison: true,
+        poison: Poison::On,
         progress: false,
         ..CompileOptions::default()
     }
@@ -191,7 +191,7 @@ fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), Fail
     {
         let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
         let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-        let plan = c.plan.as_ref().ok_or("no kernel plan on a GPU")?;
+        let plan = c.plan().ok_or("no kernel plan on a GPU")?;
         let w = plan
             .buffers
             .iter()
@@ -296,8 +296,7 @@ fn first_output_within_tolerance(
     let got = c.run(b).map_err(|e| e.to_string())?.remove(0);
     let what = format!(
         "{name} ({:?})",
-        c.plan
-            .as_ref()
+        c.plan()
             .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
     );
     let err = compare(&got.cast(DType::F32), want, &what)?;
@@ -1379,7 +1378,7 @@ fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json");
     let g = format::load(&path).map_err(|e| e.to_string())?;
     let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-    let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
+    let plan = c.plan().ok_or("a GPU compile has a plan")?;
     let b = Bindings::random(&g, 5);
     let mut p = c.prepare(&b).map_err(|e| e.to_string())?;
     let profile = p.profile().map_err(|e| e.to_string())?;
@@ -1577,8 +1576,7 @@ fn tune_options() -> CompileOptions {
 
 /// The kernels of a compile with their tuned choice: (node, candidate index) per tunable kernel.
 fn tuned_choices(c: &rocmforge::compile::Compiled) -> Vec<(String, usize)> {
-    c.plan
-        .as_ref()
+    c.plan()
         .map(|p| {
             p.kernels
                 .iter()

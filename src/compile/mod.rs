@@ -27,6 +27,7 @@ use crate::runtime::{Device, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
 pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
+use session::{Body, Planned};
 pub use session::{Compiled, Executable, Prepared, Session, SessionOptions};
 pub use tune::TuneStats;
 
@@ -105,9 +106,12 @@ pub type KernelRewrite = Arc<dyn Fn(&mut Kernel) + Send + Sync>;
 pub struct CompileOptions {
     /// Run the default pass pipeline (GEMM epilogues included); off: clean-up only, one kernel per op.
     pub fuse: bool,
-    /// Fill fresh device buffers with a NaN pattern, so a kernel that reads what nobody wrote
-    /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
-    pub poison: bool,
+    /// Fill every computed buffer with a NaN pattern when allocated and again before the first
+    /// kernel that uses it in every run, so a kernel that leaves an element unwritten fails
+    /// loudly even where an earlier kernel wrote the slot. [`Poison::Auto`] (the default) is on
+    /// in debug builds and with `ROCMFORGE_POISON=1`; tests that must catch unwritten elements
+    /// in release builds ask for [`Poison::On`].
+    pub poison: Poison,
     /// Refuse device allocations past this many bytes (a typed error; the model stays usable).
     /// This sets the device's budget, shared by every model on it; `None` leaves it as it is
     /// (`device.memory().set_budget(None)` lifts it).
@@ -131,8 +135,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             fuse: true,
-            poison: cfg!(debug_assertions)
-                || std::env::var("ROCMFORGE_POISON").is_ok_and(|v| v == "1"),
+            poison: Poison::Auto,
             memory_budget: None,
             seed: 0,
             weights: HashMap::new(),
@@ -140,6 +143,41 @@ impl Default for CompileOptions {
             progress: true,
             tune: false,
             rewrite_kernels: None,
+        }
+    }
+}
+
+/// Whether an executable poisons its computed buffers (see [`CompileOptions::poison`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Poison {
+    /// On in debug builds and where `ROCMFORGE_POISON=1`, off otherwise.
+    #[default]
+    Auto,
+    /// Always: fresh buffers, and every computed buffer again before each run uses it.
+    On,
+    /// Never (timing: the poisoning launches cost time).
+    Off,
+}
+
+impl Poison {
+    /// Whether this choice poisons, here and now.
+    pub fn enabled(self) -> bool {
+        match self {
+            Poison::On => true,
+            Poison::Off => false,
+            Poison::Auto => {
+                cfg!(debug_assertions) || std::env::var("ROCMFORGE_POISON").is_ok_and(|v| v == "1")
+            }
+        }
+    }
+}
+
+impl From<bool> for Poison {
+    fn from(on: bool) -> Poison {
+        if on {
+            Poison::On
+        } else {
+            Poison::Off
         }
     }
 }
@@ -407,17 +445,15 @@ fn compile(
             weights.insert(node.name.clone(), t);
         }
     }
+    let poison = options.poison.enabled();
     let mut compiled = Executable {
         device: device.clone(),
         source,
         graph,
-        plan: None,
-        memory: None,
-        kernels: vec![],
-        resident: HashMap::new(),
+        body: Body::Interpreted,
         weights,
         quantized,
-        poison: options.poison,
+        poison,
         stats: CompileStats::default(),
     };
     let Some(target) = device.target().cloned() else {
@@ -467,6 +503,7 @@ fn compile(
     let upload_start = Instant::now();
     // Weights and constants live on the device for the executable's lifetime.
     let stream = device.new_stream()?;
+    let mut resident = HashMap::new();
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
@@ -484,17 +521,26 @@ fn compile(
             | BufferRole::Status
             | BufferRole::State { .. } => continue,
         };
-        compiled
-            .resident
-            .insert(b.id, Arc::new(stream.upload(&data)?));
+        resident.insert(b.id, Arc::new(stream.upload(&data)?));
     }
+    let memory = plan_memory(&plan);
+    let poisoner = match poison {
+        true => Some(session::poisoner(
+            device,
+            &target,
+            &compile_opts,
+            &plan,
+            &memory,
+            &stream,
+        )?),
+        false => None,
+    };
     stream.synchronize()?;
     tracing::debug!(
-        buffers = compiled.resident.len(),
+        buffers = resident.len(),
         ms = ms(upload_start.elapsed()),
         "weights uploaded"
     );
-    compiled.memory = Some(plan_memory(&plan));
     compiled.stats = CompileStats {
         time: start.elapsed(),
         kernels: total,
@@ -503,8 +549,13 @@ fn compile(
         tuning,
     };
     tracing::debug!(ms = ms(compiled.stats.time), "compile done");
-    compiled.kernels = kernels;
-    compiled.plan = Some(plan);
+    compiled.body = Body::Planned(Box::new(Planned {
+        plan,
+        memory,
+        kernels,
+        resident,
+        poisoner,
+    }));
     Ok(compiled)
 }
 
