@@ -51,6 +51,8 @@ mod linear_graphs;
 mod llama_trials;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
+#[path = "common/poison_trials.rs"]
+mod poison_trials;
 #[path = "common/quant_cases.rs"]
 mod quant_cases;
 #[path = "common/session_trials.rs"]
@@ -2408,6 +2410,7 @@ fn main() {
         );
     }
     attention_mma_trials::trials(&device, &ignored, &mut trials);
+    poison_trials::trials(&device, &ignored, &mut trials);
     for (i, (name, spec)) in f32_attention_specs().into_iter().enumerate() {
         let dev = device.clone();
         push(

@@ -87,6 +87,25 @@ pub(in crate::compile) fn poisoner(
     Ok(Poisoner { kernel, counts })
 }
 
+/// For each kernel of `plan`, the computed buffers (slots and workspaces, not empty ones) to
+/// poison right before it: those it is the first kernel to use. Each buffer appears once, so
+/// every run starts every value from NaN bytes, including a slot an earlier kernel of the same
+/// run filled with a value that is dead by then.
+pub(in crate::compile) fn poison_points(plan: &KernelPlan) -> Vec<Vec<usize>> {
+    let mut seen = std::collections::HashSet::new();
+    plan.kernels
+        .iter()
+        .map(|k| {
+            k.args
+                .iter()
+                .copied()
+                .filter(|&a| in_slots(&plan.buffers[a].role) && buffer_bytes(plan, a) > 0)
+                .filter(|&a| seen.insert(a))
+                .collect()
+        })
+        .collect()
+}
+
 /// A session on a GPU.
 pub(in crate::compile) struct GpuSession {
     // Field order is drop order: the captured graph and the launch list release their hold on
@@ -277,15 +296,15 @@ impl GpuSession {
         planned: &Planned,
     ) -> Result<Vec<KernelLaunch>, CompileError> {
         let plan = &planned.plan;
-        let mut poisoned = std::collections::HashSet::new();
+        let points = match (exe.poison, &planned.poisoner) {
+            (true, Some(p)) => Some((p, poison_points(plan))),
+            (false, _) | (true, None) => None,
+        };
         let mut launches = Vec::new();
-        for (k, loaded) in plan.kernels.iter().zip(&planned.kernels) {
-            if let (true, Some(p)) = (exe.poison, &planned.poisoner) {
-                for &a in &k.args {
+        for (i, (k, loaded)) in plan.kernels.iter().zip(&planned.kernels).enumerate() {
+            if let Some((p, points)) = &points {
+                for &a in &points[i] {
                     let bytes = buffer_bytes(plan, a);
-                    if !in_slots(&plan.buffers[a].role) || bytes == 0 || !poisoned.insert(a) {
-                        continue;
-                    }
                     let Some(count) = p.counts.get(&bytes) else {
                         continue;
                     };

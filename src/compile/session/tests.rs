@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::codegen::KernelPlan;
 use crate::compile::CompileOptions;
 use crate::interp::{self, Bindings};
 use crate::ir::{DType, Graph, Shape};
@@ -218,4 +219,44 @@ fn many_sessions_of_one_executable_run_on_threads() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+/// `|x| → -|x| → |-|x||`, one kernel per op: the last kernel's output takes the slot of the
+/// first's (dead by then), and holds the same value. The graph the poison trials plant a bug in.
+fn reused_slot_plan() -> (KernelPlan, crate::compile::MemoryPlan) {
+    let mut g = Graph::new("reused_slot");
+    let x = g.input("x", DType::F32, &[1000]).unwrap();
+    let a = g.unary(crate::ir::UnaryOp::Abs, x).unwrap();
+    let n = g.unary(crate::ir::UnaryOp::Neg, a).unwrap();
+    let b = g.unary(crate::ir::UnaryOp::Abs, n).unwrap();
+    g.add_output(b).unwrap();
+    let graph = crate::compile::optimise(&g, false).unwrap();
+    let plan =
+        crate::compile::lower(&graph, &crate::arch::Target::parse("sm_90").unwrap()).unwrap();
+    let memory = crate::compile::plan_memory(&plan);
+    (plan, memory)
+}
+
+/// Every computed buffer is poisoned once, right before the first kernel that uses it; the
+/// reused slot is poisoned again before the kernel that takes it over.
+#[test]
+fn poison_points_cover_each_computed_buffer_before_its_first_use() {
+    let (plan, memory) = reused_slot_plan();
+    assert_eq!(plan.kernels.len(), 3, "one kernel per op without fusion");
+    let out = |i: usize| *plan.kernels[i].args.last().unwrap();
+    assert_eq!(
+        memory.slot_of[&out(2)],
+        memory.slot_of[&out(0)],
+        "the last kernel's output reuses the first's slot"
+    );
+    let points = super::gpu::poison_points(&plan);
+    assert_eq!(points, vec![vec![out(0)], vec![out(1)], vec![out(2)]]);
+    // Inputs, weights and states are never poisoned; each computed buffer exactly once.
+    let mut all: Vec<usize> = points.concat();
+    all.sort();
+    let mut computed: Vec<usize> = memory.slot_of.keys().copied().collect();
+    computed.sort();
+    assert_eq!(all, computed);
+    // The bound check the GPU trial rewrites to plant its bug.
+    assert!(plan.kernels[2].body.contains("if (i >= 1000LL) return;"));
 }
