@@ -1075,8 +1075,6 @@ fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::CodeObject { .. }
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }
-        | BundleError::State { .. }
-        | BundleError::Unsupported { .. }
         | BundleError::Runtime { .. } => 5,
     }
 }
