@@ -33,6 +33,8 @@ mod attention_graphs;
 mod attention_mma_trials;
 #[path = "common/decode_cases.rs"]
 mod decode_cases;
+#[path = "common/decode_step.rs"]
+mod decode_step;
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
 #[path = "common/gemm_cases.rs"]
@@ -2036,17 +2038,6 @@ fn hip_shim_binds() -> Result<(), Failed> {
 
 type DeviceTrial = fn(&Device) -> Result<(), Failed>;
 
-/// Whether a replay bundle can hold `g`: one run with dense weights (no state a session keeps,
-/// no quantized weight).
-fn bundle_holds(g: &Graph) -> bool {
-    !g.node_ids().any(|id| {
-        matches!(
-            g.op(id),
-            rocmforge::ir::Op::State { .. } | rocmforge::ir::Op::Weight { quant: Some(_), .. }
-        )
-    })
-}
-
 fn push(trials: &mut Vec<Trial>, ignored: &Option<String>, name: String, f: Body) {
     trials.push(match ignored {
         None => Trial::test(name, f),
@@ -2537,14 +2528,17 @@ fn main() {
         let d = device.clone();
         push(&mut trials, &ignored, name.into(), Box::new(move || f(&d)));
     }
-    // Replay bundles: the example graphs from their code objects, the op zoo (odd sizes,
-    // every dtype, gathers with index checks) recompiled from the bundle's sources.
-    // (Bundles hold one run of dense weights: graphs with persistent state or quantized weights
-    // are refused with a typed error, checked in tests/bundle.rs, and left out here.)
-    for path in files::graph_files()
-        .into_iter()
-        .filter(|p| format::load(p).is_ok_and(|g| bundle_holds(&g)))
-    {
+    // Replay bundles: the example graphs from their code objects (states and quantized weights
+    // included), the decode step with its KV cache, the op zoo (odd sizes, every dtype, gathers
+    // with index checks) recompiled from the bundle's sources.
+    let d = device.clone();
+    push(
+        &mut trials,
+        &ignored,
+        "bundle::replay::decode_step_small".into(),
+        Box::new(move || bundle_replays(&d, &decode_step::SMALL.decode_step(), false)),
+    );
+    for path in files::graph_files() {
         let (d, p) = (device.clone(), path.clone());
         push(
             &mut trials,
@@ -2558,7 +2552,7 @@ fn main() {
             }),
         );
     }
-    for g in op_zoo::zoo().into_iter().filter(bundle_holds) {
+    for g in op_zoo::zoo() {
         let d = device.clone();
         push(
             &mut trials,
