@@ -60,6 +60,9 @@ pub enum CompileError {
     UnknownOutput { name: String },
     #[error("the model has no state `{name}`")]
     UnknownState { name: String },
+    /// A kernel plan names a buffer a session has no device buffer for (a codegen bug).
+    #[error("plan buffer {id} (`{name}`) has no device buffer")]
+    UnboundBuffer { id: usize, name: String },
     /// [`Executable::session_sharing`] between executables whose states differ.
     #[error("cannot share state `{name}`: this model's is {expected}, the other session's {}", found.as_deref().unwrap_or("missing"))]
     StateMismatch {
@@ -218,8 +221,10 @@ impl Model for &str {
 pub struct CompileStats {
     pub time: Duration,
     pub kernels: usize,
-    /// Kernels compiled now (the rest came from the memory or disk cache).
+    /// Kernels compiled now (the rest came from the memory or disk cache), the poisoning
+    /// kernel included when the executable poisons (so at most `kernels + 1`).
     pub compiled: usize,
+    /// Kernels read from the disk cache, counted as `compiled` is.
     pub from_disk: usize,
     /// What tuning did (nothing unless `CompileOptions::tune`).
     pub tuning: TuneStats,

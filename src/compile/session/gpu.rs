@@ -277,12 +277,9 @@ impl GpuSession {
         };
         // Every buffer a kernel or an output names is allocated above or at compile time; a
         // plan that names another is a codegen bug, reported rather than a panic.
-        found.cloned().ok_or_else(|| {
-            RuntimeError::Cuda(format!(
-                "plan buffer {id} ({}) has no device buffer",
-                plan.buffers[id].name
-            ))
-            .into()
+        found.cloned().ok_or_else(|| CompileError::UnboundBuffer {
+            id,
+            name: plan.buffers[id].name.clone(),
         })
     }
 
