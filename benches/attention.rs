@@ -203,7 +203,7 @@ fn measure(c: &Compiled, inputs: &Bindings, gpu: bool) -> Timing {
     Timing {
         seconds: seconds_per_run(c, inputs, target, repeats),
         device_seconds: gpu.then(|| device_seconds(c, inputs, repeats)).flatten(),
-        planned_bytes: c.memory.as_ref().map_or(0, |m| m.planned_bytes),
+        planned_bytes: c.memory().map_or(0, |m| m.planned_bytes),
         kernels: kernel_families(c),
     }
 }

@@ -195,7 +195,7 @@ fn bench(c: &mut Criterion) {
                     },
                 )
             }),
-            kernels: fused.plan.as_ref().map_or(0, |p| p.kernels.len()),
+            kernels: fused.plan().map_or(0, |p| p.kernels.len()),
             unfused_s: best(&unfused, plain),
             profile: (breakdown() && device.is_gpu()).then(|| median_profile(&fused, &case.inputs)),
         });

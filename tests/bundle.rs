@@ -9,6 +9,8 @@ mod files;
 mod host_kernels;
 #[path = "common/op_zoo.rs"]
 mod op_zoo;
+#[path = "bundle/states.rs"]
+mod states;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,8 +22,8 @@ use rocmforge::compile::bundle::format::{Access, BundlePlan, Role};
 use rocmforge::compile::bundle::{self, Bundle, BundleError, EmitOptions, ReplayOptions};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{
-    format, random_weight, BinaryOp, DType, FileError, Graph, ReduceOp, Sample, Tensor, TensorType,
-    UnaryOp,
+    format, random_input, random_quant, random_weight, BinaryOp, DType, FileError, Graph, ReduceOp,
+    Sample, Tensor, TensorType, UnaryOp,
 };
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{parse_code_object, Device, Hiprtc};
@@ -72,34 +74,13 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             seed,
             ..EmitOptions::default()
         };
-        let has_state = source
-            .node_ids()
-            .any(|id| matches!(source.op(id), rocmforge::ir::Op::State { .. }));
-        if has_state {
-            // A bundle replays one run: a graph with persistent state is refused, by name,
-            // before anything is written.
-            let err = bundle::emit(&source, &target, &dir, &options).unwrap_err();
-            assert!(
-                matches!(err, bundle::BundleError::State { .. }),
-                "{name}: {err}"
-            );
-            assert_eq!(std::fs::read_dir(&dir).map_or(0, |d| d.count()), 0);
-            continue;
-        }
-        if name.starts_with("quant_") {
-            // Bundles do not describe quantized weights' blocks yet: a typed refusal.
-            match bundle::emit(&source, &target, &dir, &options) {
-                Err(BundleError::Unsupported { .. }) => continue,
-                other => panic!("{name}: {:?}", other.map(|_| ())),
-            }
-        }
         let emitted = bundle::emit(&source, &target, &dir, &options).unwrap();
         let plan = read_plan(&dir);
         assert_eq!(
             plan, emitted.plan,
             "{name}: plan.json is what emit returned"
         );
-        assert_eq!(plan.format, "rocmforge-bundle/1");
+        assert_eq!(plan.format, "rocmforge-bundle/2");
         assert_eq!(
             (plan.target.arch.as_str(), plan.target.wave_size),
             ("gfx90a", 64)
@@ -141,10 +122,11 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             }
         }
 
-        // Independently: seeded inputs as `run` draws them, weights as the interpreter draws
-        // them itself, and one interpreter run of the fused graph with every computed node
-        // made an output.
+        // Independently: seeded inputs as `run` draws them, weights (dense and quantized) as
+        // the interpreter draws them itself, states' starting values drawn here as inputs are,
+        // and one interpreter run of the fused graph with every computed node made an output.
         let bindings = Bindings::random(&source, seed);
+        let states = start_states(&fused, seed);
         assert_eq!(plan.buffers.len(), reference.buffers.len());
         let computed: Vec<&str> = reference
             .buffers
@@ -153,7 +135,9 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
             .map(|b| b.name.as_str())
             .collect();
         let run = with_outputs(&fused, &computed);
-        let values = interp::run(&run, &bindings).unwrap();
+        let (values, next) =
+            interp::run_with_state_data(&run, &bindings, &HashMap::new(), &HashMap::new(), &states)
+                .unwrap();
         let first = fused.outputs().len();
         let value: HashMap<&str, &Tensor> =
             computed.iter().copied().zip(&values[first..]).collect();
@@ -198,8 +182,18 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                     );
                 }
                 BufferRole::Status => assert_eq!(b.role, Role::Status),
-                BufferRole::State { name } => panic!("a bundle holds no state, yet has `{name}`"),
-                BufferRole::QuantWeight(_) => panic!("{name}: bundles refuse quantized weights"),
+                BufferRole::State { name: state } => {
+                    assert_eq!(b.role, Role::State);
+                    assert_eq!(file(&b.data), states[state].to_bytes(), "{name}: {state}");
+                    assert_eq!(file(&b.expected), next[state].to_bytes(), "{name}: {state}");
+                }
+                BufferRole::QuantWeight(scheme) => {
+                    assert_eq!((b.role, b.quant), (Role::Quantized, Some(*scheme)));
+                    let q = random_quant(&r.name, *scheme, &r.ty.shape, seed).unwrap();
+                    assert_eq!(file(&b.data), q.bytes(), "{name}: {}", r.name);
+                    assert_eq!(b.bytes, q.bytes().len() as u64);
+                    assert_eq!(b.expected, None);
+                }
                 BufferRole::Workspace => {
                     assert_eq!(b.role, Role::Workspace);
                     assert_eq!((&b.data, &b.expected), (&None, &None), "{name}");
@@ -209,7 +203,14 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
 
         // The outputs, seen through their views, are what the unfused graph computes, within
         // the dtype's tolerance (fused against unfused).
-        let unfused = interp::run(&source, &bindings).unwrap();
+        let (unfused, _) = interp::run_with_state_data(
+            &source,
+            &bindings,
+            &HashMap::new(),
+            &HashMap::new(),
+            &states,
+        )
+        .unwrap();
         for (o, want) in plan.outputs.iter().zip(&unfused) {
             let bytes = std::fs::read(dir.join(format!("expected/{}.bin", o.buffer))).unwrap();
             let got =
@@ -237,8 +238,8 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         assert_eq!(report.kernels, plan.kernels.len());
         assert_eq!(
             report.expected_files,
-            computed.len(),
-            "{name}: every computed buffer"
+            computed.len() + states.len(),
+            "{name}: every computed buffer and every state"
         );
         assert_eq!(report.code_objects, if rtc { unique.len() } else { 0 });
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
@@ -252,6 +253,19 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// Each state of `graph` at the start of the bundled run, drawn as an input of its type is.
+fn start_states(graph: &Graph, seed: u64) -> HashMap<String, Tensor> {
+    graph
+        .node_ids()
+        .filter(|&id| matches!(graph.op(id), rocmforge::ir::Op::State { .. }))
+        .map(|id| {
+            let n = graph.node(id);
+            let t = random_input(&n.name, &n.ty, &Sample::Normal, seed).unwrap();
+            (n.name.clone(), t)
+        })
+        .collect()
 }
 
 /// A small bundle to break in one way per test.
@@ -359,11 +373,15 @@ fn bad_json_unknown_fields_and_other_versions_are_refused() {
     ));
     std::fs::write(&path, &good).unwrap();
 
-    edit_plan(&dir, |v| v["format"] = "rocmforge-bundle/2".into());
+    edit_plan(&dir, |v| v["format"] = "rocmforge-bundle/3".into());
     match open_and_check(&dir) {
-        Err(BundleError::Version { found, .. }) => assert_eq!(found, "rocmforge-bundle/2"),
+        Err(BundleError::Version { found, .. }) => assert_eq!(found, "rocmforge-bundle/3"),
         other => panic!("{other:?}"),
     }
+    // A version-1 plan (no states, no quantized weights) is still read.
+    std::fs::write(&path, &good).unwrap();
+    edit_plan(&dir, |v| v["format"] = "rocmforge-bundle/1".into());
+    open_and_check(&dir).unwrap();
     std::fs::write(&path, &good).unwrap();
     edit_plan(&dir, |v| v["kernels"][0]["stream"] = 1.into());
     match open_and_check(&dir) {
@@ -675,7 +693,7 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
         .buffers
         .iter()
         .map(|b| match b.role {
-            Role::Input | Role::Weight | Role::Constant => {
+            Role::Input | Role::Weight | Role::Constant | Role::State | Role::Quantized => {
                 std::fs::read(dir.join(b.data.as_ref().unwrap())).unwrap()
             }
             Role::Status => vec![0; b.bytes as usize],

@@ -715,7 +715,7 @@ fn compile_emits_a_bundle_that_replay_checks_and_refuses_to_run_without_a_gpu() 
     assert!(ok && err.contains("wrote a bundle to"), "{err}");
     let plan: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
-    assert_eq!(plan["format"], "rocmforge-bundle/1");
+    assert_eq!(plan["format"], "rocmforge-bundle/2");
     assert_eq!(plan["seed"], 4);
     let (ok, out, err) = rocmforge(&["replay", d, "--check"]);
     assert!(ok && out.contains("consistent"), "{out}{err}");

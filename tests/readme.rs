@@ -48,7 +48,10 @@ fn readme_node_and_kernel_counts_are_the_pipelines() {
     PassManager::default_pipeline().run(&mut fused).unwrap();
 
     let nodes = quoted_node_counts(&text);
-    assert!(!nodes.is_empty(), "the README quotes no `graph:  llama_block (…)` line");
+    assert!(
+        !nodes.is_empty(),
+        "the README quotes no `graph:  llama_block (…)` line"
+    );
     for (before, after) in nodes {
         assert_eq!(
             (before, after),
@@ -60,9 +63,16 @@ fn readme_node_and_kernel_counts_are_the_pipelines() {
     // The GPU sample output is from an H100 (sm_90).
     let plan = generate(&fused, &Target::parse("sm_90").unwrap()).unwrap();
     let kernels = quoted_kernel_counts(&text);
-    assert!(!kernels.is_empty(), "the README quotes no `compile: … (N kernels` line");
+    assert!(
+        !kernels.is_empty(),
+        "the README quotes no `compile: … (N kernels` line"
+    );
     for k in kernels {
-        assert_eq!(k, plan.kernels.len(), "README quotes {k} kernels for llama_block on sm_90");
+        assert_eq!(
+            k,
+            plan.kernels.len(),
+            "README quotes {k} kernels for llama_block on sm_90"
+        );
     }
 }
 

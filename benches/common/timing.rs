@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocmforge::compile::{CompileOptions, Compiled, SessionOptions};
+use rocmforge::compile::{CompileOptions, Compiled, Poison, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
 
@@ -28,7 +28,7 @@ pub fn bench_device() -> Device {
 /// Compile options for timing: no poisoning of fresh buffers, no progress output.
 pub fn bench_options() -> CompileOptions {
     CompileOptions {
-        poison: false,
+        poison: Poison::Off,
         progress: false,
         ..CompileOptions::default()
     }
@@ -101,7 +101,7 @@ pub fn seconds_per_run(c: &Compiled, inputs: &Bindings, target: Duration, repeat
 
 /// The plan's kernels by family, in launch order (`copy+matmul`), or `interpreter`.
 pub fn kernel_families(c: &Compiled) -> String {
-    match &c.plan {
+    match c.plan() {
         Some(plan) => plan
             .kernels
             .iter()

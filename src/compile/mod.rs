@@ -28,6 +28,7 @@ use crate::runtime::{Device, RuntimeError};
 
 pub use memory_plan::{plan_memory, MemoryPlan};
 pub use profile::{FamilyTime, KernelTime, Profile, HOLD_LIMIT};
+use session::{Body, Planned};
 pub use session::{Compiled, Executable, Prepared, Session, SessionOptions};
 pub use tune::TuneStats;
 
@@ -60,6 +61,9 @@ pub enum CompileError {
     UnknownOutput { name: String },
     #[error("the model has no state `{name}`")]
     UnknownState { name: String },
+    /// A kernel plan names a buffer a session has no device buffer for (a codegen bug).
+    #[error("plan buffer {id} (`{name}`) has no device buffer")]
+    UnboundBuffer { id: usize, name: String },
     /// [`Executable::session_sharing`] between executables whose states differ.
     #[error("cannot share state `{name}`: this model's is {expected}, the other session's {}", found.as_deref().unwrap_or("missing"))]
     StateMismatch {
@@ -106,9 +110,12 @@ pub type KernelRewrite = Arc<dyn Fn(&mut Kernel) + Send + Sync>;
 pub struct CompileOptions {
     /// Run the default pass pipeline (GEMM epilogues included); off: clean-up only, one kernel per op.
     pub fuse: bool,
-    /// Fill fresh device buffers with a NaN pattern, so a kernel that reads what nobody wrote
-    /// fails loudly. On in debug builds (and `ROCMFORGE_POISON=1`).
-    pub poison: bool,
+    /// Fill every computed buffer with a NaN pattern when allocated and again before the first
+    /// kernel that uses it in every run, so a kernel that leaves an element unwritten fails
+    /// loudly even where an earlier kernel wrote the slot. [`Poison::Auto`] (the default) is on
+    /// in debug builds and with `ROCMFORGE_POISON=1`; tests that must catch unwritten elements
+    /// in release builds ask for [`Poison::On`].
+    pub poison: Poison,
     /// Refuse device allocations past this many bytes (a typed error; the model stays usable).
     /// This sets the device's budget, shared by every model on it; `None` leaves it as it is
     /// (`device.memory().set_budget(None)` lifts it).
@@ -132,8 +139,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             fuse: true,
-            poison: cfg!(debug_assertions)
-                || std::env::var("ROCMFORGE_POISON").is_ok_and(|v| v == "1"),
+            poison: Poison::Auto,
             memory_budget: None,
             seed: 0,
             weights: HashMap::new(),
@@ -141,6 +147,41 @@ impl Default for CompileOptions {
             progress: true,
             tune: false,
             rewrite_kernels: None,
+        }
+    }
+}
+
+/// Whether an executable poisons its computed buffers (see [`CompileOptions::poison`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Poison {
+    /// On in debug builds and where `ROCMFORGE_POISON=1`, off otherwise.
+    #[default]
+    Auto,
+    /// Always: fresh buffers, and every computed buffer again before each run uses it.
+    On,
+    /// Never (timing: the poisoning launches cost time).
+    Off,
+}
+
+impl Poison {
+    /// Whether this choice poisons, here and now.
+    pub fn enabled(self) -> bool {
+        match self {
+            Poison::On => true,
+            Poison::Off => false,
+            Poison::Auto => {
+                cfg!(debug_assertions) || std::env::var("ROCMFORGE_POISON").is_ok_and(|v| v == "1")
+            }
+        }
+    }
+}
+
+impl From<bool> for Poison {
+    fn from(on: bool) -> Poison {
+        if on {
+            Poison::On
+        } else {
+            Poison::Off
         }
     }
 }
@@ -181,8 +222,10 @@ impl Model for &str {
 pub struct CompileStats {
     pub time: Duration,
     pub kernels: usize,
-    /// Kernels compiled now (the rest came from the memory or disk cache).
+    /// Kernels compiled now (the rest came from the memory or disk cache), the poisoning
+    /// kernel included when the executable poisons (so at most `kernels + 1`).
     pub compiled: usize,
+    /// Kernels read from the disk cache, counted as `compiled` is.
     pub from_disk: usize,
     /// What tuning did (nothing unless `CompileOptions::tune`).
     pub tuning: TuneStats,
@@ -394,17 +437,15 @@ fn compile(
             weights.insert(node.name.clone(), t);
         }
     }
+    let poison = options.poison.enabled();
     let mut compiled = Executable {
         device: device.clone(),
         source,
         graph,
-        plan: None,
-        memory: None,
-        kernels: vec![],
-        resident: HashMap::new(),
+        body: Body::Interpreted,
         weights,
         quantized,
-        poison: options.poison,
+        poison,
         stats: CompileStats::default(),
     };
     let Some(target) = device.target().cloned() else {
@@ -454,6 +495,7 @@ fn compile(
     let upload_start = Instant::now();
     // Weights and constants live on the device for the executable's lifetime.
     let stream = device.new_stream()?;
+    let mut resident = HashMap::new();
     for b in &plan.buffers {
         let data = match &b.role {
             BufferRole::Weight(_) => compiled.weights[&b.name].to_bytes(),
@@ -471,17 +513,26 @@ fn compile(
             | BufferRole::Status
             | BufferRole::State { .. } => continue,
         };
-        compiled
-            .resident
-            .insert(b.id, Arc::new(stream.upload(&data)?));
+        resident.insert(b.id, Arc::new(stream.upload(&data)?));
     }
+    let memory = plan_memory(&plan);
+    let poisoner = match poison {
+        true => Some(session::poisoner(
+            device,
+            &target,
+            &compile_opts,
+            &plan,
+            &memory,
+            &stream,
+        )?),
+        false => None,
+    };
     stream.synchronize()?;
     tracing::debug!(
-        buffers = compiled.resident.len(),
+        buffers = resident.len(),
         ms = ms(upload_start.elapsed()),
         "weights uploaded"
     );
-    compiled.memory = Some(plan_memory(&plan));
     compiled.stats = CompileStats {
         time: start.elapsed(),
         kernels: total,
@@ -490,8 +541,13 @@ fn compile(
         tuning,
     };
     tracing::debug!(ms = ms(compiled.stats.time), "compile done");
-    compiled.kernels = kernels;
-    compiled.plan = Some(plan);
+    compiled.body = Body::Planned(Box::new(Planned {
+        plan,
+        memory,
+        kernels,
+        resident,
+        poisoner,
+    }));
     Ok(compiled)
 }
 

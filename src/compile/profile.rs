@@ -109,7 +109,7 @@ impl Session<'_> {
     /// kernel, and returns each kernel's device time. GPU runs only: the CPU runs the
     /// interpreter, which has no kernels.
     pub fn profile(&mut self) -> Result<Profile, CompileError> {
-        let Some(plan) = self.executable().plan.clone() else {
+        let Some(plan) = self.executable().plan().cloned() else {
             return Err(CompileError::ProfileNeedsGpu {
                 device: self.executable().device.label().to_string(),
             });
@@ -125,7 +125,7 @@ impl Session<'_> {
         let mut marks = Vec::with_capacity(2 * plan.kernels.len());
         for i in 0..plan.kernels.len() {
             marks.push(run.stream.mark()?);
-            run.stream.launch_one(&run.launches, i)?;
+            run.stream.launch_one(&run.launches, run.kernel_at[i])?;
             marks.push(run.stream.mark()?);
         }
         hold.release();

@@ -28,8 +28,7 @@ pub fn check_attention_plan(
     let b = Bindings::random(&g, seed);
     let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
     let kernels = c
-        .plan
-        .as_ref()
+        .plan()
         .map(|p| {
             p.kernels
                 .iter()
@@ -91,8 +90,7 @@ pub fn first_output_within_tolerance(
     let got = c.run(b).map_err(|e| e.to_string())?.remove(0);
     let what = format!(
         "{name} ({:?})",
-        c.plan
-            .as_ref()
+        c.plan()
             .map(|p| p.kernels.iter().map(|k| k.family).collect::<Vec<_>>())
     );
     let err = compare(&got.cast(DType::F32), want, tolerance(dtype), &what)?;

@@ -129,27 +129,19 @@ pub fn bundle_falls_back_to_source(device: &Device, g: &Graph) -> Result<(), Fai
     }
 }
 
-/// Whether a replay bundle can hold `g`: one run with dense weights (no state a session keeps,
-/// no quantized weight).
-pub fn bundle_holds(g: &Graph) -> bool {
-    !g.node_ids().any(|id| {
-        matches!(
-            g.op(id),
-            rocmforge::ir::Op::State { .. } | rocmforge::ir::Op::Weight { quant: Some(_), .. }
-        )
-    })
-}
-
 /// Replay bundles, and the profile trials registered between them.
 pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
-    // Replay bundles: the example graphs from their code objects, the op zoo (odd sizes,
-    // every dtype, gathers with index checks) recompiled from the bundle's sources.
-    // (Bundles hold one run of dense weights: graphs with persistent state or quantized weights
-    // are refused with a typed error, checked in tests/bundle.rs, and left out here.)
-    for path in files::graph_files()
-        .into_iter()
-        .filter(|p| format::load(p).is_ok_and(|g| bundle_holds(&g)))
-    {
+    // Replay bundles: the example graphs from their code objects (states and quantized weights
+    // included), the decode step with its KV cache, the op zoo (odd sizes, every dtype, gathers
+    // with index checks) recompiled from the bundle's sources.
+    let d = device.clone();
+    push(
+        trials,
+        ignored,
+        "bundle::replay::decode_step_small".into(),
+        Box::new(move || bundle_replays(&d, &decode_step::SMALL.decode_step(), false)),
+    );
+    for path in files::graph_files() {
         let (d, p) = (device.clone(), path.clone());
         push(
             trials,
@@ -163,7 +155,7 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
             }),
         );
     }
-    for g in op_zoo::zoo().into_iter().filter(bundle_holds) {
+    for g in op_zoo::zoo() {
         let d = device.clone();
         push(
             trials,

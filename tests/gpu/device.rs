@@ -404,7 +404,7 @@ pub fn profile_times_every_kernel(device: &Device) -> Result<(), Failed> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/bert_layer.json");
     let g = format::load(&path).map_err(|e| e.to_string())?;
     let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-    let plan = c.plan.as_ref().ok_or("a GPU compile has a plan")?;
+    let plan = c.plan().ok_or("a GPU compile has a plan")?;
     let b = Bindings::random(&g, 5);
     let mut p = c.prepare(&b).map_err(|e| e.to_string())?;
     let profile = p.profile().map_err(|e| e.to_string())?;

@@ -16,7 +16,7 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
     {
         let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
         let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
-        let plan = c.plan.as_ref().ok_or("no kernel plan on a GPU")?;
+        let plan = c.plan().ok_or("no kernel plan on a GPU")?;
         let w = plan
             .buffers
             .iter()

@@ -5,7 +5,7 @@
 use std::sync::RwLock;
 
 use libtest_mimic::{Failed, Trial};
-use rocmforge::compile::CompileOptions;
+use rocmforge::compile::{CompileOptions, Poison};
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{Graph, Tensor};
 use rocmforge::runtime::Device;
@@ -20,7 +20,7 @@ pub use crate::common::accuracy::tolerance;
 
 pub fn options() -> CompileOptions {
     CompileOptions {
-        poison: true,
+        poison: Poison::On,
         progress: false,
         ..CompileOptions::default()
     }

@@ -35,6 +35,7 @@ mod common {
     pub mod accuracy;
     pub mod attention_graphs;
     pub mod decode_cases;
+    pub mod decode_step;
     pub mod edge_cases;
     pub mod files;
     pub mod gemm_cases;
@@ -63,6 +64,7 @@ mod hip;
 mod hipshim;
 mod llama;
 mod models;
+mod poison;
 mod sessions;
 mod tune;
 
@@ -95,6 +97,7 @@ fn main() {
     gemm::quant(&device, &ignored, &mut trials);
     edges::trials(&device, &ignored, &mut trials);
     attention::trials(&device, &ignored, &mut trials);
+    poison::trials(&device, &ignored, &mut trials);
     models::minilm(&device, &ignored, &mut trials);
     device::mma_atoms(&device, &ignored, &mut trials);
     gemm::linear(&device, &ignored, &mut trials);

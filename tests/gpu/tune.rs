@@ -31,8 +31,7 @@ pub fn tune_options() -> CompileOptions {
 
 /// The kernels of a compile with their tuned choice: (node, candidate index) per tunable kernel.
 pub fn tuned_choices(c: &rocmforge::compile::Compiled) -> Vec<(String, usize)> {
-    c.plan
-        .as_ref()
+    c.plan()
         .map(|p| {
             p.kernels
                 .iter()

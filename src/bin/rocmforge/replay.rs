@@ -29,8 +29,6 @@ pub(crate) fn replay_exit_code(e: &BundleError) -> u8 {
         | BundleError::CodeObject { .. }
         | BundleError::Write { .. }
         | BundleError::NotEmpty { .. }
-        | BundleError::State { .. }
-        | BundleError::Unsupported { .. }
         | BundleError::Runtime { .. } => 5,
     }
 }

@@ -78,7 +78,7 @@ pub(crate) fn cmd_run(
     if tune {
         outln!("{}", tuning_line(&s.tuning));
     }
-    if let Some(m) = &compiled.memory {
+    if let Some(m) = compiled.memory() {
         outln!(
             "memory: {} B planned for intermediates ({} B without reuse)",
             m.planned_bytes,

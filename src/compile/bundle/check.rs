@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::emit::byte_size;
-use super::format::{paths, Access, BundlePlan, Role, FORMAT};
+use super::format::{paths, Access, BundlePlan, Role, FORMAT, FORMAT_V1};
 use super::{signature, BundleError};
 use crate::arch::Target;
 use crate::codegen::STATUS_BYTES;
 use crate::ir::file::{open_regular, read_limited, read_text};
-use crate::ir::FileLimit;
+use crate::ir::{FileLimit, Shape};
 
 /// `plan.json` and kernel sources are text a person could read; far below these in practice.
 const PLAN_LIMIT: u64 = 256 << 20;
@@ -75,7 +75,7 @@ impl Bundle {
         // The version first, so a future format is named as such rather than as bad fields.
         let value: serde_json::Value = serde_json::from_str(&text).map_err(json_error)?;
         match value.get("format").and_then(|f| f.as_str()) {
-            Some(FORMAT) => {}
+            Some(FORMAT | FORMAT_V1) => {}
             Some(other) => {
                 return Err(BundleError::Version {
                     path: path.display().to_string(),
@@ -304,8 +304,32 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
         if b.id != i {
             return Err(at(format!("its id is {}; ids must count up from 0", b.id)));
         }
-        let size = byte_size(b.dtype, &b.shape)
-            .ok_or_else(|| at(format!("shape {:?} is too large to address", b.shape)))?;
+        if plan.format == FORMAT_V1 && matches!(b.role, Role::State | Role::Quantized) {
+            return Err(at(format!(
+                "role {} is not part of format {FORMAT_V1}",
+                b.role.name()
+            )));
+        }
+        // A quantized buffer holds blocks: its size is the scheme's for the shape.
+        let size = match (b.role, b.quant) {
+            (Role::Quantized, Some(scheme)) => {
+                let (_, n) = scheme
+                    .layout(&Shape::new(b.shape.clone()))
+                    .map_err(|e| at(e.to_string()))?;
+                u64::try_from(n).ok()
+            }
+            (Role::Quantized, None) => {
+                return Err(at("a quantized buffer names its scheme (`quant`)".into()))
+            }
+            (_, Some(scheme)) => {
+                return Err(at(format!(
+                    "a buffer of role {} holds no {scheme} blocks",
+                    b.role.name()
+                )))
+            }
+            (_, None) => byte_size(b.dtype, &b.shape),
+        }
+        .ok_or_else(|| at(format!("shape {:?} is too large to address", b.shape)))?;
         if size != b.bytes {
             return Err(at(format!(
                 "{} {:?} is {size} bytes, not {}",
@@ -330,6 +354,12 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
                     paths::expected(i)
                 )));
             }
+        }
+        if b.role == Role::State && b.expected != Some(paths::expected(i)) {
+            return Err(at(format!(
+                "a state has its value after the run at {}",
+                paths::expected(i)
+            )));
         }
         let files = u64::from(b.data.is_some()) + u64::from(b.expected.is_some());
         bytes = b

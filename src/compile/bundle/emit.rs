@@ -18,7 +18,10 @@ use crate::arch::{Platform, Target};
 use crate::codegen::{Buffer, BufferId, BufferRole, Kernel, KernelPlan};
 use crate::compile::{lower, optimise, CompileError};
 use crate::interp::{self, Bindings, InterpError};
-use crate::ir::{random_input, random_weight, DType, Graph, Shape, Tensor, TensorError};
+use crate::ir::{
+    random_input, random_quant, random_weight, DType, Graph, QuantTensor, Sample, Shape, Tensor,
+    TensorError,
+};
 use crate::runtime::cuda::{compile_ptx, nvrtc_version};
 use crate::runtime::{amd_compiler_for, hiprtc_rocm_version, AmdCompiler, AmdCompilerChoice};
 
@@ -117,8 +120,10 @@ fn write_files(
     options: &EmitOptions,
 ) -> Result<Emitted, BundleError> {
     let data = host_data(plan, options.seed)?;
-    for (id, t) in &data {
-        out.write(&paths::data(*id), &t.to_bytes())?;
+    for b in &plan.buffers {
+        if let Some(bytes) = data.bytes(b.id) {
+            out.write(&paths::data(b.id), &bytes)?;
+        }
     }
     let expected = interpret(graph, plan, &buffers, &data, options.seed)?;
     for b in &mut buffers {
@@ -264,15 +269,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
             let role = match &b.role {
                 BufferRole::Input(_) => Role::Input,
                 BufferRole::Weight(_) => Role::Weight,
-                BufferRole::QuantWeight(scheme) => {
-                    return Err(BundleError::Unsupported {
-                        reason: format!(
-                            "buffer {} holds the {scheme} blocks of a quantized weight, which \
-                             bundles do not describe yet",
-                            b.id
-                        ),
-                    })
-                }
+                BufferRole::QuantWeight(_) => Role::Quantized,
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
                 BufferRole::Workspace => Role::Workspace,
@@ -280,9 +277,26 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                     Role::Output
                 }
                 BufferRole::Computed => Role::Computed,
-                BufferRole::State { ref name } => {
-                    return Err(BundleError::State { name: name.clone() })
+                BufferRole::State { .. } => Role::State,
+            };
+            // A quantized weight's file holds its blocks as stored.
+            let (bytes, quant) = match &b.role {
+                BufferRole::QuantWeight(scheme) => {
+                    let (_, n) = scheme.layout(&b.ty.shape).map_err(|e| {
+                        CompileError::from(InterpError::QuantBinding {
+                            name: b.name.clone(),
+                            source: e,
+                        })
+                    })?;
+                    (n as u64, Some(*scheme))
                 }
+                BufferRole::Input(_)
+                | BufferRole::Weight(_)
+                | BufferRole::Constant(_)
+                | BufferRole::Computed
+                | BufferRole::Workspace
+                | BufferRole::Status
+                | BufferRole::State { .. } => (bytes, None),
             };
             Ok(BundleBuffer {
                 id: b.id,
@@ -292,9 +306,12 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 bytes,
                 role,
                 data: role.is_data().then(|| paths::data(b.id)),
-                // Cleared later for a buffer that holds no node's value (a kernel's scratch).
-                expected: (role.is_computed() && reference_node(graph, b).is_some())
-                    .then(|| paths::expected(b.id)),
+                // Cleared later for a buffer that holds no node's value (a kernel's scratch). A
+                // state's is its value after the run.
+                expected: (role == Role::State
+                    || (role.is_computed() && reference_node(graph, b).is_some()))
+                .then(|| paths::expected(b.id)),
+                quant,
             })
         })
         .collect()
@@ -305,8 +322,30 @@ fn reference_node(graph: &Graph, b: &Buffer) -> Option<crate::ir::NodeId> {
     graph.find(&b.name).filter(|&id| graph.ty(id) == &b.ty)
 }
 
-/// The inputs, weights and constants, drawn exactly as `rocmforge run` draws them.
-fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, BundleError> {
+/// What a bundle's data files hold, by buffer id: inputs, weights, constants and the states'
+/// initial contents as tensors, quantized weights as their blocks.
+struct HostData {
+    tensors: HashMap<BufferId, Tensor>,
+    quantized: HashMap<BufferId, QuantTensor>,
+}
+
+impl HostData {
+    /// The bytes of buffer `id`'s data file.
+    fn bytes(&self, id: BufferId) -> Option<Vec<u8>> {
+        match (self.tensors.get(&id), self.quantized.get(&id)) {
+            (Some(t), _) => Some(t.to_bytes()),
+            (None, Some(q)) => Some(q.bytes().to_vec()),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The inputs, weights and constants, drawn exactly as `rocmforge run` draws them; quantized
+/// weights' blocks as `Graph::compile` draws them; each state's contents at the start of the
+/// run drawn like an input (standard normal, or uniform small integers), so that a kernel
+/// reading a row the interpreter does not read shows in the comparison (a zeroed cache would
+/// hide it).
+fn host_data(plan: &KernelPlan, seed: u64) -> Result<HostData, BundleError> {
     fn host(b: &Buffer) -> impl Fn(TensorError) -> BundleError + '_ {
         move |source| {
             CompileError::from(InterpError::Host {
@@ -316,37 +355,51 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HashMap<BufferId, Tensor>, 
             .into()
         }
     }
-    let mut data = HashMap::new();
+    let mut data = HostData {
+        tensors: HashMap::new(),
+        quantized: HashMap::new(),
+    };
     for b in &plan.buffers {
         let t = match &b.role {
             BufferRole::Input(sample) => random_input(&b.name, &b.ty, sample, seed),
             BufferRole::Weight(init) => random_weight(&b.name, &b.ty, init, seed),
             BufferRole::Constant(values) => Tensor::constant(&b.ty, values),
-            BufferRole::Computed
-            | BufferRole::Status
-            | BufferRole::Workspace
-            | BufferRole::State { .. } => continue,
-            BufferRole::QuantWeight(_) => continue,
+            BufferRole::State { name } => random_input(name, &b.ty, &Sample::Normal, seed),
+            BufferRole::QuantWeight(scheme) => {
+                let q = random_quant(&b.name, *scheme, &b.ty.shape, seed).map_err(|source| {
+                    CompileError::from(InterpError::QuantBinding {
+                        name: b.name.clone(),
+                        source,
+                    })
+                })?;
+                data.quantized.insert(b.id, q);
+                continue;
+            }
+            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
         }
         .map_err(host(b))?;
-        data.insert(b.id, t);
+        data.tensors.insert(b.id, t);
     }
     Ok(data)
 }
 
-/// The interpreter's value of every computed buffer that holds a node's value: the optimised
-/// graph (the one the kernels compute) run once with each such node made an output.
+/// The interpreter's value of every computed buffer that holds a node's value, and of every
+/// state after the run: the optimised graph (the one the kernels compute) run once from the
+/// bundle's data with each such node made an output.
 fn interpret(
     graph: &Graph,
     plan: &KernelPlan,
     buffers: &[BundleBuffer],
-    data: &HashMap<BufferId, Tensor>,
+    data: &HostData,
     seed: u64,
 ) -> Result<HashMap<BufferId, Tensor>, BundleError> {
     let mut g = graph.clone();
     let first = g.outputs().len();
     let mut wanted = Vec::new();
     for (b, d) in plan.buffers.iter().zip(buffers) {
+        if d.role == Role::State {
+            continue;
+        }
         if let (Some(_), Some(id)) = (&d.expected, reference_node(graph, b)) {
             g.add_output(id).map_err(CompileError::from)?;
             wanted.push(b.id);
@@ -356,23 +409,38 @@ fn interpret(
         seed,
         ..Bindings::default()
     };
-    let mut weights = HashMap::new();
+    let (mut weights, mut quantized, mut states) = (HashMap::new(), HashMap::new(), HashMap::new());
     for b in &plan.buffers {
-        match (&b.role, data.get(&b.id)) {
-            (BufferRole::Input(_), Some(t)) => {
+        match (&b.role, data.tensors.get(&b.id), data.quantized.get(&b.id)) {
+            (BufferRole::Input(_), Some(t), _) => {
                 bindings.inputs.insert(b.name.clone(), t.clone());
             }
-            (BufferRole::Weight(_), Some(t)) => {
+            (BufferRole::Weight(_), Some(t), _) => {
                 weights.insert(b.name.clone(), t.clone());
+            }
+            (BufferRole::State { name }, Some(t), _) => {
+                states.insert(name.clone(), t.clone());
+            }
+            (BufferRole::QuantWeight(_), _, Some(q)) => {
+                quantized.insert(b.name.clone(), q.clone());
             }
             _ => {}
         }
     }
-    let values = interp::run_with_weights(&g, &bindings, &weights).map_err(CompileError::from)?;
-    Ok(wanted
+    let (values, next) = interp::run_with_state_data(&g, &bindings, &weights, &quantized, &states)
+        .map_err(CompileError::from)?;
+    let mut out: HashMap<BufferId, Tensor> = wanted
         .into_iter()
         .zip(values.into_iter().skip(first))
-        .collect())
+        .collect();
+    for b in &plan.buffers {
+        if let BufferRole::State { name } = &b.role {
+            if let Some(t) = next.get(name) {
+                out.insert(b.id, t.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The compiler that makes code objects for a target.

@@ -6,10 +6,16 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::Platform;
-use crate::ir::DType;
+use crate::ir::{DType, QuantScheme};
 
-/// The format this build writes and the only one it reads.
-pub const FORMAT: &str = "rocmforge-bundle/1";
+/// The format this build writes. Version 2 added persistent states (`state` buffers: initial
+/// contents as data, final contents as expected values) and quantized weights (`quantized`
+/// buffers: the blocks as stored, with their `quant` scheme).
+pub const FORMAT: &str = "rocmforge-bundle/2";
+
+/// The format before states and quantized weights; a version-1 plan is a version-2 plan with
+/// neither, so this build reads it too.
+pub const FORMAT_V1: &str = "rocmforge-bundle/1";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -144,8 +150,14 @@ pub struct BundleBuffer {
     pub role: Role,
     /// `buffers/<id>.bin` for inputs, weights and constants.
     pub data: Option<String>,
-    /// `expected/<id>.bin` for computed buffers: the interpreter's value.
+    /// `expected/<id>.bin` for computed buffers: the interpreter's value (for a state, its
+    /// value after the run).
     pub expected: Option<String>,
+    /// The block scheme of a `quantized` buffer: its data file holds the blocks as stored
+    /// (`bytes` is their size, not the dtype's × the element count); `dtype` and `shape` are
+    /// those of the values the blocks hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<QuantScheme>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +175,13 @@ pub enum Role {
     /// Scratch the kernels of one node share (split-K partials): poisoned before the run,
     /// written and read by those kernels, holding no node's value, so never compared.
     Workspace,
+    /// A persistent tensor (a KV cache): uploaded from its data file before the run (its
+    /// contents at the start of the run), written in place by kernels, and compared after the
+    /// run with its expected file (the interpreter's state after one run).
+    State,
+    /// A quantized weight: its data file holds the blocks as stored, in the scheme `quant`
+    /// names; only kernels that dequantize read it.
+    Quantized,
 }
 
 impl Role {
@@ -176,29 +195,36 @@ impl Role {
             Role::Output => "output",
             Role::Status => "status",
             Role::Workspace => "workspace",
+            Role::State => "state",
+            Role::Quantized => "quantized",
         }
     }
 
-    /// Whether a kernel writes it and the interpreter has its value.
+    /// Whether a kernel writes it and the interpreter has its value after the run (compared).
     pub fn is_computed(self) -> bool {
         match self {
-            Role::Computed | Role::Output => true,
-            Role::Input | Role::Weight | Role::Constant | Role::Status | Role::Workspace => false,
+            Role::Computed | Role::Output | Role::State => true,
+            Role::Input
+            | Role::Weight
+            | Role::Constant
+            | Role::Status
+            | Role::Workspace
+            | Role::Quantized => false,
         }
     }
 
     /// Whether a kernel may write it: computed values, status reports and workspaces.
     pub fn is_written(self) -> bool {
         match self {
-            Role::Computed | Role::Output | Role::Status | Role::Workspace => true,
-            Role::Input | Role::Weight | Role::Constant => false,
+            Role::Computed | Role::Output | Role::Status | Role::Workspace | Role::State => true,
+            Role::Input | Role::Weight | Role::Constant | Role::Quantized => false,
         }
     }
 
-    /// Whether its contents come with the bundle.
+    /// Whether its contents come with the bundle (a state's: those at the start of the run).
     pub fn is_data(self) -> bool {
         match self {
-            Role::Input | Role::Weight | Role::Constant => true,
+            Role::Input | Role::Weight | Role::Constant | Role::State | Role::Quantized => true,
             Role::Computed | Role::Output | Role::Status | Role::Workspace => false,
         }
     }

@@ -22,7 +22,7 @@ use crate::runtime::RuntimeError;
 
 pub use check::{Bundle, CheckReport};
 pub use emit::{emit, EmitOptions, Emitted};
-pub use format::{BundlePlan, FORMAT};
+pub use format::{BundlePlan, FORMAT, FORMAT_V1};
 pub use replay::{BufferReport, KernelSource, Mismatch, ReplayOptions, ReplayReport};
 
 /// The default limit on a bundle's bytes (written or read): 2 GiB.
@@ -52,14 +52,7 @@ pub enum BundleError {
     Json { path: String, message: String },
     #[error("{path}: format `{found}` is not one this build reads (it reads `{FORMAT}`)")]
     Version { path: String, found: String },
-    /// The plan holds something bundles do not describe yet (a quantized weight's blocks).
-    #[error("cannot write a bundle of this plan: {reason}")]
-    Unsupported { reason: String },
     /// `plan.json` contradicts itself or the files beside it.
-    #[error(
-        "state `{name}`: a bundle replays one run, so it holds no graph with persistent state"
-    )]
-    State { name: String },
     #[error("malformed bundle: {reason}")]
     Malformed { reason: String },
     #[error("{path} has {found} bytes; the buffer table says {expected}")]

@@ -63,8 +63,8 @@ pub(super) fn render(plan: &BundlePlan) -> String {
          [--json]`; `rocmforge replay --check` checks the files against `plan.json` without a \
          GPU.\n\nBy hand (a simulator, another runtime):\n\n\
          1. Allocate one device buffer per entry of `buffers`, `bytes` bytes each (at least 1). \
-         Fill inputs, weights and constants from `buffers/<id>.bin`; fill status buffers with \
-         zeros; fill computed and output buffers with 0xFF bytes (NaN), so a value no kernel \
+         Fill inputs, weights, constants, quantized weights and states from \
+         `buffers/<id>.bin`; fill status buffers with zeros; fill computed and output buffers with 0xFF bytes (NaN), so a value no kernel \
          writes shows up. Buffers are never reused: every id is its own allocation.\n\
          2. Load each kernel: {load}; or compile `kernels/<entry>.hip` with {compile} and \
          the options in `compiler.options`.\n\
@@ -76,8 +76,8 @@ pub(super) fn render(plan: &BundlePlan) -> String {
          4. After the last kernel, read each status buffer of `checks`: its first little-endian \
          u64 must be 0 (else it is the bitwise complement of the first failing position, and \
          the second u64 the index found there, outside `0..table_rows`).\n\
-         5. Download every buffer whose role is `computed` or `output` and compare it with \
-         `expected/<id>.bin`. A graph output is a view of its buffer with the type `outputs` \
+         5. Download every buffer whose role is `computed`, `output` or `state` and compare it \
+         with `expected/<id>.bin` (a state's is its value after the run). A graph output is a view of its buffer with the type `outputs` \
          gives (a reshape shares its operand's buffer, described once)."
     );
     let _ = writeln!(
@@ -157,6 +157,6 @@ const FILES: &str = "## Files
 | `plan.json` | the plan (typed, versioned): target, compiler, kernels in launch order with launch geometry and arguments, the buffer table, outputs, post-run checks, the compare rule |
 | `kernels/<entry>.hip` | each kernel's complete source: the target's prelude, then the kernel |
 | `kernels/<entry>.co` / `.ptx` | its code object (AMD code object, or NVIDIA PTX) from the compiler named in `plan.json` |
-| `buffers/<id>.bin` | the contents of each input, weight and constant: raw little-endian elements of its dtype, row-major (bool: one byte, 0 or 1; f16/bf16: 2 bytes) |
-| `expected/<id>.bin` | the interpreter's value of each computed buffer, in the same layout |
+| `buffers/<id>.bin` | the contents of each input, weight and constant, and of each state at the start of the run: raw little-endian elements of its dtype, row-major (bool: one byte, 0 or 1; f16/bf16: 2 bytes); for a `quantized` weight, its blocks as stored in the scheme `quant` names (ggml layout, rows of whole 32-value blocks) |
+| `expected/<id>.bin` | the interpreter's value of each computed buffer, and of each state after the run, in the same layout |
 ";

@@ -153,8 +153,9 @@ impl Bundle {
         })
     }
 
-    /// One device buffer per buffer id (no reuse): data uploaded, computed buffers poisoned so
-    /// a value no kernel wrote fails the comparison, status buffers zeroed.
+    /// One device buffer per buffer id (no reuse): data uploaded (inputs, weights, constants,
+    /// quantized blocks, the states' initial contents), computed buffers poisoned so a value no
+    /// kernel wrote fails the comparison, status buffers zeroed.
     fn allocate(&self, stream: &Stream) -> Result<Vec<DeviceBuffer>, BundleError> {
         let rt = BundleError::runtime(None);
         self.plan
@@ -166,7 +167,8 @@ impl Bundle {
                     limit: usize::MAX as u64,
                 })?;
                 match b.role {
-                    Role::Input | Role::Weight | Role::Constant => {
+                    // A state starts the run with its data file's contents.
+                    Role::Input | Role::Weight | Role::Constant | Role::State | Role::Quantized => {
                         stream.upload(&self.data(b.id)?).map_err(&rt)
                     }
                     Role::Computed | Role::Output | Role::Workspace => {

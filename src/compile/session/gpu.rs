@@ -1,0 +1,425 @@
+//! A session on a GPU: its stream, slots, input, status and state buffers, the launches bound
+//! once, and the graph captured from them. Poisoning lives here too: when the executable
+//! poisons, the launch list puts a poisoning kernel before the first kernel that uses each
+//! computed buffer, so every run (replayed or not) starts each value from NaN bytes, even in a
+//! slot an earlier kernel of the same run wrote.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::executable::{Executable, Planned};
+use crate::arch::Target;
+use crate::codegen::{self, BufferRole, IndexCheck, KernelPlan};
+use crate::compile::memory_plan::planned as in_slots;
+use crate::compile::{load, CompileError, MemoryPlan};
+use crate::interp::InterpError;
+use crate::ir::{Tensor, TensorType};
+use crate::runtime::device::LoadedKernel;
+use crate::runtime::{
+    CapturedGraph, Device, DeviceBuffer, KernelLaunch, LaunchList, ReplayOff, RuntimeError, Stream,
+};
+
+/// One persistent state of a session: its plan buffer id, name, type and buffer.
+#[derive(Clone)]
+pub(super) struct StateBuffer {
+    pub(super) id: usize,
+    pub(super) name: String,
+    pub(super) ty: TensorType,
+    pub(super) buffer: Arc<DeviceBuffer>,
+}
+
+/// A GPU session's state buffers, in plan order.
+pub(super) type StateBuffers = Vec<StateBuffer>;
+
+/// The entry of the poisoning kernel.
+const POISON_ENTRY: &str = "rocmforge_poison_bytes";
+
+/// Fills `n[0]` bytes of `p` with 0xff (NaN in every float dtype, -1 in the integers). The count
+/// comes from a device buffer because launches pass buffers only; a grid-stride loop covers
+/// any size with a bounded grid.
+const POISON_BODY: &str = r#"// rocmforge: poisons a computed buffer before the first kernel that uses it.
+extern "C" __global__ void rocmforge_poison_bytes(unsigned char* __restrict__ p,
+                                                  const unsigned long long* __restrict__ n) {
+    const unsigned long long count = n[0];
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < count; i += stride) {
+        p[i] = 0xff;
+    }
+}
+"#;
+
+/// Threads per block of the poisoning kernel, and at most this many blocks (the loop strides).
+const POISON_BLOCK: u32 = 256;
+const POISON_MAX_GRID: usize = 4096;
+
+/// What sessions need to poison a plan's computed buffers: the kernel, and one resident count
+/// buffer per distinct byte size.
+pub(in crate::compile) struct Poisoner {
+    kernel: Arc<LoadedKernel>,
+    counts: HashMap<usize, Arc<DeviceBuffer>>,
+}
+
+/// The bytes of plan buffer `id`.
+fn buffer_bytes(plan: &KernelPlan, id: usize) -> usize {
+    plan.buffers[id].ty.shape.numel() * plan.buffers[id].ty.dtype.size_bytes()
+}
+
+/// The poisoner of `plan`: its kernel loaded through the device's cache and the counts uploaded
+/// on `stream` (synchronised by the caller).
+pub(in crate::compile) fn poisoner(
+    device: &Device,
+    target: &Target,
+    compile_opts: &[String],
+    plan: &KernelPlan,
+    memory: &MemoryPlan,
+    stream: &Stream,
+) -> Result<Poisoner, CompileError> {
+    let kernel = load::load_kernel(device, target, compile_opts, POISON_ENTRY, POISON_BODY)?;
+    let mut counts = HashMap::new();
+    for &id in memory.slot_of.keys() {
+        let bytes = buffer_bytes(plan, id);
+        if bytes > 0 && !counts.contains_key(&bytes) {
+            let n = (bytes as u64).to_le_bytes();
+            counts.insert(bytes, Arc::new(stream.upload(&n)?));
+        }
+    }
+    Ok(Poisoner { kernel, counts })
+}
+
+/// For each kernel of `plan`, the computed buffers (slots and workspaces, not empty ones) to
+/// poison right before it: those it is the first kernel to use. Each buffer appears once, so
+/// every run starts every value from NaN bytes, including a slot an earlier kernel of the same
+/// run filled with a value that is dead by then.
+pub(in crate::compile) fn poison_points(plan: &KernelPlan) -> Vec<Vec<usize>> {
+    let mut seen = std::collections::HashSet::new();
+    plan.kernels
+        .iter()
+        .map(|k| {
+            k.args
+                .iter()
+                .copied()
+                .filter(|&a| in_slots(&plan.buffers[a].role) && buffer_bytes(plan, a) > 0)
+                .filter(|&a| seen.insert(a))
+                .collect()
+        })
+        .collect()
+}
+
+/// A session on a GPU.
+pub(in crate::compile) struct GpuSession {
+    // Field order is drop order: the captured graph and the launch list release their hold on
+    // the buffers first, then the buffers are freed (ordered on the stream), then the stream.
+    graph: Option<CapturedGraph>,
+    /// Graphs captured in this session's life: at most one (inputs change in place).
+    captures: usize,
+    /// Every launch of a run: the plan's kernels, with the poisoning launches before them when
+    /// the executable poisons.
+    pub(in crate::compile) launches: Arc<LaunchList>,
+    /// Where each of the plan's kernels sits in `launches`.
+    pub(in crate::compile) kernel_at: Vec<usize>,
+    replay: Result<(), ReplayOff>,
+    slots: Vec<Arc<DeviceBuffer>>,
+    /// Input buffers by plan buffer id.
+    inputs: HashMap<usize, Arc<DeviceBuffer>>,
+    /// Status buffers of the index checks by plan buffer id, zeroed before every run.
+    status: HashMap<usize, Arc<DeviceBuffer>>,
+    /// The plan's index checks, in the order the interpreter meets them.
+    checks: Vec<IndexCheck>,
+    /// The graph outputs in order: type and the buffer holding each.
+    outputs: Vec<(TensorType, Arc<DeviceBuffer>)>,
+    /// Persistent state buffers.
+    pub(super) states: StateBuffers,
+    /// Shared with the sessions that share this one's states, so their runs are ordered.
+    pub(in crate::compile) stream: Arc<Stream>,
+}
+
+impl Drop for GpuSession {
+    fn drop(&mut self) {
+        // Runs still queued read the executable's weights, which may be freed right after the
+        // session goes: wait for them. (An error here has nowhere to go; the buffers are
+        // freed ordered on the stream regardless.)
+        let _ = self.stream.synchronize();
+    }
+}
+
+/// Whether `ROCMFORGE_REPLAY=0` turns replay off.
+fn replay_env_off() -> bool {
+    std::env::var("ROCMFORGE_REPLAY").is_ok_and(|v| v == "0")
+}
+
+/// A tensor of type `ty` from the first bytes of `bytes` (a slot may be larger than its value).
+pub(super) fn tensor(ty: &TensorType, bytes: &[u8]) -> Result<Tensor, CompileError> {
+    let n = ty.shape.numel() * ty.dtype.size_bytes();
+    Ok(Tensor::from_bytes(ty, &bytes[..n.min(bytes.len())])
+        .map_err(|e| RuntimeError::Cuda(e.to_string()))?)
+}
+
+impl GpuSession {
+    /// Allocates a session's buffers, binds its launches and decides on replay. `lent`: the
+    /// stream and states of the session this one shares them with.
+    pub(super) fn new(
+        exe: &Executable,
+        planned: &Planned,
+        options: &crate::compile::SessionOptions,
+        lent: Option<(Arc<Stream>, StateBuffers)>,
+    ) -> Result<GpuSession, CompileError> {
+        let (plan, memory) = (&planned.plan, &planned.memory);
+        let (stream, lent_states) = match lent {
+            Some((stream, states)) => (stream, Some(states)),
+            None => (Arc::new(exe.device.new_stream()?), None),
+        };
+        let slots = memory
+            .slot_bytes
+            .iter()
+            .map(|&b| stream.alloc(b, exe.poison).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = HashMap::new();
+        let mut states = Vec::new();
+        for b in &plan.buffers {
+            match &b.role {
+                // Poisoned: an input is set before any run reads it (checked), so this only
+                // shows when a kernel reads past it.
+                BufferRole::Input(_) => {
+                    let buf = stream.alloc(buffer_bytes(plan, b.id), exe.poison)?;
+                    inputs.insert(b.id, Arc::new(buf));
+                }
+                BufferRole::State { name } => {
+                    // A lent buffer of the same name (its type was checked against the graph's).
+                    let buffer = match &lent_states {
+                        Some(lent) => lent
+                            .iter()
+                            .find(|s| &s.name == name)
+                            .map(|s| s.buffer.clone())
+                            .ok_or_else(|| CompileError::StateMismatch {
+                                name: name.clone(),
+                                expected: b.ty.to_string(),
+                                found: None,
+                            })?,
+                        // A state starts zeroed, as the interpreter starts it; a test that wants
+                        // a poisoned cache tail writes one (`poison_state`).
+                        None => {
+                            let buf = stream.alloc(buffer_bytes(plan, b.id), false)?;
+                            stream.fill(&buf, 0)?;
+                            Arc::new(buf)
+                        }
+                    };
+                    states.push(StateBuffer {
+                        id: b.id,
+                        name: name.clone(),
+                        ty: b.ty.clone(),
+                        buffer,
+                    });
+                }
+                BufferRole::Weight(_)
+                | BufferRole::QuantWeight(_)
+                | BufferRole::Constant(_)
+                | BufferRole::Computed
+                | BufferRole::Workspace
+                | BufferRole::Status => {}
+            }
+        }
+        let status = plan
+            .checks
+            .iter()
+            .map(|c| {
+                let buf = stream.alloc(codegen::STATUS_BYTES, false)?;
+                Ok((c.status, Arc::new(buf)))
+            })
+            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
+        let replay = if !options.replay {
+            Err(ReplayOff::Disabled)
+        } else if replay_env_off() {
+            Err(ReplayOff::Env)
+        } else {
+            stream.replay_support()
+        };
+        let mut gpu = GpuSession {
+            graph: None,
+            captures: 0,
+            launches: Arc::new(stream.bind(&[])?),
+            kernel_at: Vec::with_capacity(plan.kernels.len()),
+            replay,
+            slots,
+            inputs,
+            status,
+            checks: plan.checks.clone(),
+            outputs: Vec::with_capacity(plan.outputs.len()),
+            states,
+            stream,
+        };
+        for o in &plan.outputs {
+            let buffer = gpu.buffer(planned, o.buffer)?;
+            gpu.outputs.push((o.ty.clone(), buffer));
+        }
+        let launches = gpu.launch_list(exe, planned)?;
+        gpu.launches = Arc::new(gpu.stream.bind(&launches)?);
+        // The fills of fresh buffers are done before the session is handed out.
+        gpu.stream.synchronize()?;
+        Ok(gpu)
+    }
+
+    /// The session's (or executable's) buffer that plan buffer `id` is.
+    fn buffer(&self, planned: &Planned, id: usize) -> Result<Arc<DeviceBuffer>, CompileError> {
+        let plan = &planned.plan;
+        let found = match &plan.buffers[id].role {
+            BufferRole::Computed | BufferRole::Workspace => planned
+                .memory
+                .slot_of
+                .get(&id)
+                .and_then(|&s| self.slots.get(s)),
+            BufferRole::Input(_) => self.inputs.get(&id),
+            BufferRole::Weight(_) | BufferRole::QuantWeight(_) | BufferRole::Constant(_) => {
+                planned.resident.get(&id)
+            }
+            BufferRole::Status => self.status.get(&id),
+            BufferRole::State { .. } => self.states.iter().find(|s| s.id == id).map(|s| &s.buffer),
+        };
+        // Every buffer a kernel or an output names is allocated above or at compile time; a
+        // plan that names another is a codegen bug, reported rather than a panic.
+        found.cloned().ok_or_else(|| CompileError::UnboundBuffer {
+            id,
+            name: plan.buffers[id].name.clone(),
+        })
+    }
+
+    /// The launches of a run in order; with poisoning, each computed buffer is poisoned right
+    /// before the first kernel that uses it. A slot is reused only once its last occupant is
+    /// dead (`plan_memory`), and a kernel never writes over its own operands, so the poison
+    /// never hits a live value.
+    fn launch_list(
+        &mut self,
+        exe: &Executable,
+        planned: &Planned,
+    ) -> Result<Vec<KernelLaunch>, CompileError> {
+        let plan = &planned.plan;
+        let points = match (exe.poison, &planned.poisoner) {
+            (true, Some(p)) => Some((p, poison_points(plan))),
+            (false, _) | (true, None) => None,
+        };
+        let mut launches = Vec::new();
+        for (i, (k, loaded)) in plan.kernels.iter().zip(&planned.kernels).enumerate() {
+            if let Some((p, points)) = &points {
+                for &a in &points[i] {
+                    let bytes = buffer_bytes(plan, a);
+                    let Some(count) = p.counts.get(&bytes) else {
+                        continue;
+                    };
+                    let blocks = bytes.div_ceil(POISON_BLOCK as usize).min(POISON_MAX_GRID);
+                    launches.push(KernelLaunch {
+                        kernel: p.kernel.clone(),
+                        grid: [blocks as u32, 1, 1],
+                        block: [POISON_BLOCK, 1, 1],
+                        shared_bytes: 0,
+                        args: vec![self.buffer(planned, a)?, count.clone()],
+                    });
+                }
+            }
+            self.kernel_at.push(launches.len());
+            launches.push(KernelLaunch {
+                kernel: loaded.clone(),
+                grid: k.launch.grid,
+                block: k.launch.block,
+                shared_bytes: k.launch.shared_bytes,
+                args: k
+                    .args
+                    .iter()
+                    .map(|&a| self.buffer(planned, a))
+                    .collect::<Result<_, _>>()?,
+            });
+        }
+        Ok(launches)
+    }
+
+    /// Writes input buffer `id` in place, ordered on the stream.
+    pub(super) fn set_input(&self, id: usize, value: &Tensor) -> Result<(), CompileError> {
+        if let Some(buf) = self.inputs.get(&id) {
+            self.stream.write(buf, &value.to_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues a run: status buffers zeroed, then the launches replayed (captured at the first
+    /// run) or launched one by one.
+    pub(super) fn run(&mut self) -> Result<(), CompileError> {
+        // What the checks found is about this run's inputs only.
+        for s in self.status.values() {
+            self.stream.fill(s, 0)?;
+        }
+        if self.replay.is_ok() && !self.launches.is_empty() {
+            if self.graph.is_none() {
+                self.graph = Some(self.stream.capture(&self.launches)?);
+                self.captures += 1;
+            }
+            if let Some(graph) = &self.graph {
+                self.stream.replay(graph)?;
+            }
+        } else {
+            self.stream.launch_list(&self.launches)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn replay_off(&self) -> Option<&ReplayOff> {
+        self.replay.as_ref().err()
+    }
+
+    pub(super) fn captures(&self) -> usize {
+        self.captures
+    }
+
+    /// The interpreter's error for the first gather (in plan order, the order the interpreter
+    /// runs them) whose kernel found an index outside its table in the last run.
+    pub(super) fn check_indices(&self) -> Result<(), CompileError> {
+        for check in &self.checks {
+            let Some(status) = self.status.get(&check.status) else {
+                continue;
+            };
+            let bytes = self.stream.download(status)?;
+            if let Some(index) = check.failed_index(&bytes) {
+                return Err(match check.write_rows {
+                    None => InterpError::IndexOutOfRange {
+                        node: check.node.clone(),
+                        index,
+                        size: check.table_rows,
+                    },
+                    Some(len) => InterpError::CacheWriteOutOfRange {
+                        node: check.node.clone(),
+                        start: index,
+                        len,
+                        size: check.table_rows,
+                    },
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Output `index`: its type and the buffer holding it.
+    pub(super) fn output(&self, index: usize) -> (&TensorType, &Arc<DeviceBuffer>) {
+        let (ty, buf) = &self.outputs[index];
+        (ty, buf)
+    }
+
+    pub(super) fn output_count(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// State `name` as it is now, copied to the host.
+    pub(super) fn state(&self, name: &str) -> Result<Option<Tensor>, CompileError> {
+        let Some(s) = self.states.iter().find(|s| s.name == name) else {
+            return Ok(None);
+        };
+        let bytes = self.stream.download(&s.buffer)?;
+        tensor(&s.ty, &bytes).map(Some)
+    }
+
+    /// Every state filled with `byte`, ordered on the stream.
+    pub(super) fn fill_state(&self, byte: u8) -> Result<(), CompileError> {
+        for s in &self.states {
+            self.stream.fill(&s.buffer, byte)?;
+        }
+        Ok(())
+    }
+}
