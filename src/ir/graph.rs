@@ -17,8 +17,9 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::NodeIndexable;
 
 use super::infer::{infer, InferError};
-use super::op::{Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
+use super::op::Op;
 use super::quant::QuantScheme;
+use super::values::{Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
 use super::{DType, GraphError, Shape, TensorType};
 
 pub type NodeId = NodeIndex<u32>;
