@@ -1,6 +1,7 @@
 //! The intermediate representation: an op DAG over static tensor types.
 
 mod attrs;
+mod builders;
 mod dot;
 mod dtype;
 mod error;
