@@ -20,6 +20,7 @@ use super::error::GraphError;
 use super::infer::{infer, InferError};
 use super::op::Op;
 use super::shape::TensorType;
+use super::work;
 
 pub type NodeId = NodeIndex<u32>;
 
@@ -138,10 +139,12 @@ impl Graph {
     // ---- reading -------------------------------------------------------------------------
 
     pub fn node(&self, id: NodeId) -> &Node {
+        work::visit(1);
         &self.g[id].node
     }
 
     pub fn try_node(&self, id: NodeId) -> Result<&Node, GraphError> {
+        work::visit(1);
         self.g
             .node_weight(id)
             .map(|s| &s.node)
@@ -153,10 +156,12 @@ impl Graph {
     }
 
     pub fn ty(&self, id: NodeId) -> &TensorType {
+        work::visit(1);
         &self.g[id].node.ty
     }
 
     pub fn op(&self, id: NodeId) -> &Op {
+        work::visit(1);
         &self.g[id].node.op
     }
 
@@ -169,7 +174,7 @@ impl Graph {
     }
 
     pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.g.node_indices()
+        self.g.node_indices().inspect(|_| work::visit(1))
     }
 
     pub fn outputs(&self) -> &[NodeId] {
@@ -178,11 +183,13 @@ impl Graph {
 
     /// Operands of `id` in slot order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        work::visit(1);
         self.g[id].operands.clone()
     }
 
     /// Distinct consumers of `id` (a node using it twice is listed once), in id order.
     pub fn consumers(&self, id: NodeId) -> Vec<NodeId> {
+        work::visit(1);
         let mut out: Vec<NodeId> = self.g[id].users.keys().copied().collect();
         out.sort_unstable();
         out
@@ -190,6 +197,7 @@ impl Graph {
 
     /// How many uses `id` has: operand slots that read it, plus one per graph output it is.
     pub fn use_count(&self, id: NodeId) -> usize {
+        work::visit(1);
         self.g[id].reads + self.output_uses.get(&id).copied().unwrap_or(0)
     }
 
@@ -219,6 +227,7 @@ impl Graph {
         }
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(Reverse(n)) = ready.pop() {
+            work::visit(1);
             order.push(n);
             for (&user, slots) in &self.g[n].users {
                 let d = &mut indeg[user.index()];

@@ -19,6 +19,7 @@ pub mod scalar;
 mod shape;
 mod tensor;
 mod values;
+pub mod work;
 
 pub use dot::to_dot;
 pub use dtype::DType;
