@@ -4,6 +4,7 @@
 
 use super::dtype::DType;
 use super::error::GraphError;
+use super::gemm::Gemm;
 use super::graph::{Graph, NodeId};
 use super::op::Op;
 use super::quant::QuantScheme;
@@ -260,7 +261,7 @@ impl Graph {
     /// in `gemm` (see `ir::gemm`).
     pub fn gemm(
         &mut self,
-        gemm: crate::ir::Gemm,
+        gemm: Gemm,
         a: NodeId,
         b: NodeId,
         extras: &[NodeId],
