@@ -482,3 +482,197 @@ fn edits_rewrite_exactly_the_operand_slots_that_read_a_value() {
     broken.remove_node(parts[5]);
     assert_eq!(broken.validate().unwrap_err().kind(), "dangling_input");
 }
+
+// The op names come from one list (`OpKind`), so the parser, the unknown-op message and the
+// fuzzer's vocabulary agree. Each listed name is accepted by the parser (with no attributes it
+// is either an op or a missing-attribute error, never "unknown op"); near misses of every name
+// that are not themselves listed are unknown; every op of every kind, parsed back from its
+// own name and attributes, is that op.
+#[test]
+fn the_op_name_list_is_exactly_what_the_parser_accepts() {
+    use rocmforge::ir::op::OpParseError;
+    use rocmforge::ir::{Op, OpKind};
+    use serde_json::Map;
+    let names = Op::all_names();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), names.len(), "a name is listed twice");
+    for must in [
+        "gemm",
+        "fused_elementwise",
+        "flash_attention",
+        "add",
+        "reduce_mean",
+    ] {
+        assert!(names.contains(&must), "{must} is not listed");
+    }
+    for kind in OpKind::ALL {
+        assert!(!kind.names().is_empty(), "{kind:?} has no name");
+        for name in kind.names() {
+            assert_eq!(OpKind::from_name(name), Some(kind));
+        }
+    }
+    let empty = Map::new();
+    for name in &names {
+        match Op::parse(name, &empty) {
+            Ok(op) => assert_eq!(op.name(), *name),
+            Err(OpParseError::Attribute(_)) => {}
+            Err(OpParseError::UnknownOp) => panic!("`{name}` is listed but not parsed"),
+        }
+        let near = [
+            name.to_uppercase(),
+            format!("{name}s"),
+            format!(" {name}"),
+            name[..name.len() - 1].to_string(),
+        ];
+        for miss in near.iter().filter(|m| !names.contains(&m.as_str())) {
+            assert_eq!(
+                Op::parse(miss, &empty),
+                Err(OpParseError::UnknownOp),
+                "`{miss}` is not listed but parsed"
+            );
+        }
+    }
+    // Every op the example graphs hold, before and after the default pipeline (which makes
+    // gemm, fused_elementwise and flash_attention), round-trips through its name.
+    let mut seen = std::collections::BTreeSet::new();
+    for path in graph_files() {
+        let g = format::load(&path).unwrap();
+        let (fused, _) = rocmforge::passes::optimize(&g).unwrap();
+        for graph in [&g, &fused] {
+            for id in graph.node_ids() {
+                let op = graph.op(id);
+                assert!(op.kind().names().contains(&op.name()), "{op}");
+                let attrs: Map<String, serde_json::Value> = op
+                    .attrs()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                assert_eq!(&Op::parse(op.name(), &attrs).unwrap(), op);
+                seen.insert(op.name());
+            }
+        }
+    }
+    assert!(seen.contains("gemm") && seen.contains("fused_elementwise"));
+}
+
+// The unknown-op error lists every name, gemm included.
+#[test]
+fn the_unknown_op_error_lists_every_op() {
+    let text = r#"{"format": "rocmforge-graph", "version": 1, "nodes": [
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [2]},
+        {"name": "y", "op": "gemmm", "inputs": ["x"]}], "outputs": ["y"]}"#;
+    match format::from_json_str(text) {
+        Err(GraphError::UnknownOp { known, .. }) => {
+            let listed: Vec<&str> = known.split(", ").collect();
+            assert_eq!(listed, rocmforge::ir::Op::all_names());
+            assert!(listed.contains(&"gemm"));
+        }
+        other => panic!("expected unknown_op, got {other:?}"),
+    }
+}
+
+/// The `ir` files each file imports through `use super::…` (a name re-exported by `ir/mod.rs`
+/// counts as the file that defines it).
+fn ir_imports() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ir");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs") && !p.ends_with("mod.rs"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let words = |s: &str| -> Vec<String> {
+        s.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    // `pub use file::{A, B};` in mod.rs: which file defines each re-exported name.
+    let module = std::fs::read_to_string(dir.join("mod.rs")).unwrap();
+    let mut owner = std::collections::BTreeMap::new();
+    for stmt in module.split(';') {
+        if let Some(rest) = stmt.trim().strip_prefix("pub use ") {
+            let (file, names) = rest.split_once("::").unwrap();
+            for name in words(names) {
+                owner.insert(name, file.to_string());
+            }
+        }
+    }
+    let mut edges = std::collections::BTreeMap::new();
+    for f in &files {
+        let text = std::fs::read_to_string(dir.join(format!("{f}.rs"))).unwrap();
+        // Unit tests may import anything of the module they test.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !code.contains("crate::ir"),
+            "{f}.rs: import siblings through super::"
+        );
+        let mut to = std::collections::BTreeSet::new();
+        for (i, _) in code.match_indices("super::") {
+            let path = words(&code[i + "super::".len()..])
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            // `use super::{A, b::C}` lists several; a path names one.
+            let names = if code[i + "super::".len()..].starts_with('{') {
+                let body = &code[i + "super::{".len()..];
+                words(&body[..body.find('}').unwrap()])
+            } else {
+                vec![path]
+            };
+            for name in names {
+                let head = name.split("::").next().unwrap().to_string();
+                let file = if files.contains(&head) {
+                    Some(head)
+                } else {
+                    owner.get(&head).cloned()
+                };
+                if let Some(file) = file.filter(|file| file != f) {
+                    to.insert(file);
+                }
+            }
+        }
+        edges.insert(f.clone(), to);
+    }
+    edges
+}
+
+// No file of `ir` imports itself back through others (op → expr → infer → op and op → quant →
+// random → op were such circles): the files form layers. Checked by depth-first search.
+#[test]
+fn ir_files_import_each_other_without_circles() {
+    let edges = ir_imports();
+    assert!(edges["op"].contains("expr") && edges["values"].contains("dtype"));
+    fn visit(
+        f: &str,
+        edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == f) {
+            panic!("import circle: {} → {f}", path[at..].join(" → "));
+        }
+        if done.contains(f) {
+            return;
+        }
+        path.push(f.to_string());
+        for to in &edges[f] {
+            visit(to, edges, path, done);
+        }
+        path.pop();
+        done.insert(f.to_string());
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for f in edges.keys() {
+        visit(f, &edges, &mut Vec::new(), &mut done);
+    }
+}

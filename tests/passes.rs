@@ -919,3 +919,90 @@ mod attention_graphs_seen_as_they_are;
 
 #[path = "passes/gemm.rs"]
 mod gemm;
+
+/// Long chains, the shapes a hostile corpus sends: `Unary` (four unary ops in turn, all of
+/// which fuse), `Shared` (binary ops that each read the chain and the input, so every group has
+/// two operands) and `Alternating` (tanh and softmax in turn: nothing fuses, every node is a
+/// kernel).
+#[derive(Clone, Copy, Debug)]
+enum LongChain {
+    Unary,
+    Shared,
+    Alternating,
+}
+
+fn long_chain(n: usize, kind: LongChain) -> Graph {
+    let mut g = Graph::new("long_chain");
+    let x = g.input("x", DType::F32, &[4]).unwrap();
+    let mut prev = x;
+    for i in 0..n {
+        prev = match kind {
+            LongChain::Unary => match i % 4 {
+                0 => g.neg(prev),
+                1 => g.tanh(prev),
+                2 => g.abs(prev),
+                _ => g.sigmoid(prev),
+            },
+            LongChain::Shared if i % 2 == 0 => g.add(prev, x),
+            LongChain::Shared => g.mul(prev, x),
+            LongChain::Alternating if i % 2 == 0 => g.tanh(prev),
+            LongChain::Alternating => g.softmax(prev, -1),
+        }
+        .unwrap();
+    }
+    g.add_output(prev).unwrap();
+    g
+}
+
+/// Node visits (`ir::work`) of the default pipeline and of codegen for gfx90a on a chain.
+fn chain_visits(n: usize, kind: LongChain) -> u64 {
+    use rocmforge::arch::Target;
+    use rocmforge::ir::work::node_visits;
+    let g = long_chain(n, kind);
+    let before = node_visits();
+    let (fused, _) = optimize(&g).unwrap();
+    rocmforge::codegen::generate(&fused, &Target::parse("gfx90a").unwrap()).unwrap();
+    node_visits() - before
+}
+
+// Work, not time: ten times the nodes must cost about ten times the node visits (a pass that
+// rescans the graph per node or per rewrite costs a hundred times), and a bounded number per
+// node. 10k and 100k nodes keep the quadratic case's count far from the linear one's.
+#[test]
+fn passes_and_codegen_do_linear_work_on_long_chains() {
+    for kind in [LongChain::Unary, LongChain::Shared, LongChain::Alternating] {
+        let small = chain_visits(10_000, kind);
+        let large = chain_visits(100_000, kind);
+        let ratio = large as f64 / small as f64;
+        assert!(
+            (9.0..=11.0).contains(&ratio),
+            "{kind:?}: 10k nodes {small} visits, 100k nodes {large} visits (×{ratio:.2})"
+        );
+        let per_node = large / 100_000;
+        assert!(per_node <= 400, "{kind:?}: {per_node} visits per node");
+    }
+}
+
+// A chain of 200k unary ops fuses into groups of exactly `MAX_OPS` ops (the last one shorter),
+// in order, and the fused graph computes what the chain computes, bit for bit (the interpreter
+// applies the same f32 ops in the same order either way).
+#[test]
+fn a_200k_node_chain_fuses_into_full_groups_and_computes_the_same() {
+    use rocmforge::ir::expr::MAX_OPS;
+    let n = 200_000;
+    let g = long_chain(n, LongChain::Unary);
+    let (fused, _) = optimize(&g).unwrap();
+    let sizes: Vec<usize> = fused
+        .node_ids()
+        .filter_map(|id| match fused.op(id) {
+            Op::FusedElementwise(e) => Some(e.op_count()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sizes.len(), n.div_ceil(MAX_OPS));
+    assert_eq!(sizes.iter().sum::<usize>(), n);
+    assert!(sizes.iter().filter(|&&s| s != MAX_OPS).count() <= 1);
+    assert_eq!(fused.node_count(), sizes.len() + 1);
+    let b = Bindings::random(&g, 5);
+    assert_eq!(run(&g, &b).unwrap(), run(&fused, &b).unwrap());
+}

@@ -2,7 +2,6 @@
 
 use half::{bf16, f16};
 
-use super::scalar;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -57,15 +56,6 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
             DType::Bool => 1,
-        }
-    }
-
-    /// An f32 stored to this dtype, read back as an f32: floats round (`ir::scalar`), integer
-    /// and bool dtypes convert as a cast does (truncate, saturate, NaN → 0; bool is non-zero).
-    pub fn round_f32(self, v: f32) -> f32 {
-        match scalar::cast_float(v, self) {
-            scalar::Element::Float(f) => f,
-            scalar::Element::Int(i) => i as f32,
         }
     }
 

@@ -12,10 +12,9 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::infer::{infer, InferError};
-use super::op::{parse_number, BinaryOp, Op, UnaryOp};
-use super::scalar;
-use super::{DType, TensorType};
+use super::dtype::DType;
+use super::scalar::{self, parse_number};
+use super::values::{BinaryOp, UnaryOp};
 
 /// The most ops one fused expression may apply.
 pub const MAX_OPS: usize = 64;
@@ -92,45 +91,12 @@ impl Expr {
         Ok(())
     }
 
-    /// The op this expression node applies, for typing through `infer`.
-    fn op(&self) -> Option<Op> {
-        match self {
-            Expr::Input(_) | Expr::Const(..) => None,
-            Expr::Unary(u, _) => Some(Op::Unary(*u)),
-            Expr::Binary(b, ..) => Some(Op::Binary(*b)),
-            Expr::Where(..) => Some(Op::Where),
-            Expr::Cast(to, _) => Some(Op::Cast { to: *to }),
-        }
-    }
-
     pub fn children(&self) -> Vec<&Expr> {
         match self {
             Expr::Input(_) | Expr::Const(..) => vec![],
             Expr::Unary(_, a) | Expr::Cast(_, a) => vec![a],
             Expr::Binary(_, a, b) => vec![a, b],
             Expr::Where(c, a, b) => vec![c, a, b],
-        }
-    }
-
-    /// The type of this expression over operands of types `ins`.
-    pub fn ty(&self, ins: &[&TensorType]) -> Result<TensorType, InferError> {
-        match self {
-            Expr::Input(i) => ins.get(*i).map(|t| (*t).clone()).ok_or_else(|| {
-                InferError::Attribute(format!(
-                    "expression reads ${i}, but the node has {} operands",
-                    ins.len()
-                ))
-            }),
-            Expr::Const(_, dt) => Ok(TensorType::new(*dt, vec![])),
-            _ => {
-                let kids = self
-                    .children()
-                    .into_iter()
-                    .map(|c| c.ty(ins))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let refs: Vec<&TensorType> = kids.iter().collect();
-                infer(&self.op().expect("interior node"), &refs)
-            }
         }
     }
 
@@ -157,18 +123,7 @@ impl Expr {
         match self {
             Expr::Input(i) => Value::String(format!("${i}")),
             Expr::Const(v, dt) => {
-                let num = if v.is_finite() {
-                    serde_json::Number::from_f64(*v)
-                        .map(Value::Number)
-                        .unwrap_or(Value::Null)
-                } else if v.is_nan() {
-                    Value::String("nan".into())
-                } else if *v > 0.0 {
-                    Value::String("inf".into())
-                } else {
-                    Value::String("-inf".into())
-                };
-                serde_json::json!({"const": num, "dtype": dt.name()})
+                serde_json::json!({"const": scalar::number_value(*v), "dtype": dt.name()})
             }
             Expr::Unary(u, a) => Value::Array(vec![u.name().into(), a.to_json()]),
             Expr::Binary(b, x, y) => Value::Array(vec![b.name().into(), x.to_json(), y.to_json()]),

@@ -16,10 +16,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::NodeIndexable;
 
+use super::error::GraphError;
 use super::infer::{infer, InferError};
-use super::op::{Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
-use super::quant::QuantScheme;
-use super::{DType, GraphError, Shape, TensorType};
+use super::op::Op;
+use super::shape::TensorType;
+use super::work;
 
 pub type NodeId = NodeIndex<u32>;
 
@@ -138,10 +139,12 @@ impl Graph {
     // ---- reading -------------------------------------------------------------------------
 
     pub fn node(&self, id: NodeId) -> &Node {
+        work::visit(1);
         &self.g[id].node
     }
 
     pub fn try_node(&self, id: NodeId) -> Result<&Node, GraphError> {
+        work::visit(1);
         self.g
             .node_weight(id)
             .map(|s| &s.node)
@@ -153,10 +156,12 @@ impl Graph {
     }
 
     pub fn ty(&self, id: NodeId) -> &TensorType {
+        work::visit(1);
         &self.g[id].node.ty
     }
 
     pub fn op(&self, id: NodeId) -> &Op {
+        work::visit(1);
         &self.g[id].node.op
     }
 
@@ -169,7 +174,7 @@ impl Graph {
     }
 
     pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.g.node_indices()
+        self.g.node_indices().inspect(|_| work::visit(1))
     }
 
     pub fn outputs(&self) -> &[NodeId] {
@@ -178,11 +183,13 @@ impl Graph {
 
     /// Operands of `id` in slot order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        work::visit(1);
         self.g[id].operands.clone()
     }
 
     /// Distinct consumers of `id` (a node using it twice is listed once), in id order.
     pub fn consumers(&self, id: NodeId) -> Vec<NodeId> {
+        work::visit(1);
         let mut out: Vec<NodeId> = self.g[id].users.keys().copied().collect();
         out.sort_unstable();
         out
@@ -190,6 +197,7 @@ impl Graph {
 
     /// How many uses `id` has: operand slots that read it, plus one per graph output it is.
     pub fn use_count(&self, id: NodeId) -> usize {
+        work::visit(1);
         self.g[id].reads + self.output_uses.get(&id).copied().unwrap_or(0)
     }
 
@@ -200,6 +208,30 @@ impl Graph {
     /// Nodes in a topological order that keeps insertion order wherever the edges allow, so
     /// dumps read in the order a graph was written.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, GraphError> {
+        // Where every operand has a smaller index than its reader (a graph built or loaded in
+        // order, before a pass reuses a freed slot), index order is the order the heap below
+        // would give: the smallest node not yet ordered has all its operands ordered, so it is
+        // the smallest ready one. Checking that costs one look per operand and no heap; the
+        // passes and validation sort a million-node graph twenty-odd times.
+        let mut ids = Vec::with_capacity(self.g.node_count());
+        let mut in_index_order = true;
+        for n in self.g.node_indices() {
+            // A dangling operand (a removed node) also takes the path below, which names it.
+            if self.g[n]
+                .operands
+                .iter()
+                .any(|&o| o >= n || !self.g.contains_node(o))
+            {
+                in_index_order = false;
+                break;
+            }
+            ids.push(n);
+        }
+        if in_index_order {
+            work::visit(ids.len() as u64);
+            return Ok(ids);
+        }
+        drop(ids);
         // Operands not yet ordered, by node index (vacant slots are never read).
         let mut indeg = vec![0usize; self.g.node_bound()];
         let mut ready: BinaryHeap<Reverse<NodeId>> = BinaryHeap::new();
@@ -219,6 +251,7 @@ impl Graph {
         }
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(Reverse(n)) = ready.pop() {
+            work::visit(1);
             order.push(n);
             for (&user, slots) in &self.g[n].users {
                 let d = &mut indeg[user.index()];
@@ -508,345 +541,4 @@ impl Graph {
         }
         Some(slot.node)
     }
-
-    // ---- builder sugar -------------------------------------------------------------------
-
-    pub fn input(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Input {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-            sample: Sample::Normal,
-        };
-        self.add_node(Some(name), op, &[])
-    }
-
-    pub fn input_sampled(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-        sample: Sample,
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Input {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-            sample,
-        };
-        self.add_node(Some(name), op, &[])
-    }
-
-    pub fn weight(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-    ) -> Result<NodeId, GraphError> {
-        self.weight_init(name, dtype, shape, Init::Normal)
-    }
-
-    pub fn weight_init(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-        init: Init,
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Weight {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-            init,
-            quant: None,
-        };
-        self.add_node(Some(name), op, &[])
-    }
-
-    /// A weight stored as blocks of `scheme` whose value is `[rows.., K]` of `dtype`: the
-    /// matrix of a GGUF tensor `ne0 = K, ne1 = N` is `[N, K]`, read as `x · Wᵀ`.
-    pub fn weight_quant(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-        scheme: QuantScheme,
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Weight {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-            init: Init::Normal,
-            quant: Some(scheme),
-        };
-        self.add_node(Some(name), op, &[])
-    }
-
-    /// A persistent state named `name` (a KV cache), kept by a session across runs.
-    pub fn state(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[usize],
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::State {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-        };
-        self.add_node(Some(name), op, &[])
-    }
-
-    /// `state` with `values` written at `start` (one i32) along `axis`; the state's next value.
-    pub fn cache_write(
-        &mut self,
-        state: NodeId,
-        values: NodeId,
-        start: NodeId,
-        axis: i64,
-    ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::CacheWrite { axis }, &[state, values, start])
-    }
-
-    pub fn argmax(&mut self, x: NodeId, axis: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::ArgMax { axis }, &[x])
-    }
-
-    pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<NodeId, GraphError> {
-        self.constant(dtype, &[], vec![value])
-    }
-
-    pub fn constant(
-        &mut self,
-        dtype: DType,
-        shape: &[usize],
-        values: Vec<f64>,
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Constant {
-            dtype,
-            shape: Shape::new(shape.to_vec()),
-            values,
-        };
-        self.add_op(op, &[])
-    }
-
-    pub fn causal_mask(&mut self, sq: usize, sk: usize, offset: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::CausalMask { sq, sk, offset }, &[])
-    }
-
-    pub fn reshape(&mut self, x: NodeId, shape: &[i64]) -> Result<NodeId, GraphError> {
-        self.add_op(
-            Op::Reshape {
-                shape: shape.to_vec(),
-            },
-            &[x],
-        )
-    }
-
-    pub fn permute(&mut self, x: NodeId, perm: &[usize]) -> Result<NodeId, GraphError> {
-        self.add_op(
-            Op::Permute {
-                perm: perm.to_vec(),
-            },
-            &[x],
-        )
-    }
-
-    /// Swaps the last two axes.
-    pub fn transpose_last(&mut self, x: NodeId) -> Result<NodeId, GraphError> {
-        let r = self.try_node(x)?.ty.shape.rank();
-        let mut perm: Vec<usize> = (0..r).collect();
-        if r >= 2 {
-            perm.swap(r - 1, r - 2);
-        }
-        self.permute(x, &perm)
-    }
-
-    pub fn expand(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId, GraphError> {
-        self.add_op(
-            Op::Expand {
-                shape: shape.to_vec(),
-            },
-            &[x],
-        )
-    }
-
-    pub fn concat(&mut self, xs: &[NodeId], axis: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Concat { axis }, xs)
-    }
-
-    pub fn slice(
-        &mut self,
-        x: NodeId,
-        axis: i64,
-        start: i64,
-        end: i64,
-    ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Slice { axis, start, end }, &[x])
-    }
-
-    pub fn gather(&mut self, table: NodeId, indices: NodeId) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Gather, &[table, indices])
-    }
-
-    pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Binary(op), &[a, b])
-    }
-
-    pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Unary(op), &[x])
-    }
-
-    pub fn where_(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Where, &[cond, a, b])
-    }
-
-    pub fn cast(&mut self, x: NodeId, to: DType) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Cast { to }, &[x])
-    }
-
-    pub fn reduce(
-        &mut self,
-        op: ReduceOp,
-        x: NodeId,
-        axes: &[i64],
-        keepdim: bool,
-    ) -> Result<NodeId, GraphError> {
-        let op = Op::Reduce {
-            op,
-            axes: axes.to_vec(),
-            keepdim,
-        };
-        self.add_op(op, &[x])
-    }
-
-    pub fn softmax(&mut self, x: NodeId, axis: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Softmax { axis }, &[x])
-    }
-
-    pub fn layer_norm(
-        &mut self,
-        x: NodeId,
-        w: NodeId,
-        b: NodeId,
-        eps: f64,
-    ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::LayerNorm { eps }, &[x, w, b])
-    }
-
-    pub fn rms_norm(&mut self, x: NodeId, w: NodeId, eps: f64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::RmsNorm { eps }, &[x, w])
-    }
-
-    pub fn rope(&mut self, x: NodeId, theta: f64, offset: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Rope { theta, offset }, &[x])
-    }
-
-    /// Rope at the positions `positions` holds (i32 `[S]`).
-    pub fn rope_at(
-        &mut self,
-        x: NodeId,
-        positions: NodeId,
-        theta: f64,
-    ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Rope { theta, offset: 0 }, &[x, positions])
-    }
-
-    pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {
-        self.add_op(Op::MatMul, &[a, b])
-    }
-
-    /// A Gemm reading `a` and `b` (then `extras`, the epilogue's operands) through the views
-    /// in `gemm` (see `ir::gemm`).
-    pub fn gemm(
-        &mut self,
-        gemm: crate::ir::Gemm,
-        a: NodeId,
-        b: NodeId,
-        extras: &[NodeId],
-    ) -> Result<NodeId, GraphError> {
-        let mut operands = vec![a, b];
-        operands.extend_from_slice(extras);
-        self.add_op(Op::Gemm(Box::new(gemm)), &operands)
-    }
-
-    /// FlashAttention; the mask kind follows the mask operand's dtype.
-    pub fn flash_attention(
-        &mut self,
-        q: NodeId,
-        k: NodeId,
-        v: NodeId,
-        mask: Option<NodeId>,
-        scale: f64,
-        causal: Option<i64>,
-    ) -> Result<NodeId, GraphError> {
-        let mask_kind = match mask {
-            None => MaskKind::None,
-            Some(m) if self.try_node(m)?.ty.dtype == DType::Bool => MaskKind::Boolean,
-            Some(_) => MaskKind::Additive,
-        };
-        let att = Attention {
-            scale,
-            causal: causal.is_some(),
-            causal_offset: causal.unwrap_or(0),
-            mask: mask_kind,
-            kv_len: false,
-        };
-        let mut operands = vec![q, k, v];
-        operands.extend(mask);
-        self.add_op(Op::FlashAttention(att), &operands)
-    }
-
-    /// FlashAttention over the first `kv_len` keys (i32 `[1]` or `[B]`), causal with the
-    /// queries the last Sq of those positions when `causal`.
-    pub fn flash_attention_len(
-        &mut self,
-        (q, k, v): (NodeId, NodeId, NodeId),
-        kv_len: NodeId,
-        scale: f64,
-        causal: bool,
-    ) -> Result<NodeId, GraphError> {
-        let att = Attention {
-            scale,
-            causal,
-            causal_offset: 0,
-            mask: MaskKind::None,
-            kv_len: true,
-        };
-        self.add_op(Op::FlashAttention(att), &[q, k, v, kv_len])
-    }
 }
-
-macro_rules! binary_builders {
-    ($($fn_name:ident => $variant:ident),* $(,)?) => {
-        impl Graph {
-            $(
-                pub fn $fn_name(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {
-                    self.binary(BinaryOp::$variant, a, b)
-                }
-            )*
-        }
-    };
-}
-
-macro_rules! unary_builders {
-    ($($fn_name:ident => $variant:ident),* $(,)?) => {
-        impl Graph {
-            $(
-                pub fn $fn_name(&mut self, x: NodeId) -> Result<NodeId, GraphError> {
-                    self.unary(UnaryOp::$variant, x)
-                }
-            )*
-        }
-    };
-}
-
-binary_builders!(
-    add => Add, sub => Sub, mul => Mul, div => Div, pow => Pow, maximum => Maximum,
-    minimum => Minimum, equal => Equal, less => Less, greater => Greater,
-);
-
-unary_builders!(
-    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, recip => Recip,
-    tanh => Tanh, erf => Erf, sigmoid => Sigmoid, silu => Silu, gelu => Gelu, gelu_tanh => GeluTanh,
-);

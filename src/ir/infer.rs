@@ -1,10 +1,13 @@
 //! The shape and dtype rule of every op: given the operand types, the result type or why there
 //! is none.
 
+use super::dtype::DType;
+use super::expr::Expr;
 use super::gemm::Gemm;
-use super::op::{Attention, BinaryOp, Init, MaskKind, Op};
+use super::op::Op;
 use super::scalar::check_constant;
-use super::{normalize_axis, DType, Shape, TensorType};
+use super::shape::{normalize_axis, Shape, TensorType};
+use super::values::{Attention, BinaryOp, Init, MaskKind};
 
 /// Why an op cannot be applied to its operands. The graph wraps it with the node's name.
 #[derive(Debug, Clone, PartialEq)]
@@ -596,4 +599,41 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
 
 fn dims4(t: &TensorType) -> [usize; 4] {
     [t.shape.0[0], t.shape.0[1], t.shape.0[2], t.shape.0[3]]
+}
+
+// Typing a fused expression applies each of its ops' own shape rule (`infer`), so it lives here
+// rather than in `expr.rs`: `op` holds `Expr`, and `expr` stays below `op` and `infer`.
+impl Expr {
+    /// The op this expression node applies, for typing through `infer`.
+    fn op(&self) -> Option<Op> {
+        match self {
+            Expr::Input(_) | Expr::Const(..) => None,
+            Expr::Unary(u, _) => Some(Op::Unary(*u)),
+            Expr::Binary(b, ..) => Some(Op::Binary(*b)),
+            Expr::Where(..) => Some(Op::Where),
+            Expr::Cast(to, _) => Some(Op::Cast { to: *to }),
+        }
+    }
+
+    /// The type of this expression over operands of types `ins`.
+    pub fn ty(&self, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+        match self {
+            Expr::Input(i) => ins.get(*i).map(|t| (*t).clone()).ok_or_else(|| {
+                InferError::Attribute(format!(
+                    "expression reads ${i}, but the node has {} operands",
+                    ins.len()
+                ))
+            }),
+            Expr::Const(_, dt) => Ok(TensorType::new(*dt, vec![])),
+            _ => {
+                let kids = self
+                    .children()
+                    .into_iter()
+                    .map(|c| c.ty(ins))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let refs: Vec<&TensorType> = kids.iter().collect();
+                infer(&self.op().expect("interior node"), &refs)
+            }
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! The intermediate representation: an op DAG over static tensor types.
 
+mod attrs;
+mod builders;
 mod dot;
 mod dtype;
 mod error;
@@ -17,6 +19,8 @@ mod random;
 pub mod scalar;
 mod shape;
 mod tensor;
+mod values;
+pub mod work;
 
 pub use dot::to_dot;
 pub use dtype::DType;
@@ -27,12 +31,13 @@ pub use gemm::{Gemm, GemmDims, View};
 pub use graph::{Graph, Node, NodeId, NodeIdHasher, NodeMap, NodeSet};
 pub use hash::{fnv1a, fnv1a_128_hex, Fnv1a};
 pub use infer::{infer, InferError};
-pub use op::{Arity, Attention, BinaryOp, Init, MaskKind, Op, ReduceOp, Sample, UnaryOp};
+pub use op::{Arity, Op, OpKind};
 pub use printer::{node_line, to_text};
 pub use quant::{random_quant, QuantError, QuantScheme, QuantTensor};
 pub use random::{random_input, random_weight, seeded_rng};
 pub use scalar::Element;
 pub use shape::{normalize_axis, Shape, TensorType};
 pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
+pub use values::{Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
 
 pub(crate) use infer::{reduce_axes, slice_bounds};

@@ -6,10 +6,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use super::op::{Init, Sample};
+use super::dtype::DType;
 use super::scalar::{self, Element};
+use super::shape::TensorType;
 use super::tensor::check_host_size;
-use super::{DType, Tensor, TensorError, TensorType};
+use super::tensor::{Tensor, TensorError};
+use super::values::{Init, Sample};
 
 /// A generator for `(seed, name)`; FNV-1a keeps the mapping stable across Rust versions.
 pub fn seeded_rng(seed: u64, name: &str) -> ChaCha8Rng {

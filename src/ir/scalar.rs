@@ -13,7 +13,10 @@
 //! - integer to f16/bf16: to f32 first (nearest, ties to even), then to the dtype, as PyTorch does;
 //! - anything to bool: non-zero is true (NaN is true).
 
-use super::{BinaryOp, DType, UnaryOp};
+use serde_json::Value;
+
+use super::dtype::DType;
+use super::values::{BinaryOp, UnaryOp};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -276,6 +279,63 @@ pub fn select(c: Element, a: Element, b: Element) -> Element {
         a
     } else {
         b
+    }
+}
+
+// Defined here rather than in `dtype.rs` because it is a cast of this file; `dtype` stays below
+// `scalar` (no circle).
+impl DType {
+    /// An f32 stored to this dtype, read back as an f32: floats round (`round_float`), integer
+    /// and bool dtypes convert as a cast does (truncate, saturate, NaN → 0; bool is non-zero).
+    pub fn round_f32(self, v: f32) -> f32 {
+        match cast_float(v, self) {
+            Element::Float(f) => f,
+            Element::Int(i) => i as f32,
+        }
+    }
+}
+
+/// JSON has no infinities or NaN: those are written as strings.
+pub fn number_value(v: f64) -> Value {
+    if v.is_finite() {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .unwrap_or(Value::Null)
+    } else if v.is_nan() {
+        Value::String("nan".into())
+    } else if v > 0.0 {
+        Value::String("inf".into())
+    } else {
+        Value::String("-inf".into())
+    }
+}
+
+/// A constant value from a file: a number, a bool, "inf", "-inf" or "nan". Values are held as
+/// f64, so an integer the f64 cannot hold exactly (past 2^53) is refused rather than rounded.
+pub fn parse_number(v: &Value) -> Result<f64, String> {
+    match v {
+        Value::Number(n) => {
+            let exact = if let Some(i) = n.as_i64() {
+                Element::Int(i).exact_f64()
+            } else if let Some(u) = n.as_u64() {
+                // Past i64::MAX: exact only when the f64 converts back to the same integer.
+                let f = u as f64;
+                (f < 1.844_674_407_370_955_2e19 && f as u64 == u).then_some(f)
+            } else {
+                n.as_f64()
+            };
+            exact.ok_or_else(|| {
+                format!("{n} is not exactly an f64 (integer constants are exact up to 2^53)")
+            })
+        }
+        Value::Bool(b) => Ok(f64::from(u8::from(*b))),
+        Value::String(s) => match s.as_str() {
+            "inf" | "+inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            "nan" => Ok(f64::NAN),
+            _ => Err(format!("\"{s}\" is not a number")),
+        },
+        other => Err(format!("{other} is not a number")),
     }
 }
 

@@ -1,0 +1,191 @@
+//! The value types that ops carry as attributes (elementwise and reduction op kinds, sampling
+//! and init rules, attention attributes). They sit below `op`, `expr`, `scalar` and `random`,
+//! which all name them, and import only `dtype`, so none of those files imports another through
+//! them (no circle in `ir`).
+
+use serde::{Deserialize, Serialize};
+
+use super::dtype::DType;
+
+/// Declares an op family: the enum, `ALL` (every variant, in declaration order), `NAMES` (their
+/// names in files, in the same order) and `name`. One list makes all four, so a variant added to
+/// the family cannot be missing from `ALL` or from the op names (`OpKind`).
+macro_rules! op_family {
+    ($(#[$meta:meta])* $family:ident { $($(#[$vmeta:meta])* $variant:ident => $name:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $family {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $family {
+            pub const ALL: [$family; [$($name,)*].len()] = [$($family::$variant,)*];
+            pub const NAMES: [&'static str; [$($name,)*].len()] = [$($name,)*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($family::$variant => $name,)*
+                }
+            }
+
+            /// The member called `name` in files, if any.
+            pub fn from_name(name: &str) -> Option<$family> {
+                match name {
+                    $($name => Some($family::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+op_family! {
+    /// Binary elementwise ops, with numpy broadcasting.
+    BinaryOp {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        Div => "div",
+        Pow => "pow",
+        Maximum => "maximum",
+        Minimum => "minimum",
+        Equal => "equal",
+        Less => "less",
+        Greater => "greater",
+    }
+}
+
+impl BinaryOp {
+    /// Comparisons produce bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater)
+    }
+
+    /// Ops only defined on floating-point operands.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow)
+    }
+}
+
+op_family! {
+    /// Unary elementwise ops.
+    UnaryOp {
+        Neg => "neg",
+        Abs => "abs",
+        Exp => "exp",
+        Log => "log",
+        Sqrt => "sqrt",
+        Rsqrt => "rsqrt",
+        Recip => "recip",
+        Tanh => "tanh",
+        Erf => "erf",
+        Sigmoid => "sigmoid",
+        Silu => "silu",
+        /// `0.5·x·(1 + erf(x/√2))`
+        Gelu => "gelu",
+        /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+        GeluTanh => "gelu_tanh",
+    }
+}
+
+impl UnaryOp {
+    /// Ops that are also defined on integers.
+    pub fn accepts_int(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Abs)
+    }
+}
+
+op_family! {
+    /// Reductions over a list of axes.
+    ReduceOp {
+        Sum => "reduce_sum",
+        Max => "reduce_max",
+        Mean => "reduce_mean",
+    }
+}
+
+/// How random data is drawn for a graph input when the caller gives none (`rocmforge run`).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Sample {
+    /// Standard normal.
+    #[default]
+    Normal,
+    /// A 0/1 mask over the last axis: each row keeps a random prefix (at least one element).
+    PaddingMask,
+    /// Uniform integers in `[low, high)`.
+    Range { low: i64, high: i64 },
+}
+
+impl Sample {
+    /// Why this sample cannot be drawn for `dtype`: a range must be non-empty and hold only
+    /// values of the dtype (i32 ranges within i32, bool within 0..2; float ranges must be
+    /// non-empty as f64 too), so no drawn value ever wraps or leaves `[low, high)`.
+    pub fn check(&self, dtype: DType) -> Result<(), String> {
+        let Sample::Range { low, high } = *self else {
+            return Ok(());
+        };
+        if low >= high {
+            return Err(format!("the range {low}..{high} is empty"));
+        }
+        let (min, max_excl): (i128, i128) = match dtype {
+            DType::I32 => (i128::from(i32::MIN), i128::from(i32::MAX) + 1),
+            DType::Bool => (0, 2),
+            DType::I64 => (i128::from(i64::MIN), i128::from(i64::MAX) + 1),
+            DType::F32 | DType::F16 | DType::BF16 => {
+                return if (low as f64) < (high as f64) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the range {low}..{high} is empty once its bounds are floats"
+                    ))
+                };
+            }
+        };
+        if i128::from(low) < min || i128::from(high) > max_excl {
+            return Err(format!(
+                "the range {low}..{high} holds values that are not {dtype}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a weight is initialised when its data is not supplied.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Init {
+    /// Normal with standard deviation 1/√(first dim) (fan-in of an `[in, out]` matrix).
+    #[default]
+    Normal,
+    Ones,
+    Zeros,
+}
+
+/// The mask operand of a FlashAttention node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// No mask operand.
+    #[default]
+    None,
+    /// A float mask added to the scaled scores.
+    Additive,
+    /// A bool mask: false positions are excluded.
+    Boolean,
+}
+
+/// Attributes of a FlashAttention node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    /// Multiplies Q·Kᵀ before masking and softmax.
+    pub scale: f64,
+    /// Key `k` is visible from query `q` only when `k ≤ q + causal_offset`.
+    pub causal: bool,
+    pub causal_offset: i64,
+    pub mask: MaskKind,
+    /// A last operand `kv_len` (i32, one element or one per batch) gives the number of valid
+    /// keys: keys at index ≥ kv_len are invisible (never read by the kernels), and a causal
+    /// mask is offset by kv_len − Sq (the queries are the last Sq of the kv_len positions).
+    pub kv_len: bool,
+}
