@@ -76,6 +76,30 @@ impl<F> Function<F> {
             opted_in: AtomicU32::new(0),
         }
     }
+
+    /// Opts this function into `bytes` of dynamic shared memory through `set` where `bytes` is
+    /// past the default limit and past what it was opted into before; past the opt-in limit is
+    /// refused.
+    fn opt_in(
+        &self,
+        bytes: u32,
+        limits: SharedLimits,
+        set: impl FnOnce(&F, u32) -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        if bytes <= limits.default_bytes || bytes <= self.opted_in.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if bytes > limits.opt_in_bytes {
+            return Err(RuntimeError::LaunchLimit {
+                what: "dynamic shared memory bytes (opt-in)",
+                requested: u64::from(bytes),
+                limit: u64::from(limits.opt_in_bytes),
+            });
+        }
+        set(&self.f, bytes)?;
+        self.opted_in.fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
 }
 
 /// One GPU runtime. `Self` is an opened device; every operation names the stream it is
@@ -204,21 +228,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         f: &Function<Self::Function>,
         attrs: &LaunchAttrs,
     ) -> Result<(), RuntimeError> {
-        let bytes = attrs.dynamic_shared_bytes;
-        let limits = self.shared_limits();
-        if bytes <= limits.default_bytes || bytes <= f.opted_in.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        if bytes > limits.opt_in_bytes {
-            return Err(RuntimeError::LaunchLimit {
-                what: "dynamic shared memory bytes (opt-in)",
-                requested: u64::from(bytes),
-                limit: u64::from(limits.opt_in_bytes),
-            });
-        }
-        self.set_dynamic_shared(&f.f, bytes)?;
-        f.opted_in.fetch_max(bytes, Ordering::AcqRel);
-        Ok(())
+        f.opt_in(
+            attrs.dynamic_shared_bytes,
+            self.shared_limits(),
+            |f, bytes| self.set_dynamic_shared(f, bytes),
+        )
     }
 }
 
@@ -272,6 +286,44 @@ mod tests {
             block,
             attrs: LaunchAttrs::dynamic_shared(shared),
         }
+    }
+
+    #[test]
+    fn a_function_is_opted_in_once_per_size_it_grows_to() {
+        let limits = SharedLimits {
+            default_bytes: 48 << 10,
+            opt_in_bytes: 227 << 10,
+        };
+        let f = Function::new(());
+        let calls = std::cell::RefCell::new(Vec::new());
+        let set = |_: &(), b: u32| {
+            calls.borrow_mut().push(b);
+            Ok(())
+        };
+        for bytes in [
+            0,
+            48 << 10,
+            100 << 10,
+            64 << 10,
+            100 << 10,
+            227 << 10,
+            1 << 10,
+        ] {
+            f.opt_in(bytes, limits, set).unwrap();
+        }
+        assert_eq!(*calls.borrow(), vec![100 << 10, 227 << 10]);
+        match f.opt_in(228 << 10, limits, set) {
+            Err(RuntimeError::LaunchLimit {
+                requested, limit, ..
+            }) => assert_eq!((requested, limit), (228 << 10, 227 << 10)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(calls.borrow().len(), 2, "a refused size is never set");
+        // A failed attribute call leaves the function as it was, so the next launch tries again.
+        let g = Function::new(());
+        let failing = |_: &(), _: u32| Err(RuntimeError::Cuda("refused".into()));
+        assert!(g.opt_in(64 << 10, limits, failing).is_err());
+        assert_eq!(g.opted_in.load(Ordering::Acquire), 0);
     }
 
     #[test]

@@ -92,7 +92,7 @@ impl Hiprtc {
         };
         match opened {
             Ok(opened) => Hiprtc::from_library(opened.lib, &opened.name),
-            Err(OpenError::NotFound { tried }) => Err(HiprtcError::NotFound { tried }),
+            Err(e @ OpenError::NotFound { .. }) => Err(HiprtcError::NotFound { tried: e.tried() }),
             Err(OpenError::Unusable { reason }) => Err(HiprtcError::Unusable { reason }),
         }
     }

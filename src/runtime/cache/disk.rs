@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::key::{fnv1a, CacheKey};
 use crate::ir::file::{self, FileLimit};
-use crate::runtime::RuntimeError;
+use crate::runtime::error::RuntimeError;
 
 /// One cache entry on disk, as `rocmforge cache ls` shows it.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use super::disk::DiskCache;
 use super::key::CacheKey;
 use super::tuning::TuneCache;
 use crate::runtime::dispatch::LoadedKernel;
-use crate::runtime::RuntimeError;
+use crate::runtime::error::RuntimeError;
 
 type Cell = Arc<OnceLock<Result<Arc<LoadedKernel>, RuntimeError>>>;
 

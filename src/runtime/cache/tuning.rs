@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::disk::{DiskCache, EntryError, TUNING_EXT};
 use crate::arch::{Choice, Family, TuneKey, TuneProblem};
-use crate::runtime::RuntimeError;
+use crate::runtime::error::RuntimeError;
 
 /// The device a result was measured on, as the kernel cache keys it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]

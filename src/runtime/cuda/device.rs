@@ -62,19 +62,19 @@ impl CudaDevice {
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
         )
-        .map_err(|e| e.describe("libcuda"))
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&TIMING_SYMBOLS, "libcuda with event timing"));
         let graphs = libraries::open(
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
         )
-        .map_err(|e| e.describe("libcuda"))
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&GRAPH_SYMBOLS, "libcuda with graph capture"));
         let attributes = libraries::open(
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
         )
-        .map_err(|e| e.describe("libcuda"))
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes"));
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;

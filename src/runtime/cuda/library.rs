@@ -92,7 +92,11 @@ pub(super) const NVRTC_SYMBOLS: [&str; 12] = [
 pub(super) fn probe(env: &'static str, lib: &str, symbols: &[&str]) -> Result<(), String> {
     let what = format!("lib{lib}");
     let search = libraries::unique(cudarc::get_lib_name_candidates(lib));
-    let opened = libraries::open(env, &search).map_err(|e| e.describe(&what))?;
+    let (library, usual) = match lib {
+        "cuda" => ("NVIDIA driver", "libcuda.so.1"),
+        _ => ("NVRTC", "libnvrtc.so"),
+    };
+    let opened = libraries::open(env, &search).map_err(|e| e.describe(library, usual))?;
     opened.require(symbols, &what)?;
     if opened.env.is_some() {
         let ours = opened.address(symbols[0]);

@@ -142,7 +142,7 @@ impl Runtime {
             Some(p) => libraries::open_path(p),
             None => libraries::open("ROCMFORGE_HIP_LIBRARY", &search),
         }
-        .map_err(|e| e.describe("HIP runtime"))?;
+        .map_err(|e| e.describe("HIP runtime", "libamdhip64.so"))?;
         let label = opened.label();
         Runtime::bind(opened.lib, &opened.name, &label)
     }
