@@ -56,6 +56,7 @@ fn count(rt: &Runtime) -> Result<usize, String> {
         ));
     }
     let mut n = 0;
+    // SAFETY: the runtime is initialised (above); `n` is a valid out-pointer for one int.
     let code = unsafe { (rt.api.get_device_count)(&mut n) };
     if code != 0 || n <= 0 {
         return Err(format!("{}: no AMD GPU found", rt.library));
