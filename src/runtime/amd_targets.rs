@@ -24,7 +24,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 
 use libloading::Library;
 
-use super::hiprtc::HiprtcError;
+use super::rtc_error::HiprtcError;
 
 /// One processor and the target features it takes.
 #[derive(Clone, Debug, PartialEq, Eq)]

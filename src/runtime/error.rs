@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use super::hiprtc::HiprtcError;
+use super::rtc_error::HiprtcError;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum RuntimeError {

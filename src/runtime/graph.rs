@@ -6,14 +6,10 @@
 //! buffers the graph touches outlive it (CubeCL's CUDA graph keeps its buffers the same way).
 //! Nothing is allocated, uploaded or freed inside a capture: the list is bound before it.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdeviceptr, CUfunction};
-
-use super::cuda::CudaGraphExec;
-use super::device::{DeviceBuffer, LoadedKernel};
-use super::hip::HipGraphExec;
+use super::buffer::DeviceBuffer;
+use super::dispatch::{Erased, ErasedGraph, LoadedKernel};
 
 /// One kernel launch of a run: the kernel, its geometry and its buffers (one pointer parameter
 /// each, in order).
@@ -25,40 +21,18 @@ pub struct KernelLaunch {
     pub args: Vec<Arc<DeviceBuffer>>,
 }
 
-/// A launch with raw handles, per backend.
-pub(super) enum Bound {
-    Cuda {
-        f: CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        args: Vec<CUdeviceptr>,
-    },
-    Hip {
-        f: *mut c_void,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        args: Vec<*mut c_void>,
-    },
-}
-
 /// Kernel launches bound to their buffers on one device (made by [`super::Stream::bind`]):
 /// launching them again costs no lookups, no checks and no allocation, and is what a capture
 /// records.
 pub struct LaunchList {
-    pub(super) bound: Vec<Bound>,
+    /// One bound launch each, in the backend's raw handles.
+    pub(super) bound: Vec<Erased>,
     /// The device the list was bound on (its spec), checked at every launch.
     pub(super) device: String,
     /// Keep alive what the raw handles in `bound` point at.
     pub(super) _kernels: Vec<Arc<LoadedKernel>>,
     pub(super) _buffers: Vec<Arc<DeviceBuffer>>,
 }
-
-// SAFETY: the raw handles are immutable addresses of kernels and buffers this list keeps alive
-// (Arc-held above); the drivers allow launches of them from any thread.
-unsafe impl Send for LaunchList {}
-unsafe impl Sync for LaunchList {}
 
 impl LaunchList {
     pub fn len(&self) -> usize {
@@ -87,18 +61,13 @@ pub enum ReplayOff {
     Unsupported { reason: String },
 }
 
-pub(super) enum GraphInner {
-    Cuda(CudaGraphExec),
-    Hip(HipGraphExec),
-}
-
 /// A launch list captured once and replayed with one call per run. `Send`, not `Sync`: graph
 /// objects are not internally synchronised, so one thread at a time replays it.
 pub struct CapturedGraph {
     // Field order is drop order: the executable graph is destroyed before the list releases
     // the buffers it addresses (which are then freed ordered on their stream, after any replay
     // still queued there).
-    pub(super) inner: GraphInner,
+    pub(super) inner: ErasedGraph,
     pub(super) list: Arc<LaunchList>,
     /// The stream it was captured on (the only one it replays on).
     pub(super) stream: usize,

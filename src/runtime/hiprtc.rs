@@ -8,10 +8,10 @@ use std::ptr;
 use std::sync::Mutex;
 
 use libloading::Library;
-use thiserror::Error;
 
 use super::amd_targets::AmdTargets;
 use super::libraries::{self, OpenError};
+pub use super::rtc_error::HiprtcError;
 use crate::arch::{Platform, Target};
 
 /// Libraries tried in order.
@@ -21,30 +21,6 @@ pub const HIPRTC_LIBRARIES: [&str; 4] = [
     "libamdhip64.so.6",
     "libamdhip64.so.5",
 ];
-
-#[derive(Debug, Error, Clone, PartialEq)]
-pub enum HiprtcError {
-    #[error("hiprtc not found (tried {tried}); install ROCm or Debian's libamdhip64-5 and libhiprtc-builtins5")]
-    NotFound { tried: String },
-    #[error("{reason}")]
-    Unusable { reason: String },
-    #[error("{library} has no symbol {symbol}")]
-    MissingSymbol { library: String, symbol: String },
-    #[error("hiprtc cannot compile for target `{target}`: {reason}; it supports {supported}")]
-    UnsupportedTarget {
-        target: String,
-        reason: String,
-        supported: String,
-    },
-    #[error("hiprtc could not compile kernel `{kernel}` for {target}:\n{log}")]
-    Compile {
-        kernel: String,
-        target: String,
-        log: String,
-    },
-    #[error("hiprtc call {call} failed: {message}")]
-    Call { call: &'static str, message: String },
-}
 
 /// hiprtc keeps process-wide LLVM state: ROCm 5.2's aborts ("Option 'h' registered more than
 /// once") when programs compile on several threads at once. Compiles are serialised here, for
@@ -116,7 +92,7 @@ impl Hiprtc {
         };
         match opened {
             Ok(opened) => Hiprtc::from_library(opened.lib, &opened.name),
-            Err(OpenError::NotFound { tried }) => Err(HiprtcError::NotFound { tried }),
+            Err(e @ OpenError::NotFound { .. }) => Err(HiprtcError::NotFound { tried: e.tried() }),
             Err(OpenError::Unusable { reason }) => Err(HiprtcError::Unusable { reason }),
         }
     }

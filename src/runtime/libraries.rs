@@ -39,18 +39,51 @@ fn load(name: &str) -> Result<Library, String> {
 /// Why no library was opened.
 #[derive(Debug)]
 pub(crate) enum OpenError {
-    /// No name of the search loaded (each listed once, with the reason where it was not absence).
-    NotFound { tried: String },
+    /// No name of the search loaded: `absent` were not there, `failed` were and would not load
+    /// (each `name: reason`). Every name is listed once.
+    NotFound {
+        absent: Vec<String>,
+        failed: Vec<String>,
+    },
     /// The file the environment variable names cannot be used.
     Unusable { reason: String },
 }
 
 impl OpenError {
-    /// The reason in words; `what` names the library (`libcuda`, `HIP runtime`).
-    pub fn describe(self, what: &str) -> String {
+    /// The reason in one line; `what` names the library (`NVIDIA driver`, `HIP runtime`) and
+    /// `usual` the file a machine with it has (`libcuda.so.1`). Absence is the usual case on a
+    /// machine without that vendor's GPU, so the names searched are logged at debug level
+    /// (`RUST_LOG=rocmforge=debug`), not printed; a file that is there but would not load is
+    /// worth its reason in the line.
+    pub fn describe(self, what: &str, usual: &str) -> String {
         match self {
-            OpenError::NotFound { tried } => format!("no {what} found (tried {tried})"),
+            OpenError::NotFound { absent, failed } => {
+                tracing::debug!(
+                    library = what,
+                    absent = %absent.join(", "),
+                    failed = %failed.join(", "),
+                    "no library of the search loaded"
+                );
+                let mut line = format!("no {what}: {usual} not found");
+                if !failed.is_empty() {
+                    line += &format!(" (and {})", failed.join("; "));
+                }
+                line
+            }
             OpenError::Unusable { reason } => reason,
+        }
+    }
+
+    /// Every name searched, each once, with the reason where it was not absence.
+    pub fn tried(&self) -> String {
+        match self {
+            OpenError::NotFound { absent, failed } => absent
+                .iter()
+                .chain(failed)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            OpenError::Unusable { reason } => reason.clone(),
         }
     }
 }
@@ -60,7 +93,7 @@ pub(crate) fn open(env: &'static str, search: &[String]) -> Result<Opened, OpenE
     if let Some(named) = std::env::var_os(env).filter(|v| !v.is_empty()) {
         return open_named(&named, Some(env));
     }
-    let mut tried = Vec::new();
+    let (mut absent, mut failed) = (Vec::new(), Vec::new());
     for name in unique(search.iter().cloned()) {
         match load(&name) {
             Ok(lib) => {
@@ -71,13 +104,11 @@ pub(crate) fn open(env: &'static str, search: &[String]) -> Result<Opened, OpenE
                 })
             }
             // Absence is the usual case and needs no words; any other failure is worth them.
-            Err(e) if e.contains("No such file") => tried.push(name),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) if e.contains("No such file") => absent.push(name),
+            Err(e) => failed.push(format!("{name}: {e}")),
         }
     }
-    Err(OpenError::NotFound {
-        tried: tried.join(", "),
-    })
+    Err(OpenError::NotFound { absent, failed })
 }
 
 /// The library file at `path` and no other: the caller's own choice, as an environment

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::RuntimeError;
+use super::error::RuntimeError;
 
 #[derive(Debug, Default)]
 pub struct MemoryCounter {

@@ -39,7 +39,7 @@ pub struct Shim {
 /// Builds the shim with `cc`, only where `main_device` is an NVIDIA GPU: the shim needs its
 /// driver.
 pub fn build(main_device: &Device) -> Result<Shim, Unavailable> {
-    if !matches!(main_device.kind(), DeviceKind::Cuda(_)) {
+    if !matches!(main_device.kind(), DeviceKind::Cuda) {
         return Err(Unavailable::NotNvidia(format!(
             "the HIP shim runs over the CUDA driver, and {} is no NVIDIA GPU",
             main_device.label()

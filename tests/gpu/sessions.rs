@@ -47,8 +47,8 @@ fn bytes(ts: &[Tensor]) -> Vec<Vec<u8>> {
 fn own_device(device: &Device) -> Result<Device, Failed> {
     let cache = KernelCache::with_disk(None);
     let opened = match device.kind() {
-        DeviceKind::Hip(h) => {
-            let runtime = std::path::PathBuf::from(h.library());
+        DeviceKind::Hip => {
+            let runtime = std::path::PathBuf::from(device.runtime_library().unwrap_or_default());
             let nvidia = device.target().map(|t| t.platform) == Some(Platform::Nvidia);
             let libraries = HipLibraries {
                 hiprtc: nvidia.then(|| runtime.clone()),
@@ -71,7 +71,7 @@ fn own_device(device: &Device) -> Result<Device, Failed> {
 fn replay_expected(device: &Device, s: &Session<'_>) -> Result<bool, Failed> {
     match (device.kind(), s.replay_off()) {
         (_, None) => Ok(true),
-        (DeviceKind::Hip(_), Some(ReplayOff::Unsupported { reason })) => {
+        (DeviceKind::Hip, Some(ReplayOff::Unsupported { reason })) => {
             eprintln!("session: no replay on this HIP runtime: {reason}");
             Ok(false)
         }
@@ -351,7 +351,7 @@ pub fn buffers_outlive_the_graph(device: &Device) -> Result<(), Failed> {
     );
     if let Err(why) = stream.replay_support() {
         return match device.kind() {
-            DeviceKind::Hip(_) => Ok(()),
+            DeviceKind::Hip => Ok(()),
             _ => Err(format!("no replay on {}: {why}", device.label()).into()),
         };
     }

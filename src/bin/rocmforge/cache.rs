@@ -10,6 +10,7 @@ pub(crate) fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         return Err("no cache directory: set ROCMFORGE_CACHE_DIR or HOME".into());
     };
     let disk = DiskCache::new(dir.clone());
+    let mut not_removed = Vec::new();
     let skipped = match action {
         CacheAction::Ls => {
             let listing = disk.list().map_err(|e| e.to_string())?;
@@ -41,6 +42,7 @@ pub(crate) fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         CacheAction::Clear => {
             let cleared = disk.clear().map_err(|e| e.to_string())?;
             outln!("removed {} entries from {}", cleared.removed, dir.display());
+            not_removed = cleared.not_removed;
             cleared.skipped
         }
     };
@@ -52,6 +54,20 @@ pub(crate) fn cmd_cache(action: &CacheAction) -> Result<(), String> {
         for s in skipped {
             outln!("  {}  {}", file_name(&s.file), s.reason);
         }
+    }
+    // Entries `clear` meant to remove and could not: the cache is not clear, so say which and
+    // fail.
+    if !not_removed.is_empty() {
+        let lines: Vec<String> = not_removed
+            .iter()
+            .map(|n| format!("  {}  {}", n.file.display(), n.message))
+            .collect();
+        return Err(format!(
+            "could not remove {} cache entr{}:\n{}",
+            not_removed.len(),
+            if not_removed.len() == 1 { "y" } else { "ies" },
+            lines.join("\n")
+        ));
     }
     Ok(())
 }

@@ -1,248 +1,26 @@
-//! NVIDIA GPUs through cudarc (driver API and NVRTC, both loaded at run time). cudarc panics when
-//! it cannot find its libraries, so both are probed first and a missing one is a typed error.
-//! Kernels are the same HIP source as on AMD, compiled with the NVIDIA prelude.
+//! An NVIDIA GPU opened through cudarc: the device query, its launch limits, and the typed
+//! operations the [`Backend`](crate::runtime::backend::Backend) impl calls.
 
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig as CuLaunchConfig,
+    PushKernelArg,
 };
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 
-use super::libraries;
-use super::timeline::HoldWait;
-use super::RuntimeError;
+use super::graph::CudaGraphExec;
+use super::library::{
+    cuda_err, probe, ATTRIBUTE_SYMBOLS, DRIVER_SYMBOLS, GRAPH_SYMBOLS, NVRTC_SYMBOLS,
+    TIMING_SYMBOLS,
+};
+use super::nvrtc::{compile_cubin, nvrtc_archs};
 use crate::arch::LaunchLimits;
-
-fn cuda_err(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Cuda(e.to_string())
-}
-
-/// The driver entry points rocmforge's path through cudarc calls (device query, primary
-/// context, streams and events, stream-ordered memory, modules, launches). cudarc resolves each
-/// lazily and panics on one that is missing, so a library lacking any is refused up front.
-const DRIVER_SYMBOLS: [&str; 27] = [
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamWaitEvent",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-    "cuMemsetD8Async",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoHAsync_v2",
-    "cuMemcpyDtoDAsync_v2",
-    "cuModuleLoadData",
-    "cuModuleGetFunction",
-    "cuModuleUnload",
-    "cuLaunchKernel",
-];
-
-/// The driver entry points of timing a run on the device's clock (`timeline`): checked when the
-/// device opens, but only a profile needs them, so a driver without them still runs models.
-const TIMING_SYMBOLS: [&str; 3] = [
-    "cuEventSynchronize",
-    "cuEventElapsedTime_v2",
-    "cuLaunchHostFunc",
-];
-
-/// The driver entry points of graph replay (`runtime::graph`): checked when the device opens;
-/// a driver without them runs sessions with plain launches and says why.
-const GRAPH_SYMBOLS: [&str; 6] = [
-    "cuStreamBeginCapture_v2",
-    "cuStreamEndCapture",
-    "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch",
-    "cuGraphExecDestroy",
-    "cuGraphDestroy",
-];
-
-/// The NVRTC entry points compilation and the arch check call.
-const NVRTC_SYMBOLS: [&str; 12] = [
-    "nvrtcVersion",
-    "nvrtcGetNumSupportedArchs",
-    "nvrtcGetSupportedArchs",
-    "nvrtcCreateProgram",
-    "nvrtcCompileProgram",
-    "nvrtcDestroyProgram",
-    "nvrtcGetPTXSize",
-    "nvrtcGetPTX",
-    "nvrtcGetCUBINSize",
-    "nvrtcGetCUBIN",
-    "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog",
-];
-
-/// Makes sure the library cudarc will use for `lib` (`cuda`, `nvrtc`) is there and has
-/// `symbols`. `env` (`ROCMFORGE_CUDA_LIBRARY`, `ROCMFORGE_NVRTC_LIBRARY`) may name the file:
-/// cudarc cannot be told a path (it opens its own list of names), so the named file is loaded
-/// and kept loaded first, and then cudarc's own search must resolve to that very object (the
-/// dynamic loader matches a loaded library by soname); if it would load another file, the
-/// named file would not be the one used, and that is refused with the reason.
-fn probe(env: &'static str, lib: &str, symbols: &[&str]) -> Result<(), String> {
-    let what = format!("lib{lib}");
-    let search = libraries::unique(cudarc::get_lib_name_candidates(lib));
-    let opened = libraries::open(env, &search).map_err(|e| e.describe(&what))?;
-    opened.require(symbols, &what)?;
-    if opened.env.is_some() {
-        let ours = opened.address(symbols[0]);
-        let name = opened.name.clone();
-        // Kept loaded before cudarc's search runs, so the search can find it by soname.
-        opened.keep();
-        let theirs = search
-            .iter()
-            .find_map(|c| libraries::open_by_name(c).map(|o| (c, o)));
-        match theirs {
-            Some((_, o)) if o.address(symbols[0]) == ours => o.keep(),
-            Some((c, _)) => {
-                return Err(format!(
-                    "{env}={name}, but cudarc, which opens {what} by name, would load {c}, \
-                     another file; put {name}'s directory first in LD_LIBRARY_PATH instead"
-                ))
-            }
-            None => {
-                return Err(format!(
-                    "{env}={name}, but cudarc, which opens {what} by name, finds none of its \
-                     names ({}); give {name} one of them or put its directory in LD_LIBRARY_PATH",
-                    search.join(", ")
-                ))
-            }
-        }
-    } else {
-        opened.keep();
-    }
-    Ok(())
-}
-
-/// The architectures this NVRTC compiles for (`[50, 52, ..., 90]`).
-fn nvrtc_archs() -> Result<Vec<i32>, String> {
-    let mut n = 0;
-    // SAFETY: NVRTC was probed (nvrtcGetNumSupportedArchs is among NVRTC_SYMBOLS); `n` is a
-    // valid out-pointer.
-    let r = unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) };
-    if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS || !(0..=4096).contains(&n) {
-        return Err(format!("nvrtcGetNumSupportedArchs failed ({r:?})"));
-    }
-    let mut archs = vec![0; n as usize];
-    // SAFETY: `archs` holds the `n` ints NVRTC said it would write.
-    let r = unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
-    if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(format!("nvrtcGetSupportedArchs failed ({r:?})"));
-    }
-    Ok(archs)
-}
-
-/// NVRTC on its own, without a GPU or driver: how `--emit bundle` makes PTX for an `sm_*` target
-/// on any machine that has the library. Returns NVRTC's version, or why it cannot be used.
-pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
-    probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(|reason| {
-        RuntimeError::NoCompiler {
-            what: "NVRTC",
-            reason,
-        }
-    })?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: libnvrtc was probed just above (nvrtcVersion is among NVRTC_SYMBOLS); both
-    // out-pointers are valid.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    Ok((major, minor))
-}
-
-/// Compiles HIP source (with the NVIDIA prelude) to PTX for `arch` (`sm_90`, `sm_90a`). NVRTC
-/// must have been probed ([`nvrtc_version`], or a device opened).
-pub fn compile_ptx(
-    source: &str,
-    entry: &str,
-    arch: &str,
-    options: &[String],
-) -> Result<Vec<u8>, RuntimeError> {
-    let opts = CompileOptions {
-        arch: Some(Box::leak(arch.to_string().into_boxed_str())),
-        options: options.to_vec(),
-        ..Default::default()
-    };
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| RuntimeError::Nvrtc {
-            kernel: entry.to_string(),
-            target: arch.to_string(),
-            log: e.to_string(),
-        })?;
-    Ok(ptx.to_src().into_bytes())
-}
-
-/// Compiles HIP source (with the NVIDIA prelude) to machine code (CUBIN) for the real
-/// architecture `arch` (`sm_90`): loading it costs the driver no JIT, so a kernel read from the
-/// disk cache is ready at once (PTX would be compiled again by the driver at every load).
-pub fn compile_cubin(
-    source: &str,
-    entry: &str,
-    arch: &str,
-    options: &[String],
-) -> Result<Vec<u8>, RuntimeError> {
-    use cudarc::nvrtc::{result, sys};
-    use std::ffi::{c_char, CStr, CString};
-    let failed = |log: String| RuntimeError::Nvrtc {
-        kernel: entry.to_string(),
-        target: arch.to_string(),
-        log,
-    };
-    let src = CString::new(source).map_err(|_| failed("the source holds a NUL byte".into()))?;
-    let prog = result::create_program(&src, None).map_err(|e| failed(e.to_string()))?;
-    let mut opts = vec![format!("--gpu-architecture={arch}")];
-    opts.extend(options.iter().cloned());
-    // SAFETY: `prog` was created just above and is destroyed once, below; the options are
-    // NUL-free strings (ours).
-    let compiled = unsafe { result::compile_program(prog, &opts) };
-    let out = match compiled {
-        Err(e) => {
-            // SAFETY: `prog` is valid; the log is a NUL-terminated buffer NVRTC filled.
-            let log = unsafe { result::get_program_log(prog) }
-                .map(|l| {
-                    unsafe { CStr::from_ptr(l.as_ptr()) }
-                        .to_string_lossy()
-                        .into_owned()
-                })
-                .unwrap_or_default();
-            Err(failed(format!("{e}: {log}")))
-        }
-        Ok(()) => {
-            let mut size = 0usize;
-            // SAFETY: `prog` compiled; `size` is a valid out-pointer.
-            let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
-            if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-                Err(failed(format!(
-                    "nvrtcGetCUBINSize: {r:?} (is {arch} a real architecture?)"
-                )))
-            } else {
-                let mut cubin = vec![0u8; size];
-                // SAFETY: `cubin` holds the `size` bytes NVRTC said it would write.
-                let r = unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>()) };
-                if r == sys::nvrtcResult::NVRTC_SUCCESS {
-                    Ok(cubin)
-                } else {
-                    Err(failed(format!("nvrtcGetCUBIN: {r:?}")))
-                }
-            }
-        }
-    };
-    // SAFETY: created above, destroyed once.
-    unsafe { result::destroy_program(prog) }.ok();
-    out
-}
+use crate::runtime::backend::{LaunchConfig, SharedLimits};
+use crate::runtime::error::RuntimeError;
+use crate::runtime::hold::HoldWait;
+use crate::runtime::libraries;
 
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -257,6 +35,11 @@ pub struct CudaDevice {
     timing: Result<(), String>,
     /// Whether the driver has [`GRAPH_SYMBOLS`], else why not.
     graphs: Result<(), String>,
+    /// Whether the driver has [`ATTRIBUTE_SYMBOLS`] (the dynamic shared memory opt-in), else
+    /// why not.
+    attributes: Result<(), String>,
+    /// Queried at the first launch.
+    shared: OnceLock<SharedLimits>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -279,14 +62,20 @@ impl CudaDevice {
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
         )
-        .map_err(|e| e.describe("libcuda"))
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&TIMING_SYMBOLS, "libcuda with event timing"));
         let graphs = libraries::open(
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
         )
-        .map_err(|e| e.describe("libcuda"))
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&GRAPH_SYMBOLS, "libcuda with graph capture"));
+        let attributes = libraries::open(
+            "ROCMFORGE_CUDA_LIBRARY",
+            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+        )
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
+        .and_then(|o| o.require(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes"));
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
         if usize::try_from(count).map_or(true, |c| ordinal >= c) {
@@ -322,6 +111,8 @@ impl CudaDevice {
             limits: OnceLock::new(),
             timing,
             graphs,
+            attributes,
+            shared: OnceLock::new(),
         })
     }
 
@@ -360,6 +151,41 @@ impl CudaDevice {
                 ),
             }
         })
+    }
+
+    /// Shared memory per block: the default, and what a kernel may opt into (the larger of the
+    /// two the driver answers; without an answer, the default alone).
+    pub(super) fn shared_limits(&self) -> SharedLimits {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        *self.shared.get_or_init(|| {
+            let default_bytes = self.launch_limits().shared_bytes;
+            let opt_in = self
+                .ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .ok()
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|_| self.attributes.is_ok())
+                .unwrap_or(0);
+            SharedLimits {
+                default_bytes,
+                opt_in_bytes: opt_in.max(default_bytes),
+            }
+        })
+    }
+
+    /// Lets `f` use up to `bytes` of dynamic shared memory
+    /// (`cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`).
+    pub(super) fn set_dynamic_shared(
+        &self,
+        f: &CudaFunction,
+        bytes: u32,
+    ) -> Result<(), RuntimeError> {
+        use cudarc::driver::sys::CUfunction_attribute as F;
+        self.attributes.clone().map_err(RuntimeError::Cuda)?;
+        let value = i32::try_from(bytes).map_err(cuda_err)?;
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        f.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value)
+            .map_err(cuda_err)
     }
 
     /// Compiles a kernel to PTX for this device's arch.
@@ -432,19 +258,18 @@ impl CudaDevice {
         &self,
         stream: &Arc<CudaStream>,
         f: &CudaFunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
+        config: &LaunchConfig,
         args: &[&CudaSlice<u8>],
     ) -> Result<(), RuntimeError> {
         let mut b = stream.launch_builder(f);
         for a in args {
             b.arg(*a);
         }
-        let cfg = LaunchConfig {
+        let (grid, block) = (config.grid, config.block);
+        let cfg = CuLaunchConfig {
             grid_dim: (grid[0], grid[1], grid[2]),
             block_dim: (block[0], block[1], block[2]),
-            shared_mem_bytes: shared,
+            shared_mem_bytes: config.attrs.dynamic_shared_bytes,
         };
         // SAFETY: every kernel takes exactly one device pointer per binding, in binding order,
         // and each buffer holds the element count its type says (checked when planned).
@@ -565,16 +390,14 @@ impl CudaDevice {
 
     /// Launches `f` with the device addresses `args` (one pointer parameter each), bypassing
     /// cudarc's event tracking (see above).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_raw(
         &self,
         stream: &CudaStream,
         f: sys::CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
+        config: &LaunchConfig,
         args: &[sys::CUdeviceptr],
     ) -> Result<(), RuntimeError> {
+        let (grid, block) = (config.grid, config.block);
         self.ctx.bind_to_thread().map_err(cuda_err)?;
         let mut ptrs: Vec<sys::CUdeviceptr> = args.to_vec();
         let mut params: Vec<*mut std::ffi::c_void> = ptrs
@@ -593,7 +416,7 @@ impl CudaDevice {
                 block[0],
                 block[1],
                 block[2],
-                shared,
+                config.attrs.dynamic_shared_bytes,
                 stream.cu_stream(),
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
@@ -613,7 +436,7 @@ impl CudaDevice {
     pub(super) fn capture(
         &self,
         stream: &Arc<CudaStream>,
-        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+        enqueue: &mut dyn FnMut() -> Result<(), RuntimeError>,
     ) -> Result<CudaGraphExec, RuntimeError> {
         self.graphs.clone().map_err(RuntimeError::Cuda)?;
         self.ctx.bind_to_thread().map_err(cuda_err)?;
@@ -656,42 +479,6 @@ impl CudaDevice {
             graph,
             exec,
         })
-    }
-}
-
-/// A captured CUDA graph and its executable form, destroyed together on drop.
-pub struct CudaGraphExec {
-    /// Keeps the context alive for the destroy calls.
-    stream: Arc<CudaStream>,
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
-}
-
-// SAFETY: the handles may move to another thread (the driver's graph objects are not tied to
-// one); the type is not `Sync`, so no two threads use them at once (graph objects are not
-// internally synchronised), and they are destroyed once, on drop.
-unsafe impl Send for CudaGraphExec {}
-
-impl CudaGraphExec {
-    /// Enqueues one replay on `stream`.
-    pub(super) fn launch(&self, stream: &CudaStream) -> Result<(), RuntimeError> {
-        self.stream.context().bind_to_thread().map_err(cuda_err)?;
-        // SAFETY: the executable graph is live; the stream belongs to the same context.
-        unsafe { sys::cuGraphLaunch(self.exec, stream.cu_stream()) }
-            .result()
-            .map_err(cuda_err)
-    }
-}
-
-impl Drop for CudaGraphExec {
-    fn drop(&mut self) {
-        let _ = self.stream.context().bind_to_thread();
-        // SAFETY: both handles were made by `capture` and are destroyed once, here; a replay
-        // still queued keeps its resources until it completes (the driver's rule).
-        unsafe {
-            sys::cuGraphExecDestroy(self.exec);
-            sys::cuGraphDestroy(self.graph);
-        }
     }
 }
 

@@ -12,9 +12,9 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::cache::{DiskCache, EntryError, TUNING_EXT};
-use super::RuntimeError;
+use super::disk::{DiskCache, EntryError, TUNING_EXT};
 use crate::arch::{Choice, Family, TuneKey, TuneProblem};
+use crate::runtime::error::RuntimeError;
 
 /// The device a result was measured on, as the kernel cache keys it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -22,7 +22,7 @@ pub struct TuneDevice {
     /// Full arch name with features (`gfx90a:sramecc+:xnack-`, `sm_90`).
     pub arch: String,
     pub wave_size: u32,
-    /// Compiler and driver versions ([`Device::toolchain`](super::Device::toolchain)).
+    /// Compiler and driver versions ([`Device::toolchain`](crate::runtime::Device::toolchain)).
     pub toolchain: String,
 }
 
@@ -162,7 +162,7 @@ impl TuneCache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cache::EntryKind;
+    use super::super::disk::EntryKind;
     use super::*;
     use crate::ir::DType;
 

@@ -1,130 +1,14 @@
-//! The per-device kernel cache. In memory, a key is compiled at most once even when many threads
-//! ask for it at the same time (the first caller compiles, the others wait on the same cell). On
-//! disk, entries are written atomically (temporary file, then rename) with a checksum; a corrupt
-//! or truncated entry is recompiled, never loaded.
+//! The on-disk store: entries written atomically (temporary file, then rename) with a checksum;
+//! a corrupt or truncated entry is recompiled, never loaded. Kernels (`*.bin`) and tuning
+//! results (`*.tune`) share it.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 
-use super::device::LoadedKernel;
-use super::tune_cache::TuneCache;
-use super::RuntimeError;
+use super::key::CacheKey;
 use crate::ir::file::{self, FileLimit};
-
-/// Everything that changes a compiled binary.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct CacheKey {
-    /// Full arch name with features (`gfx90a:sramecc+:xnack-`, `sm_90`).
-    pub arch: String,
-    pub wave_size: u32,
-    /// Compiler and driver versions.
-    pub toolchain: String,
-    pub options: Vec<String>,
-    pub entry: String,
-    pub source: String,
-}
-
-impl CacheKey {
-    /// A stable 128-bit digest of the key, rocmforge's version included.
-    pub fn digest(&self) -> String {
-        let text = format!(
-            "rocmforge {}\n{}\n{}\n{}\n{}\n{}\n{}",
-            env!("CARGO_PKG_VERSION"),
-            self.arch,
-            self.wave_size,
-            self.toolchain,
-            self.options.join(" "),
-            self.entry,
-            self.source
-        );
-        crate::ir::fnv1a_128_hex(text.as_bytes())
-    }
-}
-
-type Cell = Arc<OnceLock<Result<Arc<LoadedKernel>, RuntimeError>>>;
-
-pub struct KernelCache {
-    cells: Mutex<HashMap<CacheKey, Cell>>,
-    compiles: AtomicUsize,
-    disk_hits: AtomicUsize,
-    disk: Option<DiskCache>,
-    /// Tuning results, in the same directory.
-    tuning: TuneCache,
-}
-
-impl KernelCache {
-    /// A cache with the disk store of [`DiskCache::default_dir`] (none if it cannot be used).
-    pub fn from_env() -> KernelCache {
-        KernelCache::with_disk(DiskCache::default_dir().map(DiskCache::new))
-    }
-
-    pub fn with_disk(disk: Option<DiskCache>) -> KernelCache {
-        KernelCache {
-            cells: Mutex::new(HashMap::new()),
-            compiles: AtomicUsize::new(0),
-            disk_hits: AtomicUsize::new(0),
-            tuning: TuneCache::new(disk.as_ref().map(|d| DiskCache::new(d.dir().to_path_buf()))),
-            disk,
-        }
-    }
-
-    /// The tuning results of this device's kernels (on disk beside them where they are).
-    pub fn tuning(&self) -> &TuneCache {
-        &self.tuning
-    }
-
-    /// Kernels compiled by this cache (not loaded from memory or disk).
-    pub fn compiles(&self) -> usize {
-        self.compiles.load(Ordering::SeqCst)
-    }
-
-    pub fn disk_hits(&self) -> usize {
-        self.disk_hits.load(Ordering::SeqCst)
-    }
-
-    /// The loaded kernel for `key`: from memory, else from disk, else compiled (once).
-    pub fn get(
-        &self,
-        key: &CacheKey,
-        compile: impl FnOnce() -> Result<Vec<u8>, RuntimeError>,
-        load: impl Fn(&[u8]) -> Result<LoadedKernel, RuntimeError>,
-    ) -> Result<Arc<LoadedKernel>, RuntimeError> {
-        let cell = {
-            let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(cells.entry(key.clone()).or_default())
-        };
-        let start = std::time::Instant::now();
-        let ms = || start.elapsed().as_secs_f64() * 1e3;
-        if let Some(done) = cell.get() {
-            tracing::debug!(entry = %key.entry, "kernel: in memory");
-            return done.clone();
-        }
-        cell.get_or_init(|| {
-            if let Some(disk) = &self.disk {
-                if let Some(image) = disk.read(key) {
-                    if let Ok(k) = load(&image) {
-                        self.disk_hits.fetch_add(1, Ordering::SeqCst);
-                        tracing::debug!(entry = %key.entry, ms = ms(), "kernel: from disk");
-                        return Ok(Arc::new(k));
-                    }
-                }
-            }
-            self.compiles.fetch_add(1, Ordering::SeqCst);
-            let image = compile()?;
-            let kernel = load(&image)?;
-            tracing::debug!(entry = %key.entry, ms = ms(), "kernel: compiled");
-            if let Some(disk) = &self.disk {
-                // A cache that cannot be written only costs a recompile next time.
-                let _ = disk.write(key, &image);
-            }
-            Ok(Arc::new(kernel))
-        })
-        .clone()
-    }
-}
+use crate::ir::fnv1a;
+use crate::runtime::error::RuntimeError;
 
 /// One cache entry on disk, as `rocmforge cache ls` shows it.
 #[derive(Clone, Debug)]
@@ -200,7 +84,7 @@ impl DiskCache {
         body.extend(header.as_bytes());
         body.extend(payload);
         let mut out = MAGIC.to_vec();
-        out.extend(crate::ir::fnv1a(&body).to_le_bytes());
+        out.extend(fnv1a(&body).to_le_bytes());
         out.extend(body);
         out
     }
@@ -209,7 +93,7 @@ impl DiskCache {
     fn decode(bytes: &[u8]) -> Option<(Vec<String>, &[u8])> {
         let rest = bytes.strip_prefix(MAGIC)?;
         let (sum, body) = rest.split_at_checked(8)?;
-        if u64::from_le_bytes(sum.try_into().ok()?) != crate::ir::fnv1a(body) {
+        if u64::from_le_bytes(sum.try_into().ok()?) != fnv1a(body) {
             return None;
         }
         let (len, body) = body.split_at_checked(4)?;
@@ -374,19 +258,22 @@ impl DiskCache {
     }
 
     /// Removes every entry [`DiskCache::list`] finds (valid or corrupt) and leaves everything
-    /// else alone: what it skipped, and entries it could not remove, come back with the reason.
+    /// else alone: what it skipped comes back with the reason, and every entry it could not
+    /// remove comes back apart ([`Cleared::not_removed`]), so a caller can fail on those.
     pub fn clear(&self) -> Result<Cleared, RuntimeError> {
         let listing = self.list()?;
         let mut cleared = Cleared {
             removed: 0,
             skipped: listing.skipped,
+            not_removed: Vec::new(),
         };
         for e in listing.entries {
             match std::fs::remove_file(&e.file) {
                 Ok(()) => cleared.removed += 1,
-                Err(err) => cleared.skipped.push(SkippedEntry {
+                Err(err) => cleared.not_removed.push(NotRemoved {
                     file: e.file,
-                    reason: format!("cannot remove: {err}"),
+                    kind: err.kind(),
+                    message: err.to_string(),
                 }),
             }
         }
@@ -412,7 +299,19 @@ pub struct CacheListing {
 #[derive(Clone, Debug)]
 pub struct Cleared {
     pub removed: usize,
+    /// Files named like entries that are not entries rocmforge handles (left alone on purpose).
     pub skipped: Vec<SkippedEntry>,
+    /// Entries that were to be removed and are still there.
+    pub not_removed: Vec<NotRemoved>,
+}
+
+/// A cache entry [`DiskCache::clear`] tried to remove and could not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotRemoved {
+    pub file: PathBuf,
+    pub kind: std::io::ErrorKind,
+    /// The operating system's words.
+    pub message: String,
 }
 
 /// A file named like a cache entry that rocmforge left alone, and why.
@@ -431,7 +330,7 @@ mod tests {
             arch: "gfx90a:sramecc+:xnack-".into(),
             wave_size: 64,
             toolchain: "t".into(),
-            options: crate::arch::compiler_options(crate::arch::Platform::Amd),
+            options: vec!["-O3".into()],
             entry: "k".into(),
             source: src.into(),
         }

@@ -1,249 +1,20 @@
-//! AMD GPUs through the HIP runtime (`libamdhip64`), loaded at run time like hiprtc, so neither
-//! building nor running rocmforge needs ROCm. Kernels are compiled by hiprtc to code objects for
-//! the device's full target id and loaded with the module API.
-//!
-//! HIP keeps the current device per host thread, so every call first binds this device on the
-//! calling thread. Memory is allocated and freed stream-ordered (`hipMallocAsync`) where the
-//! runtime has it: `hipFree` would synchronise the whole device.
-//!
-//! HIP also has an NVIDIA platform: a HIP device whose architecture is an NVIDIA one (`sm_90`),
-//! with hiprtc compiling through NVRTC. Such a device gets the NVIDIA codegen target, so its
-//! kernels carry the NVIDIA prelude and its code objects are PTX. The GPU suite runs this path
-//! through `tests/hipshim/hipshim.c` (HIP over the CUDA driver API) on an NVIDIA GPU.
+//! An AMD GPU (or HIP's NVIDIA platform) opened through the HIP runtime: the device query, its
+//! launch limits, and the typed operations the [`Backend`](crate::runtime::backend::Backend)
+//! impl calls.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::path::PathBuf;
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
-use libloading::Library;
-
-use super::hiprtc::Hiprtc;
-use super::libraries;
-use super::timeline::HoldWait;
-use super::RuntimeError;
+use super::api::{
+    Err, Handle, HipLibraries, Runtime, STREAM_CAPTURE_MODE_THREAD_LOCAL, STREAM_NON_BLOCKING,
+};
+use super::handles::{HipBuffer, HipEvent, HipFunction, HipGraphExec, HipModule, HipStream};
 use crate::arch::LaunchLimits;
-
-/// Runtime libraries tried in order; `ROCMFORGE_HIP_LIBRARY` replaces the search (point it at
-/// nothing to keep rocmforge off AMD GPUs).
-pub const HIP_LIBRARIES: [&str; 4] = [
-    "libamdhip64.so.7",
-    "libamdhip64.so.6",
-    "libamdhip64.so.5",
-    "libamdhip64.so",
-];
-
-/// Which files the HIP runtime and hiprtc are loaded from. `None`: the file the environment
-/// variable names (`ROCMFORGE_HIP_LIBRARY`, `ROCMFORGE_HIPRTC`), else the usual search. A path
-/// given here is that file and no other, whatever the environment says.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HipLibraries {
-    pub runtime: Option<PathBuf>,
-    pub hiprtc: Option<PathBuf>,
-}
-
-type Err = c_int;
-type Handle = *mut c_void;
-
-/// hipStreamNonBlocking: our streams never wait on the legacy null stream.
-const STREAM_NON_BLOCKING: c_uint = 1;
-
-/// `hipStreamCallback_t`: the stream, its status, the user's pointer.
-type StreamCallback = unsafe extern "C" fn(Handle, Err, *mut c_void);
-
-/// `hipStreamCaptureModeThreadLocal`: other threads' calls do not break a capture.
-const STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
-
-/// The graph entry points of replay (`runtime::graph`), with the signatures of
-/// `hip_runtime_api.h`; optional as a set: a runtime without them runs sessions with plain
-/// launches and says why.
-#[derive(Clone, Copy)]
-struct GraphApi {
-    /// hipStreamBeginCapture(stream, mode)
-    begin_capture: unsafe extern "C" fn(Handle, c_int) -> Err,
-    /// hipStreamEndCapture(stream, &graph)
-    end_capture: unsafe extern "C" fn(Handle, *mut Handle) -> Err,
-    /// hipGraphInstantiate(&exec, graph, error node, log buffer, log size)
-    instantiate: unsafe extern "C" fn(*mut Handle, Handle, *mut Handle, *mut c_char, usize) -> Err,
-    /// hipGraphLaunch(exec, stream)
-    launch: unsafe extern "C" fn(Handle, Handle) -> Err,
-    /// hipGraphExecDestroy(exec)
-    exec_destroy: unsafe extern "C" fn(Handle) -> Err,
-    /// hipGraphDestroy(graph)
-    destroy: unsafe extern "C" fn(Handle) -> Err,
-}
-
-/// The entry points rocmforge uses, with the signatures of `hip_runtime_api.h`.
-struct Api {
-    init: unsafe extern "C" fn(c_uint) -> Err,
-    get_device_count: unsafe extern "C" fn(*mut c_int) -> Err,
-    set_device: unsafe extern "C" fn(c_int) -> Err,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Err,
-    get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> Err,
-    driver_get_version: unsafe extern "C" fn(*mut c_int) -> Err,
-    runtime_get_version: unsafe extern "C" fn(*mut c_int) -> Err,
-    error_string: unsafe extern "C" fn(Err) -> *const c_char,
-    stream_create_with_flags: unsafe extern "C" fn(*mut Handle, c_uint) -> Err,
-    stream_destroy: unsafe extern "C" fn(Handle) -> Err,
-    stream_synchronize: unsafe extern "C" fn(Handle) -> Err,
-    malloc: unsafe extern "C" fn(*mut Handle, usize) -> Err,
-    free: unsafe extern "C" fn(Handle) -> Err,
-    /// hipMallocAsync and hipFreeAsync, where the runtime has both.
-    #[allow(clippy::type_complexity)]
-    stream_ordered: Option<(
-        unsafe extern "C" fn(*mut Handle, usize, Handle) -> Err,
-        unsafe extern "C" fn(Handle, Handle) -> Err,
-    )>,
-    memset_async: unsafe extern "C" fn(Handle, c_int, usize, Handle) -> Err,
-    memcpy_htod_async: unsafe extern "C" fn(Handle, *const c_void, usize, Handle) -> Err,
-    memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, Handle, usize, Handle) -> Err,
-    /// hipMemcpyDtoDAsync(dst, src, bytes, stream): optional, only a session's copy of an
-    /// output into a caller's buffer needs it.
-    memcpy_dtod_async: Option<unsafe extern "C" fn(Handle, Handle, usize, Handle) -> Err>,
-    /// Graph capture and replay, where the runtime has every entry point, else the first missing.
-    graphs: Result<GraphApi, &'static str>,
-    module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> Err,
-    module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> Err,
-    module_unload: unsafe extern "C" fn(Handle) -> Err,
-    event_create_with_flags: unsafe extern "C" fn(*mut Handle, c_uint) -> Err,
-    event_record: unsafe extern "C" fn(Handle, Handle) -> Err,
-    event_synchronize: unsafe extern "C" fn(Handle) -> Err,
-    event_query: unsafe extern "C" fn(Handle) -> Err,
-    event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> Err,
-    event_destroy: unsafe extern "C" fn(Handle) -> Err,
-    /// hipStreamAddCallback: HIP 5.2 has no hipLaunchHostFunc.
-    stream_add_callback: unsafe extern "C" fn(Handle, StreamCallback, *mut c_void, c_uint) -> Err,
-    /// hipDeviceGetAttribute, for the launch limits (optional: without it, the portable ones).
-    device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Err>,
-    #[allow(clippy::type_complexity)]
-    module_launch_kernel: unsafe extern "C" fn(
-        Handle,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        Handle,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> Err,
-}
-
-/// The loaded runtime; the function pointers in `api` live as long as `_lib`.
-struct Runtime {
-    api: Api,
-    _lib: Library,
-    library: String,
-}
-
-// SAFETY: the HIP runtime is thread-safe; the struct holds only function pointers and the library.
-unsafe impl Send for Runtime {}
-unsafe impl Sync for Runtime {}
-
-impl Runtime {
-    /// The file `path` or else `ROCMFORGE_HIP_LIBRARY` names (that one only), else the first of
-    /// [`HIP_LIBRARIES`] that loads; either must export every entry point of [`Api`].
-    fn load(path: Option<&std::path::Path>) -> Result<Runtime, String> {
-        let search = HIP_LIBRARIES.map(String::from);
-        let opened = match path {
-            Some(p) => libraries::open_path(p),
-            None => libraries::open("ROCMFORGE_HIP_LIBRARY", &search),
-        }
-        .map_err(|e| e.describe("HIP runtime"))?;
-        let label = opened.label();
-        Runtime::bind(opened.lib, &opened.name, &label)
-    }
-
-    /// `label` names the library in messages (`ROCMFORGE_HIP_LIBRARY=path` when the user chose).
-    fn bind(lib: Library, name: &str, label: &str) -> Result<Runtime, String> {
-        fn sym<T: Copy>(lib: &Library, symbol: &str) -> Option<T> {
-            // SAFETY: each symbol is looked up with the signature hip_runtime_api.h gives it.
-            unsafe { lib.get::<T>(symbol.as_bytes()) }.ok().map(|s| *s)
-        }
-        let need = |symbol: &str| format!("{label} has no symbol {symbol}");
-        macro_rules! req {
-            ($s:literal) => {
-                sym(&lib, $s).ok_or_else(|| need($s))?
-            };
-        }
-        let api = Api {
-            init: req!("hipInit"),
-            get_device_count: req!("hipGetDeviceCount"),
-            set_device: req!("hipSetDevice"),
-            device_get_name: req!("hipDeviceGetName"),
-            // ROCm 6 renamed the current layout; the scan in `arch_of` reads either.
-            get_device_properties: sym(&lib, "hipGetDevicePropertiesR0600")
-                .or_else(|| sym(&lib, "hipGetDeviceProperties"))
-                .ok_or_else(|| need("hipGetDeviceProperties"))?,
-            driver_get_version: req!("hipDriverGetVersion"),
-            runtime_get_version: req!("hipRuntimeGetVersion"),
-            error_string: req!("hipGetErrorString"),
-            stream_create_with_flags: req!("hipStreamCreateWithFlags"),
-            stream_destroy: req!("hipStreamDestroy"),
-            stream_synchronize: req!("hipStreamSynchronize"),
-            malloc: req!("hipMalloc"),
-            free: req!("hipFree"),
-            stream_ordered: sym(&lib, "hipMallocAsync").zip(sym(&lib, "hipFreeAsync")),
-            memset_async: req!("hipMemsetAsync"),
-            memcpy_htod_async: req!("hipMemcpyHtoDAsync"),
-            memcpy_dtoh_async: req!("hipMemcpyDtoHAsync"),
-            memcpy_dtod_async: sym(&lib, "hipMemcpyDtoDAsync"),
-            graphs: (|| {
-                macro_rules! opt {
-                    ($s:literal) => {
-                        sym(&lib, $s).ok_or($s)?
-                    };
-                }
-                Ok(GraphApi {
-                    begin_capture: opt!("hipStreamBeginCapture"),
-                    end_capture: opt!("hipStreamEndCapture"),
-                    instantiate: opt!("hipGraphInstantiate"),
-                    launch: opt!("hipGraphLaunch"),
-                    exec_destroy: opt!("hipGraphExecDestroy"),
-                    destroy: opt!("hipGraphDestroy"),
-                })
-            })(),
-            module_load_data: req!("hipModuleLoadData"),
-            module_get_function: req!("hipModuleGetFunction"),
-            module_unload: req!("hipModuleUnload"),
-            event_create_with_flags: req!("hipEventCreateWithFlags"),
-            event_record: req!("hipEventRecord"),
-            event_synchronize: req!("hipEventSynchronize"),
-            event_query: req!("hipEventQuery"),
-            event_elapsed_time: req!("hipEventElapsedTime"),
-            event_destroy: req!("hipEventDestroy"),
-            stream_add_callback: req!("hipStreamAddCallback"),
-            device_get_attribute: sym(&lib, "hipDeviceGetAttribute"),
-            module_launch_kernel: req!("hipModuleLaunchKernel"),
-        };
-        Ok(Runtime {
-            api,
-            _lib: lib,
-            library: name.to_string(),
-        })
-    }
-
-    fn message(&self, code: Err) -> String {
-        // SAFETY: hipGetErrorString returns a static NUL-terminated string (or null) for any code.
-        let p = unsafe { (self.api.error_string)(code) };
-        if p.is_null() {
-            format!("error {code}")
-        } else {
-            // SAFETY: non-null results are static NUL-terminated strings.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    }
-
-    fn check(&self, call: &str, code: Err) -> Result<(), RuntimeError> {
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(RuntimeError::Hip(format!("{call}: {}", self.message(code))))
-        }
-    }
-}
+use crate::runtime::backend::{LaunchConfig, SharedLimits};
+use crate::runtime::error::RuntimeError;
+use crate::runtime::hiprtc::Hiprtc;
+use crate::runtime::hold::HoldWait;
 
 /// The full target id (`gfx90a:sramecc+:xnack-`) from the device properties. Their layout
 /// changed between ROCm releases, so the struct is read into an oversized zeroed buffer and the
@@ -285,6 +56,7 @@ fn count(rt: &Runtime) -> Result<usize, String> {
         ));
     }
     let mut n = 0;
+    // SAFETY: the runtime is initialised (above); `n` is a valid out-pointer for one int.
     let code = unsafe { (rt.api.get_device_count)(&mut n) };
     if code != 0 || n <= 0 {
         return Err(format!("{}: no AMD GPU found", rt.library));
@@ -303,6 +75,8 @@ pub struct HipDevice {
     pub driver_version: i32,
     /// Queried at the first launch.
     limits: OnceLock<LaunchLimits>,
+    /// Queried at the first launch.
+    shared: OnceLock<SharedLimits>,
 }
 
 impl std::fmt::Debug for HipDevice {
@@ -373,6 +147,7 @@ impl HipDevice {
             runtime_version,
             driver_version,
             limits: OnceLock::new(),
+            shared: OnceLock::new(),
         })
     }
 
@@ -405,6 +180,57 @@ impl HipDevice {
                 block_threads: q(MAX_THREADS_PER_BLOCK, p.block_threads),
                 shared_bytes: q(MAX_SHARED_MEMORY_PER_BLOCK, p.shared_bytes),
             }
+        })
+    }
+
+    /// Shared memory (LDS) per block: the default, and what a kernel may opt into
+    /// (`hipDeviceAttributeSharedMemPerBlockOptin`, where the runtime answers it and can set
+    /// function attributes; else the default alone).
+    pub(super) fn shared_limits(&self) -> SharedLimits {
+        // hipDeviceAttributeSharedMemPerBlockOptin, in the block of `launch_limits`.
+        const SHARED_MEM_PER_BLOCK_OPTIN: c_int = 75;
+        *self.shared.get_or_init(|| {
+            let default_bytes = self.launch_limits().shared_bytes;
+            let api = &self.rt.api;
+            let opt_in = match (api.device_get_attribute, api.func_set_attribute) {
+                (Some(get), Some(_)) => {
+                    let mut v: c_int = 0;
+                    // SAFETY: `v` receives one int; the ordinal was checked when the device
+                    // opened.
+                    let code = unsafe { get(&mut v, SHARED_MEM_PER_BLOCK_OPTIN, self.ordinal) };
+                    u32::try_from(v).ok().filter(|_| code == 0).unwrap_or(0)
+                }
+                _ => 0,
+            };
+            SharedLimits {
+                default_bytes,
+                opt_in_bytes: opt_in.max(default_bytes),
+            }
+        })
+    }
+
+    /// Lets `f` use up to `bytes` of dynamic shared memory
+    /// (`hipFuncSetAttribute(hipFuncAttributeMaxDynamicSharedMemorySize)`).
+    pub(super) fn set_dynamic_shared(
+        &self,
+        f: &HipFunction,
+        bytes: u32,
+    ) -> Result<(), RuntimeError> {
+        // hipFuncAttributeMaxDynamicSharedMemorySize (hip_runtime_api.h; CUDA's value too).
+        const MAX_DYNAMIC_SHARED_MEMORY_SIZE: c_int = 8;
+        let Some(set) = self.rt.api.func_set_attribute else {
+            return Err(RuntimeError::Hip(format!(
+                "{} has no symbol hipFuncSetAttribute",
+                self.rt.library
+            )));
+        };
+        let value = c_int::try_from(bytes)
+            .map_err(|_| RuntimeError::Hip(format!("{bytes} bytes of shared memory")))?;
+        self.bind()?;
+        // SAFETY: `f.handle` is a live function of a loaded module (the HipFunction holds it);
+        // the attribute and value are plain ints.
+        self.rt.check("hipFuncSetAttribute", unsafe {
+            set(f.handle.cast_const(), MAX_DYNAMIC_SHARED_MEMORY_SIZE, value)
         })
     }
 
@@ -563,26 +389,22 @@ impl HipDevice {
         &self,
         stream: &Arc<HipStream>,
         f: &HipFunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
+        config: &LaunchConfig,
         args: &[&HipBuffer],
     ) -> Result<(), RuntimeError> {
         let ptrs: Vec<Handle> = args.iter().map(|b| b.ptr).collect();
-        self.launch_raw(stream, f.handle, grid, block, shared, &ptrs)
+        self.launch_raw(stream, f.handle, config, &ptrs)
     }
 
     /// Launches the kernel `f` with the device addresses `args` (one pointer parameter each).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_raw(
         &self,
         stream: &HipStream,
         f: Handle,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
+        config: &LaunchConfig,
         args: &[Handle],
     ) -> Result<(), RuntimeError> {
+        let (grid, block) = (config.grid, config.block);
         self.bind()?;
         let mut ptrs: Vec<Handle> = args.to_vec();
         let mut params: Vec<*mut c_void> =
@@ -599,7 +421,7 @@ impl HipDevice {
                 block[0],
                 block[1],
                 block[2],
-                shared,
+                config.attrs.dynamic_shared_bytes,
                 stream.handle,
                 params.as_mut_ptr(),
                 ptr::null_mut(),
@@ -687,7 +509,7 @@ impl HipDevice {
     pub(super) fn capture(
         &self,
         stream: &Arc<HipStream>,
-        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+        enqueue: &mut dyn FnMut() -> Result<(), RuntimeError>,
     ) -> Result<HipGraphExec, RuntimeError> {
         let api = self.rt.api.graphs.map_err(|missing| {
             RuntimeError::Hip(format!("{} has no symbol {missing}", self.rt.library))
@@ -781,194 +603,6 @@ unsafe extern "C" fn release_hold(_stream: Handle, _status: Err, data: *mut c_vo
     // SAFETY: `data` is the Box `hold` leaked for this callback, which runs once.
     let wait = unsafe { Box::from_raw(data.cast::<HoldWait>()) };
     wait.wait();
-}
-
-/// A captured HIP graph and its executable form, destroyed together on drop.
-pub struct HipGraphExec {
-    rt: Arc<Runtime>,
-    api: GraphApi,
-    ordinal: c_int,
-    graph: Handle,
-    exec: Handle,
-}
-
-// SAFETY: the handles may move to another thread; the type is not `Sync`, so no two threads
-// use them at once (graph objects are not internally synchronised), and they are destroyed
-// once, on drop.
-unsafe impl Send for HipGraphExec {}
-
-impl HipGraphExec {
-    /// Enqueues one replay on `stream`.
-    pub(super) fn launch(&self, stream: &HipStream) -> Result<(), RuntimeError> {
-        // SAFETY: the ordinal was checked when the device opened; the executable graph is live
-        // and the stream on the same device.
-        let code = unsafe {
-            (self.rt.api.set_device)(self.ordinal);
-            (self.api.launch)(self.exec, stream.handle)
-        };
-        self.rt.check("hipGraphLaunch", code)
-    }
-}
-
-impl Drop for HipGraphExec {
-    fn drop(&mut self) {
-        // SAFETY: both handles were made by `capture` and are destroyed once, here.
-        unsafe {
-            (self.rt.api.set_device)(self.ordinal);
-            (self.api.exec_destroy)(self.exec);
-            (self.api.destroy)(self.graph);
-        }
-    }
-}
-
-/// A timing event, destroyed on drop.
-pub struct HipEvent {
-    rt: Arc<Runtime>,
-    ordinal: c_int,
-    handle: Handle,
-}
-
-// SAFETY: HIP events may be used from any thread; the event is destroyed exactly once.
-unsafe impl Send for HipEvent {}
-unsafe impl Sync for HipEvent {}
-
-/// `hipErrorNotReady`: the event's work is still queued.
-const HIP_ERROR_NOT_READY: Err = 600;
-
-impl HipEvent {
-    /// Whether the stream has reached this event, without waiting.
-    pub fn is_complete(&self) -> Result<bool, RuntimeError> {
-        let api = &self.rt.api;
-        // SAFETY: the event is live and was recorded on this device.
-        let code = unsafe {
-            (api.set_device)(self.ordinal);
-            (api.event_query)(self.handle)
-        };
-        if code == HIP_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        self.rt.check("hipEventQuery", code).map(|()| true)
-    }
-
-    /// Milliseconds from this event to `end`, once the stream has reached both.
-    pub fn elapsed_ms(&self, end: &HipEvent) -> Result<f32, RuntimeError> {
-        let api = &self.rt.api;
-        // SAFETY: both events are live and were recorded on this device.
-        unsafe {
-            (api.set_device)(self.ordinal);
-            self.rt
-                .check("hipEventSynchronize", (api.event_synchronize)(self.handle))?;
-            self.rt
-                .check("hipEventSynchronize", (api.event_synchronize)(end.handle))?;
-        }
-        let mut ms = 0.0f32;
-        // SAFETY: both events are complete; `ms` is a valid out-pointer.
-        self.rt.check("hipEventElapsedTime", unsafe {
-            (api.event_elapsed_time)(&mut ms, self.handle, end.handle)
-        })?;
-        Ok(ms)
-    }
-}
-
-impl Drop for HipEvent {
-    fn drop(&mut self) {
-        // SAFETY: created once by hipEventCreateWithFlags, destroyed once here.
-        unsafe {
-            (self.rt.api.set_device)(self.ordinal);
-            (self.rt.api.event_destroy)(self.handle);
-        }
-    }
-}
-
-/// A loaded code object, unloaded when its last function is dropped.
-struct HipModule {
-    rt: Arc<Runtime>,
-    handle: Handle,
-}
-
-// SAFETY: HIP modules may be used from any thread.
-unsafe impl Send for HipModule {}
-unsafe impl Sync for HipModule {}
-
-impl Drop for HipModule {
-    fn drop(&mut self) {
-        // SAFETY: loaded once by hipModuleLoadData, unloaded once here.
-        unsafe { (self.rt.api.module_unload)(self.handle) };
-    }
-}
-
-/// A kernel of a loaded module; launching it from several threads at once is allowed.
-pub struct HipFunction {
-    _module: Arc<HipModule>,
-    handle: Handle,
-}
-
-impl HipFunction {
-    /// The raw handle, for launch lists (`runtime::graph`), which keep this function alive.
-    pub(super) fn raw(&self) -> *mut c_void {
-        self.handle
-    }
-}
-
-// SAFETY: hipFunction_t is an immutable handle; HIP allows launches from any thread.
-unsafe impl Send for HipFunction {}
-unsafe impl Sync for HipFunction {}
-
-/// One execution's stream, destroyed when its last buffer is gone.
-pub struct HipStream {
-    rt: Arc<Runtime>,
-    ordinal: c_int,
-    handle: Handle,
-}
-
-// SAFETY: HIP streams may be used from any thread.
-unsafe impl Send for HipStream {}
-unsafe impl Sync for HipStream {}
-
-impl Drop for HipStream {
-    fn drop(&mut self) {
-        // SAFETY: the stream was created on `ordinal` and is destroyed once, here, after every
-        // buffer ordered on it (they hold this Arc).
-        unsafe {
-            (self.rt.api.set_device)(self.ordinal);
-            (self.rt.api.stream_destroy)(self.handle);
-        }
-    }
-}
-
-/// Device memory owned by this value, freed on its stream when dropped.
-pub struct HipBuffer {
-    stream: Arc<HipStream>,
-    ptr: Handle,
-    /// Allocated with hipMallocAsync, so freed with hipFreeAsync.
-    stream_ordered: bool,
-}
-
-impl HipBuffer {
-    /// The device address, for launch lists (`runtime::graph`), which keep this buffer alive.
-    pub(super) fn raw(&self) -> *mut c_void {
-        self.ptr
-    }
-}
-
-// SAFETY: device pointers may be used from any thread; the buffer is freed exactly once.
-unsafe impl Send for HipBuffer {}
-unsafe impl Sync for HipBuffer {}
-
-impl Drop for HipBuffer {
-    fn drop(&mut self) {
-        let s = &self.stream;
-        let api = &s.rt.api;
-        // SAFETY: `ptr` came from hipMalloc(Async) on this device and is freed once, here;
-        // stream-ordered, so work queued on the stream that uses it finishes first.
-        unsafe {
-            (api.set_device)(s.ordinal);
-            match api.stream_ordered {
-                Some((_, free_async)) if self.stream_ordered => free_async(self.ptr, s.handle),
-                _ => (api.free)(self.ptr),
-            };
-        }
-    }
 }
 
 #[cfg(test)]
