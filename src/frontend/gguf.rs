@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use thiserror::Error;
 
-use super::ggml_types::GgmlType;
+use super::ggml_types::{ggml_type_name, GgmlType};
 use super::safetensors::map_file;
 use super::ModelError;
 use crate::ir::file::{self, FileLimit};
@@ -73,8 +73,13 @@ pub enum GgufError {
     DuplicateTensor { name: String },
     #[error("general.alignment {value} is not a power of two in 1..={MAX_ALIGNMENT}")]
     BadAlignment { value: u64 },
-    #[error("tensor `{tensor}`: unknown or unsupported ggml type {type_id}")]
-    UnknownTensorType { tensor: String, type_id: u32 },
+    #[error("tensor `{tensor}`: ggml type {ggml_name} (id {type_id}) is not one rocmforge runs")]
+    UnknownTensorType {
+        tensor: String,
+        type_id: u32,
+        /// ggml's name for the id, `unknown` for an id ggml does not define.
+        ggml_name: &'static str,
+    },
     #[error("tensor `{tensor}`: {reason}")]
     BadShape { tensor: String, reason: String },
     #[error(
@@ -494,6 +499,7 @@ fn read_entry(c: &mut Cursor<'_>, i: usize) -> Result<Entry, GgufError> {
     let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
         tensor: name.clone(),
         type_id,
+        ggml_name: ggml_type_name(type_id).unwrap_or("unknown"),
     })?;
     let elements = dims
         .iter()
@@ -1111,9 +1117,26 @@ mod tests {
                 |e| matches!(e, GgufError::KeyType { .. }),
             ),
             (
-                "unknown tensor type",
-                tensor_file("t", &[32], 12, 0, 256),
-                |e| matches!(e, GgufError::UnknownTensorType { type_id: 12, .. }),
+                "a ggml type not run",
+                tensor_file("t", &[256], 23, 0, 256),
+                |e| {
+                    matches!(e, GgufError::UnknownTensorType { type_id: 23, ggml_name: "IQ4_XS", tensor } if tensor == "t")
+                        && e.to_string().contains("`t`: ggml type IQ4_XS (id 23)")
+                },
+            ),
+            (
+                "an id ggml does not define",
+                tensor_file("t", &[32], 99, 0, 256),
+                |e| {
+                    matches!(
+                        e,
+                        GgufError::UnknownTensorType {
+                            type_id: 99,
+                            ggml_name: "unknown",
+                            ..
+                        }
+                    )
+                },
             ),
             (
                 "too many dims",

@@ -9,6 +9,8 @@ pub mod format;
 pub mod gemm;
 mod graph;
 mod infer;
+pub mod kquant;
+pub mod microscale;
 pub mod op;
 mod printer;
 pub mod quant;
