@@ -151,11 +151,11 @@ fn hand_worked_blocks() {
     QuantScheme::Mxfp4.dequantize_block(&b, &mut v);
     assert_eq!((v[0], v[16], v[1]), (6.0, -6.0, 0.0));
     // MXFP6 E2M3, scale 2^(128 − 127) = 2: code 0b0_11_111 = 1.875 · 2² = 7.5 → 15; code
-    // 0b1_00_001 (subnormal 1/8) → −0.25. E3M2: code 0b0_111_11 = 1.75 · 2⁴ = 28 → 56.
+    // 0b1_00_010 (bits 6..12: the subnormal 2/8) → −0.5. E3M2: code 0b0_111_11 = 1.75 · 2⁴ = 28 → 56.
     let mut b = vec![128u8, 0b10_011111, 0b0000_1000, 0];
     b.extend([0u8; 21]);
     QuantScheme::Mxfp6E2m3.dequantize_block(&b, &mut v);
-    assert_eq!((v[0], v[1], v[2]), (15.0, -0.25, 0.0));
+    assert_eq!((v[0], v[1], v[2]), (15.0, -0.5, 0.0));
     b[1] = 0b11111;
     QuantScheme::Mxfp6E3m2.dequantize_block(&b, &mut v);
     assert_eq!(v[0], 56.0);
