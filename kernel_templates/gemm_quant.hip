@@ -1,7 +1,7 @@
 {% import "gemm_parts.hip" as parts -%}
 {% import "quant_parts.hip" as quant -%}
 // GEMM for small M (decoding) on a {{ scheme }} weight, GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · Wᵀ with W [{{ p.n }}, {{ p.k }}]
-// kept in its blocks ({{ block_bytes }} bytes per 32 values along K) and dequantized in registers; A and the
+// kept in its blocks ({{ block_bytes }} bytes per {{ block_elems }} values along K) and dequantized in registers; A and the
 // result read and written in place through their views; {{ p.what }}.
 // A block computes {{ c.cols }} column(s) (rows of W) for all {{ p.m }} rows; its threads split K in quarter blocks
 // (8 values: the quants in bytes 4j..4j+3 of a block and the values 16 further on that share them), accumulate
@@ -18,7 +18,7 @@ constexpr long long RF_BLOCKS = {{ blocks }};
 constexpr long long RF_PIECES = RF_BLOCKS * 4;
 constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
 {{ parts.views(p) }}
-{{ quant.piece(scheme) }}
+{{ quant.piece(scheme, groups) }}
 {% if c.a_vec %}struct alignas({{ 4 * a_bytes }}) rf_a4 { {% if a_bytes == 4 %}float x[4];{% else %}unsigned w[2];{% endif %} };
 {% endif %}// A's 4 values of row `m` from `k` (a multiple of 4; K is whole blocks, so all 4 are inside).
 RF_INLINE void rf_load_a4(const {{ p.a_t }}* __restrict__ A, long long bz, long long m, long long k, float* f) {
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 #pragma unroll
         for (int j = 0; j < RF_COLS; ++j) {
             if (n0 + j < RF_N) {
-                rf_dequant_piece(B + ((n0 + j) * RF_BLOCKS + blk) * RF_BLOCK_BYTES, q, w[j]);
+                rf_dequant_piece({% if groups > 1 %}B + ((n0 + j) * (RF_BLOCKS / {{ groups }}) + blk / {{ groups }}) * RF_BLOCK_BYTES, (int)(blk % {{ groups }}){% else %}B + ((n0 + j) * RF_BLOCKS + blk) * RF_BLOCK_BYTES{% endif %}, q, w[j]);
             } else {
                 for (int i = 0; i < 8; ++i) w[j][i] = 0.0f;
             }

@@ -1,5 +1,5 @@
 {#- Reading ggml blocks (`ir::quant`): one quarter of a block, as the dequantizing kernels take it. -#}
-{% macro piece(scheme) -%}
+{% macro legacy_piece(scheme) -%}
 // Values 4q..4q+3 (v[0..4]) and 16+4q..16+4q+3 (v[4..8]) of the {{ scheme }} block at `blk`, in f32: the
 // quants of bytes 4q..4q+3{% if scheme != "q8_0" %} (low nibbles, then the high nibbles 16 values on){% else %} and 16+4q..16+4q+3{% endif %}. Blocks are 2-byte
 // aligned ({{ scheme }}: the buffer starts aligned and every block is an even number of bytes).
@@ -30,4 +30,84 @@ RF_INLINE void rf_dequant_piece(const unsigned char* __restrict__ blk, int q, fl
         v[4 + i] = d * (float)(b >> 4) + m;
     }
 {% endif %}}
+{%- endmacro %}
+{#- The other schemes (ir::kquant, ir::microscale): element `e` of a block, read byte by byte (any
+alignment: blocks of 17, 22, 25, 110 ... bytes) in the order of operations of the host's
+dequantizer, then a quarter of group `g` (32 values) of the block as rf_dequant_piece. -#}
+{% macro element(scheme) -%}
+RF_INLINE float rf_q_f16(const unsigned char* __restrict__ p) { return rf_h2f((rf_half)(p[0] | (p[1] << 8))); }
+RF_INLINE float rf_q_bits(unsigned u) {
+    union { unsigned u; float f; } c;
+    c.u = u;
+    return c.f;
+}
+// Element e of the {{ scheme }} block at `blk`, in f32, as ir::{% if scheme in ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"] %}microscale{% else %}kquant{% endif %} computes it.
+RF_INLINE float rf_q_elem(const unsigned char* __restrict__ blk, int e) {
+{% if scheme == "q5_0" or scheme == "q5_1" %}    // Low nibble of byte j (e < 16) or high nibble of byte j - 16, plus bit e of qh as bit 4.
+    const int at = {% if scheme == "q5_0" %}2{% else %}4{% endif %};
+    const unsigned qh = (unsigned)blk[at] | ((unsigned)blk[at + 1] << 8) | ((unsigned)blk[at + 2] << 16) | ((unsigned)blk[at + 3] << 24);
+    const int b = blk[at + 4 + (e & 15)];
+    const int q = (e < 16 ? (b & 15) : (b >> 4)) | (int)(((qh >> e) & 1u) << 4);
+{% if scheme == "q5_0" %}    return (float)(q - 16) * rf_q_f16(blk);
+{% else %}    return (float)q * rf_q_f16(blk) + rf_q_f16(blk + 2);
+{% endif %}{% elif scheme == "iq4_nl" %}    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const int b = blk[2 + (e & 15)];
+    return rf_q_f16(blk) * (float)grid[e < 16 ? (b & 15) : (b >> 4)];
+{% elif scheme == "q2_k" %}    const int sc = blk[e / 16];
+    const float dl = rf_q_f16(blk + 80) * (float)(sc & 15);
+    const float ml = rf_q_f16(blk + 82) * (float)(sc >> 4);
+    const int q = (blk[16 + 32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+    return dl * (float)q - ml;
+{% elif scheme == "q3_k" %}    // The 6-bit scale of e / 16: low 4 bits in byte s % 8 (nibble s / 8), high 2 in byte 8 + s % 4.
+    const int s = e / 16;
+    const int sc = (((blk[96 + s % 8] >> (4 * (s / 8))) & 15) | (((blk[104 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32;
+    const float dl = rf_q_f16(blk + 108) * (float)sc;
+    const int lo = (blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+    const int hi = (blk[e % 32] & (1 << (e / 32))) ? 0 : 4;
+    return dl * (float)(lo - hi);
+{% elif scheme == "q4_k" or scheme == "q5_k" %}    // ggml's get_scale_min_k4 for sub-block j = e / 32.
+    const unsigned char* sm = blk + 4;
+    const int j = e / 32;
+    const int sc = j < 4 ? (sm[j] & 63) : ((sm[j + 4] & 15) | ((sm[j - 4] >> 6) << 4));
+    const int mn = j < 4 ? (sm[j + 4] & 63) : ((sm[j + 4] >> 4) | ((sm[j] >> 6) << 4));
+{% if scheme == "q4_k" %}    const int q = (blk[16 + 32 * (e / 64) + e % 32] >> (4 * (j % 2))) & 15;
+{% else %}    const int q = ((blk[48 + 32 * (e / 64) + e % 32] >> (4 * (j % 2))) & 15) | ((blk[16 + e % 32] & (1 << j)) ? 16 : 0);
+{% endif %}    return rf_q_f16(blk) * (float)sc * (float)q - rf_q_f16(blk + 2) * (float)mn;
+{% elif scheme == "q6_k" %}    const int h = e / 128, r = e % 128;
+    const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 15;
+    const int hi = (blk[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+    return rf_q_f16(blk + 208) * (float)(signed char)blk[192 + e / 16] * (float)((lo | (hi << 4)) - 32);
+{% elif scheme == "q8_k" %}    const float d = rf_q_bits((unsigned)blk[0] | ((unsigned)blk[1] << 8) | ((unsigned)blk[2] << 16) | ((unsigned)blk[3] << 24));
+    return d * (float)(signed char)blk[4 + e];
+{% elif scheme == "mxfp4" %}    // E2M1 doubled (ggml's kvalues_mxfp4) times the halved E8M0 scale (GGML_E8M0_TO_FP32_HALF).
+    const signed char grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const unsigned x = blk[0];
+    const float d = rf_q_bits(x < 2 ? (0x00200000u << x) : ((x - 1) << 23));
+    const int b = blk[1 + (e & 15)];
+    return (float)grid[e < 16 ? (b & 15) : (b >> 4)] * d;
+{% else %}    // OCP E8M0 scale (255: NaN), code e = bits 6e..6e+6 of the 24 code bytes (little-endian).
+    const unsigned x = blk[0];
+    const float d = x == 255 ? NAN : rf_q_bits(x == 0 ? 0x00400000u : (x << 23));
+    const unsigned char* c = blk + 1 + 3 * (e / 4);
+    const unsigned w = (unsigned)c[0] | ((unsigned)c[1] << 8) | ((unsigned)c[2] << 16);
+    const int code = (int)((w >> (6 * (e % 4))) & 63u);
+{% if scheme == "mxfp6_e2m3" %}    const int mant = 3, bias = 1;
+{% else %}    const int mant = 2, bias = 3;
+{% endif %}    const int ex = (code & 31) >> mant, m = code & ((1 << mant) - 1);
+    // An integer significand times a power of two: exact, as on the host.
+    const float mag = ldexpf((float)(ex == 0 ? m : ((1 << mant) | m)), (ex == 0 ? 1 : ex) - bias - mant);
+    return d * ((code & 32) ? -mag : mag);
+{% endif %}}
+{%- endmacro %}
+{% macro piece(scheme, groups) -%}
+{% if scheme in ["q8_0", "q4_0", "q4_1"] %}{{ legacy_piece(scheme) }}{% else %}{{ element(scheme) }}
+// Values 4q..4q+3 (v[0..4]) and 16+4q..16+4q+3 (v[4..8]) of {% if groups > 1 %}group g (values 32g..32g+31) of {% endif %}the {{ scheme }} block at `blk`.
+RF_INLINE void rf_dequant_piece(const unsigned char* __restrict__ blk, {% if groups > 1 %}int g, {% endif %}int q, float* v) {
+    const int e0 = {% if groups > 1 %}32 * g + {% endif %}4 * q;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[i] = rf_q_elem(blk, e0 + i);
+        v[4 + i] = rf_q_elem(blk, e0 + 16 + i);
+    }
+}{% endif %}
 {%- endmacro %}

@@ -162,7 +162,8 @@ fn quant_host_cases(arch: &str) -> Vec<QuantCase> {
                 dtype,
                 m,
                 n,
-                k,
+                // Whole blocks: the k-quants' rows are 256.
+                k: k.next_multiple_of(scheme.block_elems()),
                 bias,
             })
         })
@@ -176,12 +177,13 @@ fn quant_compile_cases() -> Vec<QuantCase> {
     let mut v = Vec::new();
     for scheme in QuantScheme::ALL {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let case = |m, n, k| QuantCase {
+            // Whole blocks: the k-quants' rows are 256 (576 → 768).
+            let case = |m, n, k: usize| QuantCase {
                 scheme,
                 dtype,
                 m,
                 n,
-                k,
+                k: k.next_multiple_of(scheme.block_elems()),
                 bias: false,
             };
             v.extend([case(1, 1536, 576), case(16, 576, 1536)]);

@@ -1296,7 +1296,7 @@ mod quantized {
     fn a_quantized_weight_is_its_dequantized_value_bit_for_bit() {
         for scheme in QuantScheme::ALL {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
-                let (m, n, k) = (3, 17, 96);
+                let (m, n, k) = (3, 17, 3 * scheme.block_elems());
                 let blocks = random_quant("w", scheme, &Shape(vec![n, k]), 5).unwrap();
                 let x = random_input(
                     "x",

@@ -12,6 +12,8 @@ pub mod gemm;
 mod graph;
 pub mod hash;
 mod infer;
+pub mod kquant;
+pub mod microscale;
 pub mod op;
 mod printer;
 pub mod quant;

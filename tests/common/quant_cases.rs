@@ -66,12 +66,13 @@ pub fn gpu_cases() -> Vec<QuantCase> {
     let mut v = Vec::new();
     for scheme in QuantScheme::ALL {
         for dtype in [DType::F32, DType::F16] {
-            let case = |m, n, k, bias| QuantCase {
+            // K rounded up to whole blocks (the k-quants' 256: 576 → 768).
+            let case = |m, n, k: usize, bias| QuantCase {
                 scheme,
                 dtype,
                 m,
                 n,
-                k,
+                k: k.next_multiple_of(scheme.block_elems()),
                 bias,
             };
             for m in [1, 3, 16, 17, 130] {

@@ -84,8 +84,13 @@ pub enum GgufError {
     DuplicateTensor { name: String },
     #[error("general.alignment {value} is not a power of two in 1..={MAX_ALIGNMENT}")]
     BadAlignment { value: u64 },
-    #[error("tensor `{tensor}`: unknown or unsupported ggml type {type_id}")]
-    UnknownTensorType { tensor: String, type_id: u32 },
+    #[error("tensor `{tensor}`: ggml type {ggml_name} (id {type_id}) is not one rocmforge runs")]
+    UnknownTensorType {
+        tensor: String,
+        type_id: u32,
+        /// ggml's name for the id, `unknown` for an id ggml does not define.
+        ggml_name: &'static str,
+    },
     #[error("tensor `{tensor}`: {reason}")]
     BadShape { tensor: String, reason: String },
     #[error(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::cursor::Cursor;
 use super::{GgufError, GgufTensor, MAX_DIMS};
-use crate::frontend::ggml_types::GgmlType;
+use crate::frontend::ggml_types::{ggml_type_name, GgmlType};
 
 /// One tensor table entry, before its offset is placed in the data section.
 pub(super) struct Entry {
@@ -37,6 +37,7 @@ pub(super) fn read_entry(c: &mut Cursor<'_>, i: usize) -> Result<Entry, GgufErro
     let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
         tensor: name.clone(),
         type_id,
+        ggml_name: ggml_type_name(type_id).unwrap_or("unknown"),
     })?;
     let elements = dims
         .iter()

@@ -278,9 +278,26 @@ fn malformed_files_give_typed_errors() {
             |e| matches!(e, GgufError::KeyType { .. }),
         ),
         (
-            "unknown tensor type",
-            tensor_file("t", &[32], 12, 0, 256),
-            |e| matches!(e, GgufError::UnknownTensorType { type_id: 12, .. }),
+            "a ggml type not run",
+            tensor_file("t", &[256], 23, 0, 256),
+            |e| {
+                matches!(e, GgufError::UnknownTensorType { type_id: 23, ggml_name: "IQ4_XS", tensor } if tensor == "t")
+                    && e.to_string().contains("`t`: ggml type IQ4_XS (id 23)")
+            },
+        ),
+        (
+            "an id ggml does not define",
+            tensor_file("t", &[32], 99, 0, 256),
+            |e| {
+                matches!(
+                    e,
+                    GgufError::UnknownTensorType {
+                        type_id: 99,
+                        ggml_name: "unknown",
+                        ..
+                    }
+                )
+            },
         ),
         (
             "too many dims",

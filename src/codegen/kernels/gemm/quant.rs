@@ -110,8 +110,11 @@ struct Context<'a> {
     c: &'a Config,
     scheme: &'static str,
     threads: usize,
-    /// Blocks per row of W.
+    /// Groups of 32 values per row of W.
     blocks: usize,
+    /// Groups of 32 per block of the scheme (8 for the k-quants), which picks the reader.
+    groups: usize,
+    block_elems: usize,
     block_bytes: usize,
     /// Bytes of A's elements.
     a_bytes: usize,
@@ -138,9 +141,11 @@ pub(crate) fn kernel(
         scheme: scheme.name(),
         threads,
         blocks,
+        groups: scheme.block_elems() / BLOCK_ELEMS,
+        block_elems: scheme.block_elems(),
         block_bytes: scheme.block_bytes(),
         a_bytes: p.input.size_bytes(),
-        weight_bytes: p.n * blocks * scheme.block_bytes(),
+        weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
         dense_bytes: p.n * p.k * p.input.size_bytes(),
     };
     finish("gemm_quant", "gemm_quant.hip", ctx, launch, args, node)
@@ -151,6 +156,7 @@ struct DequantizeContext {
     scheme: &'static str,
     elems: usize,
     blocks: usize,
+    groups: usize,
     block_bytes: usize,
     ctype: &'static str,
     store_pre: &'static str,
@@ -176,6 +182,7 @@ pub(crate) fn dequantize(
         scheme: scheme.name(),
         elems,
         blocks,
+        groups: scheme.block_elems() / BLOCK_ELEMS,
         block_bytes: scheme.block_bytes(),
         ctype: c.storage,
         store_pre: c.store_pre,
