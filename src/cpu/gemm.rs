@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::expr::{Program, Regs, CHUNK};
-use super::quant::{quantize_row, Kernel, Q8Block};
+use super::quant::{quantize_row, IntScheme, Kernel, Q8Block};
 use super::{val, Buf, Scratch};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::quant::BLOCK_ELEMS;
@@ -91,7 +91,8 @@ pub struct GemmStep {
     /// A read in place with these (row, column) strides, else packed.
     a_strides: Option<(usize, usize)>,
     b_strides: Option<(usize, usize)>,
-    quant: Option<QuantTensor>,
+    /// B read in its blocks by the integer dot products (a scheme they read).
+    quant: Option<(IntScheme, QuantTensor)>,
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
     out_contiguous: bool,
@@ -147,7 +148,7 @@ impl GemmStep {
             a_strides,
             b_strides,
             transposed: quant.is_some() || m < 4 * threads,
-            quant,
+            quant: quant.and_then(|q| IntScheme::of(q.scheme()).map(|s| (s, q))),
             out_contiguous,
         }
     }
@@ -224,7 +225,7 @@ impl GemmStep {
                 bi * s
             })
         };
-        if let Some(q) = &self.quant {
+        if let Some((int, q)) = &self.quant {
             // Quantize each activation row once, then one dot per (weight row, activation row).
             let kb = k / BLOCK_ELEMS;
             let rows = nb * m;
@@ -247,7 +248,7 @@ impl GemmStep {
                         let j = t * per_task + jj;
                         let w = &bytes[j * row_bytes..(j + 1) * row_bytes];
                         for (r, o) in col.iter_mut().enumerate() {
-                            *o = kernel.dot(q.scheme(), w, &blocks[r * kb..(r + 1) * kb]);
+                            *o = kernel.dot(*int, w, &blocks[r * kb..(r + 1) * kb]);
                         }
                     }
                 });

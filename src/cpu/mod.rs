@@ -346,7 +346,9 @@ impl CpuPlan {
                 } => {
                     let q = quantized(&node.name, *scheme, ty, weights)?;
                     // A dense copy unless every reader is a GEMV that reads the blocks.
-                    let blocks_only = q8
+                    // Only the schemes the integer dot products read stay in blocks.
+                    let int = q8 && quant::IntScheme::of(*scheme).is_some();
+                    let blocks_only = int
                         && fused
                             .consumers(id)
                             .iter()
@@ -363,7 +365,9 @@ impl CpuPlan {
                         Some(Buf::from_tensor(&t))
                     };
                     let s = new_slot(&mut plan, dense.or(Some(Buf::F(Vec::new()))));
-                    plan.quant[s] = Some(q);
+                    if int {
+                        plan.quant[s] = Some(q);
+                    }
                     (s, Kind::Nothing)
                 }
                 Op::Weight { init, .. } => {
