@@ -12,7 +12,7 @@ pub mod tuning;
 
 use thiserror::Error;
 
-pub use caps::{Arch, AsyncCopy};
+pub use caps::{Arch, AsyncCopy, Registers};
 pub use target::{arch, arches, LaunchLimits, Platform, Target};
 pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
 
