@@ -197,6 +197,12 @@ impl KernelPlan {
             self.buffers.len()
         );
         for (i, k) in self.kernels.iter().enumerate() {
+            // The mark names the kernel's result: its written buffers other than a status
+            // buffer (the error channel of gathers and cache writes), or the status buffer
+            // where that is all it writes (the index check).
+            let result_only = k
+                .written()
+                .any(|w| self.buffers[w].role != BufferRole::Status);
             let args: Vec<String> = k
                 .args
                 .iter()
@@ -205,7 +211,9 @@ impl KernelPlan {
                     format!(
                         "%{}{}",
                         display_name(&self.buffers[b].name),
-                        if k.access.get(j) == Some(&Access::Write) {
+                        if k.access.get(j) == Some(&Access::Write)
+                            && (!result_only || self.buffers[b].role != BufferRole::Status)
+                        {
                             " (write)"
                         } else {
                             ""
