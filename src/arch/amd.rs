@@ -16,7 +16,8 @@ use crate::arch::mma::atoms::{
 const LDS: u32 = 64 * 1024;
 const XNACK_SRAMECC: &[&str] = &["sramecc", "xnack"];
 
-/// Rows that differ only in name, ISA version and hiprtc support.
+/// Rows that differ only in name, ISA version, hiprtc support and register file.
+#[allow(clippy::too_many_arguments)]
 const fn amd(
     name: &'static str,
     family: &'static str,
