@@ -111,9 +111,7 @@ impl Layout {
 /// The configurations that fit the problem and the target, best first: f32 storage, head
 /// sizes from 1 to [`MAX_HEAD`], at least one query and one key (empty problems are the
 /// scalar kernel's), lanes per row within a wave, shared memory within what a block may
-/// declare statically, O within [`MAX_O_REGS`] registers, and the whole thread within the
-/// target's register budget for the block ([`registers`]): where none fits, the scalar
-/// kernel runs, never a tiling that spills.
+/// declare statically, and O within [`MAX_O_REGS`] registers.
 pub(crate) fn candidates(p: &Problem, target: &Target) -> Vec<Config> {
     if p.dtype != DType::F32
         || !(1..=MAX_HEAD).contains(&p.d)
@@ -143,24 +141,8 @@ pub(crate) fn candidates(p: &Problem, target: &Target) -> Vec<Config> {
                 && c.threads <= threads as usize
                 && l.shared_bytes(c) <= shared as usize
                 && c.tm * 4 * l.dvc <= MAX_O_REGS
-                && registers(c, &l)
-                    <= target
-                        .caps
-                        .registers
-                        .budget(c.threads as u32, target.wave_size) as usize
         })
         .collect()
-}
-
-/// A conservative count of the 32-bit registers a thread of configuration `c` needs: what it
-/// keeps live (O accumulators, the S tile, a step's Q and K values, a V chunk per O chunk,
-/// P and the row statistics), doubled for what the compiler holds beside them once it unrolls
-/// the tile loops (addresses, loads in flight), plus a fixed part for indices and the mask.
-/// Measured with hiprtc 5.2 (gfx1030, gfx90a): 110–168 VGPRs for tilings this counts at
-/// 200–320, so it errs high.
-pub(crate) fn registers(c: &Config, l: &Layout) -> usize {
-    let live = c.tm * 4 * l.dvc + c.tm * c.tn + 4 * (c.tm + c.tn) + 4 * l.dvc + 4 * c.tm;
-    2 * live + 32
 }
 
 /// The configuration for a problem: the first candidate, if any fits.
