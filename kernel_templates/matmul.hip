@@ -1,10 +1,10 @@
-// Batched matmul: {{ batch }} × [{{ m }}, {{ k }}] · [{{ k }}, {{ n }}]. 64×64 output tiles per block of
+// Batched matmul: {{ batch }} × [{{ m }}, {{ k }}] · [{{ k }}, {{ n }}]. {{ tile }}×{{ tile }} output tiles per block of
 // 16×16 threads, each thread 4×4 outputs; K in steps of 16 through shared memory; f32 accumulation.
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* __restrict__ A, const {{ b_t }}* __restrict__ B, {{ c_t }}* __restrict__ C) {
-    __shared__ float As[16][64 + 1];
-    __shared__ float Bs[16][64 + 1];
+    __shared__ float As[16][{{ tile }} + 1];
+    __shared__ float Bs[16][{{ tile }} + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+    const int row0 = blockIdx.y * {{ tile }}, col0 = blockIdx.x * {{ tile }};
     const long long bz = blockIdx.z;
     long long a_off = 0, b_off = 0;
     {
@@ -15,12 +15,12 @@ extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* _
     for (int y = 0; y < 4; ++y)
         for (int x = 0; x < 4; ++x) acc[y][x] = 0.0f;
     for (int k0 = 0; k0 < {{ k }}; k0 += 16) {
-        for (int t = threadIdx.x; t < 64 * 16; t += 256) {
+        for (int t = threadIdx.x; t < {{ tile }} * 16; t += 256) {
             const int r = t / 16, c = t % 16, gr = row0 + r, gc = k0 + c;
             As[c][r] = (gr < {{ m }} && gc < {{ k }}) ? {{ a_load_pre }}A[a_off + (long long)gr * {{ k }} + gc]{{ a_load_post }} : 0.0f;
         }
-        for (int t = threadIdx.x; t < 16 * 64; t += 256) {
-            const int r = t / 64, c = t % 64, gr = k0 + r, gc = col0 + c;
+        for (int t = threadIdx.x; t < 16 * {{ tile }}; t += 256) {
+            const int r = t / {{ tile }}, c = t % {{ tile }}, gr = k0 + r, gc = col0 + c;
             Bs[r][c] = (gr < {{ k }} && gc < {{ n }}) ? {{ b_load_pre }}B[b_off + (long long)gr * {{ n }} + gc]{{ b_load_post }} : 0.0f;
         }
         __syncthreads();

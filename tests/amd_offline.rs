@@ -30,7 +30,7 @@ use rocmforge::codegen::{generate_with, mma_probe_kernel, prelude, CodegenOption
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::{
-    occupancy_table, parse_code_object, AmdClang, AmdClangError, KernelResources,
+    occupancy_table, parse_code_object, AmdClang, AmdClangError, Hiprtc, KernelResources,
 };
 
 const TARGETS: [&str; 4] = ["gfx90a", "gfx942", "gfx1100", "gfx1201"];
@@ -493,6 +493,180 @@ fn prelude_snapshot(arch: &str) -> Result<(), Failed> {
     .map_err(|_| Failed::from(format!("the prelude of {arch} differs from its snapshot")))
 }
 
+/// Head sizes of the register sweep: every size up to 16, then odd and even steps up to 256
+/// (the sizes past a power of two, where tilings change, among them).
+const SWEEP_HEADS: [usize; 34] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 31, 32, 40, 48, 63, 64, 80, 96, 120,
+    127, 128, 160, 192, 200, 255, 256, 17,
+];
+
+/// (D, Dv) pairs with D ≠ Dv: both orders, small against large, odd against even.
+const SWEEP_PAIRS: [(usize, usize); 8] = [
+    (40, 24),
+    (1, 256),
+    (3, 200),
+    (17, 96),
+    (64, 128),
+    (255, 256),
+    (9, 16),
+    (127, 32),
+];
+
+/// The attention graphs of the register sweep: per (D, Dv), an f32 cross attention with a
+/// boolean mask (the CUDA-core kernel), f16 GQA with a causal offset (matrix cores where the
+/// target has them), bf16 decode rows with an additive mask (split-K decode), and the case of
+/// the issue: cross attention Sq 7, Sk 33, D 40, Dv 24 (which spilled 125 VGPRs on gfx1030).
+fn sweep_graphs() -> Vec<Graph> {
+    use rocmforge::ir::DType;
+    let mut pairs: Vec<(usize, usize)> = SWEEP_HEADS.iter().map(|&d| (d, d)).collect();
+    for (d, dv) in SWEEP_PAIRS {
+        pairs.push((d, dv));
+        pairs.push((dv, d));
+    }
+    let mut graphs = Vec::new();
+    let mut add = |name: String,
+                   dt: DType,
+                   (b, hq, hkv, sq, sk): (usize, usize, usize, usize, usize),
+                   (d, dv): (usize, usize),
+                   mask: Option<DType>,
+                   causal: Option<i64>| {
+        let mut g = Graph::new(name);
+        let q = g.input("q", dt, &[b, hq, sq, d]).unwrap();
+        let k = g.input("k", dt, &[b, hkv, sk, d]).unwrap();
+        let v = g.input("v", dt, &[b, hkv, sk, dv]).unwrap();
+        let m = mask.map(|mt| g.input("m", mt, &[b, 1, sq, sk]).unwrap());
+        let o = g.flash_attention(q, k, v, m, 0.125, causal).unwrap();
+        g.add_output(o).unwrap();
+        graphs.push(g);
+    };
+    add(
+        "cross_7x33_d40_dv24".into(),
+        DType::F32,
+        (1, 2, 2, 7, 33),
+        (40, 24),
+        None,
+        None,
+    );
+    for (d, dv) in pairs {
+        add(
+            format!("f32_bool_{d}_{dv}"),
+            DType::F32,
+            (2, 2, 2, 7, 33),
+            (d, dv),
+            Some(DType::Bool),
+            None,
+        );
+        add(
+            format!("f16_gqa_causal_{d}_{dv}"),
+            DType::F16,
+            (1, 6, 2, 77, 300),
+            (d, dv),
+            None,
+            Some(223),
+        );
+        add(
+            format!("bf16_decode_{d}_{dv}"),
+            DType::BF16,
+            (1, 8, 2, 2, 300),
+            (d, dv),
+            Some(DType::F32),
+            None,
+        );
+    }
+    graphs
+}
+
+/// Every attention kernel of the sweep on `arch` compiled once (deduplicated by name, the
+/// hash of the body), by hiprtc where the target is hiprtc's (ROCm 5.2: gfx906, gfx908,
+/// gfx90a, gfx1030) and by the offline clang otherwise: none may spill or use scratch, since
+/// codegen picks only configurations whose registers fit the target's budget.
+fn register_sweep(c: &Compiler, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let mut unique: HashMap<String, (String, String)> = HashMap::new();
+    for g in sweep_graphs() {
+        let plan = generate_with(&g, &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", g.name))?;
+        for k in plan.kernels {
+            unique.entry(k.entry).or_insert((k.body, g.name.clone()));
+        }
+    }
+    let mut all: Vec<(String, (String, String))> = unique.into_iter().collect();
+    all.sort();
+    let prelude = prelude(&target);
+    let options = ["-O3".to_string()];
+    let hiprtc_target = matches!(arch, "gfx906" | "gfx908" | "gfx90a" | "gfx1030");
+    let rows: Vec<Result<Vec<KernelResources>, String>> = if hiprtc_target {
+        let rtc = Hiprtc::load().map_err(|e| {
+            let required = std::env::var("ROCMFORGE_REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
+            format!(
+                "{}hiprtc: {e}",
+                if required {
+                    "ROCMFORGE_REQUIRE_HIPRTC=1 but "
+                } else {
+                    ""
+                }
+            )
+        })?;
+        // One program per batch: hiprtc compiles one program at a time, and the prelude and
+        // the device libraries are then paid once per batch.
+        all.chunks(BATCH)
+            .map(|chunk| {
+                let mut src = prelude.clone();
+                for (_, (body, _)) in chunk {
+                    src.push('\n');
+                    src.push_str(body);
+                }
+                let code = rtc
+                    .compile(&src, &chunk[0].0, arch, &options)
+                    .map_err(|e| e.to_string())?;
+                let info = parse_code_object(&code).map_err(|e| e.to_string())?;
+                chunk
+                    .iter()
+                    .map(|(entry, _)| {
+                        info.kernels
+                            .iter()
+                            .find(|k| &k.name == entry)
+                            .cloned()
+                            .ok_or(format!("{entry} not in its code object"))
+                    })
+                    .collect()
+            })
+            .collect()
+    } else {
+        all.par_chunks(BATCH)
+            .map(|chunk| {
+                let pairs: Vec<(&str, &str)> = chunk
+                    .iter()
+                    .map(|(e, (b, _))| (e.as_str(), b.as_str()))
+                    .collect();
+                let rows = c
+                    .clang
+                    .compile_batch(&prelude, &pairs, &target, &options)
+                    .map_err(|e| e.to_string())?;
+                Ok(rows.into_iter().map(|(r, _)| r).collect())
+            })
+            .collect()
+    };
+    let mut failures = Vec::new();
+    let mut compiled = 0;
+    for (batch, chunk) in rows.into_iter().zip(all.chunks(BATCH)) {
+        for (r, (_, (_, case))) in batch?.iter().zip(chunk) {
+            compiled += 1;
+            if let Some(p) = problems(&target, r) {
+                failures.push(format!("{p} ({case})"));
+            }
+        }
+    }
+    if compiled != all.len() {
+        return Err(format!("{compiled} of {} kernels compiled", all.len()).into());
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let required = std::env::var("ROCMFORGE_REQUIRE_CLANG").is_ok_and(|v| v == "1");
@@ -532,6 +706,14 @@ fn main() {
         trials.push(Trial::test(format!("prelude::{arch}"), move || {
             prelude_snapshot(arch)
         }));
+    }
+    for arch in [
+        "gfx906", "gfx908", "gfx90a", "gfx1030", "gfx942", "gfx1100", "gfx1201",
+    ] {
+        trials.push(trial(
+            format!("offline::{arch}::attention_register_sweep"),
+            Box::new(move |c| register_sweep(c, arch)),
+        ));
     }
     for arch in TARGETS {
         trials.push(trial(

@@ -6,7 +6,7 @@
 //! release that lists the processor as supported; where unsure we give the later release, which
 //! only means the offline clang is used where an older hiprtc might also have worked.
 
-use super::caps::{Arch, AsyncCopy};
+use super::caps::{Arch, AsyncCopy, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{
     MFMA_16X16X16_BF16, MFMA_16X16X16_F16, MFMA_32X32X8_BF16, MFMA_32X32X8_F16,
@@ -16,7 +16,8 @@ use crate::arch::mma::atoms::{
 const LDS: u32 = 64 * 1024;
 const XNACK_SRAMECC: &[&str] = &["sramecc", "xnack"];
 
-/// Rows that differ only in name, ISA version and hiprtc support.
+/// Rows that differ only in name, ISA version, hiprtc support and register file.
+#[allow(clippy::too_many_arguments)]
 const fn amd(
     name: &'static str,
     family: &'static str,
@@ -25,6 +26,7 @@ const fn amd(
     features: &'static [&'static str],
     isa_version: (u32, u32, u32),
     hiprtc_since_rocm: (u32, u32),
+    registers: Registers,
 ) -> Arch {
     Arch {
         name,
@@ -41,8 +43,40 @@ const fn amd(
         variants: &[],
         isa_version: Some(isa_version),
         hiprtc_since_rocm: Some(hiprtc_since_rocm),
+        registers,
     }
 }
+
+// Vector register files (LLVM AMDGPUBaseInfo.cpp, `getTotalNumVGPRs` and
+// `getAddressableNumVGPRs`; AMD's ISA guides give the same sizes): GCN/CDNA1 256 per lane of
+// a wave64 SIMD (CDNA1's AccVGPRs hold only MFMA operands and are not counted); CDNA2/3 one
+// unified file of 512 (VGPRs and AccVGPRs); RDNA wave32 1024 per lane, 1536 on the parts with
+// the larger file (gfx1100, gfx1101),
+// 256 addressable per wave (RDNA4 is given the smaller file, the safe side, until its size is
+// confirmed). Waves of a block spread over 4 SIMDs (`getEUsPerCU`: gfx9, and
+// gfx10+ in WGP mode, the compilers' default).
+const GCN_REGS: Registers = Registers {
+    file: 256,
+    per_wave: 256,
+    simds: 4,
+    granule: 4,
+};
+const CDNA2_REGS: Registers = Registers {
+    file: 512,
+    per_wave: 512,
+    simds: 4,
+    granule: 8,
+};
+const RDNA_REGS: Registers = Registers {
+    file: 1024,
+    per_wave: 256,
+    simds: 4,
+    granule: 8,
+};
+const RDNA3_LARGE_REGS: Registers = Registers {
+    file: 1536,
+    ..RDNA_REGS
+};
 
 /// MI50/MI60: no matrix cores (dot-product instructions only).
 pub static GFX906: Arch = amd(
@@ -53,6 +87,7 @@ pub static GFX906: Arch = amd(
     XNACK_SRAMECC,
     (9, 0, 6),
     (2, 0),
+    GCN_REGS,
 );
 /// MI100: MFMA for f16; its bf16 MFMA (`32x32x4bf16`, two values per lane) predates the `_1k`
 /// forms and has no atom here.
@@ -64,6 +99,7 @@ pub static GFX908: Arch = amd(
     XNACK_SRAMECC,
     (9, 0, 8),
     (4, 0),
+    GCN_REGS,
 );
 /// MI200.
 pub static GFX90A: Arch = amd(
@@ -79,6 +115,7 @@ pub static GFX90A: Arch = amd(
     XNACK_SRAMECC,
     (9, 0, 10),
     (4, 5),
+    CDNA2_REGS,
 );
 /// MI300.
 pub static GFX942: Arch = amd(
@@ -94,23 +131,78 @@ pub static GFX942: Arch = amd(
     XNACK_SRAMECC,
     (9, 4, 2),
     (6, 0),
+    CDNA2_REGS,
 );
 /// RX 6800/6900, W6800: no matrix instructions.
-pub static GFX1030: Arch = amd("gfx1030", "RDNA2", 32, &[], &[], (10, 3, 0), (5, 0));
+pub static GFX1030: Arch = amd(
+    "gfx1030",
+    "RDNA2",
+    32,
+    &[],
+    &[],
+    (10, 3, 0),
+    (5, 0),
+    RDNA_REGS,
+);
 /// RDNA3: WMMA with A and B replicated across the two half-waves.
 const RDNA3_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA11_16X16X16_F16, &WMMA11_16X16X16_BF16];
 /// RX 7900.
-pub static GFX1100: Arch = amd("gfx1100", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 0), (5, 7));
+pub static GFX1100: Arch = amd(
+    "gfx1100",
+    "RDNA3",
+    32,
+    RDNA3_MMA,
+    &[],
+    (11, 0, 0),
+    (5, 7),
+    RDNA3_LARGE_REGS,
+);
 /// RX 7800/7700.
-pub static GFX1101: Arch = amd("gfx1101", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 1), (5, 7));
+pub static GFX1101: Arch = amd(
+    "gfx1101",
+    "RDNA3",
+    32,
+    RDNA3_MMA,
+    &[],
+    (11, 0, 1),
+    (5, 7),
+    RDNA3_LARGE_REGS,
+);
 /// RX 7600.
-pub static GFX1102: Arch = amd("gfx1102", "RDNA3", 32, RDNA3_MMA, &[], (11, 0, 2), (5, 7));
+pub static GFX1102: Arch = amd(
+    "gfx1102",
+    "RDNA3",
+    32,
+    RDNA3_MMA,
+    &[],
+    (11, 0, 2),
+    (5, 7),
+    RDNA_REGS,
+);
 /// RDNA4: WMMA with A and B split between the half-waves.
 const RDNA4_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA12_16X16X16_F16, &WMMA12_16X16X16_BF16];
 /// RX 9060.
-pub static GFX1200: Arch = amd("gfx1200", "RDNA4", 32, RDNA4_MMA, &[], (12, 0, 0), (6, 4));
+pub static GFX1200: Arch = amd(
+    "gfx1200",
+    "RDNA4",
+    32,
+    RDNA4_MMA,
+    &[],
+    (12, 0, 0),
+    (6, 4),
+    RDNA_REGS,
+);
 /// RX 9070.
-pub static GFX1201: Arch = amd("gfx1201", "RDNA4", 32, RDNA4_MMA, &[], (12, 0, 1), (6, 4));
+pub static GFX1201: Arch = amd(
+    "gfx1201",
+    "RDNA4",
+    32,
+    RDNA4_MMA,
+    &[],
+    (12, 0, 1),
+    (6, 4),
+    RDNA_REGS,
+);
 
 pub static AMD: &[&Arch] = &[
     &GFX906, &GFX908, &GFX90A, &GFX942, &GFX1030, &GFX1100, &GFX1101, &GFX1102, &GFX1200, &GFX1201,

@@ -55,6 +55,38 @@ pub struct Arch {
     /// AMD: the first ROCm release whose hiprtc compiles for this processor. Older hiprtc
     /// builds do not report an unknown processor as an error: ROCm 5.2's aborts the process.
     pub hiprtc_since_rocm: Option<(u32, u32)>,
+    /// The vector register file as the compiler allocates it: what bounds a configuration's
+    /// registers before it spills.
+    pub registers: Registers,
+}
+
+/// A processor's 32-bit vector registers per lane, as the compiler hands them to a kernel of
+/// a given block size (LLVM `AMDGPUBaseInfo.cpp`: `getTotalNumVGPRs`, `getAddressableNumVGPRs`,
+/// `getEUsPerCU`, `getVGPRAllocGranule`; NVIDIA: 64 K registers per SM, 255 per thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registers {
+    /// Registers per lane in one SIMD's file, shared by the waves resident on it.
+    pub file: u32,
+    /// Most one wave (warp) may address.
+    pub per_wave: u32,
+    /// SIMDs a block's waves spread over: 4 on gfx9 and on gfx10+ in WGP mode (the default of
+    /// hiprtc and clang); 1 on NVIDIA, where `file` is the SM's.
+    pub simds: u32,
+    /// Allocation granule.
+    pub granule: u32,
+}
+
+impl Registers {
+    /// Registers per lane a kernel of `threads` per block has without spilling: the file
+    /// shared by the block's waves on one SIMD (all resident at once), at most `per_wave`,
+    /// in whole granules. This is the bound the compiler works to under
+    /// `__launch_bounds__(threads)`.
+    pub fn budget(&self, threads: u32, wave: u32) -> u32 {
+        let waves = threads.div_ceil(wave.max(1)).max(1);
+        let per_simd = waves.div_ceil(self.simds.max(1));
+        let share = self.file / per_simd / self.granule.max(1) * self.granule.max(1);
+        share.min(self.per_wave)
+    }
 }
 
 impl Arch {

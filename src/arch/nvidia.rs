@@ -3,7 +3,7 @@
 //! `cp.async.bulk.tensor` target requirements). Statically declared shared memory is capped at
 //! 48 KiB on every one of them.
 
-use super::caps::{Arch, AsyncCopy};
+use super::caps::{Arch, AsyncCopy, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
 use crate::arch::mma::MmaAtom;
@@ -33,6 +33,15 @@ const fn nvidia(
         variants,
         isa_version: None,
         hiprtc_since_rocm: None,
+        // 64 K 32-bit registers per SM (2048 per lane of a warp slot), at most 255 per thread,
+        // allocated per warp in units of 256 (8 per lane): CUDA Programming Guide, "Compute
+        // Capabilities", table of technical specifications (sm_70 to sm_90).
+        registers: Registers {
+            file: 2048,
+            per_wave: 255,
+            simds: 1,
+            granule: 8,
+        },
     }
 }
 

@@ -2,7 +2,7 @@
 //! (the instruction must appear in the ISA, with no spills) and run it on a GPU against an f64
 //! product. It uses nothing but the generated fragment helpers.
 
-use serde_json::json;
+use serde::Serialize;
 
 use super::mma::MmaAtom;
 use super::{prelude, templates, CodegenError};
@@ -23,6 +23,18 @@ pub struct MmaProbe {
     pub lanes: u32,
 }
 
+/// The probe template's context: the atom's helper prefix and shape, and the entry name
+/// (fixed per atom: the probe is one kernel, not named by a hash).
+#[derive(Serialize)]
+struct ProbeContext<'a> {
+    p: String,
+    m: u32,
+    n: u32,
+    k: u32,
+    lanes: u32,
+    entry: &'a str,
+}
+
 pub fn mma_probe_kernel(target: &Target, atom: &'static MmaAtom) -> Result<MmaProbe, CodegenError> {
     if !target.caps.mma.iter().any(|a| std::ptr::eq(*a, atom)) {
         return Err(CodegenError::Unsupported {
@@ -31,7 +43,14 @@ pub fn mma_probe_kernel(target: &Target, atom: &'static MmaAtom) -> Result<MmaPr
         });
     }
     let entry = format!("rf_mma_probe_{}", atom.name);
-    let ctx = json!({"p": atom.prefix(), "m": atom.m, "n": atom.n, "k": atom.k, "lanes": atom.lanes, "entry": entry});
+    let ctx = ProbeContext {
+        p: atom.prefix(),
+        m: atom.m,
+        n: atom.n,
+        k: atom.k,
+        lanes: atom.lanes,
+        entry: &entry,
+    };
     let body = templates::render("mma_probe.hip", minijinja::Value::from_serialize(&ctx))?;
     Ok(MmaProbe {
         entry,

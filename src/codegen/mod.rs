@@ -6,11 +6,9 @@
 //! numeric attributes alone (see `names.rs`), every launch is checked against the target's
 //! limits and every value a kernel indexes with `int` against that range (`limits.rs`).
 
-mod argmax;
-mod cache_write;
 mod ctype;
 mod expr_c;
-mod gather;
+mod kernel;
 mod kernels;
 mod limits;
 mod lower;
@@ -30,7 +28,8 @@ pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
 pub use mma_probe::mma_probe_kernel;
 pub use names::display_name;
 pub use plan::{
-    Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput, STATUS_BYTES,
+    Access, Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput,
+    STATUS_BYTES,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -117,6 +116,13 @@ pub fn generate_with(
     )
 }
 
+/// The preludes' template context.
+#[derive(serde::Serialize)]
+struct PreludeContext<'a> {
+    arch: &'a str,
+    wave: u32,
+}
+
 /// The prelude every kernel source starts with on `target`: platform mappings, then the
 /// helpers all platforms share, then the fragment helpers of the target's matrix instructions
 /// (generated from `mma::atoms`).
@@ -125,9 +131,10 @@ pub fn prelude(target: &Target) -> String {
         Platform::Amd => "prelude_amd.hip",
         Platform::Nvidia => "prelude_nvidia.hip",
     };
-    let ctx = minijinja::Value::from_serialize(
-        serde_json::json!({"arch": target.arch, "wave": target.wave_size}),
-    );
+    let ctx = minijinja::Value::from_serialize(PreludeContext {
+        arch: &target.arch,
+        wave: target.wave_size,
+    });
     let mut s = templates::render(name, ctx.clone()).expect("preludes render (checked by tests)");
     s.push('\n');
     s.push_str(&templates::render("common.hip", ctx).expect("common prelude renders"));

@@ -101,10 +101,31 @@ pub struct Kernel {
     /// The kernel itself; the full source is the target's prelude followed by this.
     pub body: String,
     pub launch: Launch,
-    /// Buffers bound to the kernel's pointer parameters, in order; the last is written.
+    /// Buffers bound to the kernel's pointer parameters, in order.
     pub args: Vec<BufferId>,
+    /// How the kernel uses each of `args` (same order), read from its own parameter list: a
+    /// `const` pointer is read, any other written.
+    pub access: Vec<Access>,
     /// Where the family had several configurations to choose from: which, and which it took.
     pub tune: Option<crate::arch::tuning::TuneSite>,
+}
+
+/// How a kernel uses a buffer bound to one of its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+impl Kernel {
+    /// The buffers this kernel writes, in parameter order.
+    pub fn written(&self) -> impl Iterator<Item = BufferId> + '_ {
+        self.args
+            .iter()
+            .zip(&self.access)
+            .filter(|(_, &a)| a == Access::Write)
+            .map(|(&b, _)| b)
+    }
 }
 
 /// A graph output: the buffer holding it and its own type (a reshaped output shares the buffer
@@ -176,6 +197,12 @@ impl KernelPlan {
             self.buffers.len()
         );
         for (i, k) in self.kernels.iter().enumerate() {
+            // The mark names the kernel's result: its written buffers other than a status
+            // buffer (the error channel of gathers and cache writes), or the status buffer
+            // where that is all it writes (the index check).
+            let result_only = k
+                .written()
+                .any(|w| self.buffers[w].role != BufferRole::Status);
             let args: Vec<String> = k
                 .args
                 .iter()
@@ -184,7 +211,9 @@ impl KernelPlan {
                     format!(
                         "%{}{}",
                         display_name(&self.buffers[b].name),
-                        if j + 1 == k.args.len() {
+                        if k.access.get(j) == Some(&Access::Write)
+                            && (!result_only || self.buffers[b].role != BufferRole::Status)
+                        {
                             " (write)"
                         } else {
                             ""

@@ -54,10 +54,12 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
     let mut slot_bytes: Vec<usize> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     for (i, k) in plan.kernels.iter().enumerate() {
-        let Some(&out) = k.args.last() else {
-            continue;
-        };
-        if computed(out) && !slot_of.contains_key(&out) {
+        // The buffers the kernel writes (its plan says which), each given a slot the first
+        // time one is written.
+        for out in k.written() {
+            if !computed(out) || slot_of.contains_key(&out) {
+                continue;
+            }
             let need = bytes(out);
             // Best fit among free slots, else a new one.
             let pick = free
@@ -136,7 +138,7 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
 mod tests {
     use super::*;
     use crate::arch::Target;
-    use crate::codegen::{generate, Buffer};
+    use crate::codegen::{generate, Access, Buffer};
     use crate::ir::{DType, Graph, TensorType};
 
     /// A state buffer bound to kernels (a cache written in place and read) never gets a slot,
@@ -159,8 +161,10 @@ mod tests {
         });
         // Read by the first kernel and written by a last one, as a cache write would be.
         plan.kernels[0].args.insert(0, id);
+        plan.kernels[0].access.insert(0, Access::Read);
         let mut write = plan.kernels[0].clone();
         write.args = vec![plan.kernels[0].args[1], id];
+        write.access = vec![Access::Read, Access::Write];
         plan.kernels.push(write);
         let m = plan_memory(&plan);
         assert!(!m.slot_of.contains_key(&id));

@@ -203,21 +203,26 @@ pub static WMMA11_16X16X16_BF16: MmaAtom = MmaAtom {
 };
 
 // ---- AMD WMMA on RDNA4, wave32 (RDNA4 ISA reference, section "Wave Matrix Multiply
-// Accumulate (WMMA)", 16-bit A/B and 32-bit C/D layouts for 16x16x16): no copies; the lower
-// half-wave holds K 0-7 of its row (A) or column (B), the upper half-wave K 8-15.
-//   A[i][k]: lane i + 16*(k / 8), slot k % 8;  B[k][j]: lane j + 16*(k / 8), slot k % 8
+// Accumulate (WMMA)", 16-bit A/B and 32-bit C/D layouts for 16x16x16; AMD's Matrix Instruction
+// Calculator, `--architecture rdna4 --instruction v_wmma_f32_16x16x16_f16 --detail-instruction`):
+// no copies; K is split between the half-waves in groups of four: lanes 0-15 hold K {0-3, 8-11}
+// of their row (A) or column (B), lanes 16-31 K {4-7, 12-15}. (Not K 0-7 / 8-15: that order
+// gives right products only while A and B are both loaded in it, since the instruction pairs
+// slot i of A with slot i of B; a fragment built from other register data would be wrong.)
+//   A[i][k]: lane i + 16*((k / 4) % 2), slot k % 4 + 4*(k / 8)
+//   B[k][j]: lane j + 16*((k / 4) % 2), slot k % 4 + 4*(k / 8)
 //   D[i][j] (f32): lane j + 16*(i / 8), slot i % 8
 const WMMA12_A: Layout = Layout {
     rows: 16,
     cols: 16,
-    lane_bits: &[Row(0), Row(1), Row(2), Row(3), Col(3)],
-    elem_bits: &[Col(0), Col(1), Col(2)],
+    lane_bits: &[Row(0), Row(1), Row(2), Row(3), Col(2)],
+    elem_bits: &[Col(0), Col(1), Col(3)],
 };
 const WMMA12_B: Layout = Layout {
     rows: 16,
     cols: 16,
-    lane_bits: &[Col(0), Col(1), Col(2), Col(3), Row(3)],
-    elem_bits: &[Row(0), Row(1), Row(2)],
+    lane_bits: &[Col(0), Col(1), Col(2), Col(3), Row(2)],
+    elem_bits: &[Row(0), Row(1), Row(3)],
 };
 const WMMA12_C: Layout = Layout {
     rows: 16,

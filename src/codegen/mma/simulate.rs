@@ -23,8 +23,9 @@ enum Operand {
 ///   calculator) for v_mfma_f32_32x32x8{f16,bf16_1k} and v_mfma_f32_16x16x16{f16,bf16_1k};
 /// - RDNA3 ISA, "Wave Matrix Multiply Accumulate" (A/B copied in both half-waves, D rows
 ///   interleaved between them);
-/// - RDNA4 ISA, "Wave Matrix Multiply Accumulate" (K split between the half-waves, D rows 0-7
-///   in the lower half-wave, 8-15 in the upper).
+/// - RDNA4 ISA, "Wave Matrix Multiply Accumulate", and AMD's matrix instruction calculator for
+///   rdna4 (K split between the half-waves in groups of four: lanes 0-15 K {0-3, 8-11}, lanes
+///   16-31 K {4-7, 12-15}; D rows 0-7 in the lower half-wave, 8-15 in the upper).
 fn documented(atom: &MmaAtom, op: Operand, l: u32, e: u32) -> (u32, u32) {
     match (atom.kind, atom.m, op) {
         (MmaKind::MmaSync, _, op) => {
@@ -44,8 +45,8 @@ fn documented(atom: &MmaAtom, op: Operand, l: u32, e: u32) -> (u32, u32) {
         (MmaKind::WmmaGfx11, _, Operand::A) => (l % 16, e),
         (MmaKind::WmmaGfx11, _, Operand::B) => (e, l % 16),
         (MmaKind::WmmaGfx11, _, Operand::C) => (2 * e + l / 16, l % 16),
-        (MmaKind::WmmaGfx12, _, Operand::A) => (l % 16, 8 * (l / 16) + e),
-        (MmaKind::WmmaGfx12, _, Operand::B) => (8 * (l / 16) + e, l % 16),
+        (MmaKind::WmmaGfx12, _, Operand::A) => (l % 16, e % 4 + 4 * (l / 16) + 8 * (e / 4)),
+        (MmaKind::WmmaGfx12, _, Operand::B) => (e % 4 + 4 * (l / 16) + 8 * (e / 4), l % 16),
         (MmaKind::WmmaGfx12, _, Operand::C) => (8 * (l / 16) + e, l % 16),
     }
 }
@@ -216,6 +217,72 @@ fn a_wrong_layout_is_caught() {
         .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
         .collect();
     assert_ne!(got, want);
+}
+
+/// B's (k, n) for slot `e` of lane `l`, written as the per-lane K lists AMD's matrix
+/// instruction calculator prints (and the PTX table), not through `documented` or the bit
+/// tables: a second, independent spelling of where B's K elements sit.
+fn listed_b(atom: &MmaAtom, l: u32, e: u32) -> (u32, u32) {
+    const GFX12_K: [u32; 8] = [0, 1, 2, 3, 8, 9, 10, 11];
+    match atom.kind {
+        MmaKind::MmaSync => (2 * (l % 4) + (e & 1) + 8 * (e >> 1), l >> 2),
+        MmaKind::Mfma => (4 * (l / atom.n) + e, l % atom.n),
+        MmaKind::WmmaGfx11 => (e, l % 16),
+        MmaKind::WmmaGfx12 => (GFX12_K[e as usize] + 4 * (l / 16), l % 16),
+    }
+}
+
+/// One K step of the instruction on an A fragment loaded through `atom`'s table and a B
+/// fragment built in the calculator's order: right only when the table's A order is the
+/// hardware's, whatever order B uses. Loading A and B both through the tables (as the probe
+/// does) cannot see a K order that is wrong in the same way for both, since the K sum does
+/// not care; a fragment made from other register data (P kept in registers) would.
+fn mixed_order_product_is_right(atom: &MmaAtom) -> bool {
+    let (m, n, k) = (atom.m, atom.n, atom.k);
+    let a = small_ints((m * k) as usize, 21);
+    let b = small_ints((k * n) as usize, 22);
+    let mut am = vec![f64::NAN; (m * k) as usize];
+    let mut bm = vec![f64::NAN; (k * n) as usize];
+    for l in 0..atom.lanes {
+        for e in 0..atom.a.elems() {
+            let (r, c) = atom.a.coord(l, e);
+            let (hr, hc) = documented(atom, Operand::A, l, e);
+            am[(hr * k + hc) as usize] = a[(r * k + c) as usize];
+        }
+        for e in 0..atom.b.elems() {
+            let (r, c) = listed_b(atom, l, e);
+            let (hr, hc) = documented(atom, Operand::B, l, e);
+            bm[(hr * n + hc) as usize] = b[(r * n + c) as usize];
+        }
+    }
+    (0..m).all(|r| {
+        (0..n).all(|c| {
+            let got: f64 = (0..k)
+                .map(|i| am[(r * k + i) as usize] * bm[(i * n + c) as usize])
+                .sum();
+            let want: f64 = (0..k)
+                .map(|i| a[(r * k + i) as usize] * b[(i * n + c) as usize])
+                .sum();
+            got == want
+        })
+    })
+}
+
+#[test]
+fn a_and_b_fragments_built_in_different_orders_multiply_right() {
+    for atom in ALL {
+        assert!(mixed_order_product_is_right(atom), "{}", atom.name);
+    }
+    // The RDNA4 layout once written as K 0-7 in the lower half-wave and 8-15 in the upper
+    // passes a probe that loads A and B alike, and must fail here.
+    use super::Bit::{Col, Row};
+    let mut old = super::atoms::WMMA12_16X16X16_F16.clone();
+    old.a = Layout {
+        lane_bits: &[Row(0), Row(1), Row(2), Row(3), Col(3)],
+        elem_bits: &[Col(0), Col(1), Col(2)],
+        ..old.a
+    };
+    assert!(!mixed_order_product_is_right(&old));
 }
 
 #[test]

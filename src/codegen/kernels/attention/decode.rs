@@ -13,11 +13,11 @@ use serde::Serialize;
 
 use super::super::super::ctype::f32_literal;
 use super::super::super::limits::launch as checked_launch;
-use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
 use super::Problem;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 
 /// Most query rows (`group × sq`) one block holds: all rows of a K/V head in one block.
 pub(crate) const MAX_ROWS: usize = 16;

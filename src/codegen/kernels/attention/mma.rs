@@ -17,14 +17,14 @@
 
 use serde::Serialize;
 
-use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_pairs, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
-use super::super::gemm::TileLayout;
+use super::super::tile::TileLayout;
 use super::Problem;
 use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 use crate::codegen::mma::AtomHelpers;
 use crate::ir::DType;
 

@@ -4,11 +4,11 @@
 
 use serde::Serialize;
 
-use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
 use super::Problem;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 
 /// One tiling of the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

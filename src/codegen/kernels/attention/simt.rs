@@ -8,13 +8,13 @@
 
 use serde::Serialize;
 
-use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
 use super::Problem;
 use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Platform;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 use crate::ir::DType;
 
 /// The largest head size (D or Dv) the kernel takes: beyond it no tile fits both 48 KiB of

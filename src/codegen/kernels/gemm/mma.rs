@@ -18,19 +18,18 @@
 use serde::Serialize;
 
 use super::super::super::limits::launch as checked_launch;
-use super::super::super::lower::finish;
 use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, Bit, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
+use super::super::tile::{TileLayout, CHUNK};
 use super::Problem;
 use crate::arch::tuning::{Family, TuneKey, TuneProblem, Tuned};
 use crate::arch::Arch;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::Gemm;
 
-/// Elements of a 16-byte piece of a 16-bit operand.
-const CHUNK: usize = 8;
 /// K per block step: a multiple of every atom's K, and 64-byte tile rows (four chunks).
 const BK: usize = 32;
 /// The most accumulator floats a lane may hold: beyond it the fragments and addresses of a
@@ -150,54 +149,6 @@ pub(crate) fn atom_for(p: &Problem, caps: &Arch) -> Option<&'static MmaAtom> {
         .copied()
         .filter(|a| a.input == p.input)
         .max_by_key(|a| a.m * a.n * a.k)
-}
-
-/// Shared-memory geometry of one operand's tile (the attention kernel's K/V tiles too): `rows` rows of `ld` halves, chunk
-/// `c / 8` of row `r` stored at chunk `(c / 8) ^ ((r / swz_div) % swz_mod)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct TileLayout {
-    pub rows: usize,
-    pub cols: usize,
-    pub ld: usize,
-    pub swz_div: usize,
-    pub swz_mod: usize,
-}
-
-impl TileLayout {
-    /// Swizzled: the 8 rows one ldmatrix phase reads (same logical chunk) land on 8 distinct
-    /// 16-byte bank groups of a 128-byte line. Padded: each row starts 16 bytes further along
-    /// the banks, so do the rows an element load reads across lanes.
-    pub(crate) fn new(rows: usize, cols: usize, swizzle: bool) -> TileLayout {
-        let per_row = cols / CHUNK;
-        if swizzle {
-            TileLayout {
-                rows,
-                cols,
-                ld: cols,
-                swz_div: (CHUNK / per_row).max(1),
-                swz_mod: per_row.min(CHUNK),
-            }
-        } else {
-            TileLayout {
-                rows,
-                cols,
-                ld: cols + CHUNK,
-                swz_div: 1,
-                swz_mod: 1,
-            }
-        }
-    }
-
-    pub(crate) fn elems(&self) -> usize {
-        self.rows * self.ld
-    }
-
-    /// The element index of (r, c), as the template's `rf_gemm_sa`/`rf_gemm_sb` compute it
-    /// (tests evaluate the tiling through it).
-    #[cfg(test)]
-    fn index(&self, r: usize, c: usize) -> usize {
-        r * self.ld + ((((c >> 3) ^ ((r / self.swz_div) % self.swz_mod)) << 3) | (c & 7))
-    }
 }
 
 fn tiles(c: &Config, acc: &Access) -> (TileLayout, TileLayout) {

@@ -12,8 +12,6 @@ mod vectors;
 
 /// The shared-memory tile geometry (swizzled for ldmatrix, padded for element loads), which the
 /// attention kernel's K/V tiles use too.
-pub(crate) use mma::TileLayout;
-
 use std::collections::HashMap;
 
 use serde::Serialize;

@@ -14,13 +14,13 @@
 use serde::Serialize;
 
 use super::super::super::limits::{launch as checked_launch, launch_1d};
-use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, KernelPlan};
 use super::super::super::{ctype::ctype, CodegenError};
 use super::small_m::MAX_M;
 use super::vectors::{vectorizes, Along};
 use super::Problem;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 use crate::ir::gemm::Operand;
 use crate::ir::quant::BLOCK_ELEMS;
 use crate::ir::{Gemm, Graph, NodeId, Op, QuantScheme, Shape, TensorType};

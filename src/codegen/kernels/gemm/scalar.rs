@@ -7,12 +7,12 @@
 use serde::Serialize;
 
 use super::super::super::limits::launch as checked_launch;
-use super::super::super::lower::finish;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
 use super::vectors::{vectorizes, Along};
 use super::Problem;
 use crate::arch::Target;
+use crate::codegen::kernel::finish;
 use crate::ir::gemm::Operand;
 use crate::ir::{DType, Gemm, View};
 

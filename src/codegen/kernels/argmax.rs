@@ -5,12 +5,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::ctype::ctype;
-use super::limits::{int_index, launch, BLOCK_1D};
-use super::lower::finish;
-use super::plan::{BufferId, Kernel};
-use super::CodegenError;
 use crate::arch::Target;
+use crate::codegen::ctype::ctype;
+use crate::codegen::kernel::finish;
+use crate::codegen::limits::{int_index, launch, BLOCK_1D};
+use crate::codegen::plan::{BufferId, Kernel};
+use crate::codegen::CodegenError;
 use crate::ir::{Graph, NodeId};
 
 #[derive(Serialize)]

@@ -6,15 +6,37 @@
 
 use std::collections::HashMap;
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::ctype::ctype;
-use super::limits::{launch, launch_1d};
-use super::lower::finish;
-use super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
-use super::CodegenError;
 use crate::arch::Target;
+use crate::codegen::ctype::ctype;
+use crate::codegen::kernel::finish;
+use crate::codegen::limits::{launch, launch_1d};
+use crate::codegen::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
+use crate::codegen::CodegenError;
 use crate::ir::{DType, Graph, NodeId, TensorType};
+
+/// The gather's template context.
+#[derive(Serialize)]
+struct Context {
+    ctype: &'static str,
+    itype: &'static str,
+    /// Elements per table row; the rows one index selects (its row times the indexed axis'
+    /// inner rows); result rows; indices; threads of the launch.
+    row: usize,
+    per_index: usize,
+    rows: usize,
+    count: usize,
+    threads: usize,
+    /// What an out-of-range index writes: NaN for floats, 0 for integers.
+    bad: String,
+}
+
+/// The index check's context: the kernel reads only the indices.
+#[derive(Serialize)]
+struct CheckContext {
+    itype: &'static str,
+}
 
 /// Appends the gather kernel of node `id` and its check (none when there are no indices).
 pub(crate) fn gather(
@@ -57,8 +79,16 @@ pub(crate) fn gather(
         "0".into()
     };
     let itype = ctype(indices.dtype).storage;
-    let ctx = json!({"ctype": c.storage, "itype": itype, "row": row, "per_index": per_index,
-        "rows": rows, "count": count, "threads": threads, "bad": bad});
+    let ctx = Context {
+        ctype: c.storage,
+        itype,
+        row,
+        per_index,
+        rows,
+        count,
+        threads,
+        bad,
+    };
     plan.kernels.push(finish(
         "gather",
         "gather.hip",
@@ -70,7 +100,7 @@ pub(crate) fn gather(
     plan.kernels.push(finish(
         "gather_check",
         "gather_check.hip",
-        json!({"itype": itype}),
+        CheckContext { itype },
         launch(name, target, [1, 1, 1], 1)?,
         vec![buf[&ops[1]], status],
         name,

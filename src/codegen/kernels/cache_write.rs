@@ -8,12 +8,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::ctype::ctype;
-use super::limits::launch_1d;
-use super::lower::finish;
-use super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
-use super::CodegenError;
 use crate::arch::Target;
+use crate::codegen::ctype::ctype;
+use crate::codegen::kernel::finish;
+use crate::codegen::limits::launch_1d;
+use crate::codegen::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
+use crate::codegen::CodegenError;
 use crate::ir::{DType, Graph, NodeId, TensorType};
 
 #[derive(Serialize)]
