@@ -19,10 +19,12 @@ pub(crate) struct Config {
     pub block_n: usize,
 }
 
-/// Enough lanes per row that each holds at most 8 columns, 256 threads a block, and K and V
-/// tiles in f32 within 48 KiB of shared memory.
+/// Enough lanes per row that each holds at most 8 columns of the larger of D and Dv (a lane
+/// keeps its share of both the Q row and the O accumulators: sized by D alone, D 1 with Dv 256
+/// gave a lane 256 accumulators, 1040 B of scratch on every AMD target of the register sweep),
+/// 256 threads a block, and K and V tiles in f32 within 48 KiB of shared memory.
 pub(crate) fn choose(p: &Problem) -> Config {
-    let tpr = p.d.div_ceil(8).next_power_of_two().clamp(1, 16);
+    let tpr = p.d.max(p.dv).div_ceil(8).next_power_of_two().clamp(1, 16);
     Config {
         tpr,
         block_m: 256 / tpr,
@@ -76,4 +78,59 @@ pub(crate) fn kernel(
         args,
         node,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::DType;
+
+    fn problem(d: usize, dv: usize) -> Problem {
+        Problem {
+            b: 1,
+            hq: 2,
+            hkv: 2,
+            group: 1,
+            sq: 7,
+            sk: 33,
+            d,
+            dv,
+            dtype: DType::F16,
+            scale: 0.125,
+            scale_f: "0.125f".into(),
+            causal: false,
+            offset: "0LL".into(),
+            offset_text: 0,
+            mask: "",
+            mask_ctype: "float",
+            mask_load_pre: "",
+            mask_load_post: "",
+            ms: vec![0; 4],
+            kv_len: "",
+            keys: "33".into(),
+            ctype: "__half",
+            load_pre: "",
+            load_post: "",
+            store_pre: "",
+            store_post: "",
+        }
+    }
+
+    /// For every D and Dv in 1..=256 a lane holds at most 8 columns of Q and of O, or 16 where
+    /// 16 lanes (the most) share a row: the accumulators stay in registers (Dv alone used to
+    /// leave D 1, Dv 256 with 256 of them).
+    #[test]
+    fn a_lane_holds_few_columns_of_both_heads() {
+        for d in 1..=256usize {
+            for dv in [1, 3, 24, 40, 127, 256, d] {
+                let p = problem(d, dv);
+                let c = choose(&p);
+                assert!(c.tpr.is_power_of_two() && c.tpr <= 16, "D {d}, Dv {dv}");
+                let most = if c.tpr == 16 { 16 } else { 8 };
+                assert!(d.div_ceil(c.tpr) <= most, "D {d}, Dv {dv}: {c:?}");
+                assert!(dv.div_ceil(c.tpr) <= most, "D {d}, Dv {dv}: {c:?}");
+                assert!(4 * c.block_n * (d + dv + 2) <= 48 * 1024, "D {d}, Dv {dv}");
+            }
+        }
+    }
 }
