@@ -56,7 +56,8 @@ pub(crate) fn pick_device(spec: Option<&str>) -> Result<Device, String> {
             let threads = d
                 .cpu_thread_count()
                 .unwrap_or_else(rocmforge::cpu::physical_cores);
-            eprintln!("note: no GPU available; running on the CPU ({threads} threads)");
+            let s = if threads == 1 { "" } else { "s" };
+            eprintln!("note: no GPU available; running on the CPU ({threads} thread{s})");
         }
     }
     Ok(d)
