@@ -141,6 +141,17 @@ impl Generator {
         device: &Device,
         options: GenerateOptions,
     ) -> Result<Generator, GenerateError> {
+        Generator::new_with_cpu_precision(model, device, options, crate::cpu::Precision::Exact)
+    }
+
+    /// As [`Generator::new`], with the fast CPU device multiplying by quantized weights as
+    /// `cpu_precision` says (8-bit activations are the caller's opt-in: faster, not exact).
+    pub fn new_with_cpu_precision(
+        model: LlamaModel,
+        device: &Device,
+        options: GenerateOptions,
+        cpu_precision: crate::cpu::Precision,
+    ) -> Result<Generator, GenerateError> {
         let limit = model.config.max_position_embeddings;
         if options.max_context == 0 || options.max_context > limit {
             return Err(GenerateError::MaxContext {
@@ -154,6 +165,7 @@ impl Generator {
             weights: model.weights_for(&graph)?,
             quantized: model.quantized_for(&graph)?,
             progress: false,
+            cpu_precision,
             ..CompileOptions::default()
         };
         let exe = Arc::new(Graph::compile_with(graph, device, &compile)?);

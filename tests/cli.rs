@@ -326,7 +326,7 @@ fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
     assert!(
         stderr.contains("ROCMFORGE_CUDA_LIBRARY=/nonexistent/libcuda.so.1: No such file")
             && stderr.contains("ROCMFORGE_HIP_LIBRARY=/nonexistent/libamdhip64.so: No such file")
-            && stderr.contains("running on the CPU interpreter"),
+            && stderr.contains("note: no GPU available; running on the CPU ("),
         "{stderr}"
     );
     assert!(
@@ -334,6 +334,75 @@ fn without_gpu_libraries_run_falls_back_to_the_cpu_with_a_message() {
         "{stdout}"
     );
     assert!(!stderr.contains("panicked"));
+}
+
+/// `interp` (the reference interpreter) is a device of its own, by `--device` and by
+/// ROCMFORGE_DEVICE; `--threads N` / ROCMFORGE_THREADS size the fast CPU device, whose note
+/// says how many threads it runs, in one line.
+#[test]
+fn interp_is_a_device_and_threads_size_the_cpu() {
+    let hide = [
+        ("ROCMFORGE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+        ("ROCMFORGE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so"),
+        ("ROCMFORGE_HIP_LIBRARY", "/nonexistent/libamdhip64.so"),
+    ];
+    let (ok, out, err) = rocmforge_with(
+        &[
+            "run",
+            "graphs/attention.json",
+            "--device",
+            "interp",
+            "--verify",
+        ],
+        &hide,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("device: interp (reference interpreter)"),
+        "{out}"
+    );
+    assert!(out.contains("verify out: relative L2 error"), "{out}");
+    let mut env = hide.to_vec();
+    env.push(("ROCMFORGE_DEVICE", "interp"));
+    let (ok, out, err) = rocmforge_with(&["run", "graphs/attention.json"], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains("device: interp"), "{out}");
+    assert!(
+        err.contains("note: running on the reference interpreter"),
+        "{err}"
+    );
+
+    let (ok, out, err) = rocmforge_with(&["run", "graphs/attention.json", "--threads", "2"], &hide);
+    assert!(ok, "{err}");
+    let notes: Vec<&str> = err.lines().filter(|l| l.contains("running on")).collect();
+    assert_eq!(
+        notes,
+        ["note: no GPU available; running on the CPU (2 threads)"],
+        "{err}"
+    );
+    assert!(
+        out.contains("device: cpu (fast CPU executor, 2 threads)"),
+        "{out}"
+    );
+    let mut env = hide.to_vec();
+    env.push(("ROCMFORGE_THREADS", "3"));
+    let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json"], &env);
+    assert!(ok, "{err}");
+    assert!(err.contains("running on the CPU (3 threads)"), "{err}");
+    // The flag wins over the variable.
+    let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json", "--threads", "1"], &env);
+    assert!(ok, "{err}");
+    assert!(err.contains("running on the CPU (1 thread)"), "{err}");
+
+    for bad in ["0", "x", "-2"] {
+        let mut env = hide.to_vec();
+        env.push(("ROCMFORGE_THREADS", bad));
+        let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json"], &env);
+        assert_clean_error(bad, ok, &err);
+        assert!(err.contains("must be a positive integer"), "{bad}: {err}");
+    }
+    let (ok, _, err) = rocmforge_with(&["run", "graphs/attention.json", "--threads", "0"], &hide);
+    assert!(!ok && err.contains("--threads"), "{err}");
 }
 
 /// Graph files that are not regular files are refused without being read: a FIFO (whose
@@ -439,6 +508,7 @@ fn malformed_device_names_are_errors() {
         ("hip:-1", "`-1` is not a device number"),
         ("cuda:18446744073709551616", "is past 2147483647"),
         ("tpu", "unknown kind of device `tpu`"),
+        ("interp:0", "the interpreter has no device number"),
     ] {
         let (ok, _, err) =
             rocmforge_with(&["run", "graphs/attention.json", "--device", spec], &hide);

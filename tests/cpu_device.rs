@@ -1,7 +1,9 @@
 //! The CPU device (`rocmforge::cpu`) against the interpreter on the same fused graphs: every
 //! example graph and every op of the op zoo at odd sizes, after the default pass pipeline;
 //! quantized weights in both precisions; the decode step with its KV cache over several runs;
-//! thread counts 1 and 2; and no allocation in a warm run.
+//! thread counts 1 and 2; and no allocation in a warm run. Then the same at the session
+//! level: executables compiled on device `cpu` (the fast executor) against device `interp` (the
+//! reference), for the example graphs and a decode loop whose KV cache two sessions share.
 
 #[path = "common/accuracy.rs"]
 mod accuracy;
@@ -12,10 +14,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use accuracy::{rel_l2, tolerance};
+use rocmforge::compile::{CompileError, CompileOptions, Executable, SessionOptions};
 use rocmforge::cpu::{CpuOptions, CpuPlan, Precision};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, Graph, Op, Tensor};
 use rocmforge::passes;
+use rocmforge::runtime::Device;
 
 /// Counts allocations made by the thread that set `COUNTING` (and by rayon's workers while
 /// it is set): a warm run must make none.
@@ -276,4 +280,162 @@ fn a_warm_run_allocates_nothing() {
             "{name}: {n} allocations in a warm run"
         );
     }
+}
+
+fn compile_on(g: &Graph, device: &Device, seed: u64) -> Executable {
+    let options = CompileOptions {
+        seed,
+        progress: false,
+        ..CompileOptions::default()
+    };
+    Graph::compile_with(g, device, &options).unwrap()
+}
+
+/// Only the inputs of `b` (weights are fixed when compiled).
+fn inputs_of(b: &Bindings) -> Bindings {
+    Bindings {
+        inputs: b.inputs.clone(),
+        ..Bindings::default()
+    }
+}
+
+/// An executable on `cpu` runs the fast executor's plan and one on `interp` the interpreter;
+/// the outputs agree within the dtype tolerances, and the thread count changes no bit.
+#[test]
+fn executables_on_cpu_match_interp_for_the_example_graphs() {
+    let _serial = serial();
+    let interp = Device::interp();
+    let (one, two) = (Device::cpu_threads(Some(1)), Device::cpu_threads(Some(2)));
+    for name in [
+        "attention",
+        "attention_causal",
+        "attention_f16",
+        "attention_padding_mask",
+        "bert_layer",
+        "gqa_attention",
+        "gqa_decode",
+        "gqa_decode_f16",
+        "llama_block",
+        "quant_linear",
+        "quant_prefill_f16",
+        "decode_step",
+    ] {
+        let g = example(name);
+        let b = inputs_of(&Bindings::random(&g, 9));
+        let reference = compile_on(&g, &interp, 4);
+        assert!(reference.cpu_plan().is_none(), "{name}: interp has no plan");
+        let want = reference.run(&b).unwrap();
+        let fast = compile_on(&g, &one, 4);
+        let plan = fast
+            .cpu_plan()
+            .unwrap_or_else(|| panic!("{name}: no plan on cpu"));
+        assert_eq!(plan.threads(), 1);
+        assert_eq!(
+            plan.precision(),
+            Precision::Exact,
+            "{name}: exact by default"
+        );
+        let got = fast.run(&b).unwrap();
+        check(&format!("{name} on cpu"), &got, &want, 1.0);
+        let got2 = compile_on(&g, &two, 4).run(&b).unwrap();
+        assert_eq!(got, got2, "{name}: 1 and 2 threads differ");
+        // `verify` still compares with the interpreter on the unfused graph.
+        let (_, v) = fast.verify(&b).unwrap();
+        assert_eq!(v.outputs.len(), want.len(), "{name}");
+    }
+}
+
+/// A decode loop through sessions: a "prefill" session and a "decode" session of two
+/// executables share one KV cache, alternating steps, on `cpu` and on `interp`; outputs and
+/// cache agree at every step, and a reset zeroes the cache on both.
+#[test]
+fn a_decode_loop_sharing_the_kv_cache_matches_interp() {
+    let _serial = serial();
+    let g = example("decode_step");
+    let mut runs = Vec::new();
+    for device in [Device::interp(), Device::cpu_threads(Some(2))] {
+        let a = compile_on(&g, &device, 1);
+        let b = compile_on(&g, &device, 1);
+        let mut first = a.session().unwrap();
+        let mut second = b
+            .session_sharing(&SessionOptions::default(), &first)
+            .unwrap();
+        let mut outs = Vec::new();
+        for step in 0..6i64 {
+            let mut inputs = inputs_of(&Bindings::random(&g, 100 + step as u64));
+            for (name, t) in inputs.inputs.iter_mut() {
+                if name == "pos" {
+                    *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step]).unwrap();
+                } else if name == "kv_len" {
+                    *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step + 1]).unwrap();
+                }
+            }
+            let s = if step % 2 == 0 {
+                &mut first
+            } else {
+                &mut second
+            };
+            for (name, t) in &inputs.inputs {
+                s.set_input(name, t).unwrap();
+            }
+            s.run().unwrap();
+            let states: Vec<(String, Tensor)> = first
+                .state_names()
+                .into_iter()
+                .map(|n| {
+                    let t = second.state(&n).unwrap();
+                    (n, t)
+                })
+                .collect();
+            let s = if step % 2 == 0 { &first } else { &second };
+            outs.push((s.outputs().unwrap(), states));
+        }
+        second.reset_state().unwrap();
+        for n in first.state_names() {
+            let t = first.state(&n).unwrap();
+            assert!(t.to_f64_vec().iter().all(|&x| x == 0.0), "{n} not reset");
+        }
+        runs.push(outs);
+    }
+    let (want, got) = (&runs[0], &runs[1]);
+    assert!(!want[0].1.is_empty(), "decode_step has states");
+    for (step, ((go, gs), (wo, ws))) in got.iter().zip(want).enumerate() {
+        check(&format!("step {step}"), go, wo, 1.0);
+        for ((gn, g), (wn, w)) in gs.iter().zip(ws) {
+            assert_eq!(gn, wn);
+            let e = rel_l2(g, w).unwrap();
+            assert!(e <= 1e-5, "state {gn} after step {step}: {e}");
+        }
+    }
+}
+
+/// States are not shared across the two CPU devices (their buffers differ in kind).
+#[test]
+fn states_of_interp_cannot_be_lent_to_cpu() {
+    let _serial = serial();
+    let g = example("decode_step");
+    let on_interp = compile_on(&g, &Device::interp(), 1);
+    let on_cpu = compile_on(&g, &Device::cpu_threads(Some(1)), 1);
+    let s = on_interp.session().unwrap();
+    match on_cpu.session_sharing(&SessionOptions::default(), &s) {
+        Err(CompileError::StateMismatch { .. }) => {}
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("lent across devices"),
+    }
+}
+
+/// The fast device reports what the interpreter reports for a cache write out of range.
+#[test]
+fn session_errors_on_cpu_are_the_interpreters() {
+    let _serial = serial();
+    let g = example("decode_step");
+    let mut b = inputs_of(&Bindings::random(&g, 1));
+    let pos = b.inputs.get_mut("pos").unwrap();
+    *pos = Tensor::from_i64(pos.dtype(), pos.shape().clone(), vec![1000]).unwrap();
+    let want = compile_on(&g, &Device::interp(), 1).run(&b).unwrap_err();
+    let got = compile_on(&g, &Device::cpu_threads(Some(1)), 1)
+        .run(&b)
+        .unwrap_err();
+    assert!(matches!(got, CompileError::Interp(_)), "{got}");
+    assert_eq!(got.to_string(), want.to_string());
 }

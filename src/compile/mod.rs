@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use thiserror::Error;
 
 use crate::codegen::{self, BufferRole, CodegenError, CodegenOptions, Kernel, KernelPlan};
-use crate::interp::InterpError;
+use crate::interp::{Bindings, InterpError};
 use crate::ir::{
     format, random_quant, random_weight, Graph, GraphError, Op, QuantError, QuantTensor, Tensor,
 };
@@ -44,6 +44,9 @@ pub enum CompileError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// The fast CPU device (its conditions the interpreter shares come as [`Self::Interp`]).
+    #[error(transparent)]
+    Cpu(crate::cpu::CpuError),
     #[error(
         "`{name}` is bound as a weight, but weights are fixed when a model is compiled \
          (CompileOptions::weights); a run binds inputs only"
@@ -133,6 +136,10 @@ pub struct CompileOptions {
     /// (results persist per device in the tune cache); off: each family's default.
     pub tune: bool,
     pub rewrite_kernels: Option<KernelRewrite>,
+    /// How the fast CPU device multiplies by quantized weights: [`crate::cpu::Precision::Exact`]
+    /// (the default: within f32 rounding of the interpreter), or 8-bit activations where the
+    /// caller opts in for speed. Other devices ignore it.
+    pub cpu_precision: crate::cpu::Precision,
 }
 
 impl Default for CompileOptions {
@@ -147,6 +154,7 @@ impl Default for CompileOptions {
             progress: true,
             tune: false,
             rewrite_kernels: None,
+            cpu_precision: crate::cpu::Precision::Exact,
         }
     }
 }
@@ -172,6 +180,17 @@ impl Poison {
             Poison::Auto => {
                 cfg!(debug_assertions) || std::env::var("ROCMFORGE_POISON").is_ok_and(|v| v == "1")
             }
+        }
+    }
+}
+
+/// The interpreter's conditions stay [`CompileError::Interp`] on the fast CPU device, so both
+/// CPU devices fail alike for callers that match on them.
+impl From<crate::cpu::CpuError> for CompileError {
+    fn from(e: crate::cpu::CpuError) -> CompileError {
+        match e {
+            crate::cpu::CpuError::Interp(e) => CompileError::Interp(e),
+            other => CompileError::Cpu(other),
         }
     }
 }
@@ -391,6 +410,31 @@ fn quantized_weights(
     Ok(out)
 }
 
+/// The fast CPU device's plan of `exe`'s optimised graph, on `exe`'s weights (lent to the plan
+/// while it copies them, so the weights are never held three times).
+fn cpu_plan(
+    exe: &mut Executable,
+    device: &Device,
+    options: &CompileOptions,
+) -> Result<crate::cpu::CpuPlan, CompileError> {
+    let bindings = Bindings {
+        weights: std::mem::take(&mut exe.weights),
+        quantized: std::mem::take(&mut exe.quantized),
+        seed: options.seed,
+        ..Bindings::default()
+    };
+    let cpu_options = crate::cpu::CpuOptions {
+        threads: device
+            .cpu_thread_count()
+            .unwrap_or_else(crate::cpu::physical_cores),
+        precision: options.cpu_precision,
+    };
+    let plan = crate::cpu::CpuPlan::new(&exe.graph, &bindings, cpu_options);
+    exe.weights = bindings.weights;
+    exe.quantized = bindings.quantized;
+    Ok(plan?)
+}
+
 fn compile(
     source: Graph,
     device: &Device,
@@ -449,6 +493,9 @@ fn compile(
         stats: CompileStats::default(),
     };
     let Some(target) = device.target().cloned() else {
+        if !device.is_interp() {
+            compiled.body = Body::Cpu(Arc::new(cpu_plan(&mut compiled, device, options)?));
+        }
         compiled.stats.time = start.elapsed();
         return Ok(compiled);
     };

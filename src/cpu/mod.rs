@@ -142,7 +142,8 @@ impl Default for Buf {
 }
 
 impl Buf {
-    fn zeros(ty: &TensorType) -> Buf {
+    /// Zeros of `ty` (a state's value before any write).
+    pub fn zeros(ty: &TensorType) -> Buf {
         let n = ty.shape.numel();
         if ty.dtype.is_float() {
             Buf::F(vec![0.0; n])
@@ -158,7 +159,7 @@ impl Buf {
         }
     }
 
-    fn to_tensor(&self, ty: &TensorType) -> Result<Tensor, TensorError> {
+    pub fn to_tensor(&self, ty: &TensorType) -> Result<Tensor, TensorError> {
         match self {
             Buf::F(v) => Tensor::from_f32(ty.dtype, ty.shape.clone(), v.clone()),
             Buf::I(v) => Tensor::from_i64(ty.dtype, ty.shape.clone(), v.clone()),
@@ -558,6 +559,29 @@ impl CpuPlan {
 
     /// A session: every buffer allocated now, states zeroed.
     pub fn session(&self) -> Result<CpuSession<'_>, CpuError> {
+        self.session_of(PlanRef::Borrowed(self))
+    }
+
+    /// A session that keeps the plan alive (`'static`: a session can own it with its plan).
+    pub fn shared_session(self: &Arc<Self>) -> Result<CpuSession<'static>, CpuError> {
+        self.session_of(PlanRef::Shared(self.clone()))
+    }
+
+    /// The type of state `name`, if the graph has one by that name.
+    pub fn state_type(&self, name: &str) -> Option<&TensorType> {
+        self.states.get(name).map(|&s| &self.types[s])
+    }
+
+    /// Whether the fused graph still reads input `name` (the passes may remove one).
+    pub fn has_input(&self, name: &str) -> bool {
+        self.inputs.contains_key(name)
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.options.precision
+    }
+
+    fn session_of<'p>(&self, plan: PlanRef<'p>) -> Result<CpuSession<'p>, CpuError> {
         let bufs = self
             .types
             .iter()
@@ -588,7 +612,7 @@ impl CpuPlan {
             })
             .collect();
         Ok(CpuSession {
-            plan: self,
+            plan,
             bufs,
             scratch,
         })
@@ -684,9 +708,25 @@ fn build_fallback(name: &str, op: &Op, tys: &[&TensorType]) -> Result<Fallback, 
     })
 }
 
+/// The plan a session runs: borrowed, or shared with the session's owner.
+enum PlanRef<'p> {
+    Borrowed(&'p CpuPlan),
+    Shared(Arc<CpuPlan>),
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = CpuPlan;
+    fn deref(&self) -> &CpuPlan {
+        match self {
+            PlanRef::Borrowed(p) => p,
+            PlanRef::Shared(p) => p,
+        }
+    }
+}
+
 /// One run's worth of buffers and the states across runs.
 pub struct CpuSession<'p> {
-    plan: &'p CpuPlan,
+    plan: PlanRef<'p>,
     bufs: Vec<Buf>,
     scratch: Vec<Scratch>,
 }
@@ -744,6 +784,36 @@ impl CpuSession<'_> {
         Ok(())
     }
 
+    /// Exchanges state `name`'s buffer with `buf` (no copy): how sessions that share states
+    /// (a prefill plan's and a decode plan's, on one KV cache) hand them over. `buf` must hold
+    /// the state's type, else [`InterpError::BindingType`] and nothing moves.
+    pub fn swap_state(&mut self, name: &str, buf: &mut Buf) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        let fits = match buf {
+            Buf::F(v) => ty.dtype.is_float() && v.len() == ty.shape.numel(),
+            Buf::I(v) => !ty.dtype.is_float() && v.len() == ty.shape.numel(),
+        };
+        if !fits {
+            return Err(CpuError::Host {
+                node: name.to_string(),
+                source: TensorError::Length {
+                    shape: ty.shape.clone(),
+                    expected: ty.shape.numel(),
+                    got: buf.f().len().max(buf.i().len()),
+                },
+            });
+        }
+        std::mem::swap(&mut self.bufs[s], buf);
+        Ok(())
+    }
+
     /// State `name`'s current value (after a run: the next run's).
     pub fn state(&self, name: &str) -> Result<Tensor, CpuError> {
         let &s = self
@@ -789,8 +859,12 @@ impl CpuSession<'_> {
 
     /// Runs every step once, on the plan's thread pool.
     pub fn run(&mut self) -> Result<(), CpuError> {
-        let plan = self.plan;
-        let (bufs, scratch) = (&mut self.bufs, &mut self.scratch);
+        let CpuSession {
+            plan,
+            bufs,
+            scratch,
+        } = self;
+        let plan: &CpuPlan = plan;
         plan.pool.install(|| {
             for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
                 run_step(plan, step, bufs, scr)?;

@@ -16,9 +16,12 @@ use super::memory::MemoryCounter;
 pub use super::stream::Stream;
 use crate::arch::Target;
 
-/// What runs a device's work: the interpreter, or a GPU backend behind the one dispatch point.
+/// What runs a device's work: the fast CPU executor (`threads` workers; `None`: one per
+/// physical core, counted where the executor is built), the reference interpreter, or a GPU
+/// backend behind the one dispatch point.
 enum Engine {
-    Cpu,
+    Cpu { threads: Option<usize> },
+    Interp,
     Gpu(Arc<dyn Gpu>),
 }
 
@@ -34,11 +37,13 @@ struct Inner {
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
 
-/// A device name, parsed: `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N` (N a decimal device number
-/// that fits the drivers' `int`; no sign, spaces or other text).
+/// A device name, parsed: `cpu` (the fast CPU executor), `interp` (the reference interpreter),
+/// `cuda`, `cuda:N`, `hip`, `hip:N` (N a decimal device number that fits the drivers' `int`;
+/// no sign, spaces or other text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
     Cpu,
+    Interp,
     Cuda(usize),
     Hip(usize),
 }
@@ -65,6 +70,8 @@ impl DeviceSpec {
         match kind {
             "cpu" if index.is_none() => Ok(DeviceSpec::Cpu),
             "cpu" => Err(bad("the CPU has no device number".into())),
+            "interp" if index.is_none() => Ok(DeviceSpec::Interp),
+            "interp" => Err(bad("the interpreter has no device number".into())),
             "cuda" => Ok(DeviceSpec::Cuda(ordinal)),
             "hip" => Ok(DeviceSpec::Hip(ordinal)),
             other => Err(bad(format!("unknown kind of device `{other}`"))),
@@ -96,18 +103,68 @@ impl Device {
         }))
     }
 
+    /// The fast CPU device with one worker per physical core.
     pub fn cpu() -> Device {
-        let threads = rayon::current_num_threads();
+        Device::cpu_threads(None)
+    }
+
+    /// The fast CPU device with `threads` workers (`None`: one per physical core).
+    pub fn cpu_threads(threads: Option<usize>) -> Device {
+        let label = match threads {
+            Some(n) => format!("cpu (fast CPU executor, {n} threads)"),
+            None => "cpu (fast CPU executor, one thread per physical core)".into(),
+        };
         Device::new(
-            Engine::Cpu,
+            Engine::Cpu { threads },
             "cpu".into(),
-            format!("cpu (reference interpreter, {threads} threads)"),
+            label,
             None,
             KernelCache::with_disk(None),
         )
     }
 
-    /// A device by name: `cpu`, `cuda:N`, `hip:N` (see [`DeviceSpec::parse`]).
+    /// The reference interpreter: exact and simple, what `verify` and the tests compare with.
+    pub fn interp() -> Device {
+        Device::new(
+            Engine::Interp,
+            "interp".into(),
+            "interp (reference interpreter)".into(),
+            None,
+            KernelCache::with_disk(None),
+        )
+    }
+
+    /// `ROCMFORGE_THREADS`, when set: the fast CPU device's worker count (a positive integer).
+    pub fn threads_from_env() -> Result<Option<usize>, RuntimeError> {
+        let Some(v) = std::env::var_os("ROCMFORGE_THREADS").filter(|s| !s.is_empty()) else {
+            return Ok(None);
+        };
+        let text = v.to_string_lossy();
+        match text.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(RuntimeError::DeviceSpec {
+                spec: format!("ROCMFORGE_THREADS={text}"),
+                reason: "the thread count must be a positive integer".into(),
+            }),
+        }
+    }
+
+    /// The fast CPU device's worker count, when fixed (`None`: one per physical core, and for
+    /// every other device).
+    pub fn cpu_thread_count(&self) -> Option<usize> {
+        match &self.0.engine {
+            Engine::Cpu { threads } => *threads,
+            Engine::Interp | Engine::Gpu(_) => None,
+        }
+    }
+
+    /// Whether this is the reference interpreter (`interp`).
+    pub fn is_interp(&self) -> bool {
+        matches!(self.0.engine, Engine::Interp)
+    }
+
+    /// A device by name: `cpu`, `interp`, `cuda:N`, `hip:N` (see [`DeviceSpec::parse`]); `cpu`
+    /// takes its thread count from `ROCMFORGE_THREADS` when set.
     pub fn open(spec: &str) -> Result<Device, RuntimeError> {
         Device::open_with_cache(spec, KernelCache::from_env())
     }
@@ -120,7 +177,8 @@ impl Device {
             reason,
         };
         match parsed {
-            DeviceSpec::Cpu => Ok(Device::cpu()),
+            DeviceSpec::Cpu => Ok(Device::cpu_threads(Device::threads_from_env()?)),
+            DeviceSpec::Interp => Ok(Device::interp()),
             DeviceSpec::Cuda(ordinal) => {
                 let d = CudaDevice::open(ordinal)?;
                 let target = Target::parse(&d.arch).map_err(|e| bad(e.to_string()))?;
@@ -173,7 +231,7 @@ impl Device {
 
     /// The device to use: the one `ROCMFORGE_DEVICE` names if it is set (a malformed or absent
     /// device is an error, not a quiet fallback: the user asked for that one), else the best
-    /// one here: HIP, then NVIDIA, then the CPU. Returns the device and, for every device
+    /// one here: HIP, then NVIDIA, then the fast CPU device. Returns the device and, for every device
     /// passed over, why.
     pub fn best() -> Result<(Device, Vec<String>), RuntimeError> {
         if let Some(spec) = std::env::var_os("ROCMFORGE_DEVICE").filter(|s| !s.is_empty()) {
@@ -192,12 +250,12 @@ impl Device {
                 Err(e) => notes.push(e.to_string()),
             }
         }
-        Ok((Device::cpu(), notes))
+        Ok((Device::cpu_threads(Device::threads_from_env()?), notes))
     }
 
     pub fn kind(&self) -> DeviceKind {
         match &self.0.engine {
-            Engine::Cpu => DeviceKind::Cpu,
+            Engine::Cpu { .. } | Engine::Interp => DeviceKind::Cpu,
             Engine::Gpu(g) => g.kind(),
         }
     }
@@ -232,7 +290,7 @@ impl Device {
     /// own), to reopen the same device through it.
     pub fn runtime_library(&self) -> Option<&str> {
         match &self.0.engine {
-            Engine::Cpu => None,
+            Engine::Cpu { .. } | Engine::Interp => None,
             Engine::Gpu(g) => g.runtime_library(),
         }
     }
@@ -240,7 +298,8 @@ impl Device {
     /// Compiler and driver versions, part of every cache key.
     pub fn toolchain(&self) -> String {
         match &self.0.engine {
-            Engine::Cpu => "cpu".into(),
+            Engine::Cpu { .. } => "cpu".into(),
+            Engine::Interp => "interp".into(),
             Engine::Gpu(g) => g.toolchain(),
         }
     }
@@ -249,8 +308,8 @@ impl Device {
     fn gpu(&self, what: &str) -> Result<&Arc<dyn Gpu>, RuntimeError> {
         match &self.0.engine {
             Engine::Gpu(g) => Ok(g),
-            Engine::Cpu => Err(RuntimeError::NoDevice {
-                spec: "cpu".into(),
+            Engine::Cpu { .. } | Engine::Interp => Err(RuntimeError::NoDevice {
+                spec: self.0.spec.clone(),
                 reason: what.into(),
             }),
         }
@@ -263,7 +322,7 @@ impl Device {
         entry: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RuntimeError> {
-        self.gpu("the CPU runs the interpreter, not kernels")?
+        self.gpu("the CPU runs no generated kernels")?
             .compile(source, entry, options)
     }
 
@@ -289,6 +348,7 @@ mod tests {
     #[test]
     fn device_names_parse_strictly() {
         assert_eq!(DeviceSpec::parse("cpu"), Ok(DeviceSpec::Cpu));
+        assert_eq!(DeviceSpec::parse("interp"), Ok(DeviceSpec::Interp));
         assert_eq!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(0)));
         assert_eq!(DeviceSpec::parse("cuda:3"), Ok(DeviceSpec::Cuda(3)));
         assert_eq!(DeviceSpec::parse("hip:0"), Ok(DeviceSpec::Hip(0)));
@@ -308,6 +368,7 @@ mod tests {
             ("cuda:2147483648", "past 2147483647"),
             ("cuda:18446744073709551616", "past 2147483647"),
             ("cpu:0", "the CPU has no device number"),
+            ("interp:0", "the interpreter has no device number"),
         ] {
             match DeviceSpec::parse(bad) {
                 Err(RuntimeError::DeviceSpec { spec, reason }) => {

@@ -1,6 +1,7 @@
 //! What several commands share: opening the device, loading a graph file, the tuning line.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use rocmforge::compile::TuneStats;
 use rocmforge::ir::{format, Graph, GraphError};
@@ -25,20 +26,41 @@ pub(crate) fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// `--threads N`, when given: the fast CPU device's worker count (over `ROCMFORGE_THREADS`).
+pub(crate) static THREADS: OnceLock<usize> = OnceLock::new();
+
+/// The device `spec` names, else `ROCMFORGE_DEVICE`'s, else the best one here. Without a GPU
+/// that is the fast CPU device, said in one line with its thread count.
 pub(crate) fn pick_device(spec: Option<&str>) -> Result<Device, String> {
-    match spec {
-        Some(spec) => Device::open(spec).map_err(|e| e.to_string()),
+    let d = match spec {
+        Some(spec) => Device::open(spec).map_err(|e| e.to_string())?,
         None => {
             let (d, notes) = Device::best().map_err(|e| e.to_string())?;
             if !d.is_gpu() {
                 for n in notes {
                     eprintln!("note: {n}");
                 }
-                eprintln!("note: no GPU available; running on the CPU interpreter");
             }
-            Ok(d)
+            d
+        }
+    };
+    // --threads applies to the fast CPU device whichever way it was named.
+    let d = match THREADS.get() {
+        Some(&n) if d.spec() == "cpu" && !d.is_interp() => Device::cpu_threads(Some(n)),
+        _ => d,
+    };
+    if spec.is_none() && !d.is_gpu() {
+        if d.is_interp() {
+            eprintln!("note: running on the reference interpreter");
+        } else {
+            let threads = d
+                .cpu_thread_count()
+                .unwrap_or_else(rocmforge::cpu::physical_cores);
+            let s = if threads == 1 { "" } else { "s" };
+            eprintln!("note: no GPU available; running on the CPU ({threads} thread{s})");
         }
     }
+    Ok(d)
 }
 
 pub(crate) fn load(path: &Path) -> Result<Graph, String> {

@@ -74,8 +74,18 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
             .unwrap_or(if device.is_gpu() { 2048 } else { 512 }),
         replay: a.replay,
     };
+    // `--dtype q4` asks for the stored blocks, i.e. for speed over exactness: on the fast CPU
+    // device that is the integer path (8-bit activations times the weight blocks, as llama.cpp
+    // does). f32 and f16 stay exact (within f32 rounding of the interpreter).
+    let cpu_precision = if precision.quantized {
+        rocmforge::cpu::Precision::Q8Activations
+    } else {
+        rocmforge::cpu::Precision::Exact
+    };
     let t0 = Instant::now();
-    let mut gen = Generator::load(a.model, &device, options).map_err(|e| e.to_string())?;
+    let model = rocmforge::frontend::LlamaModel::load(a.model).map_err(|e| e.to_string())?;
+    let mut gen = Generator::new_with_cpu_precision(model, &device, options, cpu_precision)
+        .map_err(|e| e.to_string())?;
     let text_in = if a.chat {
         chat_prompt(&gen, prompt)?
     } else {

@@ -61,6 +61,10 @@ use replay::ReplayArgs;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Worker threads of the fast CPU device (default: ROCMFORGE_THREADS, else one per
+    /// physical core).
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -79,7 +83,7 @@ enum Command {
         /// How many leading values of each output to print.
         #[arg(long, default_value_t = 8)]
         values: usize,
-        /// Device: cpu, cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        /// Device: cpu (fast), interp (the reference interpreter), cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
         #[arg(long)]
         device: Option<String>,
         /// Also run the interpreter on the unfused graph and print the error of each output.
@@ -102,7 +106,7 @@ enum Command {
         /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json).
         #[arg(long, value_name = "DIR", default_value_os_t = frontend::model_cache_dir(frontend::MINILM))]
         model: PathBuf,
-        /// Device: cpu, cuda:N or hip:N (default: the best one found).
+        /// Device: cpu (fast), interp (the reference interpreter), cuda:N or hip:N (default: the best one found).
         #[arg(long)]
         device: Option<String>,
         /// How many leading values of each embedding to print.
@@ -142,7 +146,7 @@ enum Command {
         /// The most tokens to generate.
         #[arg(long, value_name = "N", default_value_t = 128)]
         max_tokens: usize,
-        /// Device: cpu, cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        /// Device: cpu (fast), interp (the reference interpreter), cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
         #[arg(long)]
         device: Option<String>,
         /// Weights and activations: f32 (weights dequantized), f16 (weights dequantized once to
@@ -151,7 +155,7 @@ enum Command {
         #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "q4"])]
         dtype: String,
         /// The KV cache's length in tokens: prompt plus --max-tokens may not exceed it.
-        /// Default: 2048 on a GPU, 512 on the CPU (whose interpreter copies the cache each step).
+        /// Default: 2048 on a GPU, 512 on the CPU devices.
         #[arg(long, value_name = "N")]
         max_context: Option<usize>,
         /// Wrap the prompt in the model's ChatML template (a user turn, then the assistant's).
@@ -289,6 +293,10 @@ fn init_logging() {
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        // Set once, before any device is opened.
+        let _ = common::THREADS.set(usize::from(n));
+    }
     let result = match &cli.command {
         Command::Run {
             file,

@@ -34,9 +34,10 @@ pub struct Executable {
 
 /// What an executable runs.
 pub(in crate::compile) enum Body {
-    /// A device without a codegen target (the CPU): sessions run the interpreter on the
-    /// optimised graph.
+    /// The reference interpreter (device `interp`): sessions run it on the optimised graph.
     Interpreted,
+    /// The fast CPU device: sessions run its plan of the optimised graph.
+    Cpu(Arc<crate::cpu::CpuPlan>),
     /// A GPU: the kernels of a plan.
     Planned(Box<Planned>),
 }
@@ -58,11 +59,19 @@ impl Executable {
         &self.device
     }
 
-    /// The kernel plan, on a GPU; `None` where the interpreter runs the model.
+    /// The fast CPU device's plan, on `cpu`.
+    pub fn cpu_plan(&self) -> Option<&crate::cpu::CpuPlan> {
+        match &self.body {
+            Body::Cpu(p) => Some(p),
+            Body::Interpreted | Body::Planned(_) => None,
+        }
+    }
+
+    /// The kernel plan, on a GPU; `None` on the CPU devices.
     pub fn plan(&self) -> Option<&KernelPlan> {
         match &self.body {
             Body::Planned(p) => Some(&p.plan),
-            Body::Interpreted => None,
+            Body::Interpreted | Body::Cpu(_) => None,
         }
     }
 
@@ -70,7 +79,7 @@ impl Executable {
     pub fn memory(&self) -> Option<&MemoryPlan> {
         match &self.body {
             Body::Planned(p) => Some(&p.memory),
-            Body::Interpreted => None,
+            Body::Interpreted | Body::Cpu(_) => None,
         }
     }
 
@@ -129,7 +138,9 @@ impl Executable {
         let shared = states_of.lend_states();
         let same_kind = matches!(
             (&self.body, &shared),
-            (Body::Planned(_), Shared::Gpu(..)) | (Body::Interpreted, Shared::Cpu(_))
+            (Body::Planned(_), Shared::Gpu(..))
+                | (Body::Interpreted, Shared::Cpu(_))
+                | (Body::Cpu(_), Shared::Fast(_))
         );
         if !same_kind || self.device.label() != states_of.exe.device.label() {
             return Err(CompileError::StateMismatch {

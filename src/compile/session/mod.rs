@@ -7,7 +7,8 @@
 //! launches are bound once and, where the runtime can, captured once as a graph and replayed
 //! ([`crate::runtime::graph`]). Outputs stay on the device until asked for.
 //!
-//! On the CPU a session runs the interpreter with the same API.
+//! On the CPU a session runs the fast CPU executor's plan (device `cpu`) or the reference
+//! interpreter (device `interp`) with the same API.
 
 mod cpu;
 mod executable;
@@ -24,7 +25,7 @@ use crate::interp::InterpError;
 use crate::ir::{Op, Tensor, TensorType};
 use crate::runtime::{DeviceBuffer, ReplayOff, Stream};
 
-use cpu::{lock, CpuSession, SharedStates};
+use cpu::{lock, CpuSession, FastSession, FastStates, SharedStates};
 pub use executable::Executable;
 pub(in crate::compile) use executable::{Body, Planned};
 pub(in crate::compile) use gpu::GpuSession;
@@ -80,12 +81,14 @@ struct InputSlot {
 
 enum Backend {
     Cpu(CpuSession),
+    Fast(Box<FastSession>),
     Gpu(GpuSession),
 }
 
 /// The states another session lends a new one.
 enum Shared {
     Cpu(SharedStates),
+    Fast(FastStates),
     Gpu(Arc<Stream>, StateBuffers),
 }
 
@@ -154,7 +157,7 @@ impl<'e> Session<'e> {
                 }
                 let lent = match shared {
                     Some(Shared::Gpu(stream, states)) => Some((stream, states)),
-                    Some(Shared::Cpu(_)) | None => None,
+                    Some(Shared::Cpu(_) | Shared::Fast(_)) | None => None,
                 };
                 Backend::Gpu(GpuSession::new(&exe, planned, options, lent)?)
             }
@@ -165,9 +168,20 @@ impl<'e> Session<'e> {
                 }
                 let lent = match shared {
                     Some(Shared::Cpu(states)) => Some(states),
-                    Some(Shared::Gpu(..)) | None => None,
+                    Some(Shared::Gpu(..) | Shared::Fast(_)) | None => None,
                 };
                 Backend::Cpu(CpuSession::new(&exe, lent))
+            }
+            Body::Cpu(plan) => {
+                for slot in &mut inputs {
+                    // The plan takes the inputs the optimised graph still reads.
+                    slot.buffer = plan.has_input(&slot.name).then_some(0);
+                }
+                let lent = match shared {
+                    Some(Shared::Fast(states)) => Some(states),
+                    Some(Shared::Gpu(..) | Shared::Cpu(_)) | None => None,
+                };
+                Backend::Fast(Box::new(FastSession::new(&exe, plan, lent)?))
             }
         };
         Ok(Session {
@@ -182,6 +196,7 @@ impl<'e> Session<'e> {
     fn lend_states(&self) -> Shared {
         match &self.backend {
             Backend::Cpu(cpu) => Shared::Cpu(cpu.states.clone()),
+            Backend::Fast(fast) => Shared::Fast(fast.states.clone()),
             Backend::Gpu(gpu) => Shared::Gpu(gpu.stream.clone(), gpu.states.clone()),
         }
     }
@@ -232,8 +247,9 @@ impl<'e> Session<'e> {
             (Backend::Cpu(cpu), Some(_)) => {
                 cpu.bindings.inputs.insert(name.into(), value.clone());
             }
+            (Backend::Fast(fast), Some(_)) => fast.session.set_input(name, value)?,
             (Backend::Gpu(gpu), Some(id)) => gpu.set_input(id, value)?,
-            (Backend::Cpu(_) | Backend::Gpu(_), None) => {}
+            (Backend::Cpu(_) | Backend::Fast(_) | Backend::Gpu(_), None) => {}
         }
         slot.set = true;
         Ok(())
@@ -254,6 +270,7 @@ impl<'e> Session<'e> {
         }
         match &mut self.backend {
             Backend::Cpu(cpu) => cpu.run(&self.exe)?,
+            Backend::Fast(fast) => fast.run()?,
             Backend::Gpu(gpu) => gpu.run()?,
         }
         self.ran = true;
@@ -277,7 +294,7 @@ impl<'e> Session<'e> {
     /// `None` when it replays.
     pub fn replay_off(&self) -> Option<&ReplayOff> {
         match &self.backend {
-            Backend::Cpu(_) => Some(&ReplayOff::Cpu),
+            Backend::Cpu(_) | Backend::Fast(_) => Some(&ReplayOff::Cpu),
             Backend::Gpu(gpu) => gpu.replay_off(),
         }
     }
@@ -287,7 +304,7 @@ impl<'e> Session<'e> {
     pub fn captures(&self) -> usize {
         match &self.backend {
             Backend::Gpu(g) => g.captures(),
-            Backend::Cpu(_) => 0,
+            Backend::Cpu(_) | Backend::Fast(_) => 0,
         }
     }
 
@@ -299,7 +316,7 @@ impl<'e> Session<'e> {
     pub(in crate::compile) fn gpu(&self) -> Option<&GpuSession> {
         match &self.backend {
             Backend::Gpu(g) => Some(g),
-            Backend::Cpu(_) => None,
+            Backend::Cpu(_) | Backend::Fast(_) => None,
         }
     }
 
@@ -323,6 +340,7 @@ impl<'e> Session<'e> {
             Backend::Cpu(cpu) => {
                 Ok(cpu.outputs.as_ref().ok_or(CompileError::NotRun)?[index].clone())
             }
+            Backend::Fast(fast) => Ok(fast.session.output(index)?),
             Backend::Gpu(gpu) => {
                 let (ty, buffer) = gpu.output(index);
                 let bytes = gpu.stream.download(buffer)?;
@@ -339,6 +357,7 @@ impl<'e> Session<'e> {
         }
         match &self.backend {
             Backend::Cpu(cpu) => cpu.outputs.clone().ok_or(CompileError::NotRun),
+            Backend::Fast(fast) => Ok(fast.session.outputs()?),
             Backend::Gpu(gpu) => {
                 let mut out = Vec::with_capacity(gpu.output_count());
                 for i in 0..gpu.output_count() {
@@ -358,6 +377,10 @@ impl<'e> Session<'e> {
         let (ty, bytes) = match &self.backend {
             Backend::Cpu(cpu) => {
                 let t = &cpu.outputs.as_ref().ok_or(CompileError::NotRun)?[index];
+                (t.ty(), t.to_bytes())
+            }
+            Backend::Fast(fast) => {
+                let t = fast.session.output(index)?;
                 (t.ty(), t.to_bytes())
             }
             Backend::Gpu(gpu) => {
@@ -406,6 +429,7 @@ impl<'e> Session<'e> {
                 names.sort();
                 names
             }
+            Backend::Fast(fast) => fast.state_names(),
             Backend::Gpu(gpu) => gpu.states.iter().map(|s| s.name.clone()).collect(),
         }
     }
@@ -415,6 +439,7 @@ impl<'e> Session<'e> {
         let unknown = || CompileError::UnknownState { name: name.into() };
         match &self.backend {
             Backend::Cpu(cpu) => lock(&cpu.states).get(name).cloned().ok_or_else(unknown),
+            Backend::Fast(fast) => fast.state(name)?.ok_or_else(unknown),
             Backend::Gpu(gpu) => gpu.state(name)?.ok_or_else(unknown),
         }
     }
@@ -423,6 +448,10 @@ impl<'e> Session<'e> {
     pub fn reset_state(&mut self) -> Result<(), CompileError> {
         match &mut self.backend {
             Backend::Cpu(cpu) => cpu.fill_state(false),
+            Backend::Fast(fast) => {
+                fast.fill_state(false);
+                Ok(())
+            }
             Backend::Gpu(gpu) => gpu.fill_state(0),
         }
     }
@@ -432,6 +461,10 @@ impl<'e> Session<'e> {
     pub fn poison_state(&mut self) -> Result<(), CompileError> {
         match &mut self.backend {
             Backend::Cpu(cpu) => cpu.fill_state(true),
+            Backend::Fast(fast) => {
+                fast.fill_state(true);
+                Ok(())
+            }
             Backend::Gpu(gpu) => gpu.fill_state(0xff),
         }
     }
