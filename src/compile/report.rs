@@ -330,6 +330,96 @@ mod tests {
         assert_eq!(report.spilling(), vec!["b"]);
     }
 
+    /// A chain of softmax → tanh pairs: each softmax and each tanh is its own kernel of the
+    /// plan, and equal ops over equal shapes generate equal kernels (one entry each). The
+    /// groups must be the plan's distinct entries (counted here apart, by a set), each once,
+    /// standing together for every kernel of the plan.
+    #[test]
+    fn identical_kernels_of_a_plan_are_reported_once() {
+        use crate::ir::{DType, Graph, UnaryOp};
+        let mut g = Graph::new("chain");
+        let mut x = g.input("x", DType::F32, &[4, 33]).unwrap();
+        for _ in 0..60 {
+            x = g.softmax(x, -1).unwrap();
+            x = g.unary(UnaryOp::Tanh, x).unwrap();
+        }
+        g.set_outputs(&[x]).unwrap();
+        let target = Target::parse("gfx90a").unwrap();
+        let plan = crate::codegen::generate(&g, &target).unwrap();
+        let sources: Vec<String> = plan.kernels.iter().map(|k| plan.source(k)).collect();
+        let kernels: Vec<ReportKernel> = plan
+            .kernels
+            .iter()
+            .zip(&sources)
+            .map(|(k, source)| ReportKernel {
+                entry: &k.entry,
+                source,
+                body: &k.body,
+                label: &k.node,
+            })
+            .collect();
+        assert!(kernels.len() >= 120, "{} kernels", kernels.len());
+        let groups = distinct_kernels(&kernels);
+        let entries: std::collections::HashSet<&str> =
+            plan.kernels.iter().map(|k| k.entry.as_str()).collect();
+        assert_eq!(groups.len(), entries.len());
+        assert!(groups.len() < 10, "{} distinct kernels", groups.len());
+        let mut seen = std::collections::HashSet::new();
+        for (k, _) in &groups {
+            assert!(seen.insert(k.entry), "{} reported twice", k.entry);
+        }
+        assert_eq!(groups.iter().map(|(_, n)| n).sum::<usize>(), kernels.len());
+        // Each group counts exactly the kernels with its entry, and is labelled by the first.
+        for (k, n) in &groups {
+            let mine: Vec<&ReportKernel> = kernels.iter().filter(|o| o.entry == k.entry).collect();
+            assert_eq!(*n, mine.len());
+            assert_eq!(k.label, mine[0].label);
+        }
+    }
+
+    /// Kernels are merged by what they are, not by the name alone: a body that differs under
+    /// the same entry is its own row.
+    #[test]
+    fn a_kernel_is_merged_only_with_an_identical_one() {
+        let k = |entry, body, label| ReportKernel {
+            entry,
+            source: body,
+            body,
+            label,
+        };
+        let kernels = [
+            k("e1", "a", "n0"),
+            k("e2", "b", "n1"),
+            k("e1", "a", "n2"),
+            k("e1", "c", "n3"),
+            k("e1", "a", "n4"),
+        ];
+        let groups: Vec<(&str, usize)> = distinct_kernels(&kernels)
+            .iter()
+            .map(|(k, n)| (k.label, *n))
+            .collect();
+        assert_eq!(groups, vec![("n0", 3), ("n1", 1), ("n3", 1)]);
+    }
+
+    /// A row standing for several kernels says how many.
+    #[test]
+    fn a_shared_row_is_labelled_with_its_count() {
+        let mut shared = row("a", 0, None);
+        shared.kernels = 3;
+        let report = ResourceReport {
+            compiler: "h".into(),
+            by_clang: false,
+            rows: vec![shared, row("b", 0, None)],
+        };
+        assert_eq!(
+            report.table(),
+            report_table(&[
+                ("node_a (×3)".into(), row("a", 0, None).resources),
+                ("node_b".into(), row("b", 0, None).resources),
+            ])
+        );
+    }
+
     /// The table is hiprtc's without occupancies and clang's with them.
     #[test]
     fn table_has_an_occupancy_column_only_from_clang() {
