@@ -327,11 +327,13 @@ fn identical_kernels_are_emitted_and_reported_once() {
     assert!(ok, "{err}");
     // The plan's distinct entries, read from its listing, against the files written.
     let plan = std::fs::read_to_string(out.join("plan.txt")).unwrap();
+    // Each kernel's header: `// ---- kernel N: ENTRY for %node`.
     let entries: std::collections::BTreeSet<String> = plan
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("rf_"))
-        .map(str::to_string)
+        .lines()
+        .filter(|l| l.starts_with("// ---- kernel "))
+        .filter_map(|l| l.split(": ").nth(1)?.split(' ').next().map(str::to_string))
         .collect();
+    assert_eq!(plan.matches("// ---- kernel ").count(), 12, "{plan}");
     let files: std::collections::BTreeSet<String> = std::fs::read_dir(&out)
         .unwrap()
         .filter_map(|e| {
