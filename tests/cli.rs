@@ -287,6 +287,87 @@ fn compile_for_a_target_emits_sources_and_names_bad_arches() {
     );
 }
 
+/// A chain of tanh → softmax pairs: 12 kernels of two kinds. `--emit hip` writes each distinct
+/// source once (the files are named by the entry, the hash of the body), and `--report`
+/// (where hiprtc is here) compiles and lists each once, with the number of nodes sharing it.
+#[test]
+fn identical_kernels_are_emitted_and_reported_once() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes = vec![serde_json::json!(
+        {"name": "x", "op": "input", "dtype": "f32", "shape": [4, 96]}
+    )];
+    let mut prev = "x".to_string();
+    for i in 0..12 {
+        let name = format!("n{i}");
+        nodes.push(if i % 2 == 0 {
+            serde_json::json!({"name": name, "op": "tanh", "inputs": [prev]})
+        } else {
+            serde_json::json!({"name": name, "op": "softmax", "inputs": [prev], "axis": -1})
+        });
+        prev = name;
+    }
+    let graph = serde_json::json!({
+        "format": "rocmforge-graph", "version": 1, "name": "chain",
+        "nodes": nodes, "outputs": [prev],
+    });
+    let file = dir.join("chain.json");
+    std::fs::write(&file, graph.to_string()).unwrap();
+    let out = dir.join("emit");
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        file.to_str().unwrap(),
+        "--target",
+        "gfx90a",
+        "--emit",
+        "hip",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    // The plan's distinct entries, read from its listing, against the files written.
+    let plan = std::fs::read_to_string(out.join("plan.txt")).unwrap();
+    // Each kernel's header: `// ---- kernel N: ENTRY for %node`.
+    let entries: std::collections::BTreeSet<String> = plan
+        .lines()
+        .filter(|l| l.starts_with("// ---- kernel "))
+        .filter_map(|l| l.split(": ").nth(1)?.split(' ').next().map(str::to_string))
+        .collect();
+    assert_eq!(plan.matches("// ---- kernel ").count(), 12, "{plan}");
+    let files: std::collections::BTreeSet<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            (p.extension()? == "hip").then(|| p.file_stem().unwrap().to_str().unwrap().into())
+        })
+        .collect();
+    assert_eq!(files, entries, "{plan}");
+    assert_eq!(files.len(), 2, "{plan}");
+    assert!(
+        err.contains("wrote 2 kernel source(s) for 12 kernel(s)"),
+        "{err}"
+    );
+    if rocmforge::runtime::Hiprtc::load().is_ok() {
+        let (ok, out, err) = rocmforge(&[
+            "compile",
+            file.to_str().unwrap(),
+            "--target",
+            "gfx90a",
+            "--report",
+        ]);
+        assert!(ok, "{err}");
+        assert!(out.contains("(12 kernel(s), 2 distinct"), "{out}");
+        for entry in &entries {
+            assert_eq!(out.matches(entry.as_str()).count(), 1, "{entry}: {out}");
+        }
+        assert!(
+            out.contains("%n0 (×6)") && out.contains("%n1 (×6)"),
+            "{out}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn compile_report_prints_resources_when_hiprtc_is_present() {
     if let Err(e) = rocmforge::runtime::Hiprtc::load() {

@@ -16,7 +16,7 @@ use thiserror::Error;
 pub use caps::{Arch, AsyncCopy, Registers};
 pub use compiler::compiler_options;
 pub use target::{arch, arches, LaunchLimits, Platform, Target};
-pub use tuning::{Choice, Family, TuneKey, TuneProblem, TuneSite, Tuned};
+pub use tuning::{Choice, Family, TuneKey, TuneMask, TuneProblem, TuneSite, Tuned};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ArchError {

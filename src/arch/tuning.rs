@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::DType;
+use crate::ir::{DType, MaskKind};
 
 /// A kernel family with configurations to choose between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -67,9 +67,50 @@ pub enum TuneProblem {
         d: usize,
         dv: usize,
         causal: bool,
-        /// "" (none), "additive" or "boolean".
-        mask: String,
+        mask: TuneMask,
     },
+}
+
+/// An attention problem's mask, as far as a tiling's speed depends on it. Serialised as the
+/// strings this field held before it was an enum ("", "additive", "boolean"), so tuning
+/// results stored in users' caches (keyed by the JSON) keep loading. The variants are in the
+/// order of those strings, so the derived `Ord` (the order of a [`Tuned`] table and of stored
+/// records) is the one the strings had.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum TuneMask {
+    /// No mask operand.
+    #[default]
+    #[serde(rename = "")]
+    None,
+    /// A float mask added to the scaled scores.
+    #[serde(rename = "additive")]
+    Additive,
+    /// A bool mask: false positions are excluded.
+    #[serde(rename = "boolean")]
+    Boolean,
+}
+
+impl TuneMask {
+    /// The serialised name ("" for none).
+    pub fn name(self) -> &'static str {
+        match self {
+            TuneMask::None => "",
+            TuneMask::Additive => "additive",
+            TuneMask::Boolean => "boolean",
+        }
+    }
+}
+
+impl From<MaskKind> for TuneMask {
+    fn from(m: MaskKind) -> TuneMask {
+        match m {
+            MaskKind::None => TuneMask::None,
+            MaskKind::Additive => TuneMask::Additive,
+            MaskKind::Boolean => TuneMask::Boolean,
+        }
+    }
 }
 
 impl fmt::Display for TuneProblem {
@@ -113,8 +154,8 @@ impl fmt::Display for TuneProblem {
                 if *causal {
                     f.write_str(" causal")?;
                 }
-                if !mask.is_empty() {
-                    write!(f, " mask:{mask}")?;
+                if *mask != TuneMask::None {
+                    write!(f, " mask:{}", mask.name())?;
                 }
                 Ok(())
             }
@@ -272,5 +313,50 @@ mod tests {
         // One candidate: nothing to choose, no site.
         assert_eq!(t.pick(key(), &[C(9)], Some(C(9))), (Some(C(9)), None));
         assert_eq!(t.pick(key(), &cands, None), (None, None));
+    }
+
+    fn attention(mask: TuneMask) -> TuneProblem {
+        TuneProblem::Attention {
+            dtype: DType::F16,
+            b: 2,
+            hq: 6,
+            hkv: 2,
+            sq: 77,
+            sk: 93,
+            d: 64,
+            dv: 64,
+            causal: true,
+            mask,
+        }
+    }
+
+    /// The JSON a stored tuning record holds, written out by hand as the `String` field
+    /// produced it: the enum must serialise to exactly these bytes and read them back.
+    #[test]
+    fn the_mask_serialises_as_the_old_strings() {
+        for (mask, old) in [
+            (TuneMask::None, ""),
+            (TuneMask::Additive, "additive"),
+            (TuneMask::Boolean, "boolean"),
+        ] {
+            let text = format!(
+                r#"{{"attention":{{"dtype":"f16","b":2,"hq":6,"hkv":2,"sq":77,"sk":93,"d":64,"dv":64,"causal":true,"mask":"{old}"}}}}"#
+            );
+            assert_eq!(serde_json::to_string(&attention(mask)).unwrap(), text);
+            let back: TuneProblem = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, attention(mask));
+            assert_eq!(serde_json::to_string(&mask).unwrap(), format!("\"{old}\""));
+        }
+        assert!(serde_json::from_str::<TuneMask>(r#""none""#).is_err());
+        // The order the strings had: "" < "additive" < "boolean".
+        assert!(TuneMask::None < TuneMask::Additive && TuneMask::Additive < TuneMask::Boolean);
+        assert_eq!(
+            attention(TuneMask::Boolean).to_string(),
+            "f16 b2 h6/2 sq77 sk93 d64/64 causal mask:boolean"
+        );
+        assert_eq!(
+            attention(TuneMask::None).to_string(),
+            "f16 b2 h6/2 sq77 sk93 d64/64 causal"
+        );
     }
 }

@@ -3,6 +3,8 @@
 //! metadata. `rocmforge compile --report` and the kernel-family tests both go through here, so
 //! the choice of compiler and the reading of its output are written once.
 
+use std::collections::HashMap;
+
 use rayon::prelude::*;
 use thiserror::Error;
 
@@ -88,13 +90,17 @@ pub struct ReportKernel<'a> {
 /// One compiled kernel's resources.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportRow {
+    /// The label of the first kernel given with this code.
     pub label: String,
+    /// How many of the kernels given are this one (same entry, same source): identical
+    /// kernels share their entry (the hash of the body) and are compiled once.
+    pub kernels: usize,
     pub resources: KernelResources,
     /// Waves per SIMD as LLVM's remarks give it (clang only).
     pub occupancy: Option<u32>,
 }
 
-/// The report of a set of kernels, in the order given.
+/// The report of a set of kernels: one row per distinct kernel, in the order of first use.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceReport {
     /// The compiler, as it describes itself (version and file).
@@ -105,27 +111,30 @@ pub struct ResourceReport {
 }
 
 impl ResourceReport {
-    /// The table `compile --report` prints: one line per kernel (with the occupancy column
-    /// when clang gave one).
+    /// The table `compile --report` prints: one line per distinct kernel, labelled with its
+    /// first node and, where others share it, their number (`tanh_3 (×20000)`): a chain of
+    /// 20,000 identical kernels reads as one line, not 20,000 equal ones. With the occupancy
+    /// column when clang gave one.
     pub fn table(&self) -> String {
+        let label = |r: &ReportRow| {
+            if r.kernels > 1 {
+                format!("{} (×{})", r.label, r.kernels)
+            } else {
+                r.label.clone()
+            }
+        };
         if self.by_clang {
             let rows: Vec<(String, KernelResources, u32)> = self
                 .rows
                 .iter()
-                .map(|r| {
-                    (
-                        r.label.clone(),
-                        r.resources.clone(),
-                        r.occupancy.unwrap_or(0),
-                    )
-                })
+                .map(|r| (label(r), r.resources.clone(), r.occupancy.unwrap_or(0)))
                 .collect();
             occupancy_table(&rows)
         } else {
             let rows: Vec<(String, KernelResources)> = self
                 .rows
                 .iter()
-                .map(|r| (r.label.clone(), r.resources.clone()))
+                .map(|r| (label(r), r.resources.clone()))
                 .collect();
             report_table(&rows)
         }
@@ -156,9 +165,34 @@ pub fn resources_of(code: &[u8], entry: &str) -> Result<KernelResources, ReportE
         })
 }
 
-/// Every kernel of `kernels` compiled for `target` by `compiler` with the AMD
-/// [`compiler_options`], in parallel; `done` is called once per kernel compiled (a progress
-/// bar). The rows come in the order of `kernels`; the first error ends the report.
+/// The distinct kernels of `kernels` in the order of first use, each with how many of
+/// `kernels` it stands for. Identical kernels share their entry (the hash of the body), so
+/// the entry finds the candidates; the body and source are compared as well, so that two
+/// kernels are never merged on the name alone.
+pub fn distinct_kernels<'a>(kernels: &[ReportKernel<'a>]) -> Vec<(ReportKernel<'a>, usize)> {
+    let mut groups: Vec<(ReportKernel<'a>, usize)> = Vec::new();
+    let mut by_entry: HashMap<&str, Vec<usize>> = HashMap::new();
+    for k in kernels {
+        let same = by_entry.entry(k.entry).or_default();
+        let found = same.iter().copied().find(|&i| {
+            let g = &groups[i].0;
+            g.body == k.body && g.source == k.source
+        });
+        match found {
+            Some(i) => groups[i].1 += 1,
+            None => {
+                same.push(groups.len());
+                groups.push((*k, 1));
+            }
+        }
+    }
+    groups
+}
+
+/// Every distinct kernel of `kernels` ([`distinct_kernels`]) compiled once for `target` by
+/// `compiler` with the AMD [`compiler_options`], in parallel; `done` is called with the
+/// number of `kernels` each compile covers (a progress bar over `kernels.len()`). One row per
+/// distinct kernel, in the order of first use; the first error ends the report.
 pub fn resource_report(
     kernels: &[ReportKernel<'_>],
     target: &Target,
@@ -166,11 +200,12 @@ pub fn resource_report(
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<ResourceReport, ReportError> {
     let options = compiler_options(Platform::Amd);
+    let kernels = distinct_kernels(kernels);
     match compiler {
         AmdCompiler::Hiprtc(rtc) => {
             let rows: Vec<Result<ReportRow, ReportError>> = kernels
                 .par_iter()
-                .map(|k| {
+                .map(|(k, count)| {
                     let code = rtc
                         .compile(k.source, k.entry, &target.arch, &options)
                         .map_err(|e| ReportError::Compile {
@@ -178,9 +213,10 @@ pub fn resource_report(
                             message: e.to_string(),
                         })?;
                     let resources = resources_of(&code, k.entry)?;
-                    done(1);
+                    done(*count);
                     Ok(ReportRow {
                         label: k.label.to_string(),
+                        kernels: *count,
                         resources,
                         occupancy: None,
                     })
@@ -201,19 +237,24 @@ pub fn resource_report(
                 .par_chunks(CLANG_BATCH)
                 .map(|chunk| {
                     let pairs: Vec<(&str, &str)> =
-                        chunk.iter().map(|k| (k.entry, k.body)).collect();
+                        chunk.iter().map(|(k, _)| (k.entry, k.body)).collect();
                     let rows = clang
                         .compile_batch(&prelude, &pairs, target, &options)
                         .map_err(|e| ReportError::Compile {
-                            kernel: chunk.iter().map(|k| k.label).collect::<Vec<_>>().join(", "),
+                            kernel: chunk
+                                .iter()
+                                .map(|(k, _)| k.label)
+                                .collect::<Vec<_>>()
+                                .join(", "),
                             message: e.to_string(),
                         })?;
-                    done(chunk.len());
+                    done(chunk.iter().map(|(_, count)| count).sum());
                     Ok(chunk
                         .iter()
                         .zip(rows)
-                        .map(|(k, (resources, occupancy))| ReportRow {
+                        .map(|((k, count), (resources, occupancy))| ReportRow {
                             label: k.label.to_string(),
+                            kernels: *count,
                             resources,
                             occupancy: Some(occupancy),
                         })
@@ -240,6 +281,7 @@ mod tests {
     fn row(name: &str, vgpr_spills: u64, occupancy: Option<u32>) -> ReportRow {
         ReportRow {
             label: format!("node_{name}"),
+            kernels: 1,
             resources: KernelResources {
                 name: name.to_string(),
                 vgprs: 32,
@@ -286,6 +328,96 @@ mod tests {
             rows: vec![row("a", 0, None), row("b", 3, None)],
         };
         assert_eq!(report.spilling(), vec!["b"]);
+    }
+
+    /// A chain of softmax → tanh pairs: each softmax and each tanh is its own kernel of the
+    /// plan, and equal ops over equal shapes generate equal kernels (one entry each). The
+    /// groups must be the plan's distinct entries (counted here apart, by a set), each once,
+    /// standing together for every kernel of the plan.
+    #[test]
+    fn identical_kernels_of_a_plan_are_reported_once() {
+        use crate::ir::{DType, Graph, UnaryOp};
+        let mut g = Graph::new("chain");
+        let mut x = g.input("x", DType::F32, &[4, 33]).unwrap();
+        for _ in 0..60 {
+            x = g.softmax(x, -1).unwrap();
+            x = g.unary(UnaryOp::Tanh, x).unwrap();
+        }
+        g.set_outputs(&[x]).unwrap();
+        let target = Target::parse("gfx90a").unwrap();
+        let plan = crate::codegen::generate(&g, &target).unwrap();
+        let sources: Vec<String> = plan.kernels.iter().map(|k| plan.source(k)).collect();
+        let kernels: Vec<ReportKernel> = plan
+            .kernels
+            .iter()
+            .zip(&sources)
+            .map(|(k, source)| ReportKernel {
+                entry: &k.entry,
+                source,
+                body: &k.body,
+                label: &k.node,
+            })
+            .collect();
+        assert!(kernels.len() >= 120, "{} kernels", kernels.len());
+        let groups = distinct_kernels(&kernels);
+        let entries: std::collections::HashSet<&str> =
+            plan.kernels.iter().map(|k| k.entry.as_str()).collect();
+        assert_eq!(groups.len(), entries.len());
+        assert!(groups.len() < 10, "{} distinct kernels", groups.len());
+        let mut seen = std::collections::HashSet::new();
+        for (k, _) in &groups {
+            assert!(seen.insert(k.entry), "{} reported twice", k.entry);
+        }
+        assert_eq!(groups.iter().map(|(_, n)| n).sum::<usize>(), kernels.len());
+        // Each group counts exactly the kernels with its entry, and is labelled by the first.
+        for (k, n) in &groups {
+            let mine: Vec<&ReportKernel> = kernels.iter().filter(|o| o.entry == k.entry).collect();
+            assert_eq!(*n, mine.len());
+            assert_eq!(k.label, mine[0].label);
+        }
+    }
+
+    /// Kernels are merged by what they are, not by the name alone: a body that differs under
+    /// the same entry is its own row.
+    #[test]
+    fn a_kernel_is_merged_only_with_an_identical_one() {
+        let k = |entry, body, label| ReportKernel {
+            entry,
+            source: body,
+            body,
+            label,
+        };
+        let kernels = [
+            k("e1", "a", "n0"),
+            k("e2", "b", "n1"),
+            k("e1", "a", "n2"),
+            k("e1", "c", "n3"),
+            k("e1", "a", "n4"),
+        ];
+        let groups: Vec<(&str, usize)> = distinct_kernels(&kernels)
+            .iter()
+            .map(|(k, n)| (k.label, *n))
+            .collect();
+        assert_eq!(groups, vec![("n0", 3), ("n1", 1), ("n3", 1)]);
+    }
+
+    /// A row standing for several kernels says how many.
+    #[test]
+    fn a_shared_row_is_labelled_with_its_count() {
+        let mut shared = row("a", 0, None);
+        shared.kernels = 3;
+        let report = ResourceReport {
+            compiler: "h".into(),
+            by_clang: false,
+            rows: vec![shared, row("b", 0, None)],
+        };
+        assert_eq!(
+            report.table(),
+            report_table(&[
+                ("node_a (×3)".into(), row("a", 0, None).resources),
+                ("node_b".into(), row("b", 0, None).resources),
+            ])
+        );
     }
 
     /// The table is hiprtc's without occupancies and clang's with them.

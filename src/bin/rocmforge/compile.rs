@@ -1,5 +1,6 @@
 //! `rocmforge compile`: the pass pipeline, generated kernels, the resource report and bundles.
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use rocmforge::arch::Target;
@@ -125,14 +126,22 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
     if let Some(dir) = cg.emit_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        for k in &plan.kernels {
+        // Identical kernels share their entry (the hash of the body), and so their file:
+        // each is written once, not once per node.
+        let mut written = HashSet::new();
+        for k in plan
+            .kernels
+            .iter()
+            .filter(|k| written.insert(k.entry.as_str()))
+        {
             let path = dir.join(format!("{}.hip", k.entry));
             std::fs::write(&path, plan.source(k))
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
         std::fs::write(dir.join("plan.txt"), plan.listing()).map_err(|e| e.to_string())?;
         eprintln!(
-            "wrote {} kernel source(s) and plan.txt to {}",
+            "wrote {} kernel source(s) for {} kernel(s) and plan.txt to {}",
+            written.len(),
             plan.kernels.len(),
             dir.display()
         );
@@ -144,14 +153,21 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
         return Ok(());
     }
     let compiler = report::choose_amd_compiler(&target, cg.compiler).map_err(|e| e.to_string())?;
-    let sources: Vec<String> = plan.kernels.iter().map(|k| plan.source(k)).collect();
+    // One whole source (prelude and body) per entry, not per kernel: a plan of a million
+    // identical kernels would otherwise hold a million copies of the prelude.
+    // `resource_report` compiles each distinct kernel once.
+    let mut sources: HashMap<&str, String> = HashMap::new();
+    for k in &plan.kernels {
+        sources
+            .entry(k.entry.as_str())
+            .or_insert_with(|| plan.source(k));
+    }
     let kernels: Vec<ReportKernel> = plan
         .kernels
         .iter()
-        .zip(&sources)
-        .map(|(k, source)| ReportKernel {
+        .map(|k| ReportKernel {
             entry: &k.entry,
-            source,
+            source: &sources[k.entry.as_str()],
             body: &k.body,
             label: &k.node,
         })
@@ -161,10 +177,11 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
     bar.finish_and_clear();
     let report = report.map_err(|e| e.to_string())?;
     outln!(
-        "{} on {} ({}, {})",
+        "{} on {} ({} kernel(s), {} distinct, {})",
         graph.name,
         target,
         plan.kernels.len(),
+        report.rows.len(),
         report.compiler
     );
     out!("{}", report.table());

@@ -164,6 +164,7 @@ impl TuneCache {
 mod tests {
     use super::super::disk::EntryKind;
     use super::*;
+    use crate::arch::TuneMask;
     use crate::ir::DType;
 
     fn key(checksum: u64) -> TuneCacheKey {
@@ -185,7 +186,7 @@ mod tests {
                     d: 64,
                     dv: 64,
                     causal: true,
-                    mask: String::new(),
+                    mask: TuneMask::None,
                 },
             },
             checksum,

@@ -103,7 +103,7 @@ impl Config {
 /// row's last visible key, `(sq - 1) + offset` (the offset is clamped to `[-sq, sk]`). With a
 /// `kv_len` operand the bound is data: all `sk` here, `kv_len` in the kernel.
 pub(crate) fn valid_keys(p: &Problem) -> usize {
-    if !p.causal || !p.kv_len.is_empty() {
+    if !p.causal || !p.kv_len.is_static() {
         return p.sk;
     }
     let end = i64::try_from(p.sq)

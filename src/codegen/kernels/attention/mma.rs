@@ -26,7 +26,7 @@ use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
 use crate::codegen::mma::AtomHelpers;
-use crate::ir::DType;
+use crate::ir::{DType, MaskKind};
 
 /// Elements of a 16-byte piece of a 16-bit tile.
 const CHUNK: usize = 8;
@@ -199,7 +199,7 @@ fn fragment_regs(c: &Config, p: &Problem, atom: &MmaAtom, acc: &AttentionAccess)
         atom.b.elems() as usize / 2 * (c.block_n / an).max(p.dv / an)
     };
     // The mask's offset (64-bit) of each row slot a lane holds.
-    let mask_rows = if p.mask.is_empty() {
+    let mask_rows = if p.mask == MaskKind::None {
         0
     } else {
         2 * c.atoms * atom.c.row_slots() as usize
@@ -367,7 +367,7 @@ pub(crate) fn kernel(
     };
     let launch = launch(&c, atom, p, node, target)?;
     let (tk, tv) = tiles(&c, p, &acc);
-    let fold = p.mask != "additive" && p.scale.is_finite() && p.scale > 0.0;
+    let fold = p.mask != MaskKind::Additive && p.scale.is_finite() && p.scale > 0.0;
     let ctx = Context {
         p,
         c,
@@ -402,6 +402,7 @@ pub(crate) fn kernel(
 
 #[cfg(test)]
 mod tests {
+    use super::super::KvLen;
     use super::*;
 
     fn problem(dtype: DType, b: usize, hq: usize, sq: usize, sk: usize, d: usize) -> Problem {
@@ -420,12 +421,12 @@ mod tests {
             causal: false,
             offset: "0LL".into(),
             offset_text: 0,
-            mask: "",
+            mask: MaskKind::None,
             mask_ctype: "float",
             mask_load_pre: "",
             mask_load_post: "",
             ms: vec![0; 4],
-            kv_len: "",
+            kv_len: KvLen::Static,
             keys: sk.to_string(),
             ctype: "rf_half",
             load_pre: "",

@@ -37,6 +37,44 @@ pub(crate) fn clamp_offset(offset: i64, sq: usize, sk: usize) -> i64 {
     offset.clamp(-sq, sk)
 }
 
+/// Where an attention kernel's number of valid keys comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KvLen {
+    /// Every one of the `sk` keys is valid (no `kv_len` operand).
+    Static,
+    /// One `kv_len` element for every batch.
+    Shared,
+    /// One `kv_len` element per batch.
+    PerBatch,
+}
+
+impl KvLen {
+    pub(crate) fn is_static(self) -> bool {
+        self == KvLen::Static
+    }
+}
+
+/// The templates test `{% if kv_len %}` and `kv_len == "batch"`: "" is falsy there, so the
+/// enum reaches them as the strings they were written against.
+impl Serialize for KvLen {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            KvLen::Static => "",
+            KvLen::Shared => "one",
+            KvLen::PerBatch => "batch",
+        })
+    }
+}
+
+/// The mask kind as the templates test it (`{% if mask %}`, `mask == "additive"`): "" for none.
+fn mask_template<S: serde::Serializer>(m: &MaskKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match m {
+        MaskKind::None => "",
+        MaskKind::Additive => "additive",
+        MaskKind::Boolean => "boolean",
+    })
+}
+
 /// What every attention kernel needs to know about the node. Serialised flat into each
 /// kernel's template context (`{{ sq }}`, `{{ mask }}`, ...).
 #[derive(Clone, Debug, Serialize)]
@@ -60,16 +98,18 @@ pub(crate) struct Problem {
     /// The clamped causal offset, as a C literal and as a number (for comments).
     pub offset: String,
     pub offset_text: i64,
-    /// "" (none), "additive" or "boolean".
-    pub mask: &'static str,
+    /// The mask operand's kind (`None` also where the node has no mask operand); templates
+    /// read it as "" / "additive" / "boolean".
+    #[serde(serialize_with = "mask_template")]
+    pub mask: MaskKind,
     pub mask_ctype: &'static str,
     pub mask_load_pre: &'static str,
     pub mask_load_post: &'static str,
     /// The mask's strides over (b, h, q, k), broadcast axes 0.
     pub ms: Vec<usize>,
-    /// "" (every key valid), "one" (one `kv_len` for every batch) or "batch" (one per batch):
-    /// the kernel then reads `kvn`, the valid keys, from the `kv_len` operand (after the mask).
-    pub kv_len: &'static str,
+    /// Where the number of valid keys comes from; with a `kv_len` operand the kernel reads
+    /// `kvn`, the valid keys, from it (after the mask).
+    pub kv_len: KvLen,
     /// The key loops' bound as C: `sk`, or the kernel's `kvn`.
     pub keys: String,
     pub ctype: &'static str,
@@ -101,7 +141,7 @@ impl Problem {
         }
         let c = ctype(q.dtype);
         let (mask, mask_t, ms) = match (att.mask, ops.get(3)) {
-            (MaskKind::None, _) | (_, None) => ("", DType::F32, vec![0usize; 4]),
+            (MaskKind::None, _) | (_, None) => (MaskKind::None, DType::F32, vec![0usize; 4]),
             (kind, Some(&m)) => {
                 let mt = g.ty(m);
                 let padded = Shape(
@@ -110,19 +150,14 @@ impl Problem {
                         .collect(),
                 );
                 let strides = padded.broadcast_strides(&Shape::new(vec![b, hq, sq, sk]));
-                let kind = if kind == MaskKind::Boolean {
-                    "boolean"
-                } else {
-                    "additive"
-                };
                 (kind, mt.dtype, strides)
             }
         };
         let mc = ctype(mask_t);
         let kv_len = match ops.last().map(|&o| g.ty(o).shape.numel()) {
-            _ if !att.kv_len => "",
-            Some(1) => "one",
-            _ => "batch",
+            _ if !att.kv_len => KvLen::Static,
+            Some(1) => KvLen::Shared,
+            _ => KvLen::PerBatch,
         };
         // With kv_len the offset is the kernel's `kv_off` (kv_len − Sq, in [-Sq, Sk]); the
         // attribute is 0 (inference), so the number below only names it in comments.
@@ -202,7 +237,7 @@ impl Problem {
                 d: self.d,
                 dv: self.dv,
                 causal: self.causal,
-                mask: self.mask.to_string(),
+                mask: self.mask.into(),
             },
         }
     }

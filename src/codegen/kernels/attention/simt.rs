@@ -284,8 +284,10 @@ pub(crate) fn kernel(
 
 #[cfg(test)]
 mod tests {
+    use super::super::KvLen;
     use super::*;
     use crate::arch::arches;
+    use crate::ir::MaskKind;
 
     fn problem(d: usize, dv: usize, dtype: DType) -> Problem {
         Problem {
@@ -303,12 +305,12 @@ mod tests {
             causal: false,
             offset: "0LL".into(),
             offset_text: 0,
-            mask: "",
+            mask: MaskKind::None,
             mask_ctype: "float",
             mask_load_pre: "",
             mask_load_post: "",
             ms: vec![0; 4],
-            kv_len: "",
+            kv_len: KvLen::Static,
             keys: "131".into(),
             ctype: "float",
             load_pre: "",
