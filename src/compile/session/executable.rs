@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::gpu::Poisoner;
+use super::poison::Poisoner;
 use super::{ExeRef, Prepared, Session, SessionOptions, Shared};
 use crate::codegen::KernelPlan;
 use crate::compile::{compare_output, CompileError, CompileStats, MemoryPlan, Verification};

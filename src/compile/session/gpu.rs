@@ -8,13 +8,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::executable::{Executable, Planned};
-use crate::arch::Target;
-use crate::codegen::{self, BufferRole, IndexCheck, KernelPlan};
-use crate::compile::memory_plan::planned as in_slots;
-use crate::compile::{load, CompileError, MemoryPlan};
+use super::poison::{buffer_bytes, poison_points, POISON_BLOCK, POISON_MAX_GRID};
+use crate::codegen::{self, BufferRole, IndexCheck};
+use crate::compile::CompileError;
 use crate::interp::InterpError;
 use crate::ir::{Tensor, TensorType};
-use crate::runtime::device::LoadedKernel;
 use crate::runtime::{
     CapturedGraph, Device, DeviceBuffer, KernelLaunch, LaunchList, ReplayOff, RuntimeError, Stream,
 };
@@ -30,81 +28,6 @@ pub(super) struct StateBuffer {
 
 /// A GPU session's state buffers, in plan order.
 pub(super) type StateBuffers = Vec<StateBuffer>;
-
-/// The entry of the poisoning kernel.
-const POISON_ENTRY: &str = "rocmforge_poison_bytes";
-
-/// Fills `n[0]` bytes of `p` with 0xff (NaN in every float dtype, -1 in the integers). The count
-/// comes from a device buffer because launches pass buffers only; a grid-stride loop covers
-/// any size with a bounded grid.
-const POISON_BODY: &str = r#"// rocmforge: poisons a computed buffer before the first kernel that uses it.
-extern "C" __global__ void rocmforge_poison_bytes(unsigned char* __restrict__ p,
-                                                  const unsigned long long* __restrict__ n) {
-    const unsigned long long count = n[0];
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-         i < count; i += stride) {
-        p[i] = 0xff;
-    }
-}
-"#;
-
-/// Threads per block of the poisoning kernel, and at most this many blocks (the loop strides).
-const POISON_BLOCK: u32 = 256;
-const POISON_MAX_GRID: usize = 4096;
-
-/// What sessions need to poison a plan's computed buffers: the kernel, and one resident count
-/// buffer per distinct byte size.
-pub(in crate::compile) struct Poisoner {
-    kernel: Arc<LoadedKernel>,
-    counts: HashMap<usize, Arc<DeviceBuffer>>,
-}
-
-/// The bytes of plan buffer `id`.
-fn buffer_bytes(plan: &KernelPlan, id: usize) -> usize {
-    plan.buffers[id].ty.shape.numel() * plan.buffers[id].ty.dtype.size_bytes()
-}
-
-/// The poisoner of `plan`: its kernel loaded through the device's cache and the counts uploaded
-/// on `stream` (synchronised by the caller).
-pub(in crate::compile) fn poisoner(
-    device: &Device,
-    target: &Target,
-    compile_opts: &[String],
-    plan: &KernelPlan,
-    memory: &MemoryPlan,
-    stream: &Stream,
-) -> Result<Poisoner, CompileError> {
-    let kernel = load::load_kernel(device, target, compile_opts, POISON_ENTRY, POISON_BODY)?;
-    let mut counts = HashMap::new();
-    for &id in memory.slot_of.keys() {
-        let bytes = buffer_bytes(plan, id);
-        if bytes > 0 && !counts.contains_key(&bytes) {
-            let n = (bytes as u64).to_le_bytes();
-            counts.insert(bytes, Arc::new(stream.upload(&n)?));
-        }
-    }
-    Ok(Poisoner { kernel, counts })
-}
-
-/// For each kernel of `plan`, the computed buffers (slots and workspaces, not empty ones) to
-/// poison right before it: those it is the first kernel to use. Each buffer appears once, so
-/// every run starts every value from NaN bytes, including a slot an earlier kernel of the same
-/// run filled with a value that is dead by then.
-pub(in crate::compile) fn poison_points(plan: &KernelPlan) -> Vec<Vec<usize>> {
-    let mut seen = std::collections::HashSet::new();
-    plan.kernels
-        .iter()
-        .map(|k| {
-            k.args
-                .iter()
-                .copied()
-                .filter(|&a| in_slots(&plan.buffers[a].role) && buffer_bytes(plan, a) > 0)
-                .filter(|&a| seen.insert(a))
-                .collect()
-        })
-        .collect()
-}
 
 /// A session on a GPU.
 pub(in crate::compile) struct GpuSession {

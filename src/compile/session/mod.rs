@@ -12,6 +12,7 @@
 mod cpu;
 mod executable;
 mod gpu;
+mod poison;
 #[cfg(test)]
 mod tests;
 
@@ -26,8 +27,9 @@ use crate::runtime::{DeviceBuffer, ReplayOff, Stream};
 use cpu::{lock, CpuSession, SharedStates};
 pub use executable::Executable;
 pub(in crate::compile) use executable::{Body, Planned};
-pub(in crate::compile) use gpu::{poisoner, GpuSession};
+pub(in crate::compile) use gpu::GpuSession;
 use gpu::{tensor, StateBuffers};
+pub(in crate::compile) use poison::poisoner;
 
 /// The name the first sessions-less API gave the executable; kept so call sites compile.
 pub type Compiled = Executable;

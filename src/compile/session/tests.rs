@@ -249,7 +249,7 @@ fn poison_points_cover_each_computed_buffer_before_its_first_use() {
         memory.slot_of[&out(0)],
         "the last kernel's output reuses the first's slot"
     );
-    let points = super::gpu::poison_points(&plan);
+    let points = super::poison::poison_points(&plan);
     assert_eq!(points, vec![vec![out(0)], vec![out(1)], vec![out(2)]]);
     // Inputs, weights and states are never poisoned; each computed buffer exactly once.
     let mut all: Vec<usize> = points.concat();
