@@ -14,7 +14,7 @@ use crate::compile::CompileError;
 use crate::interp::InterpError;
 use crate::ir::{Tensor, TensorType};
 use crate::runtime::{
-    CapturedGraph, Device, DeviceBuffer, KernelLaunch, LaunchList, ReplayOff, RuntimeError, Stream,
+    CapturedGraph, DeviceBuffer, KernelLaunch, LaunchList, ReplayOff, RuntimeError, Stream,
 };
 
 /// One persistent state of a session: its plan buffer id, name, type and buffer.
