@@ -36,6 +36,8 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
             0.5 * x
                 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
         }
+        // The textbook form in f64 (exact enough for |x| < 700), not the split the IR uses.
+        UnaryOp::Softplus => (1.0 + x.exp()).ln(),
     }
 }
 
@@ -80,6 +82,51 @@ fn unary_int_ops() {
     assert_eq!(neg.as_i64().unwrap(), &[3, 0, -5, 7]);
     let abs = run_op(&[&t], |g, i| g.abs(i[0]).unwrap());
     assert_eq!(abs.as_i64().unwrap(), &[3, 0, 5, 7]);
+}
+
+/// Softplus where the textbook form fails in f32: large |x| (eˣ overflows, or 1 + eˣ rounds to
+/// 1), ±∞ and NaN. The reference is f64 with the series ln(1 + e) ≈ e − e²/2 for tiny e = eˣ,
+/// written independently of the split `ir::scalar` uses.
+#[test]
+fn softplus_holds_at_the_edges() {
+    let xs = [
+        -100.0,
+        -40.0,
+        -17.0,
+        -1.0,
+        0.0,
+        1e-3,
+        1.0,
+        17.0,
+        88.0,
+        100.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let t = Tensor::from_f64(DType::F32, vec![xs.len()], &xs).unwrap();
+    let got = run_op(&[&t], |g, i| g.softplus(i[0]).unwrap()).to_f64_vec();
+    for (&x, &y) in xs.iter().zip(&got) {
+        let x = f64::from(x as f32);
+        let want = if x.is_nan() {
+            f64::NAN
+        } else if x < -30.0 {
+            let e = x.exp();
+            e - e * e / 2.0
+        } else {
+            (1.0 + x.exp()).ln()
+        };
+        if want.is_nan() {
+            assert!(y.is_nan(), "softplus({x}) = {y}, want NaN");
+        } else if want.is_infinite() {
+            assert_eq!(y, want, "softplus({x})");
+        } else {
+            // f32 rounding of the result, plus a few ulps for exp and ln_1p.
+            let tol = 4.0 * f64::from(f32::EPSILON) * want.abs() + f64::from(f32::MIN_POSITIVE);
+            assert!((y - want).abs() <= tol, "softplus({x}) = {y}, want {want}");
+            assert!(y >= 0.0, "softplus({x}) = {y} is negative");
+        }
+    }
 }
 
 fn binary_ref(op: BinaryOp, a: f64, b: f64) -> f64 {

@@ -31,6 +31,9 @@ fn unary_float(op: UnaryOp, x: &str) -> String {
         UnaryOp::Silu => format!("rf_silu({x})"),
         UnaryOp::Gelu => format!("rf_gelu({x})"),
         UnaryOp::GeluTanh => format!("rf_gelu_tanh({x})"),
+        // Inline rather than a prelude helper: `x` is a temporary or a load, so repeating it is
+        // free, and the preludes (and their snapshots) stay as they are.
+        UnaryOp::Softplus => format!("(fmaxf({x}, 0.0f) + log1pf(expf(-fabsf({x}))))"),
     }
 }
 
@@ -49,7 +52,8 @@ fn unary_int(op: UnaryOp, x: &str) -> String {
         | UnaryOp::Sigmoid
         | UnaryOp::Silu
         | UnaryOp::Gelu
-        | UnaryOp::GeluTanh => {
+        | UnaryOp::GeluTanh
+        | UnaryOp::Softplus => {
             format!("rf_f2ll({})", unary_float(op, &format!("(float)({x})")))
         }
     }

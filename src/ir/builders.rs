@@ -350,4 +350,5 @@ binary_builders!(
 unary_builders!(
     neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, recip => Recip,
     tanh => Tanh, erf => Erf, sigmoid => Sigmoid, silu => Silu, gelu => Gelu, gelu_tanh => GeluTanh,
+    softplus => Softplus,
 );

@@ -152,6 +152,10 @@ pub fn unary_f32(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::GeluTanh => {
             0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
         }
+        // The naive ln(1 + eˣ) overflows to inf from x ≈ 89 and loses everything below
+        // x ≈ −17; split off max(x, 0) so the exponent is never positive. `f32::max` drops a
+        // NaN operand, but the ln_1p term keeps it, so NaN stays NaN (as `fmaxf` in the C row).
+        UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
     }
 }
 
@@ -181,7 +185,8 @@ pub fn unary_i64(op: UnaryOp, x: i64) -> i64 {
         | UnaryOp::Sigmoid
         | UnaryOp::Silu
         | UnaryOp::Gelu
-        | UnaryOp::GeluTanh => unary_f32(op, x as f32) as i64,
+        | UnaryOp::GeluTanh
+        | UnaryOp::Softplus => unary_f32(op, x as f32) as i64,
     }
 }
 

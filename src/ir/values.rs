@@ -85,6 +85,8 @@ op_family! {
         Gelu => "gelu",
         /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
         GeluTanh => "gelu_tanh",
+        /// `ln(1 + eˣ)`, computed as `max(x, 0) + ln(1 + e^(−|x|))` so it never overflows
+        Softplus => "softplus",
     }
 }
 
