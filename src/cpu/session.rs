@@ -1,0 +1,277 @@
+//! A session of the fast CPU executor: every value's buffer, allocated once, and the states
+//! across runs; a warm run walks the plan's steps over them.
+
+use super::*;
+
+/// The plan a session runs: borrowed, or shared with the session's owner.
+pub(super) enum PlanRef<'p> {
+    Borrowed(&'p CpuPlan),
+    Shared(Arc<CpuPlan>),
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = CpuPlan;
+    fn deref(&self) -> &CpuPlan {
+        match self {
+            PlanRef::Borrowed(p) => p,
+            PlanRef::Shared(p) => p,
+        }
+    }
+}
+
+/// One run's worth of buffers and the states across runs.
+pub struct CpuSession<'p> {
+    pub(super) plan: PlanRef<'p>,
+    pub(super) bufs: Vec<Buf>,
+    pub(super) scratch: Vec<Scratch>,
+}
+
+impl CpuSession<'_> {
+    /// Copies `t` into input `name` (its type checked against the graph's).
+    pub fn set_input(&mut self, name: &str, t: &Tensor) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .inputs
+            .get(name)
+            .ok_or_else(|| CpuError::UnknownInput {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        if t.ty() != *ty {
+            return Err(InterpError::BindingType {
+                name: name.to_string(),
+                expected: ty.clone(),
+                got: t.ty(),
+            }
+            .into());
+        }
+        self.bufs[s].copy_from(t);
+        Ok(())
+    }
+
+    /// Every input of `b` (weights in `b` are the plan's business, not the session's).
+    pub fn set_inputs(&mut self, b: &Bindings) -> Result<(), CpuError> {
+        for (name, t) in &b.inputs {
+            self.set_input(name, t)?;
+        }
+        Ok(())
+    }
+
+    /// Sets state `name`'s value (as `run_with_state`'s `states`).
+    pub fn set_state(&mut self, name: &str, t: &Tensor) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        if t.ty() != *ty {
+            return Err(InterpError::BindingType {
+                name: name.to_string(),
+                expected: ty.clone(),
+                got: t.ty(),
+            }
+            .into());
+        }
+        self.bufs[s].copy_from(t);
+        Ok(())
+    }
+
+    /// Exchanges state `name`'s buffer with `buf` (no copy): how sessions that share states
+    /// (a prefill plan's and a decode plan's, on one KV cache) hand them over. `buf` must hold
+    /// the state's type, else [`InterpError::BindingType`] and nothing moves.
+    pub fn swap_state(&mut self, name: &str, buf: &mut Buf) -> Result<(), CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        let ty = &self.plan.types[s];
+        let fits = match buf {
+            Buf::F(v) => ty.dtype.is_float() && v.len() == ty.shape.numel(),
+            Buf::I(v) => !ty.dtype.is_float() && v.len() == ty.shape.numel(),
+        };
+        if !fits {
+            return Err(CpuError::Host {
+                node: name.to_string(),
+                source: TensorError::Length {
+                    shape: ty.shape.clone(),
+                    expected: ty.shape.numel(),
+                    got: buf.f().len().max(buf.i().len()),
+                },
+            });
+        }
+        std::mem::swap(&mut self.bufs[s], buf);
+        Ok(())
+    }
+
+    /// State `name`'s current value (after a run: the next run's).
+    pub fn state(&self, name: &str) -> Result<Tensor, CpuError> {
+        let &s = self
+            .plan
+            .states
+            .get(name)
+            .ok_or_else(|| InterpError::UnknownState {
+                name: name.to_string(),
+            })?;
+        self.bufs[s]
+            .to_tensor(&self.plan.types[s])
+            .map_err(|source| CpuError::Host {
+                node: name.to_string(),
+                source,
+            })
+    }
+
+    /// Output `index` of the last run as a tensor (a copy).
+    pub fn output(&self, index: usize) -> Result<Tensor, CpuError> {
+        let &s = self.plan.outputs.get(index).ok_or(CpuError::NoOutput {
+            index,
+            count: self.plan.outputs.len(),
+        })?;
+        val(&self.plan.fixed, &self.bufs, s)
+            .to_tensor(&self.plan.output_types[index])
+            .map_err(|source| CpuError::Host {
+                node: format!("output {index}"),
+                source,
+            })
+    }
+
+    /// Output `index` of the last run, borrowed (no copy).
+    pub fn output_buf(&self, index: usize) -> Option<&Buf> {
+        let &s = self.plan.outputs.get(index)?;
+        Some(val(&self.plan.fixed, &self.bufs, s))
+    }
+
+    pub fn outputs(&self) -> Result<Vec<Tensor>, CpuError> {
+        (0..self.plan.outputs.len())
+            .map(|i| self.output(i))
+            .collect()
+    }
+
+    /// Runs every step once, on the plan's thread pool.
+    pub fn run(&mut self) -> Result<(), CpuError> {
+        let CpuSession {
+            plan,
+            bufs,
+            scratch,
+        } = self;
+        let plan: &CpuPlan = plan;
+        plan.pool.install(|| {
+            for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
+                run_step(plan, step, bufs, scr)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn run_step(
+    plan: &CpuPlan,
+    step: &Step,
+    bufs: &mut [Buf],
+    scr: &mut Scratch,
+) -> Result<(), CpuError> {
+    let mut out = std::mem::take(&mut bufs[step.slot]);
+    let result = run_into(plan, step, bufs, scr, &mut out);
+    bufs[step.slot] = out;
+    result
+}
+
+fn run_into(
+    plan: &CpuPlan,
+    step: &Step,
+    bufs: &[Buf],
+    scr: &mut Scratch,
+    out: &mut Buf,
+) -> Result<(), CpuError> {
+    let arg = |i: usize| val(&plan.fixed, bufs, step.args[i]);
+    let ty = &plan.types[step.slot];
+    match &step.kind {
+        Kind::Nothing => Ok(()),
+        Kind::Elementwise(e) => {
+            e.run(&step.args, &plan.fixed, bufs, out);
+            Ok(())
+        }
+        Kind::Gemm(g) => {
+            g.run(plan.kernel, &step.args, &plan.fixed, bufs, scr, out);
+            Ok(())
+        }
+        Kind::Norm { eps, rms, d } => {
+            let bias = if *rms { None } else { Some(arg(2).f()) };
+            kernels::norm(
+                arg(0).f(),
+                arg(1).f(),
+                bias,
+                *eps,
+                *rms,
+                *d,
+                ty.dtype,
+                out_f(out),
+            );
+            Ok(())
+        }
+        Kind::Softmax { d } => {
+            kernels::softmax(arg(0).f(), *d, ty.dtype, out_f(out));
+            Ok(())
+        }
+        Kind::Rope(r) => {
+            let pos = if step.args.len() > 1 {
+                Some(arg(1).i())
+            } else {
+                None
+            };
+            r.run(arg(0).f(), pos, ty.dtype, out_f(out));
+            Ok(())
+        }
+        Kind::Attention(a) => a.run(
+            &step.node,
+            &step.args,
+            &plan.fixed,
+            bufs,
+            scr,
+            ty.dtype,
+            out_f(out),
+        ),
+        Kind::Gather { row, rows } => {
+            kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
+        }
+        Kind::CacheWrite(w) => {
+            let start = arg(2).i()[0];
+            match out {
+                Buf::F(o) => w.write(&step.node, o, arg(1).f(), start),
+                Buf::I(o) => w.write(&step.node, o, arg(1).i(), start),
+            }
+        }
+        Kind::ArgMax { len, inner } => {
+            let Buf::I(o) = out else {
+                unreachable!("argmax gives i32")
+            };
+            kernels::argmax(arg(0), *len, *inner, o);
+            Ok(())
+        }
+        Kind::Fallback(f) => {
+            let mut b = Bindings::default();
+            for (i, (n, t)) in f.names.iter().zip(&f.types).enumerate() {
+                let t = arg(i).to_tensor(t).map_err(|source| CpuError::Host {
+                    node: step.node.clone(),
+                    source,
+                })?;
+                b.inputs.insert(n.clone(), t);
+            }
+            let r = interp::run(&f.graph, &b)?;
+            out.copy_from(&r[0]);
+            Ok(())
+        }
+    }
+}
+
+fn out_f(out: &mut Buf) -> &mut [f32] {
+    match out {
+        Buf::F(v) => v,
+        Buf::I(_) => unreachable!("a float op's buffer is float"),
+    }
+}
