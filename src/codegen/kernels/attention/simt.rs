@@ -158,7 +158,7 @@ const FIXED_REGS: usize = 48;
 /// 16-byte fragments per step of 4 columns, and the AMD compilers (hiprtc 5.2, clang-19) keep
 /// the fragments of every step they unroll in flight: 4 steps (the `#pragma unroll 4`) where
 /// the D/4 steps divide by 4, all of them where they do not (the loop is then unrolled
-/// completely, its loads hoisted). Calibration, `attention_register_sweep` (tests/amd_offline.rs),
+/// completely, its loads hoisted). Calibration, `attention_register_sweep` (tests/amd_offline/sweep.rs),
 /// measured VGPRs (+ spilled) on gfx906 and gfx1030 (hiprtc 5.2) and gfx90a, against this
 /// estimate:
 ///
