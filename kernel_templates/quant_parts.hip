@@ -50,9 +50,12 @@ RF_INLINE float rf_q_elem(const unsigned char* __restrict__ blk, int e) {
     const int q = (e < 16 ? (b & 15) : (b >> 4)) | (int)(((qh >> e) & 1u) << 4);
 {% if scheme == "q5_0" %}    return (float)(q - 16) * rf_q_f16(blk);
 {% else %}    return (float)q * rf_q_f16(blk) + rf_q_f16(blk + 2);
-{% endif %}{% elif scheme == "iq4_nl" %}    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+{% endif %}{% elif scheme == "iq4_nl" %}    // ggml's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+    // as the bytes of two 64-bit constants: a local array would cost a stack frame on NVIDIA.
     const int b = blk[2 + (e & 15)];
-    return rf_q_f16(blk) * (float)grid[e < 16 ? (b & 15) : (b >> 4)];
+    const int i = e < 16 ? (b & 15) : (b >> 4);
+    const int g = (int)(signed char)(unsigned char)(((i < 8 ? 0xF6EADDCFBFAD9881ull : 0x7159453526190D01ull) >> (8 * (i & 7))) & 0xffull);
+    return rf_q_f16(blk) * (float)g;
 {% elif scheme == "q2_k" %}    const int sc = blk[e / 16];
     const float dl = rf_q_f16(blk + 80) * (float)(sc & 15);
     const float ml = rf_q_f16(blk + 82) * (float)(sc >> 4);
@@ -80,11 +83,14 @@ RF_INLINE float rf_q_elem(const unsigned char* __restrict__ blk, int e) {
 {% elif scheme == "q8_k" %}    const float d = rf_q_bits((unsigned)blk[0] | ((unsigned)blk[1] << 8) | ((unsigned)blk[2] << 16) | ((unsigned)blk[3] << 24));
     return d * (float)(signed char)blk[4 + e];
 {% elif scheme == "mxfp4" %}    // E2M1 doubled (ggml's kvalues_mxfp4) times the halved E8M0 scale (GGML_E8M0_TO_FP32_HALF).
-    const signed char grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    // {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12} as the bytes of two 64-bit
+    // constants (no local array: no stack frame).
     const unsigned x = blk[0];
     const float d = rf_q_bits(x < 2 ? (0x00200000u << x) : ((x - 1) << 23));
     const int b = blk[1 + (e & 15)];
-    return (float)grid[e < 16 ? (b & 15) : (b >> 4)] * d;
+    const int i = e < 16 ? (b & 15) : (b >> 4);
+    const int g = (int)(signed char)(unsigned char)(((i < 8 ? 0x0C08060403020100ull : 0xF4F8FAFCFDFEFF00ull) >> (8 * (i & 7))) & 0xffull);
+    return (float)g * d;
 {% else %}    // OCP E8M0 scale (255: NaN), code e = bits 6e..6e+6 of the 24 code bytes (little-endian).
     const unsigned x = blk[0];
     const float d = x == 255 ? NAN : rf_q_bits(x == 0 ? 0x00400000u : (x << 23));

@@ -107,7 +107,7 @@ fn host_cases() -> Vec<Case> {
 /// The kernel families `case`'s plan must have: the fused small-M kernel alone up to the bound,
 /// the dequantize kernel and a dense GEMM past it.
 fn quant_families(case: &QuantCase, dense: &str) -> Vec<String> {
-    if case.m <= 16 {
+    if case.m <= rocmforge::codegen::quant_fused_max_m(case.scheme) {
         vec!["gemm_quant".into()]
     } else {
         vec!["dequantize".into(), dense.into()]

@@ -28,7 +28,8 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
         let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
         let fused = families == ["gemm_quant"];
         let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
-        if (case.m <= 16 && !fused) || (case.m > 16 && !dequantized) {
+        let fused_max = rocmforge::codegen::quant_fused_max_m(case.scheme);
+        if (case.m <= fused_max && !fused) || (case.m > fused_max && !dequantized) {
             return Err(format!("{}: kernels {families:?}", case.name()).into());
         }
     }

@@ -41,6 +41,16 @@ const PIECE: usize = 8;
 /// The scheme of Gemm `id`'s B operand when the fused kernel reads it: B is a quantized weight
 /// `[N, K]` read as `Wᵀ` (K along its blocks, contiguous; N the rows; no batch), read by no
 /// other slot of the node, and M is at most [`MAX_M`].
+/// The largest M the fused kernel reads `scheme`'s blocks for (past it: dequantize, then a
+/// dense GEMM). Q5_K's reader at M 16 spills 4 bytes on sm_90 (ptxas 13.0: 80 registers,
+/// 8-byte stack frame, `gemm_kernels` `compile::nvrtc::sm_90`), so it stops at 8.
+pub fn fused_max_m(scheme: QuantScheme) -> usize {
+    match scheme {
+        QuantScheme::Q5K => 8,
+        _ => MAX_M,
+    }
+}
+
 pub(crate) fn reads_blocks(g: &Graph, id: NodeId, gemm: &Gemm) -> Option<QuantScheme> {
     let ops = g.operands(id);
     let w = *ops.get(1)?;
@@ -55,7 +65,7 @@ pub(crate) fn reads_blocks(g: &Graph, id: NodeId, gemm: &Gemm) -> Option<QuantSc
         return None;
     }
     let [_, m, n, k] = gemm.dims.sizes()?;
-    if !(1..=MAX_M).contains(&m) || g.ty(w).shape.dims() != [n, k] {
+    if !(1..=fused_max_m(*scheme)).contains(&m) || g.ty(w).shape.dims() != [n, k] {
         return None;
     }
     // The view of W [N, K] read transposed: N's sub-axes outer, K's inner, both contiguous.
