@@ -6,6 +6,9 @@
 //!   filled the cache to N (two 1024-token chunks for 2048), each step as `rocmforge generate`
 //!   runs it: inputs written, the replayed plan, the token read back.
 //!
+//! Each row also carries the plan's launches (`kernels`) and `kernels_per_token` (launches over
+//! the tokens a run computes), which benches/llamacpp_compare.py prints beside llama.cpp.
+//!
 //! f16 rows are named as benches/llama_compare.py expects (`prefill_1024`, `decode_ctxN`); the
 //! quantized rows end in `_q4`. Medians over the runs; same environment as the other benches
 //! (benches/common/summary.rs: `ROCMFORGE_BENCH_FILTER`, `ROCMFORGE_BENCH_JSON`).
@@ -127,13 +130,26 @@ fn main() {
         let mut ds = dec
             .session_sharing(&SessionOptions { replay: true }, &ps)
             .unwrap();
-        let mut record = |case: String, ms: f64| {
+        // Launches per run of each plan: for decode, the kernels every token costs.
+        let (pre_kernels, dec_kernels) = (
+            pre.plan().map(|p| p.kernels.len()),
+            dec.plan().map(|p| p.kernels.len()),
+        );
+        let mut record = |case: String, ms: f64, kernels: Option<usize>, tokens: usize| {
             println!("{case:<22} {ms:>10.3}");
-            rows.push(serde_json::json!({"case": case, "ms": ms, "dtype": p.dtype.to_string(), "quantized": p.quantized}));
+            rows.push(serde_json::json!({
+                "case": case,
+                "ms": ms,
+                "dtype": p.dtype.to_string(),
+                "quantized": p.quantized,
+                "kernels": kernels,
+                "kernels_per_token": kernels.map(|k| k as f64 / tokens as f64),
+            }));
         };
         let case = format!("prefill_{PREFILL}{suffix}");
         if summary::selected(&case) {
-            record(case, time_ms(10, || step(&mut ps, PREFILL, 0, PREFILL)));
+            let ms = time_ms(10, || step(&mut ps, PREFILL, 0, PREFILL));
+            record(case, ms, pre_kernels, PREFILL);
         }
         for ctx in CONTEXTS {
             let case = format!("decode_ctx{ctx}{suffix}");
@@ -146,7 +162,8 @@ fn main() {
                 step(&mut ps, PREFILL, filled, filled + PREFILL);
                 filled += PREFILL;
             }
-            record(case, time_ms(100, || step(&mut ds, 1, ctx, ctx + 1)));
+            let ms = time_ms(100, || step(&mut ds, 1, ctx, ctx + 1));
+            record(case, ms, dec_kernels, 1);
         }
     }
     summary::write_json(&device, rows);

@@ -25,6 +25,16 @@ use crate::runtime::Device;
 /// The smallest prefill bucket: shorter prompts are padded to it.
 pub const MIN_BUCKET: usize = 16;
 
+/// The bucket a prompt of `n` tokens is padded to under a maximum context of `max_context`:
+/// the next power of two from [`MIN_BUCKET`], capped at the context. `compile --model --phase
+/// prefill` shows the plan of the same bucket.
+pub fn prompt_bucket(n: usize, max_context: usize) -> usize {
+    n.max(MIN_BUCKET)
+        .checked_next_power_of_two()
+        .unwrap_or(usize::MAX)
+        .min(max_context)
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GenerateOptions {
     pub precision: Precision,
@@ -97,6 +107,12 @@ pub struct GenerateStats {
     pub decode_seconds: f64,
     pub prompt_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Decode seconds per decode step, in milliseconds (`None` when no step ran): the figure
+    /// llama.cpp's `tg` rows compare with.
+    pub decode_ms_per_token: Option<f64>,
+    /// Kernel launches per decode step (the decode plan's kernels, all launched every token);
+    /// `None` on the CPU devices, which launch none.
+    pub kernels_per_token: Option<usize>,
     pub stop: Stop,
 }
 
@@ -195,10 +211,13 @@ impl Generator {
 
     /// The bucket a prompt of `n` tokens is padded to.
     pub fn bucket(&self, n: usize) -> usize {
-        n.max(MIN_BUCKET)
-            .checked_next_power_of_two()
-            .unwrap_or(usize::MAX)
-            .min(self.options.max_context)
+        prompt_bucket(n, self.options.max_context)
+    }
+
+    /// Kernel launches per decode step: the decode plan's kernels (each runs once a token,
+    /// replayed or not); `None` on the CPU devices.
+    pub fn kernels_per_token(&self) -> Option<usize> {
+        self.decode.executable().plan().map(|p| p.kernels.len())
     }
 
     /// The prefill session of `bucket`, compiled on first use.
@@ -309,6 +328,9 @@ impl Generator {
                 decode_seconds,
                 prompt_tokens_per_s: rate(n, prompt_seconds),
                 decode_tokens_per_s: rate(decode_tokens, decode_seconds),
+                decode_ms_per_token: (decode_tokens > 0)
+                    .then(|| decode_seconds * 1e3 / decode_tokens as f64),
+                kernels_per_token: self.kernels_per_token(),
                 stop,
             },
         })
@@ -331,5 +353,28 @@ fn read_token(session: &Session<'_>, vocab: usize) -> Result<u32, GenerateError>
     match u32::try_from(value) {
         Ok(id) if (id as usize) < vocab => Ok(id),
         _ => Err(GenerateError::BadToken { value }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_pad_to_the_next_power_of_two_from_the_minimum_within_the_context() {
+        // (tokens, max context, bucket), worked by hand.
+        for (n, max, want) in [
+            (1, 2048, 16),
+            (16, 2048, 16),
+            (17, 2048, 32),
+            (100, 2048, 128),
+            (128, 2048, 128),
+            (129, 2048, 256),
+            (1500, 2048, 2048),
+            (40, 48, 48),
+            (5, 8, 8),
+        ] {
+            assert_eq!(prompt_bucket(n, max), want, "{n} tokens, context {max}");
+        }
     }
 }

@@ -4,6 +4,8 @@
 
 #[path = "common/smollm2.rs"]
 mod smollm2;
+#[path = "common/tiny_gguf.rs"]
+mod tiny_gguf;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -422,3 +424,6 @@ mod devices;
 
 #[path = "cli/cache_bundles_generate.rs"]
 mod cache_bundles_generate;
+
+#[path = "cli/compile_model.rs"]
+mod compile_model;

@@ -45,6 +45,35 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// What one compile of a (target, full source) gave.
+type Compiled = Result<Arc<Vec<u8>>, String>;
+
+/// Compiles `source` for `arch` with `compile` at most once per test process: trials share
+/// kernels (`hostile_names` compiles exactly `every_op_and_dtype`'s kernels, which it checks;
+/// a graph's fused and unfused plans share every kernel the passes left alone), and ROCm 5.2's
+/// hiprtc takes seconds a kernel. The key is the whole source, so only an identical input is
+/// shared; a trial that asks while another compiles the same source waits for that result.
+fn compiled_once(
+    arch: &str,
+    source: &str,
+    compile: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Compiled {
+    use std::sync::{Mutex, OnceLock};
+    type Slot = Arc<OnceLock<Compiled>>;
+    static SEEN: OnceLock<Mutex<HashMap<(String, String), Slot>>> = OnceLock::new();
+    let slot = {
+        let mut seen = SEEN
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            seen.entry((arch.to_string(), source.to_string()))
+                .or_default(),
+        )
+    };
+    slot.get_or_init(|| compile().map(Arc::new)).clone()
+}
+
 /// Compiles every kernel of every graph for one target (unique sources once); returns
 /// (node, resources) per kernel, or the spills and failures.
 fn compile_all(
@@ -68,9 +97,10 @@ fn compile_all(
     let compiled: Vec<Result<(String, rocmforge::runtime::KernelResources), String>> = entries
         .par_iter()
         .map(|(entry, (src, node))| {
-            let code = rtc
-                .compile(src, entry, arch, &compiler_options(Platform::Amd))
-                .map_err(|e| e.to_string())?;
+            let code = compiled_once(arch, src, || {
+                rtc.compile(src, entry, arch, &compiler_options(Platform::Amd))
+                    .map_err(|e| e.to_string())
+            })?;
             let info = parse_code_object(&code).map_err(|e| format!("{entry}: {e}"))?;
             let k = info
                 .kernels

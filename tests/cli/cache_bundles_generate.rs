@@ -313,6 +313,16 @@ fn generate_json_gives_the_reference_tokens_on_the_cpu() {
     assert_eq!(v["stats"]["prompt_tokens"], 5);
     assert_eq!(v["stats"]["decode_tokens"], 2);
     assert!(v["stats"]["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    // ms per token is decode seconds over decode steps; the CPU launches no kernels.
+    let (secs, ms) = (
+        v["stats"]["decode_seconds"].as_f64().unwrap(),
+        v["stats"]["decode_ms_per_token"].as_f64().unwrap(),
+    );
+    assert!(
+        (ms - secs * 1e3 / 2.0).abs() <= 1e-9 * ms.max(1.0),
+        "{ms} vs {secs}"
+    );
+    assert!(v["stats"]["kernels_per_token"].is_null(), "{v}");
     let (ok, _, err) = rocmforge(&[
         "generate",
         "--model",

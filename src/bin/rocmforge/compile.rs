@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use rocmforge::arch::Target;
-use rocmforge::codegen::{self, CodegenOptions};
+use rocmforge::codegen::{self, CodegenOptions, KernelPlan};
 use rocmforge::compile::bundle::{self, EmitOptions, DEFAULT_MAX_BUNDLE_BYTES};
 use rocmforge::compile::report::{self, ReportKernel};
 use rocmforge::ir::{self, Graph};
@@ -22,6 +22,31 @@ pub(crate) struct CodegenArgs<'a> {
     pub(crate) bundle: Option<(u64, u64)>,
 }
 
+/// Runs the default pipeline (clean-up only with `no_fuse`) on `graph`, printing the graph
+/// after every pass that changed it (`dump`) and the passes' reasons (`explain`); the manager,
+/// for its pass names.
+pub(crate) fn optimise(
+    graph: &mut Graph,
+    dump: bool,
+    explain: bool,
+    no_fuse: bool,
+) -> Result<PassManager, String> {
+    let manager = PassManager::pipeline(!no_fuse);
+    let reports = manager
+        .run_observed(graph, |report, g| {
+            if dump && report.changed() {
+                outln!("// after {}", report.pass);
+                out!("{}", ir::to_text(g).unwrap_or_else(|e| e.to_string()));
+                outln!();
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if explain {
+        out!("{}", explain_text(&reports));
+    }
+    Ok(manager)
+}
+
 pub(crate) fn cmd_compile(
     file: &Path,
     dump: bool,
@@ -33,19 +58,7 @@ pub(crate) fn cmd_compile(
     // A bundle runs the passes itself, from the graph as given, as `run` does.
     let source = cg.bundle.is_some().then(|| graph.clone());
     let before = graph.node_count();
-    let manager = PassManager::pipeline(!no_fuse);
-    let reports = manager
-        .run_observed(&mut graph, |report, g| {
-            if dump && report.changed() {
-                outln!("// after {}", report.pass);
-                out!("{}", ir::to_text(g).unwrap_or_else(|e| e.to_string()));
-                outln!();
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    if explain {
-        out!("{}", explain_text(&reports));
-    }
+    let manager = optimise(&mut graph, dump, explain, no_fuse)?;
     if let (Some(source), Some(arch), Some(dir)) = (&source, cg.target, cg.emit_dir) {
         emit_bundle(source, arch, no_fuse, dir, &cg)?;
         if !cg.report {
@@ -124,24 +137,10 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
     let options = CodegenOptions::default();
     let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
     if let Some(dir) = cg.emit_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        // Identical kernels share their entry (the hash of the body), and so their file:
-        // each is written once, not once per node.
-        let mut written = HashSet::new();
-        for k in plan
-            .kernels
-            .iter()
-            .filter(|k| written.insert(k.entry.as_str()))
-        {
-            let path = dir.join(format!("{}.hip", k.entry));
-            std::fs::write(&path, plan.source(k))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        }
+        let written = write_sources(&plan, dir)?;
         std::fs::write(dir.join("plan.txt"), plan.listing()).map_err(|e| e.to_string())?;
         eprintln!(
-            "wrote {} kernel source(s) for {} kernel(s) and plan.txt to {}",
-            written.len(),
+            "wrote {written} kernel source(s) for {} kernel(s) and plan.txt to {}",
             plan.kernels.len(),
             dir.display()
         );
@@ -152,7 +151,35 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
         }
         return Ok(());
     }
-    let compiler = report::choose_amd_compiler(&target, cg.compiler).map_err(|e| e.to_string())?;
+    resource_report(graph, &plan, &target, cg.compiler)
+}
+
+/// Writes one `.hip` file (prelude and body) per distinct kernel of `plan` into `dir`; how
+/// many. Identical kernels share their entry (the hash of the body), and so their file: each
+/// is written once, not once per launch.
+pub(crate) fn write_sources(plan: &KernelPlan, dir: &Path) -> Result<usize, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut written = HashSet::new();
+    for k in plan
+        .kernels
+        .iter()
+        .filter(|k| written.insert(k.entry.as_str()))
+    {
+        let path = dir.join(format!("{}.hip", k.entry));
+        std::fs::write(&path, plan.source(k))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(written.len())
+}
+
+/// `--report`: every distinct kernel compiled for `target`, its registers, LDS and spills.
+pub(crate) fn resource_report(
+    graph: &Graph,
+    plan: &KernelPlan,
+    target: &Target,
+    choice: AmdCompilerChoice,
+) -> Result<(), String> {
+    let compiler = report::choose_amd_compiler(target, choice).map_err(|e| e.to_string())?;
     // One whole source (prelude and body) per entry, not per kernel: a plan of a million
     // identical kernels would otherwise hold a million copies of the prelude.
     // `resource_report` compiles each distinct kernel once.
@@ -173,7 +200,7 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
         })
         .collect();
     let bar = progress_bar(plan.kernels.len(), &target.arch);
-    let report = report::resource_report(&kernels, &target, &compiler, &|n| bar.inc(n as u64));
+    let report = report::resource_report(&kernels, target, &compiler, &|n| bar.inc(n as u64));
     bar.finish_and_clear();
     let report = report.map_err(|e| e.to_string())?;
     outln!(

@@ -169,7 +169,7 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     outln!();
     eprintln!(
         "prompt: {} tokens in {:.3} s ({:.1} tokens/s, bucket {}); decode: {} tokens in {:.3} s \
-         ({:.1} tokens/s); stop: {:?}",
+         ({:.1} tokens/s{}{}); stop: {:?}",
         st.prompt_tokens,
         st.prompt_seconds,
         st.prompt_tokens_per_s,
@@ -177,6 +177,12 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
         st.decode_tokens,
         st.decode_seconds,
         st.decode_tokens_per_s,
+        st.decode_ms_per_token
+            .map(|ms| format!(", {ms:.3} ms/token"))
+            .unwrap_or_default(),
+        st.kernels_per_token
+            .map(|k| format!(", {k} kernels/token"))
+            .unwrap_or_default(),
         st.stop
     );
     Ok(())

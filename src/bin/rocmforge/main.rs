@@ -37,6 +37,7 @@ macro_rules! out {
 mod cache;
 mod common;
 mod compile;
+mod compile_model;
 mod embed;
 mod generate;
 mod replay;
@@ -44,6 +45,7 @@ mod run;
 mod show;
 
 use compile::CodegenArgs;
+use compile_model::ModelArgs;
 use generate::GenerateArgs;
 use replay::ReplayArgs;
 
@@ -182,9 +184,42 @@ enum Command {
     /// The pipeline cleans up (canonicalisation, constant folding, CSE, dead code), recognises
     /// decomposed softmax, norms and activations, fuses attention into FlashAttention and fuses
     /// the elementwise chains left around it.
+    ///
+    /// With --model FILE.gguf instead of a graph file: the plan a LLaMA-class model runs in
+    /// `generate` (the decode step, or the prompt's pass), made for --target without a GPU.
+    /// It prints every launch in order (kernel, node, grid, block, buffers) and one line on
+    /// stderr with the kernels per token; --emit hip writes one .hip per distinct kernel and
+    /// that list as plan.txt; --json prints a summary (kernels per token and per layer,
+    /// launches per family); --report compiles every distinct kernel (AMD targets).
+    #[command(
+        after_help = "Examples:\n  rocmforge compile graphs/llama_block.json --target gfx90a --emit hip --out kernels\n  rocmforge compile --model SmolLM2-135M-Instruct.Q4_1.gguf --phase decode --precision q --target sm_90 --emit hip --out decode\n  rocmforge compile --model model.gguf --phase prefill --prompt-len 100 --target gfx90a --json\n  rocmforge compile --model model.gguf --phase decode --target gfx1100 --report"
+    )]
     Compile {
         /// The graph file (JSON).
-        file: PathBuf,
+        #[arg(required_unless_present = "model", conflicts_with = "model")]
+        file: Option<PathBuf>,
+        /// A LLaMA-class GGUF model instead of a graph file (needs --target).
+        #[arg(long, value_name = "FILE.gguf")]
+        model: Option<PathBuf>,
+        /// With --model: `decode` (one token through the KV cache, what every generated token
+        /// runs) or `prefill` (the prompt in one pass, padded to its power-of-two bucket).
+        #[arg(long, requires = "model", value_parser = ["decode", "prefill"])]
+        phase: Option<String>,
+        /// With --phase prefill: the prompt's tokens (default 128); the plan is of the bucket
+        /// `generate` pads it to.
+        #[arg(long, value_name = "N", requires = "model")]
+        prompt_len: Option<usize>,
+        /// With --model: the KV cache's length (default 2048, as `generate` on a GPU, capped
+        /// at the model's context length).
+        #[arg(long, value_name = "N", requires = "model")]
+        max_context: Option<usize>,
+        /// With --model: f32, f16 (weights dequantized to f16), or q (the file's Q4_1/Q8_0
+        /// blocks kept, f16 activations: `generate --dtype q4` on a GPU).
+        #[arg(long, requires = "model", value_parser = ["f32", "f16", "q", "q4"], default_value = "f32")]
+        precision: String,
+        /// With --model: print a JSON summary on stdout instead of the launch list.
+        #[arg(long, requires = "model")]
+        json: bool,
         /// Print the graph (text form) after every pass that changed it.
         #[arg(long)]
         dump_passes: bool,
@@ -358,6 +393,12 @@ fn main() -> ExitCode {
         ),
         Command::Compile {
             file,
+            model,
+            phase,
+            prompt_len,
+            max_context,
+            precision,
+            json,
             dump_passes,
             explain,
             no_fuse,
@@ -389,7 +430,27 @@ fn main() -> ExitCode {
                 },
                 emit_dir: emit_dir.as_deref(),
             };
-            compile::cmd_compile(file, *dump_passes, *explain, *no_fuse, cg)
+            match (model, file) {
+                (Some(model), _) => compile_model::Phase::parse(
+                    phase.as_deref().unwrap_or("decode"),
+                )
+                .and_then(|phase| {
+                    let m = ModelArgs {
+                        model,
+                        phase,
+                        prompt_len: *prompt_len,
+                        max_context: *max_context,
+                        precision,
+                        json: *json,
+                    };
+                    compile_model::cmd_compile_model(&m, *dump_passes, *explain, *no_fuse, cg)
+                }),
+                (None, Some(file)) => {
+                    compile::cmd_compile(file, *dump_passes, *explain, *no_fuse, cg)
+                }
+                // clap requires one of them.
+                (None, None) => Err("compile needs a graph file or --model FILE.gguf".into()),
+            }
         }
         Command::Show { file, dot, fused } => show::cmd_show(file, dot.as_deref(), *fused),
         Command::Replay {
