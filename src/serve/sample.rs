@@ -167,7 +167,8 @@ mod tests {
     #[test]
     fn distribution_is_the_tempered_softmax_cut_by_top_k_and_top_p() {
         let logits = [1.0f32, 3.0, 2.0, 0.0];
-        let t = 0.7f64;
+        // The sampler divides by the f32 temperature widened, not by 0.7 itself.
+        let t = f64::from(0.7f32);
         let e: Vec<f64> = logits.iter().map(|&v| (f64::from(v) / t).exp()).collect();
         let z: f64 = e.iter().sum();
         let p: Vec<f64> = e.iter().map(|v| v / z).collect();

@@ -180,8 +180,9 @@ mod tests {
         let (pieces, rest) = run(TABLE, &[6, 8], &["END"]);
         assert_eq!(joined(&pieces, &rest), "EN!");
         // A stop string inside one token: the text before it, in the same step.
-        let (pieces, _) = run(TABLE, &[0, 2], &["o w", "zz"]);
+        let (pieces, _) = run(TABLE, &[0, 1, 2], &["o w", "zz"]);
         assert_eq!(pieces.last(), Some(&Piece::Stop(String::new())));
+        assert_eq!(joined(&pieces, ""), "Hell");
         let (pieces, _) = run(TABLE, &[0, 1, 2], &["wo"]);
         assert_eq!(joined(&pieces, ""), "Hello ");
         // The earliest of several.
