@@ -2,8 +2,9 @@
 //! string ends the completion. One `TextStream` serves the streamed and the whole responses,
 //! so the streamed pieces concatenate to the whole text by construction.
 //!
-//! Text is held back while (a) the decoding ends in an incomplete UTF-8 sequence (a byte-level
-//! token's first half decodes to U+FFFD), or (b) its end could be the start of a stop string:
+//! Text is held back while (a) the decoding ends in what may be an incomplete UTF-8 sequence (a
+//! byte-level token's first half decodes to U+FFFD; at most [`MAX_UNSETTLED`] tokens, after
+//! which the bytes are invalid for good and their U+FFFD is final), or (b) its end could be the start of a stop string:
 //! a client must never see part of a stop string that then completes.
 
 /// What one new id gives.
@@ -15,8 +16,15 @@ pub enum Piece {
     Stop(String),
 }
 
+/// Tokens after which a decoding that still ends in U+FFFD is sent as it is: a UTF-8 character
+/// has at most 4 bytes and every byte-level token at least one, so by then the bytes can no
+/// longer complete a character, and no later token changes how they decode.
+pub const MAX_UNSETTLED: usize = 4;
+
 #[derive(Clone, Debug, Default)]
 pub struct TextStream {
+    /// Consecutive pushes whose decoding ended in U+FFFD.
+    unsettled: usize,
     ids: Vec<u32>,
     /// The decoding of `ids` at the last step.
     text: String,
@@ -47,8 +55,12 @@ impl TextStream {
         self.ids.push(id);
         let text = decode(&self.ids)?;
         if text.ends_with('\u{fffd}') {
-            return Ok(Piece::Text(String::new()));
+            self.unsettled += 1;
+            if self.unsettled < MAX_UNSETTLED {
+                return Ok(Piece::Text(String::new()));
+            }
         }
+        self.unsettled = 0;
         self.text = text;
         // A stop string lies wholly after what was sent: the hold-back below kept every
         // possible start of one unsent. Search from a little before, on a char boundary, in
@@ -147,7 +159,7 @@ mod tests {
     }
 
     const TABLE: &[&[u8]] = &[
-        b"Hel", b"lo", b" wor", b"ld", b"\xc3", b"\xa9", b"EN", b"D", b"!",
+        b"Hel", b"lo", b" wor", b"ld", b"\xc3", b"\xa9", b"EN", b"D", b"!", b"\x80",
     ];
 
     #[test]
@@ -160,6 +172,15 @@ mod tests {
         // A trailing half character is flushed at the end as U+FFFD.
         let (pieces, rest) = run(TABLE, &[0, 4], &[]);
         assert_eq!(joined(&pieces, &rest), "Hel\u{fffd}");
+        // Bytes that never make a character are held MAX_UNSETTLED tokens, then sent: a model
+        // that emits them does not stall the stream until its end.
+        let (pieces, rest) = run(TABLE, &[0, 9, 9, 9, 9, 9, 8], &[]);
+        assert_eq!(pieces[1..4], vec![Piece::Text(String::new()); 3]);
+        assert_eq!(pieces[4], Piece::Text("\u{fffd}".repeat(4)));
+        assert_eq!(
+            joined(&pieces, &rest),
+            format!("Hel{}!", "\u{fffd}".repeat(5))
+        );
     }
 
     #[test]
