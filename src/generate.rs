@@ -23,6 +23,9 @@ use crate::frontend::{LlamaModel, ModelError};
 use crate::ir::{DType, Graph, GraphError, Shape, Tensor};
 use crate::runtime::Device;
 
+/// A host-side sampler: one step's logits (`[vocab]` f32) to the next token.
+pub type SampleFn<'a> = &'a mut dyn FnMut(&[f32]) -> u32;
+
 /// The smallest prefill bucket: shorter prompts are padded to it.
 pub const MIN_BUCKET: usize = 16;
 
@@ -252,7 +255,7 @@ impl Generator {
         &mut self,
         prompt: &[u32],
         max_new_tokens: usize,
-        mut sampler: Option<&mut dyn FnMut(&[f32]) -> u32>,
+        mut sampler: Option<SampleFn<'_>>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation, GenerateError> {
         if sampler.is_some() && !self.options.logits {
@@ -358,7 +361,7 @@ fn one(v: i64) -> Tensor {
 fn pick(
     session: &Session<'_>,
     vocab: usize,
-    sampler: &mut Option<&mut dyn FnMut(&[f32]) -> u32>,
+    sampler: &mut Option<SampleFn<'_>>,
 ) -> Result<u32, GenerateError> {
     let Some(sample) = sampler else {
         return read_token(session, vocab);

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rocmforge::frontend::LlamaModel;
-use rocmforge::generate::{GenerateOptions, Generator, Stop};
+use rocmforge::generate::{GenerateOptions, Generator, SampleFn, Stop};
 use rocmforge::runtime::Device;
 use rocmforge::serve::sample::{Sampler, SamplingParams};
 use rocmforge::serve::scheduler::Decoder;
@@ -68,7 +68,7 @@ impl Engine for Slow {
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
-        sampler: Option<&mut dyn FnMut(&[f32]) -> u32>,
+        sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String> {
         let delay = self.delay;

@@ -21,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::sample::{Sampler, SamplingParams};
 use super::text::{Piece, TextStream};
-use crate::generate::{Generator, Stop};
+use crate::generate::{Generator, SampleFn, Stop};
 
 /// What runs a job: the model behind the worker.
 pub trait Engine {
@@ -32,7 +32,7 @@ pub trait Engine {
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
-        sampler: Option<&mut dyn FnMut(&[f32]) -> u32>,
+        sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String>;
 
@@ -49,7 +49,7 @@ impl Engine for Generator {
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
-        sampler: Option<&mut dyn FnMut(&[f32]) -> u32>,
+        sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String> {
         self.generate_with(prompt, max_tokens, sampler, on_token)
@@ -279,7 +279,7 @@ fn run_job<E: Engine>(
     let mut failure: Option<String> = None;
     let mut sampler = Sampler::new(job.sampling.clone());
     let mut sample = |logits: &[f32]| sampler.sample(logits);
-    let sampler: Option<&mut dyn FnMut(&[f32]) -> u32> = if job.sampling.is_greedy() {
+    let sampler: Option<SampleFn<'_>> = if job.sampling.is_greedy() {
         None
     } else {
         Some(&mut sample)
@@ -392,7 +392,7 @@ mod tests {
             &mut self,
             prompt: &[u32],
             max_tokens: usize,
-            mut sampler: Option<&mut dyn FnMut(&[f32]) -> u32>,
+            mut sampler: Option<SampleFn<'_>>,
             on_token: &mut dyn FnMut(u32) -> bool,
         ) -> Result<Stop, String> {
             let mut t = *prompt.last().unwrap();
