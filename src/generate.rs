@@ -2,7 +2,8 @@
 //! bucket, so a few compiled plans serve every prompt), then one decode plan per token, both
 //! reading and writing the same KV caches
 //! ([`crate::compile::Executable::session_sharing`]). Only the token id
-//! comes back to the host per step (the graphs end in an argmax).
+//! comes back to the host per step (the graphs end in an argmax), unless the options ask for the
+//! logits too ([`GenerateOptions::logits`]: sampling on the host, as `rocmforge serve` does).
 //!
 //! Prefill plans are compiled when a prompt first needs their bucket (powers of two from
 //! [`MIN_BUCKET`], capped at the maximum context) and kept; the decode plan is compiled once,
@@ -21,6 +22,9 @@ use crate::frontend::llama::{io, Precision};
 use crate::frontend::{LlamaModel, ModelError};
 use crate::ir::{DType, Graph, GraphError, Shape, Tensor};
 use crate::runtime::Device;
+
+/// A host-side sampler: one step's logits (`[vocab]` f32) to the next token.
+pub type SampleFn<'a> = &'a mut dyn FnMut(&[f32]) -> u32;
 
 /// The smallest prefill bucket: shorter prompts are padded to it.
 pub const MIN_BUCKET: usize = 16;
@@ -42,6 +46,10 @@ pub struct GenerateOptions {
     pub max_context: usize,
     /// Replay the decode plan's captured launches (GPU).
     pub replay: bool,
+    /// Compile the plans with the `logits` output as well as the argmax `token`, so that
+    /// [`Generator::generate_with`] can sample on the host (one vocabulary row read back per
+    /// token).
+    pub logits: bool,
 }
 
 impl Default for GenerateOptions {
@@ -50,6 +58,7 @@ impl Default for GenerateOptions {
             precision: Precision::F32,
             max_context: 2048,
             replay: true,
+            logits: false,
         }
     }
 }
@@ -80,6 +89,12 @@ pub enum GenerateError {
     TokenId { id: u32, vocab: usize },
     #[error("the model returned token {value}, outside the vocabulary")]
     BadToken { value: i64 },
+    #[error("sampling needs the logits: the generator was built without GenerateOptions::logits")]
+    NoLogits,
+    #[error("the logits output is not f32")]
+    LogitsType,
+    #[error("the sampler picked token {id}, outside the vocabulary of {vocab}")]
+    SampledId { id: u32, vocab: usize },
 }
 
 /// Why generation stopped.
@@ -175,7 +190,7 @@ impl Generator {
                 limit,
             });
         }
-        let graph = model.kv_graph(1, options.max_context, options.precision, false)?;
+        let graph = model.kv_graph(1, options.max_context, options.precision, options.logits)?;
         // Every step reads the same weights: read them once, for every plan.
         let compile = CompileOptions {
             weights: model.weights_for(&graph)?,
@@ -227,7 +242,7 @@ impl Generator {
                 bucket,
                 self.options.max_context,
                 self.options.precision,
-                false,
+                self.options.logits,
             )?;
             let exe = Arc::new(Graph::compile_with(graph, &self.device, &self.compile)?);
             // A prefill runs once per prompt: capturing it would cost more than it saves.
@@ -246,8 +261,25 @@ impl Generator {
         &mut self,
         prompt: &[u32],
         max_new_tokens: usize,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Generation, GenerateError> {
+        self.generate_with(prompt, max_new_tokens, None, on_token)
+    }
+
+    /// As [`Generator::generate`], with each token chosen by `sampler` from the step's logits
+    /// (`[vocab]` f32) instead of the plan's argmax when one is given; that needs a generator
+    /// built with [`GenerateOptions::logits`] ([`GenerateError::NoLogits`] otherwise, before
+    /// anything runs).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        mut sampler: Option<SampleFn<'_>>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation, GenerateError> {
+        if sampler.is_some() && !self.options.logits {
+            return Err(GenerateError::NoLogits);
+        }
         let n = prompt.len();
         if n == 0 {
             return Err(GenerateError::EmptyPrompt);
@@ -287,7 +319,7 @@ impl Generator {
             session.set_input(io::KV_LEN, &one(bucket as i64))?;
             session.set_input(io::LAST, &one(n as i64 - 1))?;
             session.run()?;
-            token = Some(read_token(session, vocab)?);
+            token = Some(pick(session, vocab, &mut sampler)?);
         }
         let prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -315,7 +347,7 @@ impl Generator {
             s.set_input(io::LAST, &one(0))?;
             s.run()?;
             decode_tokens += 1;
-            token = Some(read_token(s, vocab)?);
+            token = Some(pick(s, vocab, &mut sampler)?);
         }
         let decode_seconds = t1.elapsed().as_secs_f64();
         Ok(Generation {
@@ -344,6 +376,26 @@ fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
 /// An i32 `[1]`.
 fn one(v: i64) -> Tensor {
     int(DType::I32, &[1], vec![v])
+}
+
+/// The run's token: the sampler's choice from the logits when there is a sampler, else the
+/// plan's argmax.
+fn pick(
+    session: &Session<'_>,
+    vocab: usize,
+    sampler: &mut Option<SampleFn<'_>>,
+) -> Result<u32, GenerateError> {
+    let Some(sample) = sampler else {
+        return read_token(session, vocab);
+    };
+    let logits = session.output(io::LOGITS)?;
+    // The LM head casts to f32 before the output (frontend::llama::lower), so this is f32.
+    let row = logits.as_f32().ok_or(GenerateError::LogitsType)?;
+    let id = sample(&row[..vocab.min(row.len())]);
+    if id as usize >= vocab {
+        return Err(GenerateError::SampledId { id, vocab });
+    }
+    Ok(id)
 }
 
 /// The token a run produced (the argmax output: i32 `[1]`).

@@ -13,3 +13,4 @@ pub mod interp;
 pub mod ir;
 pub mod passes;
 pub mod runtime;
+pub mod serve;

@@ -178,6 +178,7 @@ fn help_answers_for_every_command() {
         vec!["run", "--help"],
         vec!["show", "--help"],
         vec!["generate", "--help"],
+        vec!["serve", "--help"],
         vec!["embed", "--help"],
     ] {
         let (ok, out, _) = rocmforge(&args);

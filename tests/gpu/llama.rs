@@ -63,6 +63,7 @@ pub fn f32_greedy(d: &Device) -> Result<(), Failed> {
         precision: Precision::F32,
         max_context: 256,
         replay: true,
+        logits: false,
     };
     let mut g = Generator::load(&crate::common::smollm2::gguf_path(), d, options)?;
     for case in reference()? {
@@ -272,6 +273,7 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
         precision: Precision::F32,
         max_context: 48,
         replay: true,
+        logits: false,
     };
     let mut on_gpu = Generator::new(tiny_model()?, d, options.clone())?;
     let mut on_cpu = Generator::new(tiny_model()?, &cpu, options)?;

@@ -13,6 +13,7 @@ fn generator(m: &LlamaModel) -> &'static Mutex<Generator> {
             precision: Precision::F32,
             max_context: 64,
             replay: true,
+            logits: false,
         };
         let g = Generator::new(model, &Device::cpu(), options).unwrap();
         eprintln!(

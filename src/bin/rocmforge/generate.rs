@@ -73,6 +73,7 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
             .max_context
             .unwrap_or(if device.is_gpu() { 2048 } else { 512 }),
         replay: a.replay,
+        logits: false,
     };
     // `--dtype q4` asks for the stored blocks, i.e. for speed over exactness: on the fast CPU
     // device that is the integer path (8-bit activations times the weight blocks, as llama.cpp

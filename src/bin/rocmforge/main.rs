@@ -42,12 +42,14 @@ mod embed;
 mod generate;
 mod replay;
 mod run;
+mod serve;
 mod show;
 
 use compile::CodegenArgs;
 use compile_model::ModelArgs;
 use generate::GenerateArgs;
 use replay::ReplayArgs;
+use serve::ServeArgs;
 
 #[derive(Parser)]
 #[command(
@@ -172,6 +174,56 @@ enum Command {
         no_replay: bool,
         /// The prompt.
         prompt: String,
+    },
+    /// Serve a LLaMA-class GGUF model over an OpenAI-compatible HTTP API.
+    ///
+    /// POST /v1/completions and /v1/chat/completions (the model's chat template; `stream: true`
+    /// for server-sent events), GET /v1/models, /health and /metrics (Prometheus text). One
+    /// request generates at a time; up to --max-queue more wait, further ones are answered 429
+    /// with Retry-After. Greedy at temperature 0, else temperature/top-k/top-p with the
+    /// request's seed; stop strings, EOS and max_tokens end a completion. Binds loopback by
+    /// default. Ctrl-C or SIGTERM stops accepting, lets in-flight requests finish (at most
+    /// --shutdown-grace seconds, then cancels them) and exits 0.
+    #[command(
+        after_help = "Examples:\n  rocmforge serve --port 8080\n  curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"SmolLM2-135M-Instruct.Q4_1.gguf\",\"prompt\":\"The capital of France is\",\"max_tokens\":16,\"temperature\":0}'"
+    )]
+    Serve {
+        /// The GGUF file.
+        #[arg(long, value_name = "FILE", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
+        model: PathBuf,
+        /// The address to listen on (loopback by default: 0.0.0.0 listens on every interface).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// The port (0: any free one, printed at start).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Device: cpu (fast), interp (the reference interpreter), cuda:N or hip:N (default: ROCMFORGE_DEVICE, else the best one found).
+        #[arg(long)]
+        device: Option<String>,
+        /// Weights and activations, as for `generate`: f32, f16 or q4.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "q4"])]
+        dtype: String,
+        /// The KV cache's length in tokens: a request's prompt plus max_tokens may not exceed
+        /// it. Default: 2048 on a GPU, 512 on the CPU devices.
+        #[arg(long, value_name = "N")]
+        max_context: Option<usize>,
+        /// The most requests waiting besides the one generating; more are answered 429.
+        #[arg(long, value_name = "N", default_value_t = 16)]
+        max_queue: usize,
+        /// Require `Authorization: Bearer KEY` on every route but /health.
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Compile the plans without the logits output: greedy only (temperature 0), one token
+        /// id read back per step instead of a vocabulary row.
+        #[arg(long)]
+        greedy: bool,
+        /// Launch the decode plan's kernels one by one instead of replaying a captured graph.
+        #[arg(long)]
+        no_replay: bool,
+        /// Seconds in-flight requests get to finish after Ctrl-C/SIGTERM before they are
+        /// cancelled.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+        shutdown_grace: u64,
     },
     /// Inspect or clear the on-disk kernel cache (ROCMFORGE_CACHE_DIR, else ~/.cache/rocmforge):
     /// compiled kernels and tuning results.
@@ -391,6 +443,31 @@ fn main() -> ExitCode {
                 replay: !*no_replay,
             },
         ),
+        Command::Serve {
+            model,
+            host,
+            port,
+            device,
+            dtype,
+            max_context,
+            max_queue,
+            api_key,
+            greedy,
+            no_replay,
+            shutdown_grace,
+        } => serve::cmd_serve(&ServeArgs {
+            model,
+            host: *host,
+            port: *port,
+            device: device.as_deref(),
+            dtype,
+            max_context: *max_context,
+            max_queue: *max_queue,
+            api_key: api_key.as_deref(),
+            greedy: *greedy,
+            replay: !*no_replay,
+            shutdown_grace: std::time::Duration::from_secs(*shutdown_grace),
+        }),
         Command::Compile {
             file,
             model,

@@ -1,0 +1,726 @@
+//! `rocmforge serve` end to end on the CPU device, no GPU: the server on 127.0.0.1 (an
+//! ephemeral port) over the tiny LLaMA of tests/common/tiny_gguf.rs, spoken to by the small
+//! HTTP/1.1 client below. The reference for every text is the library's `Generator` run
+//! directly, one prompt at a time, and the tokenizer's decoding of its ids.
+
+#[path = "common/tiny_gguf.rs"]
+mod tiny_gguf;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rocmforge::frontend::LlamaModel;
+use rocmforge::generate::{GenerateOptions, Generator, SampleFn, Stop};
+use rocmforge::runtime::Device;
+use rocmforge::serve::sample::{Sampler, SamplingParams};
+use rocmforge::serve::scheduler::Decoder;
+use rocmforge::serve::{AppState, Engine, ModelInfo, Scheduler};
+use serde_json::{json, Value};
+
+/// The tiny model's context (its `llama.context_length`).
+const CONTEXT: usize = 64;
+const MODEL_ID: &str = "tiny.gguf";
+
+fn tiny_path() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rocmforge-serve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(MODEL_ID);
+        std::fs::write(&p, tiny_gguf::tiny_llama().to_bytes()).unwrap();
+        p
+    })
+}
+
+fn options(logits: bool) -> GenerateOptions {
+    GenerateOptions {
+        max_context: CONTEXT,
+        logits,
+        ..GenerateOptions::default()
+    }
+}
+
+/// The reference: `Generator` (argmax plans, no logits output) on the CPU, greedy.
+fn reference(prompt: &str, max_tokens: usize) -> (String, usize, usize, Stop) {
+    static G: OnceLock<std::sync::Mutex<Generator>> = OnceLock::new();
+    let g = G.get_or_init(|| {
+        let m = LlamaModel::load(tiny_path()).unwrap();
+        std::sync::Mutex::new(Generator::new(m, &Device::cpu(), options(false)).unwrap())
+    });
+    let mut g = g.lock().unwrap();
+    let ids = g.model.tokenizer.encode(prompt).unwrap();
+    let out = g.generate(&ids, max_tokens, |_| true).unwrap();
+    let text = g.model.tokenizer.decode(&out.ids).unwrap();
+    (text, ids.len(), out.ids.len(), out.stats.stop)
+}
+
+/// The generator with a pause after every token, so a test can act while a request runs.
+struct Slow {
+    gen: Generator,
+    delay: Duration,
+}
+
+impl Engine for Slow {
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: usize,
+        sampler: Option<SampleFn<'_>>,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Stop, String> {
+        let delay = self.delay;
+        let mut slow = |t| {
+            std::thread::sleep(delay);
+            on_token(t)
+        };
+        Engine::generate(&mut self.gen, prompt, max_tokens, sampler, &mut slow)
+    }
+
+    fn decoder(&self) -> Decoder {
+        self.gen.decoder()
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.state.scheduler.cancel_all();
+        self.state.scheduler.shutdown();
+    }
+}
+
+fn start(max_queue: usize, api_key: Option<&str>, delay: Duration) -> Server {
+    let (scheduler, info) = Scheduler::start(max_queue, move || {
+        let m = LlamaModel::load(tiny_path()).map_err(|e| e.to_string())?;
+        let gen = Generator::new(m, &Device::cpu(), options(true)).map_err(|e| e.to_string())?;
+        let info = ModelInfo {
+            id: MODEL_ID.into(),
+            tokenizer: gen.model.tokenizer.clone(),
+            vocab: gen.model.config.vocab_size,
+            max_context: CONTEXT,
+            logits: true,
+        };
+        Ok((Slow { gen, delay }, info))
+    })
+    .unwrap();
+    let state = Arc::new(AppState::new(info, scheduler, api_key.map(String::from)));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let s = state.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            rocmforge::serve::serve(l, s, async move {
+                let _ = stop_rx.await;
+            })
+            .await
+            .unwrap();
+        });
+    });
+    Server {
+        addr: addr_rx.recv().unwrap(),
+        state,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    }
+}
+
+/// The shared plain server (no key, no delay, queue 16).
+fn plain() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| start(16, None, Duration::ZERO))
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent event stream.
+    fn events(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn send(stream: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &str) {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    stream.write_all(req.as_bytes()).unwrap();
+}
+
+/// Undoes `Transfer-Encoding: chunked`.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size_text = std::str::from_utf8(&raw[..line_end]).unwrap();
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap();
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    send(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header block");
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let rest = &raw[split + 4..];
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    http(addr, "POST", path, &[], &body.to_string())
+}
+
+fn completion(prompt: &str, max_tokens: usize) -> Value {
+    json!({"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+}
+
+fn finish_reason(stop: Stop) -> &'static str {
+    match stop {
+        Stop::Eos => "stop",
+        Stop::Length | Stop::Callback => "length",
+    }
+}
+
+const PROMPTS: &[&str] = &["hello world", "The cat sat", "well, well", "abc"];
+
+#[test]
+fn greedy_completions_equal_the_generator() {
+    let s = plain();
+    for &p in PROMPTS {
+        let (want, prompt_tokens, n, stop) = reference(p, 12);
+        let r = post(s.addr, "/v1/completions", &completion(p, 12));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["model"], MODEL_ID);
+        assert_eq!(v["choices"][0]["text"], want.as_str(), "{p:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], finish_reason(stop));
+        assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens);
+        assert_eq!(v["usage"]["completion_tokens"], n);
+        assert_eq!(v["usage"]["total_tokens"], prompt_tokens + n);
+    }
+    // The tiny model's chat template concatenates the contents: a chat is the same prompt.
+    let (want, ..) = reference("hello world", 10);
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL_ID, "max_tokens": 10, "temperature": 0,
+                "messages": [{"role": "system", "content": "hello"},
+                             {"role": "user", "content": " world"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it() {
+    let s = plain();
+    let (full, ..) = reference("The cat sat", 20);
+    // A stop string from the middle of the greedy text (past its first character).
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 6, "{full:?}");
+    let stop: String = chars[3..5].iter().collect();
+    let at = full.find(&stop).unwrap();
+    let mut body = completion("The cat sat", 20);
+    body["stop"] = json!([stop]);
+    let v = post(s.addr, "/v1/completions", &body).json();
+    assert_eq!(v["choices"][0]["text"], &full[..at]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn streamed_chunks_concatenate_to_the_whole_text() {
+    let s = plain();
+    for (path, chat) in [("/v1/completions", false), ("/v1/chat/completions", true)] {
+        let mut body = if chat {
+            json!({"model": MODEL_ID, "max_tokens": 14, "temperature": 0,
+                   "messages": [{"role": "user", "content": "well, well"}]})
+        } else {
+            completion("well, well", 14)
+        };
+        let whole = post(s.addr, path, &body).json();
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let r = post(s.addr, path, &body);
+        assert_eq!(r.status, 200);
+        assert!(r
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let events = r.events();
+        assert_eq!(
+            events.last().map(String::as_str),
+            Some("[DONE]"),
+            "{}",
+            r.body
+        );
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let (usage, chunks) = chunks.split_last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"], whole["usage"]);
+        let mut text = String::new();
+        for (i, c) in chunks.iter().enumerate() {
+            let choice = &c["choices"][0];
+            let last = i + 1 == chunks.len();
+            assert_eq!(c["id"], chunks[0]["id"]);
+            if chat {
+                assert_eq!(c["object"], "chat.completion.chunk");
+                if i == 0 {
+                    assert_eq!(choice["delta"]["role"], "assistant");
+                }
+                text.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+            } else {
+                assert_eq!(c["object"], "text_completion");
+                text.push_str(choice["text"].as_str().unwrap());
+            }
+            if last {
+                assert_eq!(
+                    choice["finish_reason"],
+                    whole["choices"][0]["finish_reason"]
+                );
+            } else {
+                assert_eq!(choice["finish_reason"], Value::Null);
+            }
+        }
+        let want = if chat {
+            &whole["choices"][0]["message"]["content"]
+        } else {
+            &whole["choices"][0]["text"]
+        };
+        assert_eq!(text, want.as_str().unwrap(), "{path}");
+        assert!(chunks.len() >= 3, "the text came in pieces: {}", r.body);
+    }
+}
+
+#[test]
+fn concurrent_requests_each_equal_their_one_at_a_time_result() {
+    let s = plain();
+    let want: Vec<String> = PROMPTS.iter().map(|p| reference(p, 10).0).collect();
+    let addr = s.addr;
+    let threads: Vec<_> = PROMPTS
+        .iter()
+        .map(|&p| std::thread::spawn(move || post(addr, "/v1/completions", &completion(p, 10))))
+        .collect();
+    for (t, want) in threads.into_iter().zip(want) {
+        let r = t.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["choices"][0]["text"], want.as_str());
+    }
+}
+
+/// The text `Generator::generate_with` gives with a `Sampler` of `params` (the logits plans).
+fn reference_sampled(prompt: &str, max_tokens: usize, params: SamplingParams) -> String {
+    static G: OnceLock<std::sync::Mutex<Generator>> = OnceLock::new();
+    let g = G.get_or_init(|| {
+        let m = LlamaModel::load(tiny_path()).unwrap();
+        std::sync::Mutex::new(Generator::new(m, &Device::cpu(), options(true)).unwrap())
+    });
+    let mut g = g.lock().unwrap();
+    let ids = g.model.tokenizer.encode(prompt).unwrap();
+    let mut sampler = Sampler::new(params);
+    let mut pick = |logits: &[f32]| sampler.sample(logits);
+    let out = g
+        .generate_with(&ids, max_tokens, Some(&mut pick), |_| true)
+        .unwrap();
+    g.model.tokenizer.decode(&out.ids).unwrap()
+}
+
+#[test]
+fn sampling_follows_the_seed_as_the_library_sampler_does() {
+    let s = plain();
+    for seed in [1u64, 2, 3] {
+        let body = json!({"model": MODEL_ID, "prompt": "abc", "max_tokens": 16,
+                          "temperature": 1.7, "top_p": 0.98, "top_k": 200, "seed": seed});
+        let v = post(s.addr, "/v1/completions", &body).json();
+        assert_eq!(v["usage"]["prompt_tokens"], 3);
+        let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+        let params = SamplingParams {
+            temperature: 1.7,
+            top_k: 200,
+            top_p: 0.98,
+            seed,
+        };
+        assert_eq!(text, reference_sampled("abc", 16, params), "seed {seed}");
+        // The same seed again, the same text.
+        let again = post(s.addr, "/v1/completions", &body).json();
+        assert_eq!(again["choices"][0]["text"], text.as_str());
+    }
+}
+
+#[test]
+fn bad_input_is_a_4xx_with_an_openai_error_and_the_server_goes_on() {
+    let s = plain();
+    let long = "hello world ".repeat(40);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/v1/completions", "{not json".into(), 400, "body"),
+        ("/v1/completions", "[]".into(), 400, "body"),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": 5}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "max_tokens": "many"}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "temperature": "hot"}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "stream": 1}).to_string(),
+            400,
+            "stream",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gpt-4", "prompt": "x"}).to_string(),
+            400,
+            "model",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": long}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "max_tokens": 1_000_000_000_000u64})
+                .to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "max_tokens": -1}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": "x", "n": 2}).to_string(),
+            400,
+            "n",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": ""}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": [1, 99999]}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL_ID, "messages": "hi"}).to_string(),
+            400,
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL_ID, "messages": [{"role": "user"}], "n": 3}).to_string(),
+            400,
+            "n",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL_ID, "messages": [{"role": "user", "content": long}]}).to_string(),
+            400,
+            "messages",
+        ),
+    ];
+    for (path, body, status, param) in &cases {
+        let r = http(s.addr, "POST", path, &[], body);
+        assert_eq!(r.status, *status, "{body}: {}", r.body);
+        let e = &r.json()["error"];
+        assert!(
+            e["message"].is_string() && e["type"].is_string(),
+            "{}",
+            r.body
+        );
+        assert_eq!(e["param"], *param, "{body}: {}", r.body);
+        assert!(e.get("code").is_some());
+    }
+    let codes = |body: &str| {
+        http(s.addr, "POST", "/v1/completions", &[], body).json()["error"]["code"].clone()
+    };
+    assert_eq!(codes(&cases[6].1), "model_not_found");
+    assert_eq!(codes(&cases[7].1), "context_length_exceeded");
+    assert_eq!(codes(&cases[8].1), "context_length_exceeded");
+    // Unknown routes and methods.
+    assert_eq!(http(s.addr, "GET", "/v1/engines", &[], "").status, 404);
+    assert_eq!(http(s.addr, "GET", "/v1/completions", &[], "").status, 405);
+    let r = http(s.addr, "GET", "/health", &[], "");
+    assert_eq!((r.status, r.json()["status"].clone()), (200, json!("ok")));
+    let r = http(s.addr, "GET", "/v1/models", &[], "");
+    assert_eq!(r.json()["data"][0]["id"], MODEL_ID);
+    // The 400s are counted.
+    let m = http(s.addr, "GET", "/metrics", &[], "").body;
+    let line = m
+        .lines()
+        .find(|l| {
+            l.starts_with("rocmforge_requests_total{route=\"/v1/completions\",status=\"400\"}")
+        })
+        .unwrap_or_else(|| panic!("{m}"));
+    assert!(
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() >= 13.0,
+        "{line}"
+    );
+}
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let m = http(addr, "GET", "/metrics", &[], "").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} not in\n{m}"))
+        .parse()
+        .unwrap()
+}
+
+/// A prompt whose greedy continuation runs `n` tokens without EOS on the tiny model.
+fn long_running_prompt(n: usize) -> &'static str {
+    ["hello world", "abc", "The cat sat", "well, well", "zz", "q"]
+        .into_iter()
+        .find(|p| reference(p, n).3 == Stop::Length)
+        .expect("a prompt that runs to the budget")
+}
+
+#[test]
+fn a_full_queue_is_429_and_a_disconnect_frees_the_worker() {
+    // 100 ms per token: the long request would hold the worker for about 5 s.
+    let s = start(1, None, Duration::from_millis(100));
+    let p = long_running_prompt(50);
+    let mut body = completion(p, 50);
+    body["stream"] = json!(true);
+    let mut a = TcpStream::connect(s.addr).unwrap();
+    send(&mut a, "POST", "/v1/completions", &[], &body.to_string());
+    // Read until the first chunk: A is generating.
+    let mut reader = BufReader::new(a.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.contains("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    // B waits in the queue (its limit is 1) ...
+    let addr = s.addr;
+    let want_b = reference("abc", 3).0;
+    let b = std::thread::spawn(move || {
+        let r = post(addr, "/v1/completions", &completion("abc", 3));
+        (r, Instant::now())
+    });
+    let t0 = Instant::now();
+    while metric(s.addr, "rocmforge_queue_depth") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "B never queued: {}",
+            http(s.addr, "GET", "/metrics", &[], "").body
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // ... so C is refused.
+    let c = post(s.addr, "/v1/completions", &completion("abc", 3));
+    assert_eq!(c.status, 429, "{}", c.body);
+    assert_eq!(c.header("retry-after"), Some("1"));
+    assert_eq!(c.json()["error"]["code"], "rate_limit_exceeded");
+    // A hangs up mid-stream: the worker stops it at its next token and serves B.
+    let hung_up = Instant::now();
+    drop(reader);
+    drop(a);
+    let (rb, done) = b.join().unwrap();
+    assert_eq!(rb.status, 200, "{}", rb.body);
+    assert_eq!(rb.json()["choices"][0]["text"], want_b.as_str());
+    // B's 3 tokens take 0.3 s; A's remaining 45-odd would take over 4 s.
+    assert!(
+        done - hung_up < Duration::from_secs(2),
+        "B was served {:?} after A hung up",
+        done - hung_up
+    );
+    assert_eq!(
+        metric(s.addr, "rocmforge_jobs_total{outcome=\"cancelled\"}"),
+        1.0
+    );
+    assert_eq!(metric(s.addr, "rocmforge_queue_depth"), 0.0);
+    assert!(metric(s.addr, "rocmforge_generated_tokens_total") < 50.0);
+    assert_eq!(http(s.addr, "GET", "/health", &[], "").status, 200);
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let s = start(4, Some("sekrit"), Duration::ZERO);
+    let good = [("Authorization", "Bearer sekrit")];
+    let bad = [("Authorization", "Bearer wrong")];
+    assert_eq!(http(s.addr, "GET", "/health", &[], "").status, 200);
+    for path in ["/v1/models", "/metrics"] {
+        assert_eq!(http(s.addr, "GET", path, &[], "").status, 401, "{path}");
+        assert_eq!(http(s.addr, "GET", path, &bad, "").status, 401, "{path}");
+        assert_eq!(http(s.addr, "GET", path, &good, "").status, 200, "{path}");
+    }
+    let body = completion("abc", 2).to_string();
+    let r = http(s.addr, "POST", "/v1/completions", &[], &body);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let r = http(s.addr, "POST", "/v1/completions", &good, &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["choices"][0]["text"],
+        reference("abc", 2).0.as_str()
+    );
+}
+
+/// The command itself: loopback by default and said so, a port of 0 picks one, and SIGTERM
+/// ends it with status 0.
+#[cfg(unix)]
+#[test]
+fn the_command_serves_and_exits_cleanly_on_sigterm() {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--max-context",
+            "64",
+            "--model",
+        ])
+        .arg(tiny_path())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let addr: SocketAddr = loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "no address in:\n{seen}"
+        );
+        seen.push_str(&line);
+        if let Some(rest) = line.strip_prefix("listening on http://") {
+            assert!(rest.contains("loopback only"), "{line}");
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    assert!(addr.ip().is_loopback());
+    let r = post(addr, "/v1/completions", &completion("abc", 4));
+    assert_eq!(
+        r.json()["choices"][0]["text"],
+        reference("abc", 4).0.as_str()
+    );
+    // SAFETY: kill(2) on our own child's pid, which has not been waited for, so it is ours.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {seen}{rest}");
+    assert!(rest.contains("shutting down"), "{rest}");
+}
