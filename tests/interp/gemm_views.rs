@@ -66,6 +66,7 @@ fn gemm_views_are_checked() {
         extras: vec![],
         epilogue: None,
         shape: Shape(vec![4, 2]),
+        prologue: None,
     };
     assert!(g.gemm(good.clone(), a, b, &[]).is_ok());
     let mut overlapping = good.clone();
