@@ -42,6 +42,10 @@ impl Pass for FoldNormIntoGemv {
         };
         let live = Live::of(g);
         for id in order {
+            // Folding removes the Gemms it replaces: ids later in the order may be gone.
+            if !g.contains(id) || !live.contains(id) {
+                continue;
+            }
             let prologue = match g.op(id) {
                 Op::RmsNorm { eps } => Prologue {
                     norm: NormKind::Rms,
@@ -53,9 +57,6 @@ impl Pass for FoldNormIntoGemv {
                 },
                 _ => continue,
             };
-            if !g.contains(id) || !live.contains(id) {
-                continue;
-            }
             let read_by_gemm = g
                 .consumers(id)
                 .into_iter()
