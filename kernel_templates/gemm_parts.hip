@@ -49,7 +49,7 @@ RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, fl
         const float var = rf_norm_sum(q, red) / (float)RF_K;
         if (threadIdx.x == 0) {
             stats[2 * m] = mean;
-            stats[2 * m + 1] = rsqrtf(var + {{ p.prologue.eps_f }});
+            stats[2 * m + 1] = 1.0f / sqrtf(var + {{ p.prologue.eps_f }});  // correctly rounded, as the interpreter
         }
     }
     __syncthreads();
