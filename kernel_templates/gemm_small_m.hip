@@ -58,9 +58,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             rf_unpack(*(const rf_v16*)(B + rf_b_at(bz, k, n)), b);
 #pragma unroll
             for (int m = 0; m < RF_M; ++m) {
-{% if p.prologue %}                const float a = {{ parts.norm_a(p, p.a_pre ~ "A[rf_a_at(bz, m, k)]" ~ p.a_post, "m", "k") }};
-{% else %}                const float a = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
-{% endif %}
+                const float a = {% if p.prologue %}{{ parts.norm_a(p, p.a_pre ~ "A[rf_a_at(bz, m, k)]" ~ p.a_post, "m", "k") }}{% else %}{{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }}{% endif %};
 #pragma unroll
                 for (int i = 0; i < RF_VEC; ++i) acc[m][i] += a * b[i];
             }
