@@ -13,3 +13,60 @@ RF_INLINE long long rf_c_at(long long bz, long long m, long long n) { return {{ 
 {% endfor %}{% for l in p.lines %}{{ pad }}{{ l }}
 {% endfor %}{{ pad }}C[rf_c_at(bz, row, col)] = {{ p.store }};
 {%- endmacro %}
+{#- The prologue (a folded RMSNorm/LayerNorm, `ir::gemm::Prologue`), in four pieces any GEMV
+    kernel includes: its buffer parameters, its helpers (in the kernel's namespace, after
+    `views`; they read RF_M, RF_K and RF_THREADS), the row statistics (every thread of the block,
+    before the products: two block reductions over K per row for LayerNorm, one for RMSNorm,
+    as the standalone norm kernels), and the normalised value of one loaded A element. -#}
+{% macro norm_params(p) -%}
+{% if p.prologue %}const {{ p.prologue.w_t }}* __restrict__ NW, {% if p.prologue.layer %}const {{ p.prologue.b_t }}* __restrict__ NB, {% endif %}{% endif %}
+{%- endmacro %}
+{% macro norm_helpers(p) -%}
+{% if p.prologue %}// Prologue: A's rows are {{ "LayerNorm" if p.prologue.layer else "RMSNorm" }}-normalised over K (eps {{ p.prologue.eps_f }}) as they are loaded;
+// each block computes the statistics of its RF_M rows itself (the normalised rows are never stored).
+RF_INLINE float rf_norm_sum(float v, float* red) {
+    v = rf_wave_sum(v);
+    const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
+    __syncthreads();
+    if (lane == 0) red[wave] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) t += red[w];
+    return t;
+}
+// Row `m`'s mean (0 for RMSNorm) and 1/√(var + eps) into stats[2m], stats[2m + 1].
+RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, float* red, float* stats) {
+    for (int m = 0; m < RF_M; ++m) {
+{% if p.prologue.layer %}        float s = 0.0f;
+        for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS) s += {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+        const float mean = rf_norm_sum(s, red) / (float)RF_K;
+{% else %}        const float mean = 0.0f;
+{% endif %}        float q = 0.0f;
+        for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS) {
+            const float c = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} - mean;
+            q += c * c;
+        }
+        const float var = rf_norm_sum(q, red) / (float)RF_K;
+        if (threadIdx.x == 0) {
+            stats[2 * m] = mean;
+            stats[2 * m + 1] = 1.0f / sqrtf(var + {{ p.prologue.eps_f }});  // correctly rounded, as the interpreter
+        }
+    }
+    __syncthreads();
+}
+// The normalised value of A's element `v` at (row with `mean`, `inv`; column k < K).
+RF_INLINE float rf_norm_a(float v, float mean, float inv, const {{ p.prologue.w_t }}* __restrict__ NW, {% if p.prologue.layer %}const {{ p.prologue.b_t }}* __restrict__ NB, {% endif %}long long k) {
+    return {{ p.prologue.value }};
+}
+{% endif %}
+{%- endmacro %}
+{% macro norm_stats(p, pad) -%}
+{% if p.prologue %}{{ pad }}__shared__ float rf_norm_red[RF_THREADS / RF_WAVE];
+{{ pad }}__shared__ float rf_norm[2 * RF_M];
+{{ pad }}rf_norm_stats(A, bz, rf_norm_red, rf_norm);
+{% endif %}
+{%- endmacro %}
+{#- `v` normalised, for row `m` and column `k` (expressions in scope). -#}
+{% macro norm_a(p, v, m, k) -%}
+rf_norm_a({{ v }}, rf_norm[2 * ({{ m }})], rf_norm[2 * ({{ m }}) + 1], NW, {% if p.prologue.layer %}NB, {% endif %}{{ k }})
+{%- endmacro %}

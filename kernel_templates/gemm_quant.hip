@@ -17,8 +17,9 @@ constexpr int RF_THREADS = {{ threads }};
 constexpr long long RF_BLOCKS = {{ blocks }};
 constexpr long long RF_PIECES = RF_BLOCKS * 4;
 constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
-{{ parts.views(p) }}
-{{ quant.piece(scheme, groups) }}
+{% if p.prologue %}constexpr long long RF_K = {{ p.k }};
+{% endif %}{{ parts.views(p) }}
+{{ parts.norm_helpers(p) }}{{ quant.piece(scheme, groups) }}
 {% if c.a_vec %}struct alignas({{ 4 * a_bytes }}) rf_a4 { {% if a_bytes == 4 %}float x[4];{% else %}unsigned w[2];{% endif %} };
 {% endif %}// A's 4 values of row `m` from `k` (a multiple of 4; K is whole blocks, so all 4 are inside).
 RF_INLINE void rf_load_a4(const {{ p.a_t }}* __restrict__ A, long long bz, long long m, long long k, float* f) {
@@ -28,13 +29,13 @@ RF_INLINE void rf_load_a4(const {{ p.a_t }}* __restrict__ A, long long bz, long 
 {% endif %}{% else %}    for (int i = 0; i < 4; ++i) f[i] = {{ p.a_pre }}A[rf_a_at(bz, m, k + i)]{{ p.a_post }};
 {% endif %}}
 }  // namespace {{ entry }}_ns
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const unsigned char* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const unsigned char* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
     using namespace {{ entry }}_ns;
     __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;
     const long long n0 = (long long)blockIdx.x * RF_COLS;
-    float acc[RF_M][RF_COLS];
+{{ parts.norm_stats(p, "    ") }}    float acc[RF_M][RF_COLS];
 #pragma unroll
     for (int m = 0; m < RF_M; ++m)
 #pragma unroll
@@ -57,7 +58,12 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             float a[8];
             rf_load_a4(A, bz, m, k0, a);
             rf_load_a4(A, bz, m, k0 + 16, a + 4);
-#pragma unroll
+{% if p.prologue %}#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = {{ parts.norm_a(p, "a[i]", "m", "k0 + i") }};
+                a[4 + i] = {{ parts.norm_a(p, "a[4 + i]", "m", "k0 + 16 + i") }};
+            }
+{% endif %}#pragma unroll
             for (int j = 0; j < RF_COLS; ++j)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) acc[m][j] += a[i] * w[j][i];

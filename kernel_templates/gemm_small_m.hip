@@ -21,7 +21,7 @@ constexpr int RF_CHUNKS = {{ chunks }};
 constexpr int RF_GROUPS = {{ c.groups }};
 constexpr int RF_THREADS = {{ threads }};
 {{ parts.views(p) }}
-// Sixteen bytes, loaded with one instruction.
+{{ parts.norm_helpers(p) }}// Sixteen bytes, loaded with one instruction.
 struct alignas(16) rf_v16 { unsigned w[4]; };
 RF_INLINE void rf_unpack(const rf_v16 v, float* f) {
 {% if c.vec == 8 %}    for (int i = 0; i < 8; ++i) f[i] = {{ p.b_pre }}({{ p.b_t }})((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.b_post }};
@@ -38,13 +38,13 @@ RF_INLINE void rf_load_b(const {{ p.b_t }}* __restrict__ B, long long bz, long l
 {% else %}    for (int i = 0; i < RF_VEC; ++i) f[i] = k0 + i < RF_K ? {{ p.b_pre }}B[rf_b_at(bz, k0 + i, n)]{{ p.b_post }} : 0.0f;
 {% endif %}}
 }  // namespace {{ entry }}_ns
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
     using namespace {{ entry }}_ns;
     __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;
     const long long n0 = (long long)blockIdx.x * RF_COLS;
-{% if c.along_n %}    const int g = lane % RF_GROUPS;
+{{ parts.norm_stats(p, "    ") }}{% if c.along_n %}    const int g = lane % RF_GROUPS;
     const long long n = n0 + g * RF_VEC;
     float acc[RF_M][RF_VEC];
 #pragma unroll
@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             rf_unpack(*(const rf_v16*)(B + rf_b_at(bz, k, n)), b);
 #pragma unroll
             for (int m = 0; m < RF_M; ++m) {
-                const float a = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+                const float a = {% if p.prologue %}{{ parts.norm_a(p, p.a_pre ~ "A[rf_a_at(bz, m, k)]" ~ p.a_post, "m", "k") }}{% else %}{{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }}{% endif %};
 #pragma unroll
                 for (int i = 0; i < RF_VEC; ++i) acc[m][i] += a * b[i];
             }
@@ -93,7 +93,10 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
         for (int m = 0; m < RF_M; ++m) {
             float a[RF_VEC];
             rf_load_a(A, bz, m, k0, a);
-#pragma unroll
+{% if p.prologue %}#pragma unroll
+            for (int i = 0; i < RF_VEC; ++i)
+                if (k0 + i < RF_K) a[i] = {{ parts.norm_a(p, "a[i]", "m", "k0 + i") }};
+{% endif %}#pragma unroll
             for (int j = 0; j < RF_COLS; ++j)
 #pragma unroll
                 for (int i = 0; i < RF_VEC; ++i) acc[m][j] += a[i] * b[j][i];

@@ -8,6 +8,8 @@
 #[path = "common/accuracy.rs"]
 mod accuracy;
 mod common;
+#[path = "common/norm_cases.rs"]
+mod norm_cases;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -178,6 +180,35 @@ fn quantized_gemv_on_the_blocks_is_within_8_bit_activation_error() {
                 if w.dtype().is_float() {
                     let e = rel_l2(x, w).unwrap();
                     assert!(e < 2e-2, "{name} output {i}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Norms folded into their GEMVs (`passes::norm_gemv`): the device on the fused graph (the
+/// prologue normalising the packed A rows) against the interpreter on the unfused graph, every
+/// norm case (both norms, dense and quantized weights, shared norms, residual epilogues); the
+/// quantized ones again with 8-bit activations.
+#[test]
+fn folded_norms_match_the_interpreter_on_the_unfused_graph() {
+    let _serial = serial();
+    for case in norm_cases::cases() {
+        let (g, f) = (case.graph(), case.fused());
+        assert!(!norm_cases::has_norm(&f), "{}", case.name());
+        let b = Bindings::random(&g, 13);
+        let want = interp::run(&g, &b).unwrap();
+        for threads in [1, 2] {
+            let got = cpu_run(&f, &b, exact(threads));
+            check(&case.name(), &got, &want, 1.0);
+            if case.scheme.is_some() {
+                let opts = CpuOptions {
+                    threads,
+                    precision: Precision::Q8Activations,
+                };
+                for (x, w) in cpu_run(&f, &b, opts).iter().zip(&want) {
+                    let e = rel_l2(x, w).unwrap();
+                    assert!(e < 2e-2, "{} (8-bit activations): {e}", case.name());
                 }
             }
         }

@@ -26,6 +26,8 @@ mod host_kernels;
 mod kernel_compile;
 #[path = "common/needs.rs"]
 mod needs;
+#[path = "common/norm_cases.rs"]
+mod norm_cases;
 #[path = "common/quant_cases.rs"]
 mod quant_cases;
 #[path = "common/row_error.rs"]
@@ -138,6 +140,66 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
     Ok(())
 }
 
+/// Runs the fused graph of norm `case` (the norm a prologue of its GEMVs) on the host for
+/// `arch`'s plan and compares each output with the interpreter on the unfused graph.
+fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<(), Failed> {
+    let (g, fused) = (case.graph(), case.fused());
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan =
+        generate_with(&fused, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    // One GEMV kernel per linear layer and no norm kernel.
+    let family = if case.scheme.is_some() {
+        "gemm_quant"
+    } else {
+        "gemm_small_m"
+    };
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    if families != vec![family; 1 + usize::from(case.two)] {
+        return Err(format!("{}: kernels {families:?}", case.name()).into());
+    }
+    let b = Bindings::random(&g, 11);
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
+    let got = host_kernels::run_plan(cxx, &fused, &plan, &b)?.map_err(|e| e.to_string())?;
+    let tol = tolerance(case.dtype);
+    for (got, want) in got.iter().zip(&want) {
+        let err = rel_l2(got, want).map_err(|e| format!("{}: {e}", case.name()))?;
+        if err > tol {
+            return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
+        }
+        row_error::rows_within(got, want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+    }
+    Ok(())
+}
+
+/// Norm cases compiled for every target: SmolLM2's shapes (K 576 → N 1536, K 1536 → N 576) at
+/// M 1 and 16, both norms, dense f32/f16/bf16 and Q4_1/Q8_0, two GEMVs sharing the norm.
+fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
+    let mut v = Vec::new();
+    for layer in [false, true] {
+        for (dtype, scheme) in [
+            (DType::F32, None),
+            (DType::F16, None),
+            (DType::BF16, None),
+            (DType::F16, Some(QuantScheme::Q4_1)),
+            (DType::F16, Some(QuantScheme::Q8_0)),
+        ] {
+            for (m, n, k) in [(1, 1536, 576), (16, 576, 1536)] {
+                v.push(norm_cases::NormCase {
+                    layer,
+                    dtype,
+                    scheme,
+                    m,
+                    n,
+                    k,
+                    two: true,
+                    residual: m == 1,
+                });
+            }
+        }
+    }
+    v
+}
+
 /// Quantized cases small enough for the host, for `arch`: each scheme on wave32 (gfx1030) in
 /// f32 with a bias epilogue (M 3, K of 5 blocks), f16 at M 1, and bf16 at M 17 (dequantized,
 /// then the CUDA-core GEMM); on wave64 (gfx90a) f16 at M 3 and f32 at M 17. N is odd.
@@ -233,6 +295,14 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
+    for c in norm_compile_cases() {
+        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", c.name()))?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), c.name()));
+        }
+    }
     Ok(out)
 }
 
@@ -300,6 +370,17 @@ fn main() {
                 "ROCMFORGE_REQUIRE_HOST_CXX",
                 name,
                 move |cxx| quant_host_run(&cxx, &case, arch),
+            ));
+        }
+    }
+    for arch in ["gfx90a", "gfx1030"] {
+        for case in norm_cases::cases() {
+            let name = format!("host::{arch}::norm::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| norm_host_run(&cxx, &case, arch),
             ));
         }
     }

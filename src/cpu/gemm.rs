@@ -2,7 +2,8 @@
 //! are single strides (else packed once per run into session scratch), products by
 //! `matrixmultiply` split over threads, or, for a quantized weight in
 //! [`super::Precision::Q8Activations`], integer dot products on its blocks; then the epilogue
-//! program and the scatter through the out view.
+//! program and the scatter through the out view. A prologue (a folded norm) packs A and
+//! normalises the packed rows by the executor's own norm kernel before the product.
 
 use rayon::prelude::*;
 
@@ -12,7 +13,9 @@ use super::{val, Buf, Scratch};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::quant::BLOCK_ELEMS;
 use crate::ir::scalar::round_float;
-use crate::ir::{DType, Gemm, Graph, NodeId, Op, QuantTensor, TensorType, View};
+use crate::ir::{
+    DType, Gemm, Graph, NodeId, NormKind, Op, Prologue, QuantTensor, TensorType, View,
+};
 
 /// Offsets of one view: per batch index, per row, per column (sums give an element's offset).
 struct Offs {
@@ -96,6 +99,8 @@ pub struct GemmStep {
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
     out_contiguous: bool,
+    /// A's rows normalised over K (then A is always packed), and the slot of its weight.
+    prologue: Option<(Prologue, usize)>,
 }
 
 impl GemmStep {
@@ -119,7 +124,7 @@ impl GemmStep {
         let p_ty = TensorType::new(ins[0].dtype, vec![]);
         let epilogue = g.epilogue.as_ref().map(|e| {
             let mut tys = vec![&p_ty];
-            tys.extend(ins[2..].iter().copied());
+            tys.extend(ins[2..2 + g.extras.len()].iter().copied());
             let scalar: Vec<TensorType> = tys
                 .iter()
                 .map(|t| TensorType::new(t.dtype, vec![]))
@@ -150,7 +155,16 @@ impl GemmStep {
             transposed: quant.is_some() || m < 4 * threads,
             quant: quant.and_then(|q| IntScheme::of(q.scheme()).map(|s| (s, q))),
             out_contiguous,
+            prologue: g.prologue.map(|p| (p, g.prologue_slots().start)),
         }
+    }
+
+    /// Whether A is packed row-major into scratch: a view that is not two single strides, a
+    /// quantized product whose A rows are not contiguous, or a prologue (it normalises a copy).
+    fn packs_a(&self) -> bool {
+        self.a_strides.is_none()
+            || (self.quant.is_some() && self.a_strides.map(|s| s.1) != Some(1))
+            || self.prologue.is_some()
     }
 
     /// Whether the epilogue (if any) compiled.
@@ -159,7 +173,11 @@ impl GemmStep {
             None => true,
             Some(e) => {
                 let mut tys = vec![TensorType::new(ins[0].dtype, vec![])];
-                tys.extend(ins[2..].iter().map(|t| TensorType::new(t.dtype, vec![])));
+                tys.extend(
+                    ins[2..2 + g.extras.len()]
+                        .iter()
+                        .map(|t| TensorType::new(t.dtype, vec![])),
+                );
                 let refs: Vec<&TensorType> = tys.iter().collect();
                 Program::compile(e, &refs).is_some()
             }
@@ -168,9 +186,9 @@ impl GemmStep {
 
     pub fn scratch(&self) -> Scratch {
         let (nb, m, n, k) = (self.nb, self.m, self.n, self.k);
-        let pack_a = if self.a_strides.is_none()
-            || (self.quant.is_some() && self.a_strides.map(|s| s.1) != Some(1))
-        {
+        let pack_a = if self.packs_a() { nb * m * k } else { 0 };
+        // The raw rows a prologue normalises into the pack.
+        let raw_a = if self.prologue.is_some() {
             nb * m * k
         } else {
             0
@@ -181,7 +199,7 @@ impl GemmStep {
             0
         };
         Scratch {
-            f: vec![0.0; nb * m * n + pack_a + pack_b],
+            f: vec![0.0; nb * m * n + pack_a + pack_b + raw_a],
             q: if self.quant.is_some() {
                 vec![Q8Block::default(); nb * m * (k / BLOCK_ELEMS)]
             } else {
@@ -204,17 +222,28 @@ impl GemmStep {
         let a_src = val(fixed, bufs, args[0]).f();
         let b_src = val(fixed, bufs, args[1]).f();
         let (c, rest) = scr.f.split_at_mut(nb * m * n);
-        let quant_a_contig = self.quant.is_some() && self.a_strides.map(|s| s.1) == Some(1);
-        let (pack_a, pack_b) = rest.split_at_mut(
-            if self.a_strides.is_none() || (self.quant.is_some() && !quant_a_contig) {
-                nb * m * k
-            } else {
-                0
-            },
-        );
+        let (pack_a, rest) = rest.split_at_mut(if self.packs_a() { nb * m * k } else { 0 });
+        let pack_b_len = if self.b_strides.is_none() && self.quant.is_none() {
+            nb * k * n
+        } else {
+            0
+        };
+        let (pack_b, raw_a) = rest.split_at_mut(pack_b_len);
         // A (and B) through their views: in place, or packed row-major.
-        let (a, a_rs, a_cs, a_bs): (&[f32], usize, usize, Option<usize>) = if !pack_a.is_empty() {
-            pack(a_src, &self.a, pack_a);
+        let (a, a_rs, a_cs, a_bs): (&[f32], usize, usize, Option<usize>) = if self.packs_a() {
+            match self.prologue {
+                Some((p, slot)) => {
+                    pack(a_src, &self.a, raw_a);
+                    let w = val(fixed, bufs, args[slot]).f();
+                    let bias = match p.norm {
+                        NormKind::Rms => None,
+                        NormKind::Layer => Some(val(fixed, bufs, args[slot + 1]).f()),
+                    };
+                    let rms = p.norm == NormKind::Rms;
+                    super::kernels::norm(raw_a, w, bias, p.eps, rms, k, self.a_dtype, pack_a);
+                }
+                None => pack(a_src, &self.a, pack_a),
+            }
             (&*pack_a, k, 1, Some(m * k))
         } else {
             let (rs, cs) = self.a_strides.expect("in place");

@@ -1,13 +1,16 @@
 //! Gemm: the operands are gathered through their views into contiguous matrices, multiplied by
 //! the MatMul reference (so a Gemm's product is bit for bit the MatMul it replaced), the
 //! epilogue is evaluated by the fused-expression reference, and the result is scattered through
-//! the out view.
+//! the out view. A prologue normalises the gathered A's rows over K by the norm reference
+//! itself (`reduce::norm`), so a Gemm with a folded norm reads bit for bit what the unfused
+//! norm node stored.
 
 use crate::ir::gemm::{Axis, Operand};
-use crate::ir::{Gemm, Shape, Tensor, TensorError, TensorType};
+use crate::ir::{Gemm, NormKind, Shape, Tensor, TensorError, TensorType};
 
 use super::elementwise::fused;
 use super::matmul::matmul;
+use super::reduce::norm;
 use super::strided::{pick, Offsets};
 
 fn offsets(axes: &[Axis]) -> Offsets {
@@ -31,7 +34,16 @@ fn gather(
 
 pub fn gemm(g: &Gemm, args: &[&Tensor], out: &TensorType) -> Result<Tensor, TensorError> {
     let [nb, m, n, k] = g.dims.sizes().expect("checked by shape inference");
-    let a = gather(args[0], g, &g.a, Operand::A, Shape(vec![nb, m, k]))?;
+    let mut a = gather(args[0], g, &g.a, Operand::A, Shape(vec![nb, m, k]))?;
+    if let Some(p) = &g.prologue {
+        // Rows over K's flat index: the last axis of the gathered [nb, m, k].
+        let params = &args[g.prologue_slots()];
+        let bias = match p.norm {
+            NormKind::Rms => None,
+            NormKind::Layer => Some(params[1]),
+        };
+        a = norm(&a, params[0], bias, p.eps, p.norm == NormKind::Rms)?;
+    }
     let b = gather(args[1], g, &g.b, Operand::B, Shape(vec![nb, k, n]))?;
     let problem = Shape(vec![nb, m, n]);
     let product = matmul(&a, &b, &TensorType::new(a.dtype(), problem.clone()))?;
@@ -40,6 +52,7 @@ pub fn gemm(g: &Gemm, args: &[&Tensor], out: &TensorType) -> Result<Tensor, Tens
         Some(expr) => {
             let mut ins = vec![product];
             for (x, view) in args[2..].iter().zip(&g.extras) {
+                // The zip stops at the extras: the prologue's parameters come after them.
                 ins.push(gather(x, g, view, Operand::Out, problem.clone())?);
             }
             let refs: Vec<&Tensor> = ins.iter().collect();

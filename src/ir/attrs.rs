@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use super::dtype::DType;
 use super::expr::Expr;
-use super::gemm::{Gemm, View};
+use super::gemm::{Gemm, NormKind, View};
 use super::op::{Op, OpKind, OpParseError};
 use super::scalar::{number_value, parse_number};
 use super::shape::Shape;
@@ -127,6 +127,9 @@ impl Op {
                 if let Some(e) = &g.epilogue {
                     a.push(("epilogue", e.to_json()));
                 }
+                if let Some(p) = &g.prologue {
+                    a.push(("prologue", json(p)));
+                }
                 a.push(("shape", json(&g.shape.0)));
             }
         }
@@ -208,6 +211,7 @@ impl Op {
                 extras: a.opt("extras")?.unwrap_or_default(),
                 epilogue: a.opt_expr("epilogue")?,
                 shape: Shape(a.req("shape")?),
+                prologue: a.opt("prologue")?,
             })),
             OpKind::FlashAttention => Op::FlashAttention(Attention {
                 scale: a.req("scale")?,
@@ -262,6 +266,10 @@ impl Op {
                     };
                     format!("{view}={}", view_text(v))
                 }
+                (Op::Gemm(g), "prologue") => match &g.prologue {
+                    Some(p) => format!("prologue={}(eps={})", prologue_name(p.norm), p.eps),
+                    None => String::new(),
+                },
                 (Op::Gemm(g), "extras") => format!(
                     "extras=[{}]",
                     g.extras
@@ -286,6 +294,14 @@ impl Op {
 
 fn json<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v).expect("attribute types serialise to JSON")
+}
+
+/// A prologue's normalisation as dumps show it: the name of the op it folds.
+fn prologue_name(n: NormKind) -> &'static str {
+    match n {
+        NormKind::Rms => "rms_norm",
+        NormKind::Layer => "layer_norm",
+    }
 }
 
 /// A Gemm view as dumps show it: strides per sub-axis, `batch|rows|cols`.

@@ -7,9 +7,19 @@
 //! touches (A, B, the result, each epilogue operand) has a [`View`]: an element stride per
 //! sub-axis into its own contiguous storage (0 where it is broadcast).
 //!
-//! Operands: A (slot 0), B (slot 1), then the epilogue's extra operands. The epilogue is an
-//! expression where `$0` is the product, already rounded to A's dtype (the value an unfused
-//! MatMul holds), and `$i` (i ≥ 1) is operand `i + 1`, read through `extras[i - 1]`.
+//! Operands: A (slot 0), B (slot 1), then the epilogue's extra operands, then the prologue's
+//! parameters. The epilogue is an expression where `$0` is the product, already rounded to A's
+//! dtype (the value an unfused MatMul holds), and `$i` (i ≥ 1) is operand `i + 1`, read through
+//! `extras[i - 1]`.
+//!
+//! The prologue (optional) is a normalisation of A's rows over K applied before the product: a
+//! RMSNorm or LayerNorm folded into the GEMM that reads it (`passes::norm_gemv`). Row (batch, m)
+//! of A, taken over K's flat index, becomes `a/√(mean(a²)+eps)·w` (RMSNorm) or
+//! `(a−mean)/√(var+eps)·w + b` (LayerNorm), rounded to A's dtype exactly as the unfused norm
+//! node's output is, so the product reads the values the norm would have stored. Its parameters
+//! come after the extras (so the epilogue's `$i` numbering is the same with or without one): the
+//! weight `[K]` at slot `2 + extras.len()`, then for LayerNorm the bias `[K]`; any float dtype,
+//! indexed by K's flat index (row-major over K's sub-axes).
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +72,51 @@ pub struct Gemm {
     pub epilogue: Option<Expr>,
     /// The result tensor's shape (stored contiguously; `out` indexes into it).
     pub shape: Shape,
+    /// A's rows normalised over K before the product; `None` reads A as it is.
+    pub prologue: Option<Prologue>,
+}
+
+/// The most rows (M) a GEMM runs as a GEMV-style kernel (codegen's small-M and quantized GEMV
+/// kernels keep M × columns sums per thread in registers). Passes that only pay off there (a
+/// norm folded into its GEMVs recomputes the row statistics in every block) read it here,
+/// since passes may not import codegen.
+pub const GEMV_MAX_M: usize = 16;
+
+/// Which normalisation a [`Prologue`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    /// `a/√(mean(a²)+eps)·w`: one parameter, the weight.
+    Rms,
+    /// `(a−mean)/√(var+eps)·w + b`: two parameters, the weight then the bias.
+    Layer,
+}
+
+impl NormKind {
+    /// How many `[K]` parameters (operands) the normalisation reads.
+    pub fn params(self) -> usize {
+        match self {
+            NormKind::Rms => 1,
+            NormKind::Layer => 2,
+        }
+    }
+}
+
+/// A normalisation of A's rows over K applied before the product (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prologue {
+    pub norm: NormKind,
+    pub eps: f64,
+}
+
+impl Gemm {
+    /// The operand slots of the prologue's parameters (weight, then bias): after A, B and the
+    /// extras; empty without a prologue.
+    pub fn prologue_slots(&self) -> std::ops::Range<usize> {
+        let first = 2 + self.extras.len();
+        first..first + self.prologue.map_or(0, |p| p.norm.params())
+    }
 }
 
 /// One sub-axis as a tensor walks it: its size and the tensor's stride along it.

@@ -465,22 +465,42 @@ fn gemm(g: &Gemm, ins: &[&TensorType]) -> Result<TensorType, InferError> {
         return dtype_err(format!("operands mix {} and {}", a.dtype, b.dtype));
     }
     require_float(a)?;
-    if ins.len() != 2 + g.extras.len() {
+    let params = g.prologue_slots();
+    if ins.len() != params.end {
         return attr_err(format!(
-            "{} epilogue views for {} epilogue operands",
+            "{} epilogue views and {} prologue parameters for {} operands after A and B",
             g.extras.len(),
+            params.len(),
             ins.len() - 2
         ));
     }
-    let Some([nb, m, n, _]) = g.dims.sizes() else {
+    let Some([nb, m, n, k]) = g.dims.sizes() else {
         return Err(InferError::Overflow("the problem's size overflows".into()));
     };
+    if let Some(p) = &g.prologue {
+        if !(p.eps.is_finite() && p.eps >= 0.0) {
+            return attr_err(format!(
+                "prologue eps must be finite and ≥ 0, got {}",
+                p.eps
+            ));
+        }
+        for t in &ins[params] {
+            require_float(t)?;
+            if t.shape.0 != [k] {
+                return shape_err(format!(
+                    "prologue parameter of shape {} must be [{k}] (K)",
+                    t.shape
+                ));
+            }
+        }
+    }
+    let extras = &ins[2..2 + g.extras.len()];
     let numel = |t: &TensorType| t.shape.checked_numel(t.dtype).unwrap_or(usize::MAX);
     g.a.check(&g.dims, Operand::A, numel(a), "a")
         .map_err(InferError::Shape)?;
     g.b.check(&g.dims, Operand::B, numel(b), "b")
         .map_err(InferError::Shape)?;
-    for (i, (v, t)) in g.extras.iter().zip(&ins[2..]).enumerate() {
+    for (i, (v, t)) in g.extras.iter().zip(extras).enumerate() {
         v.check(&g.dims, Operand::Out, numel(t), &format!("extra {i}"))
             .map_err(InferError::Shape)?;
     }
@@ -513,9 +533,9 @@ fn gemm(g: &Gemm, ins: &[&TensorType]) -> Result<TensorType, InferError> {
         None if g.extras.is_empty() => a.dtype,
         None => return attr_err("epilogue operands without an epilogue"),
         Some(e) => {
-            e.check(ins.len() - 1).map_err(InferError::Attribute)?;
+            e.check(extras.len() + 1).map_err(InferError::Attribute)?;
             let typed: Vec<TensorType> = std::iter::once(a.dtype)
-                .chain(ins[2..].iter().map(|t| t.dtype))
+                .chain(extras.iter().map(|t| t.dtype))
                 .map(|dt| TensorType::new(dt, problem_shape.clone()))
                 .collect();
             let refs: Vec<&TensorType> = typed.iter().collect();

@@ -11,6 +11,7 @@ mod dce;
 mod elementwise;
 mod gemm;
 mod matchers;
+mod norm_gemv;
 mod norms;
 mod softmax;
 
@@ -28,6 +29,7 @@ pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
 pub use gemm::FormGemm;
+pub use norm_gemv::FoldNormIntoGemv;
 pub use norms::RecognizeNorms;
 pub use softmax::RecognizeSoftmax;
 
@@ -144,7 +146,8 @@ impl PassManager {
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
     /// attention, then fuse the elementwise chains left around it, then make every matmul left
-    /// a Gemm with the layouts and the epilogue around it.
+    /// a Gemm with the layouts and the epilogue around it, then fold the norms that only
+    /// GEMV-sized Gemms read into them.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -155,6 +158,8 @@ impl PassManager {
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)
+            .with(DeadCode)
+            .with(FoldNormIntoGemv)
             .with(DeadCode)
     }
 

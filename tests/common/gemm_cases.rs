@@ -26,6 +26,7 @@ fn plain(d: GemmDims, b: View, shape: &[usize]) -> Gemm {
         extras: vec![],
         epilogue: None,
         shape: Shape(shape.to_vec()),
+        prologue: None,
     }
 }
 
@@ -182,5 +183,6 @@ pub fn heads_bias_gelu(b: usize, h: usize, s: usize, d: usize, h2: usize, d2: us
             )),
         )),
         shape: Shape(vec![b, h2, s, d2]),
+        prologue: None,
     }
 }

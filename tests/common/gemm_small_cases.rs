@@ -99,6 +99,7 @@ impl Case {
             extras: extra_views,
             epilogue,
             shape: Shape(lead(vec![m, n])),
+            prologue: None,
             dims,
         };
         let c = g.gemm(gemm, a, b, &extras).unwrap();

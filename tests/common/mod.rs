@@ -98,7 +98,7 @@ pub fn run_with(graph: &Graph, inputs: Vec<(&str, Tensor)>) -> Tensor {
 /// run on those tensors.
 pub fn run_op(inputs: &[&Tensor], build: impl FnOnce(&mut Graph, &[NodeId]) -> NodeId) -> Tensor {
     let mut g = Graph::new("op");
-    let names = ["a", "b", "c", "d"];
+    let names = ["a", "b", "c", "d", "e", "f"];
     let ids: Vec<NodeId> = inputs
         .iter()
         .zip(names)

@@ -152,6 +152,7 @@ fn form(g: &mut Graph, live: &Live, mm: NodeId, notes: &mut Vec<Note>) -> Result
         extras: (OUT + 1..strides.len()).map(|s| p.view(s)).collect(),
         epilogue,
         shape,
+        prologue: None,
     };
     let mut what = format!(
         "gemm {}",

@@ -402,6 +402,7 @@ mod tests {
             extras: vec![],
             epilogue: None,
             shape: crate::ir::Shape(vec![m, n]),
+            prologue: None,
         }
     }
 

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::super::ctype::ctype;
+use super::super::ctype::{ctype, f32_literal};
 use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
 use super::super::plan::{BufferId, Kernel};
@@ -24,7 +24,7 @@ use super::super::CodegenError;
 use crate::arch::tuning::Tuned;
 use crate::arch::Target;
 use crate::ir::gemm::{Axis, Operand};
-use crate::ir::{DType, Gemm, Graph, NodeId, Shape, TensorType, View};
+use crate::ir::{DType, Gemm, Graph, NodeId, NormKind, Shape, TensorType, View};
 
 /// One epilogue operand as kernels read it.
 #[derive(Clone, Debug, Serialize)]
@@ -35,6 +35,22 @@ pub(crate) struct Extra {
     pub vtype: &'static str,
     /// `in{index}[...]` converted to its value type, at problem coordinates `(bz, row, col)`.
     pub load: String,
+}
+
+/// A prologue (a folded RMSNorm/LayerNorm, `ir::gemm::Prologue`) as the GEMV kernels apply it:
+/// `gemm_parts.hip`'s `norm_*` macros compute each row's statistics per block, then map every
+/// A value they load through `value`.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct NormPrologue {
+    /// LayerNorm (mean subtracted, a bias added) rather than RMSNorm.
+    pub layer: bool,
+    pub eps_f: String,
+    /// Storage types of the weight (`NW`) and bias (`NB`) parameters.
+    pub w_t: &'static str,
+    pub b_t: &'static str,
+    /// The normalised value of `v` (f32) at `k`, from the row's `mean` and `inv`, rounded to
+    /// A's dtype as the unfused norm's stored output is.
+    pub value: String,
 }
 
 /// What every GEMM kernel needs to know about the node.
@@ -73,6 +89,8 @@ pub(crate) struct Problem {
     pub epilogue: bool,
     /// A one-line description for the kernel's comment.
     pub what: String,
+    /// A's rows normalised over K before the product (GEMV kernels only).
+    pub prologue: Option<NormPrologue>,
 }
 
 /// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
@@ -149,7 +167,8 @@ impl Problem {
         let problem_t = |dt: DType| TensorType::new(dt, Shape(vec![batch, m, n]));
         let mut extras = Vec::new();
         let mut extra_at = Vec::new();
-        for (i, (view, &o)) in gemm.extras.iter().zip(&ops[2..]).enumerate() {
+        let extra_ops = &ops[2..2 + gemm.extras.len()];
+        for (i, (view, &o)) in gemm.extras.iter().zip(extra_ops).enumerate() {
             let index = i + 1;
             let c = ctype(g.ty(o).dtype);
             extra_at.push((index, view_c(gemm, view, Operand::Out, ["bz", "m", "n"])));
@@ -172,7 +191,7 @@ impl Problem {
             ),
             Some(expr) => {
                 let ins: Vec<TensorType> = std::iter::once(problem_t(at.dtype))
-                    .chain(ops[2..].iter().map(|&o| problem_t(g.ty(o).dtype)))
+                    .chain(extra_ops.iter().map(|&o| problem_t(g.ty(o).dtype)))
                     .collect();
                 let vars: Vec<String> = (0..ins.len())
                     .map(|i| {
@@ -192,7 +211,35 @@ impl Problem {
                 )
             }
         };
+        let prologue = match &gemm.prologue {
+            None => None,
+            Some(pro) => {
+                let slots = gemm.prologue_slots();
+                let (w, bias) = (ops[slots.start], ops.get(slots.start + 1));
+                let wc = ctype(g.ty(w).dtype);
+                let bc = bias.map(|&b| ctype(g.ty(b).dtype));
+                if !(pro.eps as f32).is_finite() {
+                    return Err(CodegenError::NonFinite {
+                        node: name.clone(),
+                        what: "prologue eps",
+                        value: pro.eps,
+                    });
+                }
+                let mut value = format!("(v - mean) * inv * {}NW[k]{}", wc.load_pre, wc.load_post);
+                if let Some(bc) = &bc {
+                    value = format!("{value} + {}NB[k]{}", bc.load_pre, bc.load_post);
+                }
+                Some(NormPrologue {
+                    layer: pro.norm == NormKind::Layer,
+                    eps_f: f32_literal(pro.eps),
+                    w_t: wc.storage,
+                    b_t: bc.map_or(wc.storage, |c| c.storage),
+                    value: round_to(at.dtype, value),
+                })
+            }
+        };
         Ok(Problem {
+            prologue,
             input: at.dtype,
             batch,
             m,
@@ -240,6 +287,20 @@ pub(crate) fn lower(
         // Decoding: memory-bound on the weights whatever the dtype.
         return small_m::kernel(&p, gemm, dtype, node, args, target);
     }
+    if gemm.prologue.is_some() {
+        // The tiled kernels share A's tiles between rows of M; a per-row normalisation there is
+        // not written. `passes::norm_gemv` folds a norm only into GEMV-sized Gemms (M ≤
+        // `ir::gemm::GEMV_MAX_M`, the bound `small_m::takes` reads), so only a hand-written
+        // graph gets here; it gets an error rather than an unnormalised product.
+        return Err(CodegenError::Unsupported {
+            node: node.clone(),
+            reason: format!(
+                "a normalisation prologue with M = {} rows (the GEMV kernels that apply one take 1..={})",
+                p.m,
+                small_m::MAX_M
+            ),
+        });
+    }
     // f16 and bf16 go to the matrix cores where the target has an atom for them.
     if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned)? {
         return Ok(k);
@@ -274,6 +335,7 @@ impl Problem {
             acc: String::new(),
             epilogue: false,
             what: String::new(),
+            prologue: None,
         }
     }
 }

@@ -17,8 +17,9 @@ use crate::codegen::kernel::finish;
 use crate::ir::gemm::Operand;
 use crate::ir::{DType, Gemm};
 
-/// The most rows this kernel takes: each thread keeps M × `cols` sums in registers.
-pub(crate) const MAX_M: usize = 16;
+/// The most rows this kernel takes: each thread keeps M × `cols` sums in registers. It is
+/// `ir::gemm::GEMV_MAX_M`, which passes read (they may not import codegen).
+pub(crate) const MAX_M: usize = crate::ir::gemm::GEMV_MAX_M;
 /// Accumulators per thread (M × cols) at most: beyond, registers spill on wave64 targets.
 const MAX_ACC: usize = 64;
 /// Columns per block at most: each column is one 16-byte load in flight per chunk.

@@ -29,6 +29,7 @@ fn problem(dtype: DType, batch: usize, m: usize, n: usize, k: usize, nk: bool) -
         extras: vec![],
         epilogue: None,
         shape: Shape(vec![batch, m, n]),
+        prologue: None,
         dims,
     };
     let mut g = Graph::new("gemm");
@@ -210,6 +211,7 @@ fn lowering_picks_small_m_up_to_sixteen_rows() {
                 extras: vec![],
                 epilogue: None,
                 shape: Shape(vec![m, 45]),
+                prologue: None,
                 dims,
             };
             let mut g = Graph::new("gemm");
