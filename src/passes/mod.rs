@@ -11,6 +11,7 @@ mod dce;
 mod elementwise;
 mod gemm;
 mod matchers;
+mod merge_gemms;
 mod norms;
 mod softmax;
 
@@ -28,6 +29,7 @@ pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
 pub use gemm::FormGemm;
+pub use merge_gemms::MergeGemms;
 pub use norms::RecognizeNorms;
 pub use softmax::RecognizeSoftmax;
 
@@ -144,7 +146,8 @@ impl PassManager {
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
     /// attention, then fuse the elementwise chains left around it, then make every matmul left
-    /// a Gemm with the layouts and the epilogue around it.
+    /// a Gemm with the layouts and the epilogue around it, and merge the Gemms that share an
+    /// input (Q/K/V) into one.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -155,6 +158,8 @@ impl PassManager {
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)
+            .with(DeadCode)
+            .with(MergeGemms)
             .with(DeadCode)
     }
 
