@@ -264,3 +264,77 @@ fn merging_twice_changes_nothing() {
     let mut plain = siblings(DType::F32, 1, 32, &[16], None);
     assert!(fold_weight_concats(&mut plain).unwrap().is_empty());
 }
+
+/// At M = 1 each slice is a contiguous range of the merged result: codegen binds it in place
+/// (an alias at an element offset, no kernel); an output that is a slice gets a buffer of its
+/// own (one copy); the memory plan keeps the merged buffer alive while an alias is read.
+#[test]
+fn slices_of_the_merged_result_are_read_in_place() {
+    use rocmforge::arch::Target;
+    use rocmforge::codegen::{generate, BufferRole};
+    use rocmforge::compile::plan_memory;
+    let target = Target::parse("sm_90").unwrap();
+    let alias_offsets = |p: &rocmforge::codegen::KernelPlan| -> Vec<usize> {
+        p.buffers
+            .iter()
+            .filter_map(|b| match b.role {
+                BufferRole::Alias { offset, .. } => Some(offset),
+                _ => None,
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    // Outputs that are slices: copied out, one kernel each.
+    let g = siblings(DType::F32, 1, 32, &[24, 8, 8], None);
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0, 24, 32]);
+    assert_eq!(plan.kernels.len(), 4, "{}", plan.listing());
+    for o in &plan.outputs {
+        assert_eq!(plan.buffers[o.buffer].role, BufferRole::Computed);
+    }
+    // Slices read by kernels: no copy; each reader binds the merged buffer.
+    let mut g = siblings(DType::F32, 1, 32, &[24, 8, 8], None);
+    let outs = g.outputs().to_vec();
+    let mut consumers = Vec::new();
+    for &o in &outs {
+        // Not elementwise: the GEMM pass would fold that into the Gemm as an epilogue.
+        consumers.push(g.softmax(o, -1).unwrap());
+    }
+    // The last reader of the first slice comes after the others' readers.
+    let late = g
+        .reduce(rocmforge::ir::ReduceOp::Sum, outs[0], &[-1], true)
+        .unwrap();
+    consumers.push(late);
+    g.set_outputs(&consumers).unwrap();
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0, 24, 32]);
+    assert!(
+        plan.kernels.iter().all(|k| k.family != "copy"),
+        "{}",
+        plan.listing()
+    );
+    let mem = plan_memory(&plan);
+    let gemm = plan
+        .kernels
+        .iter()
+        .position(|k| k.family.starts_with("gemm"))
+        .unwrap();
+    let base = plan.kernels[gemm].written().next().unwrap();
+    let last_read = plan
+        .kernels
+        .iter()
+        .rposition(|k| k.args.iter().any(|&a| plan.storage(a).0 == base))
+        .unwrap();
+    assert!(last_read > gemm + 1);
+    for k in &plan.kernels[gemm + 1..=last_read] {
+        for w in k.written() {
+            if let Some(s) = mem.slot_of.get(&w) {
+                assert_ne!(*s, mem.slot_of[&base], "{}", plan.listing());
+            }
+        }
+    }
+    // Interpreted (unfolded: the folded weight's data is bound by the compile layer), the
+    // graph still computes what it did before the merge.
+    assert_same_values(&g, &optimize(&g).unwrap().0, 8, "consumers");
+}
