@@ -148,15 +148,23 @@ pub(crate) fn generate(
     Ok(plan)
 }
 
+/// Bytes an alias's start must be a multiple of: kernels load operands 16 bytes at a time where
+/// their views allow it (`kernels/gemm/vectors.rs`), trusting the buffer's start to be aligned
+/// as every allocation is.
+const ALIAS_ALIGN: usize = 16;
+
 /// Where a slice node's result starts in its operand's buffer, when it is one contiguous range
-/// of it: every axis before the sliced one has one index (or the slice takes the whole axis).
+/// of it (every axis before the sliced one has one index, or the slice takes the whole axis)
+/// starting at an aligned byte.
 fn contiguous_slice(g: &Graph, id: NodeId, axis: i64, start: i64, end: i64) -> Option<usize> {
-    let x = &g.ty(g.operands(id)[0]).shape;
-    let ax = x.axis(axis)?;
-    let d = x.dims();
+    let x = g.ty(g.operands(id)[0]);
+    let ax = x.shape.axis(axis)?;
+    let d = x.shape.dims();
     let (s, e) = crate::ir::slice_bounds(start, end, d[ax]).ok()?;
     let whole = s == 0 && e == d[ax];
-    (whole || d[..ax].iter().product::<usize>() == 1).then(|| s * x.strides()[ax])
+    let at = s * x.shape.strides()[ax];
+    let aligned = (at * x.dtype.size_bytes()) % ALIAS_ALIGN == 0;
+    ((whole || d[..ax].iter().product::<usize>() == 1) && aligned).then_some(at)
 }
 
 /// A graph output's own buffer holding the alias `alias`'s values (an output is bound and

@@ -334,6 +334,20 @@ fn slices_of_the_merged_result_are_read_in_place() {
             }
         }
     }
+    // A slice starting off a 16-byte boundary (7 f32 = 28 bytes) is copied: kernels load
+    // 16 bytes at a time from their operands' starts.
+    let mut g = siblings(DType::F32, 1, 32, &[7, 3, 5], None);
+    let outs = g.outputs().to_vec();
+    let soft: Vec<_> = outs.iter().map(|&o| g.softmax(o, -1).unwrap()).collect();
+    g.set_outputs(&soft).unwrap();
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0]);
+    assert_eq!(
+        plan.kernels.iter().filter(|k| k.family == "copy").count(),
+        2,
+        "{}",
+        plan.listing()
+    );
     // Interpreted (unfolded: the folded weight's data is bound by the compile layer), the
     // graph still computes what it did before the merge.
     assert_same_values(&g, &optimize(&g).unwrap().0, 8, "consumers");
