@@ -163,7 +163,7 @@ fn contiguous_slice(g: &Graph, id: NodeId, axis: i64, start: i64, end: i64) -> O
     let (s, e) = crate::ir::slice_bounds(start, end, d[ax]).ok()?;
     let whole = s == 0 && e == d[ax];
     let at = s * x.shape.strides()[ax];
-    let aligned = (at * x.dtype.size_bytes()) % ALIAS_ALIGN == 0;
+    let aligned = (at * x.dtype.size_bytes()).is_multiple_of(ALIAS_ALIGN);
     ((whole || d[..ax].iter().product::<usize>() == 1) && aligned).then_some(at)
 }
 
