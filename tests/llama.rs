@@ -589,3 +589,6 @@ fn unsupported_or_inconsistent_metadata_gives_typed_errors() {
 
 #[path = "llama/generation.rs"]
 mod generation;
+
+#[path = "llama/merge_plan.rs"]
+mod merge_plan;

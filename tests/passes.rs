@@ -584,3 +584,5 @@ fn a_200k_node_chain_fuses_into_full_groups_and_computes_the_same() {
 mod norm_cases;
 #[path = "passes/norm_gemv.rs"]
 mod norm_gemv;
+#[path = "passes/merge.rs"]
+mod merge;

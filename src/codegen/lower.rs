@@ -43,6 +43,26 @@ pub(crate) fn generate(
             buf.insert(id, buf[&g.operands(id)[0]]);
             continue;
         }
+        if let Op::Slice { axis, start, end } = node.op {
+            // A contiguous range of a buffer that holds values (not blocks) is read in place.
+            let src = buf[&g.operands(id)[0]];
+            let in_place = !options.copy_slices && !blocks.contains_key(&src);
+            if let (Some(at), true) = (contiguous_slice(g, id, axis, start, end), in_place) {
+                let (base, offset) = plan.storage(src);
+                let b = plan.buffers.len();
+                plan.buffers.push(Buffer {
+                    id: b,
+                    name: node.name.clone(),
+                    ty: node.ty.clone(),
+                    role: BufferRole::Alias {
+                        base,
+                        offset: offset + at,
+                    },
+                });
+                buf.insert(id, b);
+                continue;
+            }
+        }
         if let Op::CacheWrite { .. } = node.op {
             // In place: the state is read by nothing else (checked above), so its buffer holds
             // the written value from here on.
@@ -102,10 +122,21 @@ pub(crate) fn generate(
         }
     }
     let mut outputs = Vec::new();
+    let mut copied: HashMap<BufferId, BufferId> = HashMap::new();
     for &o in g.outputs() {
         let mut buffer = buf[&o];
         if blocks.contains_key(&buffer) {
             buffer = dequantized_buffer(&mut plan, &blocks, &mut dequantized, buffer, target)?;
+        }
+        if let BufferRole::Alias { .. } = plan.buffers[buffer].role {
+            buffer = match copied.get(&buffer) {
+                Some(&c) => c,
+                None => {
+                    let c = copy_alias(&mut plan, buffer, target)?;
+                    copied.insert(buffer, c);
+                    c
+                }
+            };
         }
         outputs.push(PlanOutput {
             name: g.node(o).name.clone(),
@@ -115,6 +146,59 @@ pub(crate) fn generate(
     }
     plan.outputs = outputs;
     Ok(plan)
+}
+
+/// Bytes an alias's start must be a multiple of: kernels load operands 16 bytes at a time where
+/// their views allow it (`kernels/gemm/vectors.rs`), trusting the buffer's start to be aligned
+/// as every allocation is.
+const ALIAS_ALIGN: usize = 16;
+
+/// Where a slice node's result starts in its operand's buffer, when it is one contiguous range
+/// of it (every axis before the sliced one has one index, or the slice takes the whole axis)
+/// starting at an aligned byte.
+fn contiguous_slice(g: &Graph, id: NodeId, axis: i64, start: i64, end: i64) -> Option<usize> {
+    let x = g.ty(g.operands(id)[0]);
+    let ax = x.shape.axis(axis)?;
+    let d = x.shape.dims();
+    let (s, e) = crate::ir::slice_bounds(start, end, d[ax]).ok()?;
+    let whole = s == 0 && e == d[ax];
+    let at = s * x.shape.strides()[ax];
+    let aligned = (at * x.dtype.size_bytes()).is_multiple_of(ALIAS_ALIGN);
+    ((whole || d[..ax].iter().product::<usize>() == 1) && aligned).then_some(at)
+}
+
+/// A graph output's own buffer holding the alias `alias`'s values (an output is bound and
+/// read back from its start), copied by a kernel appended here.
+fn copy_alias(
+    plan: &mut KernelPlan,
+    alias: BufferId,
+    target: &Target,
+) -> Result<BufferId, CodegenError> {
+    let (base, offset) = plan.storage(alias);
+    let a = plan.buffers[alias].clone();
+    let c = plan.buffers.len();
+    plan.buffers.push(Buffer {
+        id: c,
+        name: a.name.clone(),
+        ty: a.ty.clone(),
+        role: BufferRole::Computed,
+    });
+    if a.ty.shape.numel() > 0 {
+        let strides = a.ty.shape.strides();
+        plan.kernels.push(copy::kernel(
+            format!("output slice at element {offset}"),
+            &a.ty.shape,
+            Strides {
+                src: &strides,
+                dst: &strides,
+                bases: (offset, 0),
+            },
+            a.ty.dtype,
+            vec![base, c],
+            (&a.name, target),
+        )?);
+    }
+    Ok(c)
 }
 
 /// The workspace holding the values of the quantized weight whose blocks are in `weight`,

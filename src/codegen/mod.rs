@@ -90,6 +90,9 @@ pub struct CodegenOptions {
     pub attention_access: Option<AttentionAccess>,
     /// Configurations chosen by timing (`compile::tune`); empty: every family's own choice.
     pub tuned: Tuned,
+    /// Lower every slice as a copy kernel, none read in place as an alias of its operand's
+    /// buffer: for replay bundles, whose format has no buffer offsets yet.
+    pub copy_slices: bool,
 }
 
 /// The kernels that compute `graph` on `target`.
@@ -106,6 +109,7 @@ pub fn generate_with(
     let CodegenOptions {
         attention_access,
         tuned,
+        copy_slices,
     } = options;
     lower::generate(
         graph,
@@ -113,6 +117,7 @@ pub fn generate_with(
         &CodegenOptions {
             attention_access: *attention_access,
             tuned: tuned.clone(),
+            copy_slices: *copy_slices,
         },
     )
 }

@@ -36,6 +36,15 @@ pub enum BufferRole {
     State {
         name: String,
     },
+    /// A contiguous range of another buffer (a slice that codegen reads in place): `base`'s
+    /// memory from element `offset` on (elements of this buffer's dtype, which is `base`'s).
+    /// No storage of its own: binding it binds `base` at that offset, and `base` lives while
+    /// any alias of it is read (`compile::memory_plan`). Never a plan output (codegen copies
+    /// an output that would be one) and never written by a kernel. `base` is never an alias.
+    Alias {
+        base: BufferId,
+        offset: usize,
+    },
 }
 
 /// Bytes of a status buffer: two u64, the bitwise complement of the first failing position
@@ -150,6 +159,22 @@ pub struct KernelPlan {
 }
 
 impl KernelPlan {
+    /// The buffer holding `id`'s memory and the element offset into it: `id` itself at 0, or
+    /// an alias's base and offset.
+    pub fn storage(&self, id: BufferId) -> (BufferId, usize) {
+        match self.buffers[id].role {
+            BufferRole::Alias { base, offset } => (base, offset),
+            BufferRole::Input(_)
+            | BufferRole::Weight(_)
+            | BufferRole::QuantWeight(_)
+            | BufferRole::Constant(_)
+            | BufferRole::Computed
+            | BufferRole::Workspace
+            | BufferRole::Status
+            | BufferRole::State { .. } => (id, 0),
+        }
+    }
+
     /// Adds a workspace of `elems` f32 elements for the kernels of node `node`; its id. It is
     /// named `<node>:workspace` for listings (a buffer's name binds nothing but inputs and
     /// weights).

@@ -1,6 +1,8 @@
 //! Buffer reuse by liveness: computed buffers whose lifetimes do not overlap share a slot.
 //! A node's workspace is planned like a computed buffer: live from the kernel that writes it
-//! to the last that reads it, its slot free for later values once the node is done.
+//! to the last that reads it, its slot free for later values once the node is done. A kernel
+//! that binds an alias (a slice read in place) uses its base: the base lives while any alias of
+//! it is read.
 
 use std::collections::HashMap;
 
@@ -26,7 +28,8 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         | BufferRole::QuantWeight(_)
         | BufferRole::Constant(_)
         | BufferRole::Status
-        | BufferRole::State { .. } => false,
+        | BufferRole::State { .. }
+        | BufferRole::Alias { .. } => false,
     }
 }
 
@@ -35,10 +38,16 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
         |b: BufferId| plan.buffers[b].ty.shape.numel() * plan.buffers[b].ty.dtype.size_bytes();
     let computed = |b: BufferId| planned(&plan.buffers[b].role);
     let n = plan.kernels.len();
+    // Each kernel's arguments as the buffers that hold their memory (an alias's base).
+    let args: Vec<Vec<BufferId>> = plan
+        .kernels
+        .iter()
+        .map(|k| k.args.iter().map(|&b| plan.storage(b).0).collect())
+        .collect();
     let mut first: HashMap<BufferId, usize> = HashMap::new();
     let mut last: HashMap<BufferId, usize> = HashMap::new();
-    for (i, k) in plan.kernels.iter().enumerate() {
-        for &b in &k.args {
+    for (i, k) in args.iter().enumerate() {
+        for &b in k {
             if computed(b) {
                 first.entry(b).or_insert(i);
                 last.insert(b, i);
@@ -46,8 +55,9 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
         }
     }
     for o in &plan.outputs {
-        if computed(o.buffer) {
-            last.insert(o.buffer, n);
+        let b = plan.storage(o.buffer).0;
+        if computed(b) {
+            last.insert(b, n);
         }
     }
     let mut slot_of = HashMap::new();
@@ -79,7 +89,7 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
         }
         // Buffers read for the last time here are free for the next kernel (not this one: a
         // kernel never writes over its own operands).
-        for &b in &k.args {
+        for &b in &args[i] {
             if computed(b) && last.get(&b) == Some(&i) && first.get(&b).is_some_and(|&f| f <= i) {
                 if let Some(&s) = slot_of.get(&b) {
                     if !free.contains(&s) {
@@ -93,11 +103,10 @@ pub fn plan_memory(plan: &KernelPlan) -> MemoryPlan {
     // it is still bound to kernels that read it or returned as an output: such buffers share
     // one slot of their size, nothing.
     let mut empty_slot = None;
-    let used = plan
-        .kernels
+    let used = args
         .iter()
-        .flat_map(|k| k.args.iter().copied())
-        .chain(plan.outputs.iter().map(|o| o.buffer));
+        .flat_map(|k| k.iter().copied())
+        .chain(plan.outputs.iter().map(|o| plan.storage(o.buffer).0));
     for b in used {
         if !computed(b) || slot_of.contains_key(&b) {
             continue;

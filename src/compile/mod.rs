@@ -2,6 +2,7 @@
 //! the best device or one given. On the CPU, a compiled model runs the interpreter.
 
 pub mod bundle;
+pub mod fold;
 mod load;
 mod memory_plan;
 mod profile;
@@ -52,6 +53,10 @@ pub enum CompileError {
          (CompileOptions::weights); a run binds inputs only"
     )]
     WeightAtRun { name: String },
+    /// A weight folded from parts (`fold.rs`) whose part has no data: every weight is bound
+    /// before folding, so this is a bug, reported rather than a panic.
+    #[error("folded weight `{name}`: its part `{part}` has no data bound (a rocmforge bug)")]
+    FoldedPart { name: String, part: String },
     #[error(
         "profiling times kernels on a GPU, but this model runs on {device}, in the interpreter"
     )]
@@ -352,19 +357,35 @@ fn compare_output(name: &str, got: &Tensor, want: &Tensor) -> Result<OutputCheck
 
 /// The graph a model runs as: validated, then the default pipeline (or clean-up only when not
 /// fusing). `compile` and bundles both start here, so a bundle holds what a run launches.
+/// Weights that merged GEMMs read concatenated are folded into one weight each
+/// ([`fold::fold_weight_concats`]), so the plan binds them instead of concatenating per run.
 pub fn optimise(source: &Graph, fuse: bool) -> Result<Graph, CompileError> {
+    Ok(optimise_folded(source, fuse)?.0)
+}
+
+/// [`optimise`], with the weights it folded (whose data [`fold::bind_folded`] binds).
+pub fn optimise_folded(
+    source: &Graph,
+    fuse: bool,
+) -> Result<(Graph, Vec<fold::FoldedWeight>), CompileError> {
     source.validate()?;
     let mut graph = source.clone();
     PassManager::pipeline(fuse).run(&mut graph)?;
-    Ok(graph)
+    let folds = fold::fold_weight_concats(&mut graph)?;
+    graph.validate()?;
+    Ok((graph, folds))
 }
 
-/// The kernel plan of an optimised graph, with matmul epilogues when fusing.
+/// The kernel plan of an optimised graph for a bundle, with matmul epilogues when fusing, and
+/// every slice a copy (the bundle format binds buffers at their start).
 fn lower(graph: &Graph, target: &crate::arch::Target) -> Result<KernelPlan, CompileError> {
     Ok(codegen::generate_with(
         graph,
         target,
-        &CodegenOptions::default(),
+        &CodegenOptions {
+            copy_slices: true,
+            ..CodegenOptions::default()
+        },
     )?)
 }
 
@@ -442,7 +463,8 @@ fn compile(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let _span = tracing::debug_span!("compile", graph = %source.name).entered();
-    let graph = optimise(&source, options.fuse)?;
+    // Weights the merged GEMMs read concatenated become one bound weight each (data below).
+    let (graph, folds) = optimise_folded(&source, options.fuse)?;
     tracing::debug!(ms = ms(start.elapsed()), "passes done");
     // The budget belongs to the device, shared by every model on it: compiling with no budget
     // must not clear one that was set.
@@ -451,7 +473,7 @@ fn compile(
     }
     // Every weight gets its data now: supplied, or drawn from the seed.
     let mut weights = HashMap::new();
-    let quantized = quantized_weights(&source, options)?;
+    let mut quantized = quantized_weights(&source, options)?;
     for id in source.node_ids() {
         let node = source.node(id);
         if let Op::Weight {
@@ -481,6 +503,7 @@ fn compile(
             weights.insert(node.name.clone(), t);
         }
     }
+    fold::bind_folded(&folds, &mut weights, &mut quantized)?;
     let poison = options.poison.enabled();
     let mut compiled = Executable {
         device: device.clone(),
@@ -558,7 +581,8 @@ fn compile(
             | BufferRole::Computed
             | BufferRole::Workspace
             | BufferRole::Status
-            | BufferRole::State { .. } => continue,
+            | BufferRole::State { .. }
+            | BufferRole::Alias { .. } => continue,
         };
         resident.insert(b.id, Arc::new(stream.upload(&data)?));
     }

@@ -304,7 +304,9 @@ fn arg_bytes(plan: &KernelPlan, id: usize) -> usize {
         | BufferRole::Constant(_)
         | BufferRole::Computed
         | BufferRole::Workspace
-        | BufferRole::State { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
+        | BufferRole::State { .. }
+        // Timed on a buffer of its own: where it points makes no difference to the kernel.
+        | BufferRole::Alias { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
         // The blocks as stored.
         BufferRole::QuantWeight(scheme) => scheme.layout(&b.ty.shape).map_or(0, |(_, all)| all),
     };

@@ -29,7 +29,7 @@ pub use dtype::DType;
 pub use error::GraphError;
 pub use expr::Expr;
 pub use file::{FileError, FileLimit};
-pub use gemm::{Gemm, GemmDims, NormKind, Prologue, View};
+pub use gemm::{Gemm, GemmDims, NormKind, Operand, Prologue, View};
 pub use graph::{Graph, Node, NodeId, NodeIdHasher, NodeMap, NodeSet};
 pub use hash::{fnv1a, fnv1a_128_hex, Fnv1a};
 pub use infer::{infer, InferError};

@@ -11,6 +11,7 @@ mod dce;
 mod elementwise;
 mod gemm;
 mod matchers;
+mod merge_gemms;
 mod norm_gemv;
 mod norms;
 mod softmax;
@@ -29,6 +30,7 @@ pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
 pub use gemm::FormGemm;
+pub use merge_gemms::MergeGemms;
 pub use norm_gemv::FoldNormIntoGemv;
 pub use norms::RecognizeNorms;
 pub use softmax::RecognizeSoftmax;
@@ -146,8 +148,8 @@ impl PassManager {
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
     /// attention, then fuse the elementwise chains left around it, then make every matmul left
-    /// a Gemm with the layouts and the epilogue around it, then fold the norms that only
-    /// GEMV-sized Gemms read into them.
+    /// a Gemm with the layouts and the epilogue around it, merge the Gemms that share an input
+    /// (Q/K/V) into one, then fold the norms that only GEMV-sized Gemms read into them.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -158,6 +160,8 @@ impl PassManager {
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)
+            .with(DeadCode)
+            .with(MergeGemms)
             .with(DeadCode)
             .with(FoldNormIntoGemv)
             .with(DeadCode)

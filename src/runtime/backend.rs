@@ -191,7 +191,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
         args: &[&Self::Buffer],
     ) -> Result<(), RuntimeError>;
     fn raw_function(f: &Self::Function) -> Self::RawFunction;
-    fn raw_address(&self, stream: &Self::Stream, buf: &Self::Buffer) -> Self::RawAddress;
+    /// The device address `offset` bytes into `buf` (the caller checked `offset` against its
+    /// size): a slice read in place binds its base buffer at an offset.
+    fn raw_address(
+        &self,
+        stream: &Self::Stream,
+        buf: &Self::Buffer,
+        offset: usize,
+    ) -> Self::RawAddress;
     /// Launches a bound launch: raw handles the caller keeps alive.
     fn launch_raw(
         &self,

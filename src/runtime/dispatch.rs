@@ -96,12 +96,14 @@ pub(super) trait Gpu: Send + Sync {
         config: &LaunchConfig,
         args: &[&Erased],
     ) -> Result<(), RuntimeError>;
+    /// `offsets`: bytes into each of `args` (same length).
     fn bind(
         &self,
         stream: &Erased,
         kernel: &LoadedKernel,
         config: &LaunchConfig,
         args: &[&Erased],
+        offsets: &[usize],
     ) -> Result<Erased, RuntimeError>;
     fn launch_bound(&self, stream: &Erased, bound: &Erased) -> Result<(), RuntimeError>;
     fn graph_support(&self) -> Result<(), String>;
@@ -216,6 +218,7 @@ impl<B: Backend> Gpu for B {
         kernel: &LoadedKernel,
         config: &LaunchConfig,
         args: &[&Erased],
+        offsets: &[usize],
     ) -> Result<Erased, RuntimeError> {
         let s = stream.get::<B::Stream>()?;
         let f = kernel.0.get::<Function<B::Function>>()?;
@@ -225,7 +228,11 @@ impl<B: Backend> Gpu for B {
         Ok(Erased::new(Bound::<B> {
             f: B::raw_function(&f.f),
             config: *config,
-            args: args.iter().map(|b| self.raw_address(s, b)).collect(),
+            args: args
+                .iter()
+                .zip(offsets)
+                .map(|(b, &o)| self.raw_address(s, b, o))
+                .collect(),
         }))
     }
 

@@ -19,6 +19,9 @@ pub struct KernelLaunch {
     pub block: [u32; 3],
     pub shared_bytes: u32,
     pub args: Vec<Arc<DeviceBuffer>>,
+    /// Bytes into each of `args` where the kernel's pointer starts (a slice read in place
+    /// binds its base buffer at an offset); empty: every one at its start.
+    pub offsets: Vec<usize>,
 }
 
 /// Kernel launches bound to their buffers on one device (made by [`super::Stream::bind`]):

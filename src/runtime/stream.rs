@@ -132,7 +132,29 @@ impl Stream {
             };
             self.gpu.check(&config)?;
             let mems: Vec<&Erased> = l.args.iter().map(|b| &b.mem).collect();
-            bound.push(self.gpu.bind(&self.inner, &l.kernel, &config, &mems)?);
+            let offsets = match l.offsets.len() {
+                0 => vec![0; l.args.len()],
+                _ => l.offsets.clone(),
+            };
+            // One offset per buffer, each leaving the pointer inside (or one past) its buffer.
+            if offsets.len() != l.args.len() {
+                return Err(RuntimeError::BufferSize {
+                    what: "launch offsets (one per argument)",
+                    bytes: offsets.len(),
+                    buffer: l.args.len(),
+                });
+            }
+            if let Some((b, &o)) = l.args.iter().zip(&offsets).find(|(b, &o)| o > b.bytes) {
+                return Err(RuntimeError::BufferSize {
+                    what: "launch argument offset",
+                    bytes: o,
+                    buffer: b.bytes,
+                });
+            }
+            bound.push(
+                self.gpu
+                    .bind(&self.inner, &l.kernel, &config, &mems, &offsets)?,
+            );
             kernels.push(l.kernel.clone());
             buffers.extend(l.args.iter().cloned());
         }

@@ -95,6 +95,7 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
             grid: k.grid,
             block: k.block,
             args: &args,
+            offsets: vec![],
             cooperative: host_kernels::COOPERATIVE.contains(&k.family.as_str()),
         };
         host_kernels::run_source(&cxx, &source, launch, &mut bufs).unwrap();

@@ -187,6 +187,8 @@ fn initial_buffers(
                         .to_bytes()
                 }
                 BufferRole::Computed | BufferRole::Workspace => vec![0xFF; n],
+                // No storage of its own: kernels bind its base at its offset.
+                BufferRole::Alias { .. } => vec![],
                 BufferRole::Status => vec![0; STATUS_BYTES],
                 // A state not given starts zeroed, as a plain run's.
                 BufferRole::State { name } => states
@@ -216,6 +218,8 @@ pub struct HostLaunch<'a> {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub args: &'a [usize],
+    /// Bytes into each of `args` where its pointer starts (empty: all at their start).
+    pub offsets: Vec<usize>,
     /// Whether its blocks run with one host thread per GPU thread (`COOPERATIVE` families).
     pub cooperative: bool,
 }
@@ -238,7 +242,11 @@ fn driver(sizes: &[usize], launches: &[HostLaunch]) -> String {
         let args: Vec<String> = k
             .args
             .iter()
-            .map(|&a| format!("rf_host_ptr{{buf[{a}]}}"))
+            .enumerate()
+            .map(|(i, &a)| {
+                let at = k.offsets.get(i).copied().unwrap_or(0);
+                format!("rf_host_ptr{{buf[{a}] + {at}}}")
+            })
             .collect();
         let [gx, gy, gz] = k.grid;
         let [bx, by, bz] = k.block;
@@ -282,14 +290,30 @@ fn program(plan: &KernelPlan, sizes: &[usize]) -> String {
             s.push_str(&k.body);
         }
     }
+    // An alias binds its base at its offset, as a GPU session binds it.
+    let bound: Vec<(Vec<usize>, Vec<usize>)> = plan
+        .kernels
+        .iter()
+        .map(|k| {
+            k.args
+                .iter()
+                .map(|&a| {
+                    let (base, at) = plan.storage(a);
+                    (base, at * plan.buffers[a].ty.dtype.size_bytes())
+                })
+                .unzip()
+        })
+        .collect();
     let launches: Vec<HostLaunch> = plan
         .kernels
         .iter()
-        .map(|k| HostLaunch {
+        .zip(&bound)
+        .map(|(k, (args, offsets))| HostLaunch {
             entry: &k.entry,
             grid: k.launch.grid,
             block: k.launch.block,
-            args: &k.args,
+            args,
+            offsets: offsets.clone(),
             cooperative: COOPERATIVE.contains(&k.family),
         })
         .collect();

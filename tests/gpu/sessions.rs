@@ -346,6 +346,7 @@ pub fn buffers_outlive_the_graph(device: &Device) -> Result<(), Failed> {
                 block: k.launch.block,
                 shared_bytes: k.launch.shared_bytes,
                 args: vec![a.clone(), o.clone()],
+                offsets: vec![],
             }])
             .map_err(|e| e.to_string())?,
     );

@@ -278,6 +278,13 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 }
                 BufferRole::Computed => Role::Computed,
                 BufferRole::State { .. } => Role::State,
+                // Bundles are lowered with every slice a copy (`compile::lower`).
+                BufferRole::Alias { .. } => {
+                    return Err(BundleError::malformed(format!(
+                        "buffer {} is an alias, which bundles cannot bind",
+                        b.id
+                    )))
+                }
             };
             // A quantized weight's file holds its blocks as stored.
             let (bytes, quant) = match &b.role {
@@ -296,7 +303,8 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 | BufferRole::Computed
                 | BufferRole::Workspace
                 | BufferRole::Status
-                | BufferRole::State { .. } => (bytes, None),
+                | BufferRole::State { .. }
+                | BufferRole::Alias { .. } => (bytes, None),
             };
             Ok(BundleBuffer {
                 id: b.id,
@@ -375,7 +383,10 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HostData, BundleError> {
                 data.quantized.insert(b.id, q);
                 continue;
             }
-            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
+            BufferRole::Computed
+            | BufferRole::Status
+            | BufferRole::Workspace
+            | BufferRole::Alias { .. } => continue,
         }
         .map_err(host(b))?;
         data.tensors.insert(b.id, t);

@@ -139,7 +139,8 @@ impl GpuSession {
                 | BufferRole::Constant(_)
                 | BufferRole::Computed
                 | BufferRole::Workspace
-                | BufferRole::Status => {}
+                | BufferRole::Status
+                | BufferRole::Alias { .. } => {}
             }
         }
         let status = plan
@@ -197,6 +198,8 @@ impl GpuSession {
             }
             BufferRole::Status => self.status.get(&id),
             BufferRole::State { .. } => self.states.iter().find(|s| s.id == id).map(|s| &s.buffer),
+            // Bound through `bound`, with its offset; an output never is one (codegen copies).
+            BufferRole::Alias { .. } => None,
         };
         // Every buffer a kernel or an output names is allocated above or at compile time; a
         // plan that names another is a codegen bug, reported rather than a panic.
@@ -204,6 +207,19 @@ impl GpuSession {
             id,
             name: plan.buffers[id].name.clone(),
         })
+    }
+
+    /// The buffer a kernel argument binds and the byte offset into it: an alias (a slice read
+    /// in place) binds its base at its offset.
+    fn bound(
+        &self,
+        planned: &Planned,
+        id: usize,
+    ) -> Result<(Arc<DeviceBuffer>, usize), CompileError> {
+        let plan = &planned.plan;
+        let (base, offset) = plan.storage(id);
+        let bytes = offset * plan.buffers[id].ty.dtype.size_bytes();
+        Ok((self.buffer(planned, base)?, bytes))
     }
 
     /// The launches of a run in order; with poisoning, each computed buffer is poisoned right
@@ -235,20 +251,25 @@ impl GpuSession {
                         block: [POISON_BLOCK, 1, 1],
                         shared_bytes: 0,
                         args: vec![self.buffer(planned, a)?, count.clone()],
+                        offsets: vec![],
                     });
                 }
             }
             self.kernel_at.push(launches.len());
+            let (args, offsets) = k
+                .args
+                .iter()
+                .map(|&a| self.bound(planned, a))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .unzip();
             launches.push(KernelLaunch {
                 kernel: loaded.clone(),
                 grid: k.launch.grid,
                 block: k.launch.block,
                 shared_bytes: k.launch.shared_bytes,
-                args: k
-                    .args
-                    .iter()
-                    .map(|&a| self.buffer(planned, a))
-                    .collect::<Result<_, _>>()?,
+                args,
+                offsets,
             });
         }
         Ok(launches)

@@ -152,8 +152,14 @@ impl Backend for CudaDevice {
         RawFunction(f.cu_function())
     }
 
-    fn raw_address(&self, stream: &Arc<CudaStream>, buf: &CudaSlice<u8>) -> CUdeviceptr {
-        self.address(stream, buf)
+    fn raw_address(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        offset: usize,
+    ) -> CUdeviceptr {
+        // Within the allocation (checked by `Stream::bind`), so this cannot overflow.
+        self.address(stream, buf) + offset as CUdeviceptr
     }
 
     fn launch_raw(

@@ -160,8 +160,11 @@ impl Backend for HipDevice {
         RawHandle(f.raw())
     }
 
-    fn raw_address(&self, _stream: &Arc<HipStream>, buf: &HipBuffer) -> RawHandle {
-        RawHandle(buf.raw())
+    fn raw_address(&self, _stream: &Arc<HipStream>, buf: &HipBuffer, offset: usize) -> RawHandle {
+        // Address arithmetic only (nothing is dereferenced on the host): `wrapping_add` keeps it
+        // free of the in-bounds rules of `add`; the offset is within the buffer (checked by
+        // `Stream::bind`).
+        RawHandle(buf.raw().cast::<u8>().wrapping_add(offset).cast())
     }
 
     fn launch_raw(

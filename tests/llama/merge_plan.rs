@@ -1,0 +1,94 @@
+//! Issue 22 (D): the real SmolLM2 decode plan on sm_90 loses two kernels per layer once the
+//! Q/K/V GEMVs of each layer merge into one, with the slices read in place (no GPU needed: the
+//! plan is counted). The quantized GEMV still reads the merged weight's blocks (no dequantize
+//! kernel), and gate/up stay two Gemms with their refusal named.
+
+use super::*;
+use rocmforge::arch::Target;
+use rocmforge::codegen::{generate, BufferRole};
+use rocmforge::passes::{
+    Canonicalize, CommonSubexpressions, ConstantFold, DeadCode, FormGemm, FuseAttention,
+    FuseElementwise, PassManager, RecognizeActivations, RecognizeNorms, RecognizeSoftmax,
+};
+
+/// The default pipeline as it was before the merge (everything up to the GEMM pass).
+fn without_merge() -> PassManager {
+    PassManager::new()
+        .with(ConstantFold)
+        .with(Canonicalize)
+        .with(CommonSubexpressions)
+        .with(DeadCode)
+        .with(RecognizeSoftmax)
+        .with(RecognizeNorms)
+        .with(RecognizeActivations)
+        .with(FuseAttention)
+        .with(DeadCode)
+        .with(FuseElementwise)
+        .with(DeadCode)
+        .with(FormGemm)
+        .with(DeadCode)
+}
+
+#[test]
+fn smollm2_decode_plan_loses_two_kernels_per_layer() {
+    let Some(path) = smollm2::gguf_if_present() else {
+        return;
+    };
+    let m = LlamaModel::load(&path).unwrap();
+    let layers = m.config.num_hidden_layers;
+    let g = m
+        .kv_graph(1, 512, Precision::quantized(DType::F16), true)
+        .unwrap();
+    let target = Target::parse("sm_90").unwrap();
+    let mut unmerged = g.clone();
+    without_merge().run(&mut unmerged).unwrap();
+    let before = generate(&unmerged, &target).unwrap();
+    let merged = rocmforge::compile::optimise(&g, true).unwrap();
+    let after = generate(&merged, &target).unwrap();
+    assert_eq!(
+        after.kernels.len() + 2 * layers,
+        before.kernels.len(),
+        "{} kernels before, {} after, {layers} layers",
+        before.kernels.len(),
+        after.kernels.len()
+    );
+    let count = |p: &rocmforge::codegen::KernelPlan, family: &str| {
+        p.kernels.iter().filter(|k| k.family == family).count()
+    };
+    // Every kernel family but the GEMMs' keeps its count: no slice copies, no dequantization.
+    for k in &before.kernels {
+        if !k.family.starts_with("gemm") {
+            assert_eq!(
+                count(&before, k.family),
+                count(&after, k.family),
+                "{}",
+                k.family
+            );
+        }
+    }
+    // Two aliases per layer at least (q, k, v slices read in place), each of a computed base.
+    let aliases = after
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.role, BufferRole::Alias { .. }))
+        .count();
+    assert!(aliases >= 3 * layers, "{aliases} aliases");
+    // The merged weights are quantized weights bound once (their blocks read by the GEMV).
+    let folded = after
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.role, BufferRole::QuantWeight(_)) && b.name.contains('+'))
+        .count();
+    assert_eq!(folded, layers);
+    // gate/up: refused, by name.
+    let mut g2 = g.clone();
+    let reports = PassManager::default_pipeline().run(&mut g2).unwrap();
+    let merge = reports.iter().find(|r| r.pass == "merge_gemms").unwrap();
+    assert_eq!(merge.rewrites.len(), layers, "{merge}");
+    let sibling = merge
+        .skipped
+        .iter()
+        .filter(|s| s.code == "epilogue_reads_sibling")
+        .count();
+    assert_eq!(sibling, layers, "{merge}");
+}

@@ -1,0 +1,354 @@
+//! The GEMM merge (issue 22, D): Gemms that read one A and weights `[N_i, K]` transposed become
+//! one Gemm over the weights concatenated along N; each former result is a slice of it. The
+//! merged graph computes what the unmerged one does (in the interpreter, on the same data), and
+//! what it leaves alone is reported with its reason.
+
+use super::*;
+use rocmforge::compile::{fold::fold_weight_concats, optimise, optimise_folded, CompileOptions};
+use rocmforge::ir::QuantScheme;
+use rocmforge::passes::{explain_text, PassManager};
+use rocmforge::runtime::Device;
+
+/// One Gemm per weight, all reading `x` `[1, m, k]`; each result an output.
+fn siblings(dtype: DType, m: usize, k: usize, ns: &[usize], quant: Option<QuantScheme>) -> Graph {
+    let mut g = Graph::new("siblings");
+    let x = g.input("x", dtype, &[1, m, k]).unwrap();
+    for (i, &n) in ns.iter().enumerate() {
+        let name = format!("w{i}");
+        let w = match quant {
+            Some(s) => g.weight_quant(&name, dtype, &[n, k], s).unwrap(),
+            None => g.weight(&name, dtype, &[n, k]).unwrap(),
+        };
+        let wt = g.transpose_last(w).unwrap();
+        let y = g.matmul(x, wt).unwrap();
+        g.rename(y, &format!("y{i}")).unwrap();
+        g.add_output(y).unwrap();
+    }
+    g
+}
+
+fn gemm_count(g: &Graph) -> usize {
+    g.node_ids()
+        .filter(|&id| matches!(g.op(id), Op::Gemm(_)))
+        .count()
+}
+
+fn merge_report(reports: &[PassReport]) -> PassReport {
+    reports
+        .iter()
+        .find(|r| r.pass == "merge_gemms")
+        .cloned()
+        .expect("the pipeline runs merge_gemms")
+}
+
+/// The optimised graph against the source in the interpreter on the same data: same types,
+/// within the dtype's tolerance, no NaN.
+fn assert_same_values(source: &Graph, merged: &Graph, seed: u64, what: &str) {
+    let b = Bindings::random(source, seed);
+    let want = run(source, &b).unwrap();
+    let got = run(merged, &b).unwrap();
+    assert_eq!(want.len(), got.len(), "{what}");
+    for (w, o) in want.iter().zip(&got) {
+        assert_eq!(w.ty(), o.ty(), "{what}");
+        let (w, o) = (w.to_f64_vec(), o.to_f64_vec());
+        assert!(o.iter().chain(&w).all(|v| !v.is_nan()), "{what}: NaN");
+        let err = rel_l2(&o, &w);
+        assert!(err <= tolerance(DType::F32), "{what}: rel L2 {err:e}");
+    }
+}
+
+#[test]
+fn siblings_merge_into_one_gemm_and_compute_the_same() {
+    let cases: &[(&[usize], usize)] = &[(&[576, 192, 192], 96), (&[7, 3, 5], 13), (&[1, 1], 4)];
+    for &(ns, k) in cases {
+        for dtype in [DType::F32, DType::F16] {
+            for m in [1, 5] {
+                let what = format!("{dtype} m {m} k {k} ns {ns:?}");
+                let g = siblings(dtype, m, k, ns, None);
+                let (merged, reports) = optimize(&g).unwrap();
+                assert_eq!(gemm_count(&merged), 1, "{what}");
+                let r = merge_report(&reports);
+                assert_eq!(r.rewrites.len(), 1, "{what}: {r}");
+                assert!(r.skipped.is_empty(), "{what}: {r}");
+                // The merged B is the weights concatenated along N, in the members' order.
+                let gemm = merged
+                    .node_ids()
+                    .find(|&id| matches!(merged.op(id), Op::Gemm(_)))
+                    .unwrap();
+                let b = merged.operands(gemm)[1];
+                assert!(matches!(merged.op(b), Op::Concat { axis: 0 }), "{what}");
+                let parts: Vec<&str> = merged
+                    .operands(b)
+                    .iter()
+                    .map(|&p| merged.node(p).name.as_str())
+                    .collect();
+                let want: Vec<String> = (0..ns.len()).map(|i| format!("w{i}")).collect();
+                assert_eq!(parts, want, "{what}");
+                assert_eq!(
+                    merged.ty(gemm).shape.dims().last(),
+                    Some(&ns.iter().sum::<usize>())
+                );
+                // The outputs keep their names and types.
+                for (i, &o) in merged.outputs().iter().enumerate() {
+                    assert_eq!(merged.node(o).name, format!("y{i}"), "{what}");
+                }
+                assert_same_values(&g, &merged, 3, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_siblings_merge_and_fold_into_one_weight_of_their_blocks() {
+    for scheme in [QuantScheme::Q4_1, QuantScheme::Q8_0] {
+        for m in [1, 5] {
+            for ns in [&[576usize, 192, 192][..], &[9, 3, 3]] {
+                let what = format!("{scheme} m {m} ns {ns:?}");
+                let g = siblings(DType::F16, m, 64, ns, Some(scheme));
+                let (merged, reports) = optimize(&g).unwrap();
+                assert_eq!(gemm_count(&merged), 1, "{what}");
+                assert_eq!(merge_report(&reports).rewrites.len(), 1, "{what}");
+                assert_same_values(&g, &merged, 5, &what);
+                // Folded: the concat is one quantized weight of the concat's name and type.
+                let (folded, folds) = optimise_folded(&g, true).unwrap();
+                assert_eq!(folds.len(), 1, "{what}");
+                assert_eq!(folds[0].parts, ["w0", "w1", "w2"], "{what}");
+                assert_eq!(folds[0].quant, Some(scheme));
+                let w = folded.find(&folds[0].name).unwrap();
+                assert!(
+                    matches!(folded.op(w), Op::Weight { quant: Some(s), .. } if *s == scheme),
+                    "{what}"
+                );
+                assert!(folded.find("w0").is_none(), "{what}: parts removed");
+                assert_eq!(
+                    optimise(&g, true).unwrap().node_count(),
+                    folded.node_count()
+                );
+            }
+        }
+    }
+}
+
+/// Compiled (CPU executor and interpreter devices), the folded weight is bound to its parts'
+/// data: the outputs equal the interpreter's on the source graph.
+#[test]
+fn folded_weights_are_bound_to_their_parts_data() {
+    for quant in [None, Some(QuantScheme::Q4_1), Some(QuantScheme::Q8_0)] {
+        let g = siblings(DType::F32, 1, 64, &[40, 8, 8], quant);
+        let options = CompileOptions {
+            seed: 11,
+            progress: false,
+            ..CompileOptions::default()
+        };
+        for device in [Device::interp(), Device::cpu_threads(Some(1))] {
+            let exe = Graph::compile_with(&g, &device, &options).unwrap();
+            let b = Bindings::random(&g, 2);
+            let inputs = Bindings {
+                inputs: b.inputs.clone(),
+                ..Bindings::default()
+            };
+            let (got, v) = exe.verify(&inputs).unwrap();
+            assert_eq!(got.len(), 3);
+            for o in &v.outputs {
+                assert!(
+                    o.error <= tolerance(DType::F32),
+                    "{quant:?}: {} off by {}",
+                    o.name,
+                    o.error
+                );
+            }
+        }
+    }
+}
+
+fn skipped(reports: &[PassReport]) -> Vec<(String, &'static str)> {
+    merge_report(reports)
+        .skipped
+        .iter()
+        .map(|s| (s.at.clone(), s.code))
+        .collect()
+}
+
+#[test]
+fn gate_and_up_are_refused_because_ups_epilogue_reads_gate() {
+    let mut g = Graph::new("mlp");
+    let x = g.input("x", DType::F32, &[1, 1, 32]).unwrap();
+    let wg = g.weight("wg", DType::F32, &[48, 32]).unwrap();
+    let wu = g.weight("wu", DType::F32, &[48, 32]).unwrap();
+    let (tg, tu) = (g.transpose_last(wg).unwrap(), g.transpose_last(wu).unwrap());
+    let gate = g.matmul(x, tg).unwrap();
+    let up = g.matmul(x, tu).unwrap();
+    let s = g.silu(gate).unwrap();
+    let h = g.mul(s, up).unwrap();
+    g.add_output(h).unwrap();
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 2);
+    let codes = skipped(&reports);
+    assert_eq!(codes.len(), 1, "{codes:?}");
+    assert_eq!(codes[0].1, "epilogue_reads_sibling");
+    assert!(explain_text(&reports).contains("epilogue_reads_sibling"));
+    assert_same_values(&g, &merged, 1, "gate/up");
+}
+
+#[test]
+fn refusals_are_named() {
+    // Different schemes: the two Q4_1 weights merge, the Q8_0 one is left with its reason.
+    let mut g = Graph::new("schemes");
+    let x = g.input("x", DType::F16, &[1, 1, 64]).unwrap();
+    let mut outs = Vec::new();
+    for (name, s) in [
+        ("a", QuantScheme::Q4_1),
+        ("b", QuantScheme::Q8_0),
+        ("c", QuantScheme::Q4_1),
+    ] {
+        let w = g.weight_quant(name, DType::F16, &[16, 64], s).unwrap();
+        let t = g.transpose_last(w).unwrap();
+        outs.push(g.matmul(x, t).unwrap());
+    }
+    for o in outs {
+        g.add_output(o).unwrap();
+    }
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 2);
+    let codes = skipped(&reports);
+    assert_eq!(codes.len(), 1, "{codes:?}");
+    assert_eq!(codes[0].1, "schemes_differ");
+    assert_same_values(&g, &merged, 2, "schemes");
+
+    // B not a weight: an input as B; and A read through another view (x and xᵀ).
+    let mut g = Graph::new("views");
+    let x = g.input("x", DType::F32, &[8, 8]).unwrap();
+    let y = g.input("y", DType::F32, &[8, 6]).unwrap();
+    let w = g.weight("w", DType::F32, &[5, 8]).unwrap();
+    let wt = g.transpose_last(w).unwrap();
+    let xt = g.transpose_last(x).unwrap();
+    let p = g.matmul(x, y).unwrap();
+    let q = g.matmul(x, wt).unwrap();
+    let w2 = g.weight("w2", DType::F32, &[3, 8]).unwrap();
+    let w2t = g.transpose_last(w2).unwrap();
+    let r = g.matmul(xt, w2t).unwrap();
+    for o in [p, q, r] {
+        g.add_output(o).unwrap();
+    }
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 3);
+    let mut codes: Vec<&str> = skipped(&reports).iter().map(|c| c.1).collect();
+    codes.sort();
+    assert_eq!(codes, ["b_not_weight", "different_a"], "{reports:?}");
+    assert_same_values(&g, &merged, 4, "views");
+
+    // A residual epilogue on one member: refused for that member, the others merge.
+    let mut g = siblings(DType::F32, 1, 16, &[8, 8, 8], None);
+    let outs = g.outputs().to_vec();
+    let res = g.input("res", DType::F32, &[1, 1, 8]).unwrap();
+    let sum = g.add(outs[2], res).unwrap();
+    g.set_outputs(&[outs[0], outs[1], sum]).unwrap();
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 2);
+    let codes = skipped(&reports);
+    assert_eq!(codes.len(), 1, "{codes:?}");
+    assert_eq!(codes[0].1, "epilogue_per_slice");
+    assert_same_values(&g, &merged, 6, "epilogue");
+}
+
+/// The pass alone is idempotent: a second run finds one Gemm per A and rewrites nothing.
+#[test]
+fn merging_twice_changes_nothing() {
+    let g = siblings(DType::F32, 1, 32, &[16, 8, 8], None);
+    let (mut merged, _) = optimize(&g).unwrap();
+    let before = rocmforge::ir::to_text(&merged).unwrap();
+    let reports = PassManager::default_pipeline().run(&mut merged).unwrap();
+    assert!(merge_report(&reports).rewrites.is_empty());
+    assert_eq!(rocmforge::ir::to_text(&merged).unwrap(), before);
+    // Folding a graph without concats of weights folds nothing.
+    let mut plain = siblings(DType::F32, 1, 32, &[16], None);
+    assert!(fold_weight_concats(&mut plain).unwrap().is_empty());
+}
+
+/// At M = 1 each slice is a contiguous range of the merged result: codegen binds it in place
+/// (an alias at an element offset, no kernel); an output that is a slice gets a buffer of its
+/// own (one copy); the memory plan keeps the merged buffer alive while an alias is read.
+#[test]
+fn slices_of_the_merged_result_are_read_in_place() {
+    use rocmforge::arch::Target;
+    use rocmforge::codegen::{generate, BufferRole};
+    use rocmforge::compile::plan_memory;
+    let target = Target::parse("sm_90").unwrap();
+    let alias_offsets = |p: &rocmforge::codegen::KernelPlan| -> Vec<usize> {
+        p.buffers
+            .iter()
+            .filter_map(|b| match b.role {
+                BufferRole::Alias { offset, .. } => Some(offset),
+                _ => None,
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    // Outputs that are slices: copied out, one kernel each.
+    let g = siblings(DType::F32, 1, 32, &[24, 8, 8], None);
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0, 24, 32]);
+    assert_eq!(plan.kernels.len(), 4, "{}", plan.listing());
+    for o in &plan.outputs {
+        assert_eq!(plan.buffers[o.buffer].role, BufferRole::Computed);
+    }
+    // Slices read by kernels: no copy; each reader binds the merged buffer.
+    let mut g = siblings(DType::F32, 1, 32, &[24, 8, 8], None);
+    let outs = g.outputs().to_vec();
+    let mut consumers = Vec::new();
+    for &o in &outs {
+        // Not elementwise: the GEMM pass would fold that into the Gemm as an epilogue.
+        consumers.push(g.softmax(o, -1).unwrap());
+    }
+    // The last reader of the first slice comes after the others' readers.
+    let late = g
+        .reduce(rocmforge::ir::ReduceOp::Sum, outs[0], &[-1], true)
+        .unwrap();
+    consumers.push(late);
+    g.set_outputs(&consumers).unwrap();
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0, 24, 32]);
+    assert!(
+        plan.kernels.iter().all(|k| k.family != "copy"),
+        "{}",
+        plan.listing()
+    );
+    let mem = plan_memory(&plan);
+    let gemm = plan
+        .kernels
+        .iter()
+        .position(|k| k.family.starts_with("gemm"))
+        .unwrap();
+    let base = plan.kernels[gemm].written().next().unwrap();
+    let last_read = plan
+        .kernels
+        .iter()
+        .rposition(|k| k.args.iter().any(|&a| plan.storage(a).0 == base))
+        .unwrap();
+    assert!(last_read > gemm + 1);
+    for k in &plan.kernels[gemm + 1..=last_read] {
+        for w in k.written() {
+            if let Some(s) = mem.slot_of.get(&w) {
+                assert_ne!(*s, mem.slot_of[&base], "{}", plan.listing());
+            }
+        }
+    }
+    // A slice starting off a 16-byte boundary (7 f32 = 28 bytes) is copied: kernels load
+    // 16 bytes at a time from their operands' starts.
+    let mut g = siblings(DType::F32, 1, 32, &[7, 3, 5], None);
+    let outs = g.outputs().to_vec();
+    let soft: Vec<_> = outs.iter().map(|&o| g.softmax(o, -1).unwrap()).collect();
+    g.set_outputs(&soft).unwrap();
+    let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+    assert_eq!(alias_offsets(&plan), [0]);
+    assert_eq!(
+        plan.kernels.iter().filter(|k| k.family == "copy").count(),
+        2,
+        "{}",
+        plan.listing()
+    );
+    // Interpreted (unfolded: the folded weight's data is bound by the compile layer), the
+    // graph still computes what it did before the merge.
+    assert_same_values(&g, &optimize(&g).unwrap().0, 8, "consumers");
+}
