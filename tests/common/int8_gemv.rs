@@ -154,7 +154,8 @@ pub fn check(case: &Int8Case, b: &Bindings, got: &Tensor, want: &Tensor) -> Resu
                 _ => 1.0,
             };
             let i = row * n + col;
-            let before = 1.001 * rounding + (u + k as f64 * 2f64.powi(-24)) * abs + 2.0 * u * y.abs();
+            let before =
+                1.001 * rounding + (u + k as f64 * 2f64.powi(-24)) * abs + 2.0 * u * y.abs();
             let tol = factor * before + 2.0 * u * r[i].abs() + 1e-30;
             let err = (g[i] - r[i]).abs();
             // `!(err <= tol)`: NaN (an element never written keeps its NaN poison) fails.

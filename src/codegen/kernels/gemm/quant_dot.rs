@@ -85,10 +85,7 @@ pub(crate) fn config(p: &Problem) -> Config {
     } else {
         1
     };
-    Config {
-        cols,
-        waves: WAVES,
-    }
+    Config { cols, waves: WAVES }
 }
 
 #[derive(Serialize)]
