@@ -67,7 +67,7 @@ fn shared_bytes(p: &Problem) -> usize {
 pub(crate) fn takes(p: &Problem, scheme: QuantScheme, target: &Target) -> bool {
     pieces_per_block(scheme).is_some()
         && (1..=MAX_M).contains(&p.m)
-        && p.k % BLOCK_ELEMS == 0
+        && p.k.is_multiple_of(BLOCK_ELEMS)
         && shared_bytes(p) <= target.caps.static_shared_bytes as usize
 }
 
