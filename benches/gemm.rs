@@ -4,9 +4,12 @@
 //! reading the weight in place) are what is timed. Shapes are the (N, K) of all-MiniLM-L6-v2 and
 //! SmolLM2-135M at M ∈ {1, 16, 128, 4096}, in f16, bf16 and f32, plus bias + GELU in the
 //! epilogue for MiniLM's FFN-up shape; and SmolLM2's decode projections on its GGUF's quantized
-//! weights (Q4_1 576 → 1536 and 1536 → 576, the Q8_0 LM head 576 → 49152) at M 1 and 16 in f16
-//! and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks and the small-M kernel dequantizes
-//! it in registers). Throughput counts 2·M·N·K FLOPs.
+//! weights (Q4_1 576 → 1536 and 1536 → 576, Q4_0 576 → 1536, the Q8_0 LM head 576 → 49152) at
+//! M 1, 8 and 16 in f16 and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks; up to M 8 the
+//! GEMV with 8-bit activations and int8 dot products reads it, at 16 the small-M kernel
+//! dequantizes it in registers). Throughput counts 2·M·N·K FLOPs; the table also gives the
+//! bytes a run moves at least (W, A and the result once) and bytes / time in GB/s, which a
+//! decode GEMV should bring near the device's DRAM bandwidth.
 //!
 //! Time is taken between stream synchronisations (launches enqueued on one stream, then that
 //! stream synchronised). On a CPU-only machine the same bench runs the interpreter at M ≤ 16 on
@@ -120,6 +123,18 @@ impl Case {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
+    /// Bytes a run must move at least: W once (its blocks, when quantized), A and the result
+    /// once. Decode GEMVs are bound by this, so bytes / time against the device's DRAM
+    /// bandwidth says how far a kernel is from its limit.
+    fn bytes(&self) -> f64 {
+        let elem = self.dtype.size_bytes();
+        let w = match self.quant {
+            Some(q) => self.n * (self.k / q.block_elems()) * q.block_bytes(),
+            None => self.n * self.k * elem,
+        };
+        (w + self.m * self.k * elem + self.m * self.n * elem) as f64
+    }
+
     /// `M128_N1536_K384_f16` (`_bias_gelu` with the epilogue): what ROCMFORGE_BENCH_FILTER
     /// matches and torch_compare.py reads back.
     fn name(&self) -> String {
@@ -195,12 +210,14 @@ fn cases(gpu: bool) -> Vec<Case> {
         // SmolLM2's GGUF: Q4_1 layer matrices, the Q8_0 embedding tied as the LM head.
         let quantized = [
             ("gate_up", 1536, 576, QuantScheme::Q4_1),
+            ("gate_up", 1536, 576, QuantScheme::Q4_0),
             ("down", 576, 1536, QuantScheme::Q4_1),
             ("lm_head", 49152, 576, QuantScheme::Q8_0),
         ];
         for dtype in [DType::F16, DType::F32] {
             for (layer, n, k, scheme) in quantized {
-                for m in [1, 16] {
+                // M 1 and 8: the int8-activation GEMV (Q4_0/Q4_1/Q8_0); 16 the f32 one.
+                for m in [1, 8, 16] {
                     out.push(Case {
                         model: "smollm2",
                         layer,
@@ -274,16 +291,18 @@ fn bench(c: &mut Criterion) {
 fn print_table(device: &Device, rows: &[Row]) {
     println!("\ngemm on {}", device.label());
     println!(
-        "{:<30} {:<18} {:>10} {:>9}  kernels",
-        "case", "layer", "ms", "TFLOP/s"
+        "{:<30} {:<18} {:>10} {:>9} {:>12} {:>8}  kernels",
+        "case", "layer", "ms", "TFLOP/s", "bytes", "GB/s"
     );
     for r in rows {
         println!(
-            "{:<30} {:<18} {:>10.4} {:>9.3}  {}",
+            "{:<30} {:<18} {:>10.4} {:>9.3} {:>12} {:>8.1}  {}",
             r.case.name(),
             format!("{} {}", r.case.model, r.case.layer),
             r.seconds * 1e3,
             r.case.flops() / r.seconds / 1e12,
+            r.case.bytes(),
+            r.case.bytes() / r.seconds / 1e9,
             r.kernels
         );
     }
@@ -301,6 +320,8 @@ fn print_table(device: &Device, rows: &[Row]) {
                 "bias_gelu": r.case.bias_gelu,
                 "quant": r.case.quant.map(|q| q.name()),
                 "flops": r.case.flops(),
+                "bytes": r.case.bytes(),
+                "gb_per_s": r.case.bytes() / r.seconds / 1e9,
                 "ms": r.seconds * 1e3,
                 "kernels": r.kernels,
             })

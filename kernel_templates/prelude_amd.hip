@@ -23,3 +23,11 @@ RF_INLINE rf_half rf_f2h(float f) {
     return c.u;
 }
 RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, RF_WAVE); }
+// c + the sum of the products of the four signed bytes of a and b ({{ dot4 }}: the arch row's
+// `Dot4`, which says which built-in this processor's clang accepts).
+RF_INLINE int rf_dot4_i8(int a, int b, int c) {
+{% if dot4 == "sdot4" %}    return __builtin_amdgcn_sdot4(a, b, c, false);
+{% elif dot4 == "sudot4" %}    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+{% else %}    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
+{% endif %}}

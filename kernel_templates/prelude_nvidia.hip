@@ -24,6 +24,12 @@ RF_INLINE rf_half rf_f2h(float f) {
 }
 // HIP's __shfl_xor is wave-wide and implicitly synchronous; CUDA needs the explicit mask.
 RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, RF_WAVE); }
+// c + the sum of the products of the four signed bytes of a and b ({{ dot4 }}: the arch row's `Dot4`).
+RF_INLINE int rf_dot4_i8(int a, int b, int c) {
+{% if dot4 == "dp4a" %}    return __dp4a(a, b, c);
+{% else %}    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
+{% endif %}}
 
 // ---- matrix-core primitives (the MMA block of this prelude) ----
 // What the fragment helpers generated from the target's matrix atoms (codegen/mma, appended after

@@ -22,6 +22,8 @@ mod files;
 mod gemm_small_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
+#[path = "common/int8_gemv.rs"]
+mod int8_gemv;
 #[path = "common/kernel_compile.rs"]
 mod kernel_compile;
 #[path = "common/needs.rs"]
@@ -38,6 +40,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use gemm_small_cases::Case;
+use int8_gemv::{Epilogue, Int8Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
 use rocmforge::arch::Target;
@@ -126,11 +129,31 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
     if families != quant_families(case, "gemm") {
         return Err(format!("{}: kernels {families:?}", case.name()).into());
     }
-    let b = Bindings::random(&g, 11);
+    let int8 = plan.kernels.iter().any(|k| k.body.contains("rf_dot4_i8"));
+    if int8 != takes_int8(case.scheme, case.m) {
+        return Err(format!("{}: int8 activations {int8}", case.name()).into());
+    }
+    let b = host_kernels::with_weights(&g, Bindings::random(&g, 11));
     let want = interp::run(&g, &b).map_err(|e| e.to_string())?.remove(0);
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
+    if int8 {
+        // 8-bit activations: held to their rounding's bound, not the dtype's tolerance.
+        let c = Int8Case {
+            scheme: case.scheme,
+            dtype: case.dtype,
+            m: case.m,
+            n: case.n,
+            k: case.k,
+            epilogue: if case.bias {
+                Epilogue::Bias
+            } else {
+                Epilogue::None
+            },
+        };
+        return Ok(int8_gemv::check(&c, &b, &got, &want)?);
+    }
     let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
     let tol = tolerance(case.dtype);
     if err > tol {
@@ -160,7 +183,17 @@ fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<
     let b = Bindings::random(&g, 11);
     let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
     let got = host_kernels::run_plan(cxx, &fused, &plan, &b)?.map_err(|e| e.to_string())?;
-    let tol = tolerance(case.dtype);
+    // The int8 GEMV rounds the normalised activations to 8 bits: held to the relative L2 bound
+    // the int8 cases use (tests/common/int8_gemv.rs), not the dtype's tolerance.
+    let int8 = plan.kernels.iter().any(|k| k.body.contains("rf_dot4_i8"));
+    if case.scheme.is_some_and(|s| takes_int8(s, case.m)) != int8 {
+        return Err(format!("{}: int8 activations {int8}", case.name()).into());
+    }
+    let tol = if int8 {
+        int8_gemv::REL_L2
+    } else {
+        tolerance(case.dtype)
+    };
     for (got, want) in got.iter().zip(&want) {
         let err = rel_l2(got, want).map_err(|e| format!("{}: {e}", case.name()))?;
         if err > tol {
@@ -198,6 +231,35 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
         }
     }
     v
+}
+
+/// Whether the decode GEMV with int8 activations computes a `scheme` weight at M `m`: the
+/// legacy schemes up to M 8 (the shapes of the tests fit its shared memory everywhere).
+fn takes_int8(scheme: QuantScheme, m: usize) -> bool {
+    matches!(
+        scheme,
+        QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
+    ) && (1..=8).contains(&m)
+}
+
+/// Runs `case` on the host for `arch`'s plan: one kernel, the int8 GEMV, within its bound.
+fn int8_host_run(cxx: &Path, case: &Int8Case, arch: &str) -> Result<(), Failed> {
+    let g = case.fused();
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    match plan.kernels.as_slice() {
+        [k] if k.family == "gemm_quant" && k.body.contains("rf_dot4_i8") => {}
+        ks => {
+            let names: Vec<&str> = ks.iter().map(|k| k.entry.as_str()).collect();
+            return Err(format!("{}: kernels {names:?}, not the int8 GEMV", case.name()).into());
+        }
+    }
+    let b = host_kernels::with_weights(&g, Bindings::random(&g, 5));
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+    let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    Ok(int8_gemv::check(case, &b, &got, &want)?)
 }
 
 /// Quantized cases small enough for the host, for `arch`: each scheme on wave32 (gfx1030) in
@@ -249,6 +311,10 @@ fn quant_compile_cases() -> Vec<QuantCase> {
                 bias: false,
             };
             v.extend([case(1, 1536, 576), case(16, 576, 1536)]);
+            if takes_int8(scheme, 8) {
+                // The int8 GEMV at its largest M.
+                v.extend([case(8, 1536, 576), case(8, 576, 1536)]);
+            }
             if dtype != DType::BF16 {
                 v.push(case(130, 1536, 576));
             }
@@ -296,6 +362,15 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         }
     }
     for c in norm_compile_cases() {
+        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
+            .map_err(|e| format!("{}: {e}", c.name()))?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), c.name()));
+        }
+    }
+    // The int8 GEMV with each epilogue and M.
+    for c in int8_gemv::host_cases() {
         let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
             .map_err(|e| format!("{}: {e}", c.name()))?;
         for k in &plan.kernels {
@@ -383,6 +458,15 @@ fn main() {
                 move |cxx| norm_host_run(&cxx, &case, arch),
             ));
         }
+        for case in int8_gemv::host_cases() {
+            let name = format!("host::{arch}::int8::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| int8_host_run(&cxx, &case, arch),
+            ));
+        }
     }
     trials.push(Trial::test("ptxas_log_parser", || {
         let clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
@@ -426,10 +510,21 @@ fn main() {
         k: 96,
         bias: true,
     };
+    // Q4_1 at M 3 is the int8 GEMV; Q4_K the f32 reader.
     trials.push(Trial::test("snapshot::gemm_quant", move || {
         quant_snapshot(
             "kernels__gemm_quant__q4_1_f16__sm_90",
             quant(QuantScheme::Q4_1, DType::F16, 3),
+            "gemm_quant",
+        )
+    }));
+    trials.push(Trial::test("snapshot::gemm_quant_f32", move || {
+        quant_snapshot(
+            "kernels__gemm_quant__q4_k_f16__sm_90",
+            QuantCase {
+                k: 256,
+                ..quant(QuantScheme::Q4K, DType::F16, 3)
+            },
             "gemm_quant",
         )
     }));

@@ -6,7 +6,7 @@
 //! release that lists the processor as supported; where unsure we give the later release, which
 //! only means the offline clang is used where an older hiprtc might also have worked.
 
-use super::caps::{Arch, AsyncCopy, Registers};
+use super::caps::{Arch, AsyncCopy, Dot4, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{
     MFMA_16X16X16_BF16, MFMA_16X16X16_F16, MFMA_32X32X8_BF16, MFMA_32X32X8_F16,
@@ -27,6 +27,7 @@ const fn amd(
     isa_version: (u32, u32, u32),
     hiprtc_since_rocm: (u32, u32),
     registers: Registers,
+    dot4: Dot4,
 ) -> Arch {
     Arch {
         name,
@@ -44,6 +45,7 @@ const fn amd(
         isa_version: Some(isa_version),
         hiprtc_since_rocm: Some(hiprtc_since_rocm),
         registers,
+        dot4,
     }
 }
 
@@ -88,6 +90,7 @@ pub static GFX906: Arch = amd(
     (9, 0, 6),
     (2, 0),
     GCN_REGS,
+    Dot4::Sdot4,
 );
 /// MI100: MFMA for f16; its bf16 MFMA (`32x32x4bf16`, two values per lane) predates the `_1k`
 /// forms and has no atom here.
@@ -100,6 +103,7 @@ pub static GFX908: Arch = amd(
     (9, 0, 8),
     (4, 0),
     GCN_REGS,
+    Dot4::Sdot4,
 );
 /// MI200.
 pub static GFX90A: Arch = amd(
@@ -116,6 +120,7 @@ pub static GFX90A: Arch = amd(
     (9, 0, 10),
     (4, 5),
     CDNA2_REGS,
+    Dot4::Sdot4,
 );
 /// MI300.
 pub static GFX942: Arch = amd(
@@ -132,6 +137,7 @@ pub static GFX942: Arch = amd(
     (9, 4, 2),
     (6, 0),
     CDNA2_REGS,
+    Dot4::Sdot4,
 );
 /// RX 6800/6900, W6800: no matrix instructions.
 pub static GFX1030: Arch = amd(
@@ -143,6 +149,7 @@ pub static GFX1030: Arch = amd(
     (10, 3, 0),
     (5, 0),
     RDNA_REGS,
+    Dot4::Sdot4,
 );
 /// RDNA3: WMMA with A and B replicated across the two half-waves.
 const RDNA3_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA11_16X16X16_F16, &WMMA11_16X16X16_BF16];
@@ -156,6 +163,7 @@ pub static GFX1100: Arch = amd(
     (11, 0, 0),
     (5, 7),
     RDNA3_LARGE_REGS,
+    Dot4::Sudot4,
 );
 /// RX 7800/7700.
 pub static GFX1101: Arch = amd(
@@ -167,6 +175,7 @@ pub static GFX1101: Arch = amd(
     (11, 0, 1),
     (5, 7),
     RDNA3_LARGE_REGS,
+    Dot4::Sudot4,
 );
 /// RX 7600.
 pub static GFX1102: Arch = amd(
@@ -178,6 +187,7 @@ pub static GFX1102: Arch = amd(
     (11, 0, 2),
     (5, 7),
     RDNA_REGS,
+    Dot4::Sudot4,
 );
 /// RDNA4: WMMA with A and B split between the half-waves.
 const RDNA4_MMA: &[&crate::arch::mma::MmaAtom] = &[&WMMA12_16X16X16_F16, &WMMA12_16X16X16_BF16];
@@ -191,6 +201,7 @@ pub static GFX1200: Arch = amd(
     (12, 0, 0),
     (6, 4),
     RDNA_REGS,
+    Dot4::Sudot4,
 );
 /// RX 9070.
 pub static GFX1201: Arch = amd(
@@ -202,6 +213,7 @@ pub static GFX1201: Arch = amd(
     (12, 0, 1),
     (6, 4),
     RDNA_REGS,
+    Dot4::Sudot4,
 );
 
 pub static AMD: &[&Arch] = &[

@@ -25,6 +25,35 @@ impl AsyncCopy {
     }
 }
 
+/// The 4-way int8 dot product (`d = c + Σ a[i]·b[i]` over the four signed bytes of two 32-bit
+/// words) a processor has, as the quantized GEMV calls it (`rf_dot4_i8` in the preludes). The
+/// builtins differ by generation, so the choice is a row fact, not a test of the name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dot4 {
+    /// NVIDIA `__dp4a` (sm_61 and later).
+    Dp4a,
+    /// AMD `v_dot4_i32_i8` through `__builtin_amdgcn_sdot4` (`dot1-insts`: gfx906, CDNA,
+    /// RDNA2). clang-19 refuses it on gfx11 and gfx12.
+    Sdot4,
+    /// AMD `v_dot4_i32_iu8` through `__builtin_amdgcn_sudot4` with both operands signed
+    /// (`dot8-insts`: RDNA3, RDNA4); clang-19 refuses it on gfx9 and gfx10.
+    Sudot4,
+    /// No instruction: four multiply-adds of the sign-extended bytes.
+    Portable,
+}
+
+impl Dot4 {
+    /// The name the preludes switch on.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dot4::Dp4a => "dp4a",
+            Dot4::Sdot4 => "sdot4",
+            Dot4::Sudot4 => "sudot4",
+            Dot4::Portable => "portable",
+        }
+    }
+}
+
 /// One processor's capabilities.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Arch {
@@ -58,6 +87,8 @@ pub struct Arch {
     /// The vector register file as the compiler allocates it: what bounds a configuration's
     /// registers before it spills.
     pub registers: Registers,
+    /// The 4-way int8 dot product the quantized decode GEMV uses.
+    pub dot4: Dot4,
 }
 
 /// A processor's 32-bit vector registers per lane, as the compiler hands them to a kernel of
@@ -102,5 +133,28 @@ impl Arch {
         self.isa_version.map(|(major, minor, stepping)| {
             format!("oclc_isa_version_{major}{minor}{stepping:x}.bc")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::arches;
+
+    /// Which int8 dot product each row gets, as clang-19 accepts the built-ins per processor
+    /// (`__builtin_amdgcn_sdot4` needs `dot1-insts`, absent from gfx11/gfx12;
+    /// `__builtin_amdgcn_sudot4` needs `dot8-insts`, absent from gfx9/gfx10), and NVIDIA's dp4a.
+    #[test]
+    fn every_row_has_the_dot_product_its_compiler_accepts() {
+        for a in arches() {
+            let want = match (a.platform, a.name) {
+                (Platform::Nvidia, _) => Dot4::Dp4a,
+                (Platform::Amd, n) if n.starts_with("gfx11") || n.starts_with("gfx12") => {
+                    Dot4::Sudot4
+                }
+                (Platform::Amd, _) => Dot4::Sdot4,
+            };
+            assert_eq!(a.dot4, want, "{}", a.name);
+        }
     }
 }

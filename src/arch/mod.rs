@@ -13,7 +13,7 @@ pub mod tuning;
 
 use thiserror::Error;
 
-pub use caps::{Arch, AsyncCopy, Registers};
+pub use caps::{Arch, AsyncCopy, Dot4, Registers};
 pub use compiler::compiler_options;
 pub use target::{arch, arches, LaunchLimits, Platform, Target};
 pub use tuning::{Choice, Family, TuneKey, TuneMask, TuneProblem, TuneSite, Tuned};

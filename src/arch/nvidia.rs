@@ -3,7 +3,7 @@
 //! `cp.async.bulk.tensor` target requirements). Statically declared shared memory is capped at
 //! 48 KiB on every one of them.
 
-use super::caps::{Arch, AsyncCopy, Registers};
+use super::caps::{Arch, AsyncCopy, Dot4, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
 use crate::arch::mma::MmaAtom;
@@ -42,6 +42,8 @@ const fn nvidia(
             simds: 1,
             granule: 8,
         },
+        // `__dp4a`: compute capability 6.1 and later (PTX `dp4a`, sm_61+), every row here.
+        dot4: Dot4::Dp4a,
     }
 }
 

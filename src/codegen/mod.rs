@@ -127,6 +127,8 @@ pub fn generate_with(
 struct PreludeContext<'a> {
     arch: &'a str,
     wave: u32,
+    /// The target's 4-way int8 dot product (`arch::Dot4::name`), behind `rf_dot4_i8`.
+    dot4: &'static str,
 }
 
 /// The prelude every kernel source starts with on `target`: platform mappings, then the
@@ -140,6 +142,7 @@ pub fn prelude(target: &Target) -> String {
     let ctx = minijinja::Value::from_serialize(PreludeContext {
         arch: &target.arch,
         wave: target.wave_size,
+        dot4: target.caps.dot4.name(),
     });
     let mut s = templates::render(name, ctx.clone()).expect("preludes render (checked by tests)");
     s.push('\n');

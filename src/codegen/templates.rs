@@ -62,6 +62,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_quant.hip"),
     ),
     (
+        "gemm_quant_dot.hip",
+        include_str!("../../kernel_templates/gemm_quant_dot.hip"),
+    ),
+    (
         "quant_parts.hip",
         include_str!("../../kernel_templates/quant_parts.hip"),
     ),

@@ -100,6 +100,17 @@ static inline float __shfl_xor(float v, int mask, int) {
     __syncthreads();
     return r;
 }
+// The AMD 4-way int8 dot products (`rf_dot4_i8` in the prelude), for the host: c plus the
+// products of the four signed bytes of a and b. sudot4's flags say both operands are signed.
+static inline int rf_host_dot4(int a, int b, int c) {
+    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
+}
+static inline int __builtin_amdgcn_sdot4(int a, int b, int c, bool) { return rf_host_dot4(a, b, c); }
+static inline int __builtin_amdgcn_sudot4(bool sa, int a, bool sb, int b, int c, bool) {
+    if (!sa || !sb) abort();  // the prelude reads both operands as signed
+    return rf_host_dot4(a, b, c);
+}
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     const unsigned long long old = *p;
     if (v > old) *p = v;

@@ -32,8 +32,31 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
         if (case.m <= fused_max && !fused) || (case.m > fused_max && !dequantized) {
             return Err(format!("{}: kernels {families:?}", case.name()).into());
         }
+        // 8-bit activations (the int8 GEMV): held to their rounding's bound.
+        if plan.kernels.iter().any(|k| k.body.contains("rf_dot4_i8")) {
+            let b = with_weights(&g, &Bindings::random(&g, 21));
+            let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
+            let want = run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+            return Ok(int8_gemv::check(&int8_case(&case), &b, &got, &want)?);
+        }
     }
     check_graph(device, &g, true, 21)
+}
+
+/// `case` as the int8 GEMV's checker takes it.
+fn int8_case(case: &quant_cases::QuantCase) -> int8_gemv::Int8Case {
+    int8_gemv::Int8Case {
+        scheme: case.scheme,
+        dtype: case.dtype,
+        m: case.m,
+        n: case.n,
+        k: case.k,
+        epilogue: if case.bias {
+            int8_gemv::Epilogue::Bias
+        } else {
+            int8_gemv::Epilogue::None
+        },
+    }
 }
 
 /// Blocks the caller binds (`CompileOptions::quantized`) are the ones the kernels read.
@@ -59,6 +82,11 @@ pub fn quant_bound_blocks(device: &Device) -> Result<(), Failed> {
         let got = c.run(&b).map_err(|e| e.to_string())?.remove(0);
         b.quantized.insert("w".into(), blocks);
         let want = run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+        if m == 1 {
+            // The int8 GEMV: its bound (on the bound blocks, which the checker reads from `b`).
+            int8_gemv::check(&int8_case(&case), &b, &got, &want)?;
+            continue;
+        }
         let err = compare(&got, &want, tolerance(DType::F32), &case.name())?;
         if err > tolerance(DType::F32) {
             return Err(format!("{}: relative L2 {err:e}", case.name()).into());

@@ -41,6 +41,7 @@ mod common {
     pub mod gemm_cases;
     pub mod gemm_graphs;
     pub mod gemm_small_cases;
+    pub mod int8_gemv;
     pub mod kv_cases;
     pub mod linear_graphs;
     pub mod nan_max;

@@ -4,6 +4,7 @@
 
 mod mma;
 pub(crate) mod quant;
+mod quant_dot;
 mod scalar;
 mod small_m;
 #[cfg(test)]
@@ -281,6 +282,10 @@ pub(crate) fn lower(
     let node = &g.node(id).name;
     let dtype = g.ty(g.operands(id)[0]).dtype;
     if let Some(scheme) = quant::reads_blocks(g, id, gemm) {
+        // Int8 activations and 4-way dot products where that kernel takes the problem.
+        if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
+            return Ok(k);
+        }
         return quant::kernel(&p, gemm, scheme, node, args, target);
     }
     if small_m::takes(&p) {

@@ -1,0 +1,136 @@
+//! The decode GEMV on Q4_0, Q4_1 and Q8_0 weights with 8-bit activations
+//! (`gemm_quant_dot.hip`): A's rows are quantized once per block into shared memory (an int8
+//! per value, a scale and the exact sum per 32), then W's quants meet them in 4-way int8 dot
+//! products (`rf_dot4_i8`: the arch row's [`crate::arch::Dot4`]), scaled per block in f32.
+//! llama.cpp's mmvq (`vec_dot_q4_1_q8_1` and kin) is the idea.
+//!
+//! Where it is chosen (over [`super::quant::kernel`], which dequantizes to f32 and runs
+//! f32 multiply-adds): the three legacy schemes, M ≤ [`MAX_M`], and A's int8 tile (M·K·1.25
+//! bytes) within the target's static shared memory. Both kernels read W's bytes once;
+//! per 8 bytes of Q4 quants (16 values) and row of A this one runs 4 dot products and 2
+//! multiply-adds where the f32 kernel runs 16 multiply-adds and 8 conversions, so it wins at any
+//! M. The bound is the activation stage: each block quantizes all M rows (M·K values, two
+//! 5-step shuffle reductions each) for its few rows of W; past M 8 that stage costs about as
+//! much as the block's dot products, and the tile grows past what leaves room for occupancy.
+//! The result differs from the f32 product by A's rounding to 8 bits: per element at most
+//! Σ over K's groups of d/2 · Σ|w| (d = max|x|/127 of the group), which the tests hold it to.
+//! The offset (Q4_0's −8) and min (Q4_1) terms take the sum of the rounded values, not of A's:
+//! the product is then exactly Σ w·(d·q), so the bound holds with W's values as they are.
+
+use serde::Serialize;
+
+use super::super::super::limits::launch as checked_launch;
+use super::super::super::plan::{BufferId, Kernel};
+use super::super::super::CodegenError;
+use super::Problem;
+use crate::arch::Target;
+use crate::codegen::kernel::finish;
+use crate::ir::quant::BLOCK_ELEMS;
+use crate::ir::QuantScheme;
+
+/// The most rows of A the kernel takes (see the module comment).
+pub const MAX_M: usize = 8;
+/// Waves per block: each takes its own rows of W.
+const WAVES: usize = 4;
+/// Rows of W per wave at most.
+const MAX_COLS: usize = 2;
+/// Blocks that keep a large GPU busy: one row per wave while the grid is smaller.
+const FILL_BLOCKS: usize = 512;
+
+/// Pieces (8 bytes of quants each) per block of `scheme`, when the kernel reads it.
+fn pieces_per_block(scheme: QuantScheme) -> Option<usize> {
+    match scheme {
+        QuantScheme::Q4_0 | QuantScheme::Q4_1 => Some(2),
+        QuantScheme::Q8_0 => Some(4),
+        QuantScheme::Q5_0
+        | QuantScheme::Q5_1
+        | QuantScheme::Iq4Nl
+        | QuantScheme::Q2K
+        | QuantScheme::Q3K
+        | QuantScheme::Q4K
+        | QuantScheme::Q5K
+        | QuantScheme::Q6K
+        | QuantScheme::Q8K
+        | QuantScheme::Mxfp4
+        | QuantScheme::Mxfp6E2m3
+        | QuantScheme::Mxfp6E3m2 => None,
+    }
+}
+
+/// Shared memory of the activation stage: M·K int8 values, a scale and a sum per 32; with a
+/// prologue also its rows' statistics (2 floats a row) and a float per wave for the reductions
+/// (counted for the narrowest wave, 32 lanes, and the most threads a block has, 1024).
+fn shared_bytes(p: &Problem) -> usize {
+    let norm = if p.prologue.is_some() {
+        4 * (2 * p.m + 1024 / 32)
+    } else {
+        0
+    };
+    p.m * p.k + 2 * 4 * p.m * (p.k / BLOCK_ELEMS) + norm
+}
+
+/// Whether this kernel computes the Gemm `p` on a `scheme` weight that the fused kernels read
+/// (`quant::reads_blocks` said so): a legacy scheme, M ≤ [`MAX_M`], the tile fits.
+pub(crate) fn takes(p: &Problem, scheme: QuantScheme, target: &Target) -> bool {
+    pieces_per_block(scheme).is_some()
+        && (1..=MAX_M).contains(&p.m)
+        && p.k.is_multiple_of(BLOCK_ELEMS)
+        && shared_bytes(p) <= target.caps.static_shared_bytes as usize
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Config {
+    /// Rows of W (columns of the result) per wave.
+    pub cols: usize,
+    pub waves: usize,
+}
+
+pub(crate) fn config(p: &Problem) -> Config {
+    let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols * WAVES));
+    let cols = if blocks(MAX_COLS) >= FILL_BLOCKS {
+        MAX_COLS
+    } else {
+        1
+    };
+    Config { cols, waves: WAVES }
+}
+
+#[derive(Serialize)]
+struct Context<'a> {
+    p: &'a Problem,
+    c: &'a Config,
+    scheme: &'static str,
+    threads: usize,
+    ppb: usize,
+    block_bytes: usize,
+    weight_bytes: usize,
+    dense_bytes: usize,
+}
+
+/// The kernel for `p` on a `scheme` weight; `None` where [`takes`] refuses it.
+pub(crate) fn kernel(
+    p: &Problem,
+    scheme: QuantScheme,
+    node: &str,
+    args: Vec<BufferId>,
+    target: &Target,
+) -> Result<Option<Kernel>, CodegenError> {
+    let Some(ppb) = pieces_per_block(scheme).filter(|_| takes(p, scheme, target)) else {
+        return Ok(None);
+    };
+    let c = config(p);
+    let threads = c.waves * target.wave_size as usize;
+    let grid = p.n.div_ceil(c.cols * c.waves);
+    let launch = checked_launch(node, target, [grid, p.batch, 1], threads)?;
+    let ctx = Context {
+        p,
+        c: &c,
+        scheme: scheme.name(),
+        threads,
+        ppb,
+        block_bytes: scheme.block_bytes(),
+        weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
+        dense_bytes: p.n * p.k * p.input.size_bytes(),
+    };
+    finish("gemm_quant", "gemm_quant_dot.hip", ctx, launch, args, node).map(Some)
+}
