@@ -1,7 +1,8 @@
 //! The flash-decoding kernels (`codegen/kernels/attention/decode.rs`) without a GPU:
 //!
-//! - `plan::` the plan of a decode node: the split kernel writes a workspace, the combine
-//!   reads it and writes the node's buffer; the workspace is planned memory, never an output.
+//! - `plan::` the plan of a decode node: one kernel; with several splits it writes a workspace
+//!   (planned memory, never an output) and counts its blocks in a counters buffer (zeroed once,
+//!   never planned or poisoned), and its last block writes the node's buffer.
 //! - `host::` runs the pair on the CPU (the generated AMD source compiled by the host's
 //!   clang++, one OS thread per GPU thread, see `common/host_kernels.rs`) against the f32
 //!   interpreter at the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1100) plans. The
@@ -59,25 +60,44 @@ fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
         .map_err(|e| format!("{}: {e}", c.name()).into())
 }
 
-/// The plan is the decode pair: split kernel into a workspace, combine into `out`.
+/// The plan is the one decode kernel, writing `out`; with several splits its workspace and
+/// counters come just before `out`.
 fn is_decode(c: &Case, plan: &KernelPlan) -> Result<(), Failed> {
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    if families != ["flash_decode", "flash_decode_combine"] {
+    if families != ["flash_decode"] {
         return Err(format!("{}: kernels {families:?}", c.name()).into());
     }
-    let (split, combine) = (&plan.kernels[0], &plan.kernels[1]);
-    let ws = *split.args.last().expect("arguments");
+    let k = &plan.kernels[0];
     let out = plan.outputs[0].buffer;
-    if plan.buffers[ws].role != BufferRole::Workspace || combine.args != [ws, out] {
-        return Err(format!("{}: workspace bindings {:?}", c.name(), combine.args).into());
+    let n = k.args.len();
+    if k.args.last() != Some(&out) {
+        return Err(format!("{}: bindings {:?}", c.name(), k.args).into());
+    }
+    if k.launch.grid[1] > 1 {
+        let roles = [
+            &plan.buffers[k.args[n - 3]].role,
+            &plan.buffers[k.args[n - 2]].role,
+        ];
+        if roles != [&BufferRole::Workspace, &BufferRole::Counters] {
+            return Err(format!("{}: workspace and counters {roles:?}", c.name()).into());
+        }
     }
     Ok(())
+}
+
+/// The decode kernel's workspace, counters and output, for a plan of several splits.
+fn split_buffers(plan: &KernelPlan) -> Result<(usize, usize, usize), Failed> {
+    let a = &plan.kernels[0].args;
+    match a.len() {
+        n if n >= 3 && plan.kernels[0].launch.grid[1] > 1 => Ok((a[n - 3], a[n - 2], a[n - 1])),
+        _ => Err(format!("one split: {a:?}").into()),
+    }
 }
 
 fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
     let plan = plan(c, arch)?;
     is_decode(c, &plan)?;
-    let ws = *plan.kernels[0].args.last().expect("arguments");
+    let (ws, counters, _) = split_buffers(&plan)?;
     let splits = plan.kernels[0].launch.grid[1] as usize;
     // (Dv partials + m + l) per output row and split, in f32.
     let rows = c.b * c.hq * c.sq;
@@ -90,10 +110,19 @@ fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
         return Err("the workspace is an output".into());
     }
     let grid = plan.kernels[0].launch.grid;
-    if grid[0] as usize != c.b * c.hkv || plan.kernels[1].launch.grid[0] as usize != rows {
-        return Err(format!("{}: grids {grid:?}, {:?}", c.name(), plan.kernels[1].launch).into());
+    if grid[0] as usize != c.b * c.hkv {
+        return Err(format!("{}: grid {grid:?}", c.name()).into());
+    }
+    // One counter per (batch, K/V head): the blocks of a grid row count in it.
+    let cty = &plan.buffers[counters].ty;
+    if cty.shape.dims() != [c.b * c.hkv] || cty.dtype.size_bytes() != 4 {
+        return Err(format!("{}: counters {cty}", c.name()).into());
     }
     let memory = plan_memory(&plan);
+    // Counters live outside the slots, so neither the memory plan nor re-poisoning touches them.
+    if memory.slot_of.contains_key(&counters) {
+        return Err("the counters share planned memory".into());
+    }
     let slot = memory
         .slot_of
         .get(&ws)
@@ -306,7 +335,7 @@ fn kv_plan(c: &kv_cases::KvCase, arch: &str) -> Result<KernelPlan, Failed> {
 fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
     let plan = kv_plan(c, arch)?;
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    if kv_cases::is_decode(c) && families != ["flash_decode", "flash_decode_combine"] {
+    if kv_cases::is_decode(c) && families != ["flash_decode"] {
         return Err(format!("{}: kernels {families:?}", c.name()).into());
     }
     let g = c.graph();

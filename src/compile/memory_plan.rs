@@ -26,6 +26,7 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         | BufferRole::QuantWeight(_)
         | BufferRole::Constant(_)
         | BufferRole::Status
+        | BufferRole::Counters
         | BufferRole::State { .. } => false,
     }
 }

@@ -558,6 +558,7 @@ fn compile(
             | BufferRole::Computed
             | BufferRole::Workspace
             | BufferRole::Status
+            | BufferRole::Counters
             | BufferRole::State { .. } => continue,
         };
         resident.insert(b.id, Arc::new(stream.upload(&data)?));

@@ -304,6 +304,7 @@ fn arg_bytes(plan: &KernelPlan, id: usize) -> usize {
         | BufferRole::Constant(_)
         | BufferRole::Computed
         | BufferRole::Workspace
+        | BufferRole::Counters
         | BufferRole::State { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
         // The blocks as stored.
         BufferRole::QuantWeight(scheme) => scheme.layout(&b.ty.shape).map_or(0, |(_, all)| all),

@@ -239,10 +239,20 @@ fn run_into(
         Kind::Gather { row, rows } => {
             kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
         }
-        Kind::CacheWrite(w) => {
+        Kind::CacheWrite(w, rope) => {
             let start = arg(2).i()[0];
             match out {
-                Buf::F(o) => w.write(&step.node, o, arg(1).f(), start),
+                Buf::F(o) => match rope {
+                    // Rotated into a row-sized copy first, exactly as the rope step would.
+                    Some(r) => {
+                        let x = arg(1).f();
+                        let mut rotated = vec![0.0f32; x.len()];
+                        r.run(x, Some(arg(3).i()), ty.dtype, &mut rotated);
+                        w.write(&step.node, o, &rotated, start)
+                    }
+                    None => w.write(&step.node, o, arg(1).f(), start),
+                },
+                // Integer values: inference gives a rope float values only, so there is none.
                 Buf::I(o) => w.write(&step.node, o, arg(1).i(), start),
             }
         }

@@ -12,6 +12,7 @@ mod elementwise;
 mod gemm;
 mod matchers;
 mod norms;
+mod rope_fold;
 mod softmax;
 
 use std::fmt;
@@ -29,6 +30,7 @@ pub use dce::DeadCode;
 pub use elementwise::FuseElementwise;
 pub use gemm::FormGemm;
 pub use norms::RecognizeNorms;
+pub use rope_fold::{FoldRope, RopeFoldRefusal};
 pub use softmax::RecognizeSoftmax;
 
 /// A graph rewrite.
@@ -143,7 +145,7 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, then fuse the elementwise chains left around it, then make every matmul left
+    /// attention, fold ropes into the cache writes that store them, then fuse the elementwise chains left around it, then make every matmul left
     /// a Gemm with the layouts and the epilogue around it.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
@@ -152,6 +154,7 @@ impl PassManager {
             .with(RecognizeActivations)
             .with(FuseAttention)
             .with(DeadCode)
+            .with(FoldRope)
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)

@@ -272,6 +272,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 BufferRole::QuantWeight(_) => Role::Quantized,
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
+                BufferRole::Counters => Role::Counters,
                 BufferRole::Workspace => Role::Workspace,
                 BufferRole::Computed if plan.outputs.iter().any(|o| o.buffer == b.id) => {
                     Role::Output
@@ -296,6 +297,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 | BufferRole::Computed
                 | BufferRole::Workspace
                 | BufferRole::Status
+                | BufferRole::Counters
                 | BufferRole::State { .. } => (bytes, None),
             };
             Ok(BundleBuffer {
@@ -375,7 +377,10 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HostData, BundleError> {
                 data.quantized.insert(b.id, q);
                 continue;
             }
-            BufferRole::Computed | BufferRole::Status | BufferRole::Workspace => continue,
+            BufferRole::Computed
+            | BufferRole::Status
+            | BufferRole::Workspace
+            | BufferRole::Counters => continue,
         }
         .map_err(host(b))?;
         data.tensors.insert(b.id, t);

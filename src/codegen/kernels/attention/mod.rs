@@ -256,7 +256,7 @@ impl Problem {
 }
 
 /// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
-/// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
+/// appended to `plan`: the split-K decode kernel (with its workspace) where few query rows meet
 /// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
 /// `options` may limit the matrix-core kernel's memory-access choices (tests) and hold tuned
 /// configurations.
@@ -274,9 +274,7 @@ pub(crate) fn lower(
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     let out = buf[&id];
-    let add_workspace = |elems| plan.add_workspace(node, elems);
-    if let Some(kernels) = decode::kernels(&p, node, args.clone(), out, target, add_workspace)? {
-        plan.kernels.extend(kernels);
+    if decode::kernels(&p, node, args.clone(), out, target, plan)? {
         return Ok(());
     }
     args.push(out);
