@@ -97,6 +97,17 @@ fn split_buffers(plan: &KernelPlan) -> Result<(usize, usize, usize), Failed> {
 fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
     let plan = plan(c, arch)?;
     is_decode(c, &plan)?;
+    if plan.kernels[0].launch.grid[1] == 1 {
+        // One split: the block writes the output itself, with no scratch at all.
+        let scratch = plan
+            .buffers
+            .iter()
+            .any(|b| matches!(b.role, BufferRole::Workspace | BufferRole::Counters));
+        return match scratch {
+            true => Err(format!("{}: one split with a workspace or counters", c.name()).into()),
+            false => Ok(()),
+        };
+    }
     let (ws, counters, _) = split_buffers(&plan)?;
     let splits = plan.kernels[0].launch.grid[1] as usize;
     // (Dv partials + m + l) per output row and split, in f32.
@@ -380,6 +391,17 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
             return Err(format!("no {f} kernel in {families:?}").into());
         }
     }
+    // K's rope is folded into its cache write (which then also reads the positions: values,
+    // start, positions, status, state); Q's, read by attention, stays a rope kernel.
+    let roped_writes = plan
+        .kernels
+        .iter()
+        .filter(|k| k.family == "cache_write" && k.args.len() == 5)
+        .count();
+    let ropes = families.iter().filter(|&&f| f == "rope").count();
+    if (roped_writes, ropes) != (1, 1) {
+        return Err(format!("{roped_writes} roped cache write(s), {ropes} rope(s)").into());
+    }
     // The cache writes are in place: the state buffers are written, no copy of a cache made.
     let state_bufs: Vec<usize> = plan
         .buffers
@@ -387,12 +409,13 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         .filter(|b| matches!(b.role, BufferRole::State { .. }))
         .map(|b| b.id)
         .collect();
-    let writes: Vec<usize> = plan
+    let mut writes: Vec<usize> = plan
         .kernels
         .iter()
         .filter(|k| k.family == "cache_write")
         .map(|k| *k.args.last().expect("arguments"))
         .collect();
+    writes.sort_unstable();
     if state_bufs.len() != 2 || writes != state_bufs {
         return Err(format!("cache writes into {writes:?}, states {state_bufs:?}").into());
     }

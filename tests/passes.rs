@@ -579,3 +579,6 @@ fn a_200k_node_chain_fuses_into_full_groups_and_computes_the_same() {
     let b = Bindings::random(&g, 5);
     assert_eq!(run(&g, &b).unwrap(), run(&fused, &b).unwrap());
 }
+
+#[path = "passes/rope_fold.rs"]
+mod rope_fold;
