@@ -13,7 +13,7 @@
 //!   form with hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and
 //!   NVRTC + ptxas (sm_90): no spills, no scratch or stack, the target's wave size.
 //!
-//! - `state::` (issue 15): the decode pair and the prefill kernels bounded by `kv_len` from data
+//! - `state::` (issue 15): the decode kernel and the prefill kernels bounded by `kv_len` from data
 //!   over caches whose tail past it is NaN (`common/kv_cases.rs`), on the host against the
 //!   interpreter; one decode step of a GQA layer (`graphs/decode_step.json` after the default
 //!   pipeline: in-place cache writes, rope at positions from data, attention over `kv_len` keys,
@@ -179,7 +179,7 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     }
 }
 
-/// The GPU trials (`decode::` in tests/gpu/) exercise the decode pair on sm_90 wherever a
+/// The GPU trials (`decode::` in tests/gpu/) exercise the decode kernel on sm_90 wherever a
 /// K/V head serves several query heads and its rows fit one block (group × Sq ≤ 16, D ≤ 128).
 fn gpu_cases_take_decode() -> Result<(), Failed> {
     let mut decode = 0;
@@ -341,7 +341,7 @@ fn kv_plan(c: &kv_cases::KvCase, arch: &str) -> Result<KernelPlan, Failed> {
         .map_err(|e| format!("{}: {e}", c.name()).into())
 }
 
-/// The kv_len case on the host: the decode pair where its rows fit one block (else the prefill
+/// The kv_len case on the host: the decode kernel where its rows fit one block (else the prefill
 /// kernel the target has), against the interpreter; the tail of K/V is NaN.
 fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
     let plan = kv_plan(c, arch)?;

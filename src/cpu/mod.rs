@@ -607,13 +607,18 @@ impl CpuPlan {
             .map(|s| match &s.kind {
                 Kind::Gemm(g) => g.scratch(),
                 Kind::Attention(a) => a.scratch(),
+                // The rotated values of a folded rope, before they are written.
+                Kind::CacheWrite(w, Some(_)) => Scratch {
+                    f: vec![0.0; w.values_len()],
+                    q: Vec::new(),
+                },
                 Kind::Nothing
                 | Kind::Elementwise(_)
                 | Kind::Norm { .. }
                 | Kind::Softmax { .. }
                 | Kind::Rope(_)
                 | Kind::Gather { .. }
-                | Kind::CacheWrite(..)
+                | Kind::CacheWrite(_, None)
                 | Kind::ArgMax { .. }
                 | Kind::Fallback(_) => Scratch::default(),
             })

@@ -243,12 +243,13 @@ fn run_into(
             let start = arg(2).i()[0];
             match out {
                 Buf::F(o) => match rope {
-                    // Rotated into a row-sized copy first, exactly as the rope step would.
+                    // Rotated into the step's scratch first (sized to the values when the plan
+                    // was made), exactly as the rope step would rotate them.
                     Some(r) => {
                         let x = arg(1).f();
-                        let mut rotated = vec![0.0f32; x.len()];
-                        r.run(x, Some(arg(3).i()), ty.dtype, &mut rotated);
-                        w.write(&step.node, o, &rotated, start)
+                        let rotated = &mut scr.f[..x.len()];
+                        r.run(x, Some(arg(3).i()), ty.dtype, rotated);
+                        w.write(&step.node, o, rotated, start)
                     }
                     None => w.write(&step.node, o, arg(1).f(), start),
                 },

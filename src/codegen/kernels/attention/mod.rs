@@ -2,7 +2,7 @@
 //! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
 //! `lower` picks the kernel:
 //! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
-//!   the keys, a combine kernel after it, and a workspace between the two;
+//!   the keys, the splits combined by the last block of each K/V head (one kernel);
 //! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
 //!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
