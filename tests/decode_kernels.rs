@@ -322,9 +322,13 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             .map_err(|e| format!("{name}: {e}"))?;
         // Rope's double-precision sin/cos takes a 40-byte stack frame on NVIDIA (CUDA's
         // argument reduction for large angles), with or without positions: that is the rope
-        // family's, not this target's concern, so it is compiled here for AMD only.
-        let nvidia_rope =
-            |k: &rocmforge::codegen::Kernel| k.family == "rope" && arch.starts_with("sm_");
+        // family's, not this target's concern, so it is compiled here for AMD only; so is a
+        // cache write with a folded rope (five arguments: values, start, positions, status,
+        // state), which computes its angles the same way.
+        let nvidia_rope = |k: &rocmforge::codegen::Kernel| {
+            let roped_write = k.family == "cache_write" && k.args.len() == 5;
+            (k.family == "rope" || roped_write) && arch.starts_with("sm_")
+        };
         for k in plan.kernels.iter().filter(|k| !nvidia_rope(k)) {
             out.entry(k.entry.clone())
                 .or_insert((plan.source(k), k.body.clone(), name.clone()));
