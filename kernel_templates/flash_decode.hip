@@ -1,4 +1,4 @@
-// Flash-decoding, kernel 1 of 2 (split K): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
+// Flash-decoding (split K, combined by the last block): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block serves all {{ rows }} query rows ({{ group }} heads x {{ sq }}) of one K/V head, so K/V are read once per group,
 // over split blockIdx.y of the {{ valid_keys }} keys any row can see ({{ splits }} splits of {{ keys_per_split }}); it never
 // reads past them. The kernel streams K/V: {{ lanes_per_key }} lanes hold one key's row in pieces of {{ vec }} element(s)
@@ -6,10 +6,14 @@
 // {{ unroll }} such keys before it uses the first, straight from global memory into registers. Each group of lanes runs its own
 // online softmax (f32, base 2: Q is pre-scaled by scale * log2(e)) over the keys it took, with no barrier in the key
 // loop; the groups of a wave merge by shuffles and the block's {{ waves }} waves through shared memory, once, at the end.
-// Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
-// sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0.
-// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}float* __restrict__ ws) {
+{% if splits > 1 %}// Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
+// sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0. Then it counts
+// itself in its K/V head's counter (release fence first); the block that counts last (acquire fence) combines the
+// splits of its rows in split order, so the result does not depend on which block finished last, writes the output
+// and puts the counter back to 0 for the next launch (the counters are zeroed once, when allocated, never poisoned).
+{% else %}// One split: the block normalises its merged rows and writes the output itself.
+{% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
     constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
     constexpr int VEC = {{ vec }};  // elements per load
@@ -196,18 +200,77 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         }
         __syncthreads();
     }
-    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
-        const int r = t / {{ dv }}, c = t % {{ dv }};
-        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = O[r][c];
-    }
+    // The block's (m, l) per row, from its waves'.
+    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}];
     if (tid < {{ rows }}) {
         float mb = -INFINITY;
         for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][tid]);
         float lb = 0.0f;
         if (mb != -INFINITY)
             for (int w = 0; w < {{ waves }}; ++w) lb += wave_l[w][tid] * exp2f(wave_m[w][tid] - mb);
-        const long long at = {{ stats_at }}LL + ((row0 + tid) * {{ splits }} + split) * 2;
-        ws[at] = mb;
-        ws[at + 1] = lb;
+        row_m[tid] = mb;
+        row_l[tid] = lb;
     }
-}
+{% if splits > 1 %}    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = O[r][c];
+    }
+    if (tid < {{ rows }}) {
+        const long long at = {{ stats_at }}LL + ((row0 + tid) * {{ splits }} + split) * 2;
+        ws[at] = row_m[tid];
+        ws[at + 1] = row_l[tid];
+    }
+    // Release: this block's partials are visible to every block before it is counted.
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned int is_last;
+    if (tid == 0) {
+        const unsigned int before = atomicAdd(&counters[bkv], 1u);
+        is_last = before == {{ splits - 1 }}u ? 1u : 0u;
+        // Every block of this K/V head has counted: back to 0 for the next launch (and a replay).
+        if (is_last) counters[bkv] = 0u;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    // Acquire: the other blocks' partials, read through volatile loads so that no cache line read before the count
+    // (or a non-coherent cache) serves them.
+    __threadfence();
+    const volatile float* part = ws;
+    // Per row, m = max of the splits' maxima and l = sum of l_s * exp2(m_s - m), in split order.
+    if (tid < {{ rows }}) {
+        const long long at = {{ stats_at }}LL + (row0 + tid) * {{ splits * 2 }};
+        float mr = -INFINITY;
+#pragma unroll 8
+        for (int s = 0; s < {{ splits }}; ++s) mr = fmaxf(mr, part[at + 2 * s]);
+        float lr = 0.0f;
+        if (mr != -INFINITY) {
+#pragma unroll 8
+            for (int s = 0; s < {{ splits }}; ++s) lr += part[at + 2 * s + 1] * exp2f(part[at + 2 * s] - mr);
+        }
+        row_m[tid] = mr;
+        row_l[tid] = lr;
+    }
+    __syncthreads();
+    // The output is sum of O_s * exp2(m_s - m) / l, in split order; a row no split saw a key of (m = -inf) writes zeros,
+    // as the other attention kernels do.
+    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        const float mr = row_m[r], lr = row_l[r];
+        const long long at = {{ stats_at }}LL + (row0 + r) * {{ splits * 2 }};
+        const long long po = (row0 + r) * {{ splits * dv }} + c;
+        float o = 0.0f;
+        if (mr != -INFINITY) {
+#pragma unroll 8
+            for (int s = 0; s < {{ splits }}; ++s) o += part[po + (long long)s * {{ dv }}] * exp2f(part[at + 2 * s] - mr);
+        }
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(o * inv){{ store_post }};
+    }
+{% else %}    __syncthreads();
+    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        const float lr = row_l[r];
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(O[r][c] * inv){{ store_post }};
+    }
+{% endif %}}

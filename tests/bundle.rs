@@ -186,6 +186,12 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                 }
                 BufferRole::Status => assert_eq!(b.role, Role::Status),
                 BufferRole::Alias { .. } => panic!("{name}: bundles lower slices as copies"),
+                BufferRole::Counters => {
+                    assert_eq!(
+                        (b.role, &b.data, &b.expected),
+                        (Role::Counters, &None, &None)
+                    );
+                }
                 BufferRole::State { name: state } => {
                     assert_eq!(b.role, Role::State);
                     assert_eq!(file(&b.data), states[state].to_bytes(), "{name}: {state}");

@@ -1,7 +1,8 @@
 //! The flash-decoding kernels (`codegen/kernels/attention/decode.rs`) without a GPU:
 //!
-//! - `plan::` the plan of a decode node: the split kernel writes a workspace, the combine
-//!   reads it and writes the node's buffer; the workspace is planned memory, never an output.
+//! - `plan::` the plan of a decode node: one kernel; with several splits it writes a workspace
+//!   (planned memory, never an output) and counts its blocks in a counters buffer (zeroed once,
+//!   never planned or poisoned), and its last block writes the node's buffer.
 //! - `host::` runs the pair on the CPU (the generated AMD source compiled by the host's
 //!   clang++, one OS thread per GPU thread, see `common/host_kernels.rs`) against the f32
 //!   interpreter at the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1100) plans. The
@@ -12,7 +13,7 @@
 //!   form with hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and
 //!   NVRTC + ptxas (sm_90): no spills, no scratch or stack, the target's wave size.
 //!
-//! - `state::` (issue 15): the decode pair and the prefill kernels bounded by `kv_len` from data
+//! - `state::` (issue 15): the decode kernel and the prefill kernels bounded by `kv_len` from data
 //!   over caches whose tail past it is NaN (`common/kv_cases.rs`), on the host against the
 //!   interpreter; one decode step of a GQA layer (`graphs/decode_step.json` after the default
 //!   pipeline: in-place cache writes, rope at positions from data, attention over `kv_len` keys,
@@ -59,25 +60,55 @@ fn plan(c: &Case, arch: &str) -> Result<KernelPlan, Failed> {
         .map_err(|e| format!("{}: {e}", c.name()).into())
 }
 
-/// The plan is the decode pair: split kernel into a workspace, combine into `out`.
+/// The plan is the one decode kernel, writing `out`; with several splits its workspace and
+/// counters come just before `out`.
 fn is_decode(c: &Case, plan: &KernelPlan) -> Result<(), Failed> {
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    if families != ["flash_decode", "flash_decode_combine"] {
+    if families != ["flash_decode"] {
         return Err(format!("{}: kernels {families:?}", c.name()).into());
     }
-    let (split, combine) = (&plan.kernels[0], &plan.kernels[1]);
-    let ws = *split.args.last().expect("arguments");
+    let k = &plan.kernels[0];
     let out = plan.outputs[0].buffer;
-    if plan.buffers[ws].role != BufferRole::Workspace || combine.args != [ws, out] {
-        return Err(format!("{}: workspace bindings {:?}", c.name(), combine.args).into());
+    let n = k.args.len();
+    if k.args.last() != Some(&out) {
+        return Err(format!("{}: bindings {:?}", c.name(), k.args).into());
+    }
+    if k.launch.grid[1] > 1 {
+        let roles = [
+            &plan.buffers[k.args[n - 3]].role,
+            &plan.buffers[k.args[n - 2]].role,
+        ];
+        if roles != [&BufferRole::Workspace, &BufferRole::Counters] {
+            return Err(format!("{}: workspace and counters {roles:?}", c.name()).into());
+        }
     }
     Ok(())
+}
+
+/// The decode kernel's workspace, counters and output, for a plan of several splits.
+fn split_buffers(plan: &KernelPlan) -> Result<(usize, usize, usize), Failed> {
+    let a = &plan.kernels[0].args;
+    match a.len() {
+        n if n >= 3 && plan.kernels[0].launch.grid[1] > 1 => Ok((a[n - 3], a[n - 2], a[n - 1])),
+        _ => Err(format!("one split: {a:?}").into()),
+    }
 }
 
 fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
     let plan = plan(c, arch)?;
     is_decode(c, &plan)?;
-    let ws = *plan.kernels[0].args.last().expect("arguments");
+    if plan.kernels[0].launch.grid[1] == 1 {
+        // One split: the block writes the output itself, with no scratch at all.
+        let scratch = plan
+            .buffers
+            .iter()
+            .any(|b| matches!(b.role, BufferRole::Workspace | BufferRole::Counters));
+        return match scratch {
+            true => Err(format!("{}: one split with a workspace or counters", c.name()).into()),
+            false => Ok(()),
+        };
+    }
+    let (ws, counters, _) = split_buffers(&plan)?;
     let splits = plan.kernels[0].launch.grid[1] as usize;
     // (Dv partials + m + l) per output row and split, in f32.
     let rows = c.b * c.hq * c.sq;
@@ -90,10 +121,19 @@ fn plan_shape(c: &Case, arch: &str) -> Result<(), Failed> {
         return Err("the workspace is an output".into());
     }
     let grid = plan.kernels[0].launch.grid;
-    if grid[0] as usize != c.b * c.hkv || plan.kernels[1].launch.grid[0] as usize != rows {
-        return Err(format!("{}: grids {grid:?}, {:?}", c.name(), plan.kernels[1].launch).into());
+    if grid[0] as usize != c.b * c.hkv {
+        return Err(format!("{}: grid {grid:?}", c.name()).into());
+    }
+    // One counter per (batch, K/V head): the blocks of a grid row count in it.
+    let cty = &plan.buffers[counters].ty;
+    if cty.shape.dims() != [c.b * c.hkv] || cty.dtype.size_bytes() != 4 {
+        return Err(format!("{}: counters {cty}", c.name()).into());
     }
     let memory = plan_memory(&plan);
+    // Counters live outside the slots, so neither the memory plan nor re-poisoning touches them.
+    if memory.slot_of.contains_key(&counters) {
+        return Err("the counters share planned memory".into());
+    }
     let slot = memory
         .slot_of
         .get(&ws)
@@ -139,7 +179,7 @@ fn workspace_slot_reused() -> Result<(), Failed> {
     }
 }
 
-/// The GPU trials (`decode::` in tests/gpu/) exercise the decode pair on sm_90 wherever a
+/// The GPU trials (`decode::` in tests/gpu/) exercise the decode kernel on sm_90 wherever a
 /// K/V head serves several query heads and its rows fit one block (group × Sq ≤ 16, D ≤ 128).
 fn gpu_cases_take_decode() -> Result<(), Failed> {
     let mut decode = 0;
@@ -282,9 +322,13 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             .map_err(|e| format!("{name}: {e}"))?;
         // Rope's double-precision sin/cos takes a 40-byte stack frame on NVIDIA (CUDA's
         // argument reduction for large angles), with or without positions: that is the rope
-        // family's, not this target's concern, so it is compiled here for AMD only.
-        let nvidia_rope =
-            |k: &rocmforge::codegen::Kernel| k.family == "rope" && arch.starts_with("sm_");
+        // family's, not this target's concern, so it is compiled here for AMD only; so is a
+        // cache write with a folded rope (five arguments: values, start, positions, status,
+        // state), which computes its angles the same way.
+        let nvidia_rope = |k: &rocmforge::codegen::Kernel| {
+            let roped_write = k.family == "cache_write" && k.args.len() == 5;
+            (k.family == "rope" || roped_write) && arch.starts_with("sm_")
+        };
         for k in plan.kernels.iter().filter(|k| !nvidia_rope(k)) {
             out.entry(k.entry.clone())
                 .or_insert((plan.source(k), k.body.clone(), name.clone()));
@@ -301,12 +345,12 @@ fn kv_plan(c: &kv_cases::KvCase, arch: &str) -> Result<KernelPlan, Failed> {
         .map_err(|e| format!("{}: {e}", c.name()).into())
 }
 
-/// The kv_len case on the host: the decode pair where its rows fit one block (else the prefill
+/// The kv_len case on the host: the decode kernel where its rows fit one block (else the prefill
 /// kernel the target has), against the interpreter; the tail of K/V is NaN.
 fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
     let plan = kv_plan(c, arch)?;
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    if kv_cases::is_decode(c) && families != ["flash_decode", "flash_decode_combine"] {
+    if kv_cases::is_decode(c) && families != ["flash_decode"] {
         return Err(format!("{}: kernels {families:?}", c.name()).into());
     }
     let g = c.graph();
@@ -351,6 +395,17 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
             return Err(format!("no {f} kernel in {families:?}").into());
         }
     }
+    // K's rope is folded into its cache write (which then also reads the positions: values,
+    // start, positions, status, state); Q's, read by attention, stays a rope kernel.
+    let roped_writes = plan
+        .kernels
+        .iter()
+        .filter(|k| k.family == "cache_write" && k.args.len() == 5)
+        .count();
+    let ropes = families.iter().filter(|&&f| f == "rope").count();
+    if (roped_writes, ropes) != (1, 1) {
+        return Err(format!("{roped_writes} roped cache write(s), {ropes} rope(s)").into());
+    }
     // The cache writes are in place: the state buffers are written, no copy of a cache made.
     let state_bufs: Vec<usize> = plan
         .buffers
@@ -358,12 +413,13 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
         .filter(|b| matches!(b.role, BufferRole::State { .. }))
         .map(|b| b.id)
         .collect();
-    let writes: Vec<usize> = plan
+    let mut writes: Vec<usize> = plan
         .kernels
         .iter()
         .filter(|k| k.family == "cache_write")
         .map(|k| *k.args.last().expect("arguments"))
         .collect();
+    writes.sort_unstable();
     if state_bufs.len() != 2 || writes != state_bufs {
         return Err(format!("cache writes into {writes:?}, states {state_bufs:?}").into());
     }

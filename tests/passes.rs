@@ -586,3 +586,5 @@ mod norm_cases;
 mod norm_gemv;
 #[path = "passes/merge.rs"]
 mod merge;
+#[path = "passes/rope_fold.rs"]
+mod rope_fold;

@@ -241,8 +241,8 @@ fn lower_node(
         | Op::State { .. }
         | Op::Constant { .. }
         | Op::Reshape { .. } => return Ok(()),
-        Op::CacheWrite { axis } => {
-            return cache_write::cache_write(g, id, *axis, &ops, buf, target, plan)
+        Op::CacheWrite { axis, rope } => {
+            return cache_write::cache_write(g, id, (*axis, *rope), &ops, buf, target, plan)
         }
         Op::ArgMax { axis } => argmax::argmax(g, id, *axis, &ops, buf, target)?,
         Op::CausalMask { sq, sk, offset } => causal_mask::kernel(

@@ -28,6 +28,13 @@ pub enum BufferRole {
     /// blocks): elements of its type, allocated and poisoned with the intermediates, never a
     /// graph output and holding no node's value, so never compared with the interpreter.
     Workspace,
+    /// Counters that kernels synchronise their blocks with (split-K's arrival counts, one
+    /// unsigned 32-bit word per element): zeroed once when a session (or a replay, or a
+    /// tuning trial) allocates it, and every kernel that takes one puts each counter back to 0
+    /// before it ends, so the next launch and a replayed graph start from zeros. Never poisoned
+    /// (0xff bytes would be a count nobody reaches), never shared with another buffer by the
+    /// memory plan, never a node's value.
+    Counters,
     /// A kernel's error report ([`IndexCheck`]): [`STATUS_BYTES`] zeroed before a run and read
     /// after it.
     Status,
@@ -171,6 +178,7 @@ impl KernelPlan {
             | BufferRole::Computed
             | BufferRole::Workspace
             | BufferRole::Status
+            | BufferRole::Counters
             | BufferRole::State { .. } => (id, 0),
         }
     }
@@ -183,6 +191,19 @@ impl KernelPlan {
             &format!("{node}:workspace"),
             TensorType::new(crate::ir::DType::F32, vec![elems]),
         )
+    }
+
+    /// Adds `n` zeroed counters (u32, stored as an i32 tensor) for the kernels of node `node`;
+    /// its id. Named `<node>:counters` for listings.
+    pub(crate) fn add_counters(&mut self, node: &str, n: usize) -> BufferId {
+        let id = self.buffers.len();
+        self.buffers.push(Buffer {
+            id,
+            name: format!("{node}:counters"),
+            ty: TensorType::new(crate::ir::DType::I32, vec![n]),
+            role: BufferRole::Counters,
+        });
+        id
     }
 
     /// Adds a workspace named `name` holding a `ty`; its id.

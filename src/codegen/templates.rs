@@ -111,10 +111,6 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/flash_decode.hip"),
     ),
     (
-        "flash_decode_combine.hip",
-        include_str!("../../kernel_templates/flash_decode_combine.hip"),
-    ),
-    (
         "flash_attention_simt.hip",
         include_str!("../../kernel_templates/flash_attention_simt.hip"),
     ),

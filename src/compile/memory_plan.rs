@@ -28,6 +28,7 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         | BufferRole::QuantWeight(_)
         | BufferRole::Constant(_)
         | BufferRole::Status
+        | BufferRole::Counters
         | BufferRole::State { .. }
         | BufferRole::Alias { .. } => false,
     }

@@ -581,6 +581,7 @@ fn compile(
             | BufferRole::Computed
             | BufferRole::Workspace
             | BufferRole::Status
+            | BufferRole::Counters
             | BufferRole::State { .. }
             | BufferRole::Alias { .. } => continue,
         };

@@ -304,6 +304,7 @@ fn arg_bytes(plan: &KernelPlan, id: usize) -> usize {
         | BufferRole::Constant(_)
         | BufferRole::Computed
         | BufferRole::Workspace
+        | BufferRole::Counters
         | BufferRole::State { .. }
         // Timed on a buffer of its own: where it points makes no difference to the kernel.
         | BufferRole::Alias { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),

@@ -228,6 +228,11 @@ pub struct Window {
 }
 
 impl Window {
+    /// Elements of the values written.
+    pub fn values_len(&self) -> usize {
+        self.outer * self.len * self.inner
+    }
+
     pub fn new(state: &Shape, values: &Shape, axis: usize) -> Window {
         let d = state.dims();
         Window {

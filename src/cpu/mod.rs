@@ -228,7 +228,8 @@ enum Kind {
         row: usize,
         rows: usize,
     },
-    CacheWrite(kernels::Window),
+    /// In place; with a folded rope (at the positions of operand 3), the values rotated first.
+    CacheWrite(kernels::Window, Option<Box<attention::RopeStep>>),
     ArgMax {
         len: usize,
         inner: usize,
@@ -508,10 +509,13 @@ impl CpuPlan {
                     };
                     (new_slot(&mut plan, None), k)
                 }
-                Op::CacheWrite { axis: a } => {
+                Op::CacheWrite { axis: a, rope } => {
                     // In place: the value is the state's buffer.
                     let w = kernels::Window::new(&arg_ty[0].shape, &arg_ty[1].shape, axis(*a));
-                    (args[0], Kind::CacheWrite(w))
+                    let r = rope.map(|theta| {
+                        Box::new(attention::RopeStep::new(theta, 0, &arg_ty[1].shape, true))
+                    });
+                    (args[0], Kind::CacheWrite(w, r))
                 }
                 Op::ArgMax { axis: a } => {
                     let dims = arg_ty[0].shape.dims();
@@ -603,13 +607,18 @@ impl CpuPlan {
             .map(|s| match &s.kind {
                 Kind::Gemm(g) => g.scratch(),
                 Kind::Attention(a) => a.scratch(),
+                // The rotated values of a folded rope, before they are written.
+                Kind::CacheWrite(w, Some(_)) => Scratch {
+                    f: vec![0.0; w.values_len()],
+                    q: Vec::new(),
+                },
                 Kind::Nothing
                 | Kind::Elementwise(_)
                 | Kind::Norm { .. }
                 | Kind::Softmax { .. }
                 | Kind::Rope(_)
                 | Kind::Gather { .. }
-                | Kind::CacheWrite(_)
+                | Kind::CacheWrite(_, None)
                 | Kind::ArgMax { .. }
                 | Kind::Fallback(_) => Scratch::default(),
             })

@@ -239,10 +239,21 @@ fn run_into(
         Kind::Gather { row, rows } => {
             kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
         }
-        Kind::CacheWrite(w) => {
+        Kind::CacheWrite(w, rope) => {
             let start = arg(2).i()[0];
             match out {
-                Buf::F(o) => w.write(&step.node, o, arg(1).f(), start),
+                Buf::F(o) => match rope {
+                    // Rotated into the step's scratch first (sized to the values when the plan
+                    // was made), exactly as the rope step would rotate them.
+                    Some(r) => {
+                        let x = arg(1).f();
+                        let rotated = &mut scr.f[..x.len()];
+                        r.run(x, Some(arg(3).i()), ty.dtype, rotated);
+                        w.write(&step.node, o, rotated, start)
+                    }
+                    None => w.write(&step.node, o, arg(1).f(), start),
+                },
+                // Integer values: inference gives a rope float values only, so there is none.
                 Buf::I(o) => w.write(&step.node, o, arg(1).i(), start),
             }
         }

@@ -404,8 +404,16 @@ fn eval(
                 }
             });
         }
-        Op::CacheWrite { axis: a } => {
-            return state::cache_write(&node.name, args[0], args[1], args[2], axis(*a))
+        Op::CacheWrite { axis: a, rope } => {
+            // A folded rope: the values rotated exactly as the `Op::Rope` it replaced.
+            let rotated = match rope {
+                Some(theta) => {
+                    Some(attention::rope(args[1], *theta, 0, Some(args[3])).map_err(host)?)
+                }
+                None => None,
+            };
+            let values = rotated.as_ref().unwrap_or(args[1]);
+            return state::cache_write(&node.name, args[0], values, args[2], axis(*a));
         }
         Op::ArgMax { axis: a } => reduce::argmax(args[0], axis(*a), ty),
         Op::Constant { values, .. } => Tensor::constant(ty, values),

@@ -76,8 +76,12 @@ impl Op {
             Op::Reshape { shape } => a.push(("shape", json(shape))),
             Op::Permute { perm } => a.push(("perm", json(perm))),
             Op::Expand { shape } => a.push(("shape", json(shape))),
-            Op::Concat { axis } | Op::CacheWrite { axis } | Op::ArgMax { axis } => {
-                a.push(("axis", json(axis)))
+            Op::Concat { axis } | Op::ArgMax { axis } => a.push(("axis", json(axis))),
+            Op::CacheWrite { axis, rope } => {
+                a.push(("axis", json(axis)));
+                if let Some(theta) = rope {
+                    a.push(("rope_theta", json(theta)));
+                }
             }
             Op::Slice { axis, start, end } => {
                 a.push(("axis", json(axis)));
@@ -222,6 +226,7 @@ impl Op {
             }),
             OpKind::CacheWrite => Op::CacheWrite {
                 axis: a.req("axis")?,
+                rope: a.opt("rope_theta")?,
             },
             OpKind::ArgMax => Op::ArgMax {
                 axis: a.req("axis")?,

@@ -106,7 +106,27 @@ impl Graph {
         start: NodeId,
         axis: i64,
     ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::CacheWrite { axis }, &[state, values, start])
+        self.add_op(Op::CacheWrite { axis, rope: None }, &[state, values, start])
+    }
+
+    /// [`Graph::cache_write`] of `values` rotated as [`Graph::rope_at`] would rotate them (at
+    /// `positions`, i32 `[S]`, with `theta`): one op, so one kernel, for both.
+    pub fn cache_write_rope(
+        &mut self,
+        state: NodeId,
+        values: NodeId,
+        start: NodeId,
+        positions: NodeId,
+        axis: i64,
+        theta: f64,
+    ) -> Result<NodeId, GraphError> {
+        self.add_op(
+            Op::CacheWrite {
+                axis,
+                rope: Some(theta),
+            },
+            &[state, values, start, positions],
+        )
     }
 
     pub fn argmax(&mut self, x: NodeId, axis: i64) -> Result<NodeId, GraphError> {

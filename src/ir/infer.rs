@@ -249,35 +249,7 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             }
             Ok(x.clone())
         }
-        Op::Rope { theta, offset } => {
-            let x = ins[0];
-            if let Some(pos) = ins.get(1) {
-                if pos.dtype != DType::I32 {
-                    return dtype_err(format!("rope positions must be i32, got {}", pos.dtype));
-                }
-                let s = x.shape.rank().checked_sub(2).map(|a| x.shape.0[a]);
-                if Some(pos.shape.0.as_slice()) != s.as_ref().map(std::slice::from_ref) {
-                    return shape_err(format!(
-                        "rope positions {} must be [S], one per row of {}",
-                        pos.shape, x.shape
-                    ));
-                }
-                if *offset != 0 {
-                    return attr_err("rope takes an offset or positions, not both");
-                }
-            }
-            require_float(x)?;
-            if !(theta.is_finite() && *theta > 0.0) {
-                return attr_err(format!("theta must be positive, got {theta}"));
-            }
-            if x.shape.rank() < 2 || !x.shape.0[x.shape.rank() - 1].is_multiple_of(2) {
-                return shape_err(format!(
-                    "rope needs [.., S, D] with D even, got {}",
-                    x.shape
-                ));
-            }
-            Ok(x.clone())
-        }
+        Op::Rope { theta, offset } => rope_at(*theta, *offset, ins[0], ins.get(1).copied()),
         Op::MatMul => matmul(ins[0], ins[1]),
         Op::FlashAttention(att) => flash_attention(att, ins),
         Op::Gemm(g) => gemm(g, ins),
@@ -286,7 +258,13 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             expr.check(ins.len()).map_err(InferError::Attribute)?;
             expr.ty(ins)
         }
-        Op::CacheWrite { axis } => cache_write(*axis, ins),
+        Op::CacheWrite { axis, rope } => {
+            if let Some(theta) = rope {
+                // The values are rotated as `Op::Rope` at the positions operand rotates them.
+                rope_at(*theta, 0, ins[1], Some(ins[3]))?;
+            }
+            cache_write(*axis, &ins[..3])
+        }
         Op::ArgMax { axis } => {
             let x = ins[0];
             require_float(x)?;
@@ -303,6 +281,42 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
 
 /// A cache write: `values` of the state's dtype and rank, equal to it on every axis but
 /// `axis`, where it is no longer; `start` one i32. Where it lands is data, checked when run.
+/// Rope's rule (`Op::Rope`, and a cache write's rope): `x` float `[.., S, D]`, D even, theta
+/// positive, and positions (i32 `[S]`) or an offset, not both. The result has `x`'s type.
+fn rope_at(
+    theta: f64,
+    offset: i64,
+    x: &TensorType,
+    positions: Option<&TensorType>,
+) -> Result<TensorType, InferError> {
+    if let Some(pos) = positions {
+        if pos.dtype != DType::I32 {
+            return dtype_err(format!("rope positions must be i32, got {}", pos.dtype));
+        }
+        let s = x.shape.rank().checked_sub(2).map(|a| x.shape.0[a]);
+        if Some(pos.shape.0.as_slice()) != s.as_ref().map(std::slice::from_ref) {
+            return shape_err(format!(
+                "rope positions {} must be [S], one per row of {}",
+                pos.shape, x.shape
+            ));
+        }
+        if offset != 0 {
+            return attr_err("rope takes an offset or positions, not both");
+        }
+    }
+    require_float(x)?;
+    if !(theta.is_finite() && theta > 0.0) {
+        return attr_err(format!("theta must be positive, got {theta}"));
+    }
+    if x.shape.rank() < 2 || !x.shape.0[x.shape.rank() - 1].is_multiple_of(2) {
+        return shape_err(format!(
+            "rope needs [.., S, D] with D even, got {}",
+            x.shape
+        ));
+    }
+    Ok(x.clone())
+}
+
 fn cache_write(axis: i64, ins: &[&TensorType]) -> Result<TensorType, InferError> {
     let (state, values, start) = (ins[0], ins[1], ins[2]);
     if values.dtype != state.dtype {

@@ -129,8 +129,13 @@ pub enum Op {
     /// `start..start + len` along `axis` (start: i32, one element). Functional here and in the
     /// interpreter; in codegen the result's buffer is the state's, written in place. The state
     /// operand must be an [`Op::State`] read by nothing else (checked by `Graph::validate`).
+    /// With `rope` (theta), a fourth operand holds positions (i32 `[S]`) and the values are
+    /// rotated first, exactly as [`Op::Rope`] at those positions would rotate them (`[.., S, D]`,
+    /// pairs `i, i + D/2`), then written: the rope pass folds a rope that only a cache write reads
+    /// into it (`passes/rope_fold.rs`), so its kernel rotates pairs as it writes.
     CacheWrite {
         axis: i64,
+        rope: Option<f64>,
     },
 
     // Index reductions.
@@ -329,7 +334,8 @@ impl Op {
             Op::Concat { .. } | Op::FusedElementwise(_) => Arity::AtLeast(1),
             Op::Gemm(_) => Arity::AtLeast(2),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
-            Op::Where | Op::LayerNorm { .. } | Op::CacheWrite { .. } => Arity::Exact(3),
+            Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
+            Op::CacheWrite { rope, .. } => Arity::Exact(3 + usize::from(rope.is_some())),
             Op::FlashAttention(a) => {
                 let mask = match a.mask {
                     MaskKind::None => 0,

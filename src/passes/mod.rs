@@ -14,6 +14,7 @@ mod matchers;
 mod merge_gemms;
 mod norm_gemv;
 mod norms;
+mod rope_fold;
 mod softmax;
 
 use std::fmt;
@@ -33,6 +34,7 @@ pub use gemm::FormGemm;
 pub use merge_gemms::MergeGemms;
 pub use norm_gemv::FoldNormIntoGemv;
 pub use norms::RecognizeNorms;
+pub use rope_fold::{FoldRope, RopeFoldRefusal};
 pub use softmax::RecognizeSoftmax;
 
 /// A graph rewrite.
@@ -147,9 +149,10 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, then fuse the elementwise chains left around it, then make every matmul left
-    /// a Gemm with the layouts and the epilogue around it, merge the Gemms that share an input
-    /// (Q/K/V) into one, then fold the norms that only GEMV-sized Gemms read into them.
+    /// attention, fold ropes into the cache writes that store them, then fuse the elementwise
+    /// chains left around it, then make every matmul left a Gemm with the layouts and the
+    /// epilogue around it, merge the Gemms that share an input (Q/K/V) into one, then fold the
+    /// norms that only GEMV-sized Gemms read into them.
     pub fn default_pipeline() -> PassManager {
         PassManager::cleanup()
             .with(RecognizeSoftmax)
@@ -157,6 +160,7 @@ impl PassManager {
             .with(RecognizeActivations)
             .with(FuseAttention)
             .with(DeadCode)
+            .with(FoldRope)
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)

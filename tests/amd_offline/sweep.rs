@@ -24,7 +24,7 @@ pub(super) enum SweepFamily {
     /// f16 GQA with a causal offset: the matrix-core kernel where the target has an atom for
     /// the head sizes, the scalar kernel elsewhere.
     Mma,
-    /// bf16 decode rows with an additive mask: split-K decode and its combine kernel.
+    /// bf16 decode rows with an additive mask: split-K decode, combined by its last block.
     Decode,
 }
 

@@ -83,7 +83,8 @@ fn a_bundle_replays_by_hand_from_its_files_alone() {
             Role::Input | Role::Weight | Role::Constant | Role::State | Role::Quantized => {
                 std::fs::read(dir.join(b.data.as_ref().unwrap())).unwrap()
             }
-            Role::Status => vec![0; b.bytes as usize],
+            // Zeroed, as the replay allocates them.
+            Role::Status | Role::Counters => vec![0; b.bytes as usize],
             Role::Computed | Role::Output | Role::Workspace => vec![0xFF; b.bytes as usize],
         })
         .collect();

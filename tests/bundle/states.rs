@@ -61,7 +61,12 @@ fn interpret_files(fused: &Graph, dir: &Path, plan: &BundlePlan) -> HashMap<usiz
                 g.add_output(id).unwrap();
                 wanted.push(b.id);
             }
-            Role::Computed | Role::Output | Role::Constant | Role::Status | Role::Workspace => {}
+            Role::Computed
+            | Role::Output
+            | Role::Constant
+            | Role::Status
+            | Role::Workspace
+            | Role::Counters => {}
         }
     }
     let (values, next) =

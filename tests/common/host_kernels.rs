@@ -34,14 +34,13 @@ pub const POINTWISE: [&str; 9] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 7] = [
+pub const COOPERATIVE: [&str; 6] = [
     "argmax",
     "gemm",
     "gemm_small_m",
     "gemm_quant",
     "flash_attention",
     "flash_decode",
-    "flash_decode_combine",
 ];
 
 /// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices
@@ -116,6 +115,13 @@ static inline unsigned long long atomicMax(unsigned long long* p, unsigned long 
     if (v > old) *p = v;
     return old;
 }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+// Blocks run one after another on the host: every write is visible to the next block.
+static inline void __threadfence() {}
 // Converts a buffer to whatever pointer type the kernel parameter has.
 struct rf_host_ptr {
     unsigned char* p;
@@ -201,6 +207,7 @@ fn initial_buffers(
                 // No storage of its own: kernels bind its base at its offset.
                 BufferRole::Alias { .. } => vec![],
                 BufferRole::Status => vec![0; STATUS_BYTES],
+                BufferRole::Counters => vec![0; n],
                 // A state not given starts zeroed, as a plain run's.
                 BufferRole::State { name } => states
                     .get(name)

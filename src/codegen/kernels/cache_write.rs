@@ -2,14 +2,16 @@
 //! copies the values into the window its `start` operand names. A window outside the state is
 //! `InterpError::CacheWriteOutOfRange` on the CPU; on a GPU the kernel writes nothing and
 //! reports the start in a status buffer ([`IndexCheck`] with `write_rows`), read after the run,
-//! so a bad position is never a silent write past the state.
+//! so a bad position is never a silent write past the state. With a folded rope the kernel
+//! rotates the values as it writes them, as the rope kernel (`rope.hip`) would have: each thread
+//! its element of a pair (c, c + D/2), the angle in double.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::arch::Target;
-use crate::codegen::ctype::ctype;
+use crate::codegen::ctype::{ctype, f64_literal};
 use crate::codegen::kernel::finish;
 use crate::codegen::limits::launch_1d;
 use crate::codegen::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
@@ -31,13 +33,29 @@ struct Context {
     inner: usize,
     /// The largest valid start, `size - len` (no wrap: inference keeps `len ≤ size`).
     max_start: usize,
+    /// A folded rope: its theta (a C double literal) and the values' rows `s` and row length
+    /// `d` (`[.., s, d]`, positions `[s]`).
+    rope: Option<RopeContext>,
+    load_pre: &'static str,
+    load_post: &'static str,
+    store_pre: &'static str,
+    store_post: &'static str,
 }
 
-/// Appends the kernel of cache write `id` (operands state, values, start) and its check.
+#[derive(Serialize)]
+struct RopeContext {
+    theta: String,
+    s: usize,
+    d: usize,
+    half: usize,
+}
+
+/// Appends the kernel of cache write `id` (operands state, values, start, and the positions
+/// of a folded rope) and its check.
 pub(crate) fn cache_write(
     g: &Graph,
     id: NodeId,
-    axis: i64,
+    (axis, rope): (i64, Option<f64>),
     ops: &[NodeId],
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
@@ -63,8 +81,32 @@ pub(crate) fn cache_write(
         status,
         write_rows: Some(len),
     });
+    let rope = match rope {
+        Some(theta) => {
+            let vd = values.shape.dims();
+            // Inference holds the values at rank ≥ 2 with an even last axis.
+            let (s, d) = (vd[vd.len() - 2], vd[vd.len() - 1]);
+            Some(RopeContext {
+                theta: f64_literal(theta).ok_or(CodegenError::NonFinite {
+                    node: name.clone(),
+                    what: "theta",
+                    value: theta,
+                })?,
+                s: s.max(1),
+                d: d.max(2),
+                half: (d / 2).max(1),
+            })
+        }
+        None => None,
+    };
+    let c = ctype(state.dtype);
+    let mut args = vec![buf[&ops[1]], buf[&ops[2]]];
+    if rope.is_some() {
+        args.push(buf[&ops[3]]);
+    }
+    args.extend([status, buf[&id]]);
     let ctx = Context {
-        ctype: ctype(state.dtype).storage,
+        ctype: c.storage,
         values_shape: values.shape.to_string(),
         state_shape: state.shape.to_string(),
         axis: ax,
@@ -76,13 +118,18 @@ pub(crate) fn cache_write(
         // An empty write is rendered with len 1 for the index split (no element reaches it);
         // its bound is still that of its true length.
         max_start: size - len,
+        rope,
+        load_pre: c.load_pre,
+        load_post: c.load_post,
+        store_pre: c.store_pre,
+        store_post: c.store_post,
     };
     plan.kernels.push(finish(
         "cache_write",
         "cache_write.hip",
         ctx,
         launch_1d(name, target, n.max(1))?,
-        vec![buf[&ops[1]], buf[&ops[2]], status, buf[&id]],
+        args,
         name,
     )?);
     Ok(())

@@ -304,7 +304,9 @@ fn validate(plan: &BundlePlan) -> Result<u64, BundleError> {
         if b.id != i {
             return Err(at(format!("its id is {}; ids must count up from 0", b.id)));
         }
-        if plan.format == FORMAT_V1 && matches!(b.role, Role::State | Role::Quantized) {
+        if plan.format == FORMAT_V1
+            && matches!(b.role, Role::State | Role::Quantized | Role::Counters)
+        {
             return Err(at(format!(
                 "role {} is not part of format {FORMAT_V1}",
                 b.role.name()

@@ -272,6 +272,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 BufferRole::QuantWeight(_) => Role::Quantized,
                 BufferRole::Constant(_) => Role::Constant,
                 BufferRole::Status => Role::Status,
+                BufferRole::Counters => Role::Counters,
                 BufferRole::Workspace => Role::Workspace,
                 BufferRole::Computed if plan.outputs.iter().any(|o| o.buffer == b.id) => {
                     Role::Output
@@ -303,6 +304,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 | BufferRole::Computed
                 | BufferRole::Workspace
                 | BufferRole::Status
+                | BufferRole::Counters
                 | BufferRole::State { .. }
                 | BufferRole::Alias { .. } => (bytes, None),
             };
@@ -386,6 +388,7 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HostData, BundleError> {
             BufferRole::Computed
             | BufferRole::Status
             | BufferRole::Workspace
+            | BufferRole::Counters
             | BufferRole::Alias { .. } => continue,
         }
         .map_err(host(b))?;

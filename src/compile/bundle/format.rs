@@ -175,6 +175,10 @@ pub enum Role {
     /// Scratch the kernels of one node share (split-K partials): poisoned before the run,
     /// written and read by those kernels, holding no node's value, so never compared.
     Workspace,
+    /// Counters kernels synchronise their blocks with (split-K arrival counts): zeroed when
+    /// allocated, never poisoned; the kernels put them back to 0, so they hold no value to
+    /// compare. Not part of format 1.
+    Counters,
     /// A persistent tensor (a KV cache): uploaded from its data file before the run (its
     /// contents at the start of the run), written in place by kernels, and compared after the
     /// run with its expected file (the interpreter's state after one run).
@@ -195,6 +199,7 @@ impl Role {
             Role::Output => "output",
             Role::Status => "status",
             Role::Workspace => "workspace",
+            Role::Counters => "counters",
             Role::State => "state",
             Role::Quantized => "quantized",
         }
@@ -209,6 +214,7 @@ impl Role {
             | Role::Constant
             | Role::Status
             | Role::Workspace
+            | Role::Counters
             | Role::Quantized => false,
         }
     }
@@ -216,7 +222,12 @@ impl Role {
     /// Whether a kernel may write it: computed values, status reports and workspaces.
     pub fn is_written(self) -> bool {
         match self {
-            Role::Computed | Role::Output | Role::Status | Role::Workspace | Role::State => true,
+            Role::Computed
+            | Role::Output
+            | Role::Status
+            | Role::Workspace
+            | Role::Counters
+            | Role::State => true,
             Role::Input | Role::Weight | Role::Constant | Role::Quantized => false,
         }
     }
@@ -225,7 +236,9 @@ impl Role {
     pub fn is_data(self) -> bool {
         match self {
             Role::Input | Role::Weight | Role::Constant | Role::State | Role::Quantized => true,
-            Role::Computed | Role::Output | Role::Status | Role::Workspace => false,
+            Role::Computed | Role::Output | Role::Status | Role::Workspace | Role::Counters => {
+                false
+            }
         }
     }
 }

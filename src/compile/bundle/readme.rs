@@ -134,7 +134,7 @@ pub(super) fn render(plan: &BundlePlan) -> String {
             .as_deref()
             .or(b.expected.as_deref())
             .unwrap_or(match b.role {
-                Role::Status => "(zeros)",
+                Role::Status | Role::Counters => "(zeros)",
                 _ => "(none)",
             });
         let _ = writeln!(

@@ -155,7 +155,7 @@ impl Bundle {
 
     /// One device buffer per buffer id (no reuse): data uploaded (inputs, weights, constants,
     /// quantized blocks, the states' initial contents), computed buffers poisoned so a value no
-    /// kernel wrote fails the comparison, status buffers zeroed.
+    /// kernel wrote fails the comparison, status buffers and counters zeroed.
     fn allocate(&self, stream: &Stream) -> Result<Vec<DeviceBuffer>, BundleError> {
         let rt = BundleError::runtime(None);
         self.plan
@@ -175,6 +175,12 @@ impl Bundle {
                         stream.alloc(bytes, true).map_err(&rt)
                     }
                     Role::Status => stream.alloc(bytes, false).map_err(&rt),
+                    // Zeroed, as a session allocates them: a poisoned count never completes.
+                    Role::Counters => {
+                        let buf = stream.alloc(bytes, false).map_err(&rt)?;
+                        stream.fill(&buf, 0).map_err(&rt)?;
+                        Ok(buf)
+                    }
                 }
             })
             .collect()

@@ -47,6 +47,9 @@ pub(in crate::compile) struct GpuSession {
     inputs: HashMap<usize, Arc<DeviceBuffer>>,
     /// Status buffers of the index checks by plan buffer id, zeroed before every run.
     status: HashMap<usize, Arc<DeviceBuffer>>,
+    /// Counters by plan buffer id: zeroed once here, never poisoned; the kernels that take
+    /// them leave them at 0 (`BufferRole::Counters`), so neither a run nor a replay refills them.
+    counters: HashMap<usize, Arc<DeviceBuffer>>,
     /// The plan's index checks, in the order the interpreter meets them.
     checks: Vec<IndexCheck>,
     /// The graph outputs in order: type and the buffer holding each.
@@ -99,6 +102,7 @@ impl GpuSession {
             .collect::<Result<Vec<_>, _>>()?;
         let mut inputs = HashMap::new();
         let mut states = Vec::new();
+        let mut counters = HashMap::new();
         for b in &plan.buffers {
             match &b.role {
                 // Poisoned: an input is set before any run reads it (checked), so this only
@@ -134,6 +138,11 @@ impl GpuSession {
                         buffer,
                     });
                 }
+                BufferRole::Counters => {
+                    let buf = stream.alloc(buffer_bytes(plan, b.id), false)?;
+                    stream.fill(&buf, 0)?;
+                    counters.insert(b.id, Arc::new(buf));
+                }
                 BufferRole::Weight(_)
                 | BufferRole::QuantWeight(_)
                 | BufferRole::Constant(_)
@@ -167,6 +176,7 @@ impl GpuSession {
             slots,
             inputs,
             status,
+            counters,
             checks: plan.checks.clone(),
             outputs: Vec::with_capacity(plan.outputs.len()),
             states,
@@ -197,6 +207,7 @@ impl GpuSession {
                 planned.resident.get(&id)
             }
             BufferRole::Status => self.status.get(&id),
+            BufferRole::Counters => self.counters.get(&id),
             BufferRole::State { .. } => self.states.iter().find(|s| s.id == id).map(|s| &s.buffer),
             // Bound through `bound`, with its offset; an output never is one (codegen copies).
             BufferRole::Alias { .. } => None,

@@ -1,19 +1,22 @@
-//! Flash-decoding (`kernel_templates/flash_decode.hip`, `flash_decode_combine.hip`): attention
-//! for a few query rows over many keys, split along the keys with a combine step.
+//! Flash-decoding (`kernel_templates/flash_decode.hip`): attention for a few query rows over
+//! many keys, split along the keys, the splits combined by the last block to finish.
 //!
 //! The prefill kernels give each (batch, query head) its own blocks of 64–128 query rows. At
 //! Sq = 1 that is a handful of blocks on a GPU of a hundred or more SMs, each streaming all of
 //! K/V, and every query head of a GQA group reads the same K/V again. Here one block serves all
 //! `group × sq` query rows of a K/V head (K/V read once per group) over one split of the keys;
-//! splits multiply the blocks until the GPU is full. Kernel 1 writes each (row, split)'s
-//! unnormalised output and its softmax statistics (m, l, base 2) into a workspace; kernel 2
-//! rescales and sums the splits of a row and writes the output in its dtype.
+//! splits multiply the blocks until the GPU is full. Each block writes its (row, split)s'
+//! unnormalised output and softmax statistics (m, l, base 2) into a workspace and counts itself
+//! in its K/V head's counter; the last block of the head to count rescales and sums the splits
+//! of its rows, in split order, and writes the output in its dtype. One kernel instead of a
+//! kernel and a combine kernel: a launch fewer per layer and token. The counters are a
+//! [`BufferRole::Counters`] buffer: zeroed once, never poisoned, put back to 0 by the kernel.
 
 use serde::Serialize;
 
 use super::super::super::ctype::f32_literal;
 use super::super::super::limits::launch as checked_launch;
-use super::super::super::plan::{BufferId, Kernel, Launch};
+use super::super::super::plan::{BufferId, KernelPlan, Launch};
 use super::super::super::CodegenError;
 use super::Problem;
 use crate::arch::Target;
@@ -56,30 +59,17 @@ const LOAD_REGS: usize = 48;
 /// Most keys per lane group whose loads are in flight together.
 const MAX_UNROLL: usize = 4;
 
-/// Most waves of the combine. Its threads split a row's columns and, for many splits, the
-/// splits too (slices per column, summed apart, then together): each thread sums at most
-/// about [`COMBINE_UNROLL`] splits with their loads in flight together. On the H100, one
-/// wave per row took 16.5 µs over 64 splits; 8 waves took 5.8 µs there but 0.5–1.6 µs more
-/// than one wave over 8–22 splits, hence only as many threads as the splits need.
-const COMBINE_WAVES: usize = 8;
-
-/// Splits a combine thread sums with its loads in flight together.
-const COMBINE_UNROLL: usize = 8;
-
 /// One tiling of the split-K decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct Config {
-    /// Splits of the valid keys (grid y of kernel 1).
+    /// Splits of the valid keys (grid y).
     pub splits: usize,
     /// Keys per split: a multiple of the block's round, and `(splits - 1) × keys_per_split`
     /// is below the valid keys, so no split starts past the last visible key.
     pub keys_per_split: usize,
-    /// Waves of kernel 1; `threads` = waves × the wave size.
+    /// Waves of a block; `threads` = waves × the wave size.
     pub waves: usize,
     pub threads: usize,
-    /// Threads of the combine, and the slices of the splits it sums apart per column.
-    pub combine_threads: usize,
-    pub combine_slices: usize,
     /// Elements per K/V/Q load: the widest power of two of at most 16 bytes that divides D
     /// and Dv, so that every row's pieces are aligned.
     pub vec: usize,
@@ -175,8 +165,6 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
         keys_per_split: 0,
         waves: WAVES,
         threads: WAVES * wave,
-        combine_threads: COMBINE_WAVES * wave,
-        combine_slices: 1,
         vec,
         lanes_per_key,
         pieces_k,
@@ -193,43 +181,28 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     // short one, and none starts at or past `valid`.
     c.keys_per_split = valid.div_ceil(first).next_multiple_of(round).max(round);
     c.splits = valid.div_ceil(c.keys_per_split).max(1);
-    let slices = c.splits.div_ceil(COMBINE_UNROLL);
-    c.combine_threads = slices
-        .checked_mul(p.dv)?
-        .next_multiple_of(wave)
-        .clamp(wave, COMBINE_WAVES * wave);
-    c.combine_slices = (c.combine_threads / p.dv).clamp(1, c.splits);
     if p.group == 1 && c.splits == 1 {
         return None;
     }
     Some(c)
 }
 
-/// The launch geometry of both kernels: kernel 1 over (batch × K/V heads, splits), the
-/// combine one block per output row.
+/// The launch geometry: one block per (batch × K/V heads, split).
 pub(crate) fn launch(
     c: &Config,
     p: &Problem,
     node: &str,
     target: &Target,
-) -> Result<[Launch; 2], CodegenError> {
-    let too_many = |what: &str| CodegenError::LaunchLimit {
-        node: node.to_string(),
-        what: what.into(),
-        value: u64::MAX,
-        limit: u64::from(target.limits().grid[0]),
-    };
+) -> Result<Launch, CodegenError> {
     let kv_blocks =
         p.b.checked_mul(p.hkv)
-            .ok_or_else(|| too_many("grid.x (batch × K/V heads)"))?;
-    let out_rows = p
-        .heads(node, target)?
-        .checked_mul(p.sq)
-        .ok_or_else(|| too_many("grid.x (output rows)"))?;
-    Ok([
-        checked_launch(node, target, [kv_blocks, c.splits, 1], c.threads)?,
-        checked_launch(node, target, [out_rows, 1, 1], c.combine_threads)?,
-    ])
+            .ok_or_else(|| CodegenError::LaunchLimit {
+                node: node.to_string(),
+                what: "grid.x (batch × K/V heads)".into(),
+                value: u64::MAX,
+                limit: u64::from(target.limits().grid[0]),
+            })?;
+    checked_launch(node, target, [kv_blocks, c.splits, 1], c.threads)
 }
 
 /// f32 elements of the workspace: per output row and split, Dv partial outputs, then (m, l)
@@ -261,38 +234,32 @@ struct SplitContext<'a> {
     stats_at: usize,
 }
 
-#[derive(Serialize)]
-struct CombineContext<'a> {
-    #[serde(flatten)]
-    p: &'a Problem,
-    splits: usize,
-    threads: usize,
-    slices: usize,
-    unroll: usize,
-    stats_at: usize,
-}
-
-/// The two kernels and the workspace they share, or `None` where [`choose`] declines.
-/// `args` are q, k, v (and the mask); `out` the node's buffer; `add_workspace` makes the
-/// workspace buffer of the given f32 elements.
+/// The kernel, appended to `plan` with the workspace and counters it takes when the keys
+/// split; `false` (nothing appended) where [`choose`] declines. `args` are q, k, v (and the
+/// mask, kv_len); `out` the node's buffer.
 pub(crate) fn kernels(
     p: &Problem,
     node: &str,
-    args: Vec<BufferId>,
+    mut args: Vec<BufferId>,
     out: BufferId,
     target: &Target,
-    add_workspace: impl FnOnce(usize) -> BufferId,
-) -> Result<Option<Vec<Kernel>>, CodegenError> {
+    plan: &mut KernelPlan,
+) -> Result<bool, CodegenError> {
     let Some(c) = choose(p, target) else {
-        return Ok(None);
+        return Ok(false);
     };
     let rows = rows(p).expect("checked by choose");
-    let [split_launch, combine_launch] = launch(&c, p, node, target)?;
     let (stats_at, elems) = workspace(p, &c).ok_or_else(|| CodegenError::Unsupported {
         node: node.to_string(),
         reason: "its split-K workspace is too large to address".into(),
     })?;
-    let ws = add_workspace(elems);
+    if c.splits > 1 {
+        args.push(plan.add_workspace(node, elems));
+        // One arrival counter per block row of the grid (batch × K/V head); `launch` below
+        // refuses a grid whose row count overflows, so the product holds here.
+        args.push(plan.add_counters(node, p.b.saturating_mul(p.hkv)));
+    }
+    args.push(out);
     let split = SplitContext {
         p,
         c,
@@ -303,33 +270,16 @@ pub(crate) fn kernels(
         log2e: f32_literal(std::f64::consts::LOG2_E),
         stats_at,
     };
-    let mut split_args = args;
-    split_args.push(ws);
-    let first = finish(
+    let kernel = finish(
         "flash_decode",
         "flash_decode.hip",
         split,
-        split_launch,
-        split_args,
+        launch(&c, p, node, target)?,
+        args,
         node,
     )?;
-    let combine = CombineContext {
-        p,
-        splits: c.splits,
-        threads: c.combine_threads,
-        slices: c.combine_slices,
-        unroll: COMBINE_UNROLL,
-        stats_at,
-    };
-    let second = finish(
-        "flash_decode_combine",
-        "flash_decode_combine.hip",
-        combine,
-        combine_launch,
-        vec![ws, out],
-        node,
-    )?;
-    Ok(Some(vec![first, second]))
+    plan.kernels.push(kernel);
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -441,13 +391,6 @@ mod tests {
                                 assert!(c.splits <= FILL_BLOCKS.div_ceil(b * hkv), "{what}");
                             }
                             assert_eq!(c.threads % wave, 0, "{what}");
-                            assert_eq!(c.combine_threads % wave, 0, "{what}");
-                            assert!((1..=c.splits).contains(&c.combine_slices), "{what}");
-                            assert!(
-                                c.combine_slices == 1
-                                    || c.combine_slices * p.dv <= c.combine_threads,
-                                "{what}"
-                            );
                             let rows = p.group * p.sq;
                             let bytes = shared_bytes(rows, &p).unwrap();
                             assert!(bytes <= shared_budget(&target), "{what}");
@@ -497,15 +440,12 @@ mod tests {
         // 3 K/V heads want ceil(608 / 3) = 203 splits; 4096 keys allow 4096 / 64 = 64 of one
         // round each.
         assert_eq!((c.splits, c.keys_per_split), (64, 64));
-        // The combine: 64 splits want 8 slices of 8 over 64 columns, 512 threads; at most 8
-        // warps, so 256 threads in 4 slices of 16 splits.
-        assert_eq!((c.combine_threads, c.combine_slices), (256, 4));
         // 4097 keys: 64 splits of ceil(4097 / 64) = 65 keys, 128 in whole rounds, which takes 33.
         let c = choose(&problem(&smollm(1, 4097), None), &target).unwrap();
         assert_eq!((c.splits, c.keys_per_split), (33, 128));
-        // 512 keys: 8 splits of one round; one slice of 8 splits, 64 threads for 64 columns.
+        // 512 keys: 8 splits of one round.
         let c = choose(&problem(&smollm(1, 512), None), &target).unwrap();
-        assert_eq!((c.splits, c.combine_threads, c.combine_slices), (8, 64, 1));
+        assert_eq!((c.splits, c.keys_per_split), (8, 64));
         // 32 keys: one split, taken for the group of 3 (K/V read once for three heads).
         let c = choose(&problem(&smollm(1, 32), None), &target).unwrap();
         assert_eq!((c.splits, c.keys_per_split), (1, 64));

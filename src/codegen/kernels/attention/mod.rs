@@ -2,7 +2,7 @@
 //! the family reads from the node (sizes, scale, causal offset, mask addressing, storage types);
 //! `lower` picks the kernel:
 //! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
-//!   the keys, a combine kernel after it, and a workspace between the two;
+//!   the keys, the splits combined by the last block of each K/V head (one kernel);
 //! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
 //!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
@@ -256,7 +256,7 @@ impl Problem {
 }
 
 /// The kernels for FlashAttention node `id` (operands q, k, v and the mask, then the result),
-/// appended to `plan`: the split-K decode pair with its workspace where few query rows meet
+/// appended to `plan`: the split-K decode kernel (with its workspace) where few query rows meet
 /// many keys, else the matrix-core kernel where the target has an atom, else the scalar one.
 /// `options` may limit the matrix-core kernel's memory-access choices (tests) and hold tuned
 /// configurations.
@@ -274,9 +274,7 @@ pub(crate) fn lower(
     let node = &g.node(id).name;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     let out = buf[&id];
-    let add_workspace = |elems| plan.add_workspace(node, elems);
-    if let Some(kernels) = decode::kernels(&p, node, args.clone(), out, target, add_workspace)? {
-        plan.kernels.extend(kernels);
+    if decode::kernels(&p, node, args.clone(), out, target, plan)? {
         return Ok(());
     }
     args.push(out);
