@@ -240,11 +240,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     if (tid < {{ rows }}) {
         const long long at = {{ stats_at }}LL + (row0 + tid) * {{ splits * 2 }};
         float mr = -INFINITY;
-#pragma unroll 8
+#pragma unroll 1
         for (int s = 0; s < {{ splits }}; ++s) mr = fmaxf(mr, part[at + 2 * s]);
         float lr = 0.0f;
         if (mr != -INFINITY) {
-#pragma unroll 8
+#pragma unroll 1
             for (int s = 0; s < {{ splits }}; ++s) lr += part[at + 2 * s + 1] * exp2f(part[at + 2 * s] - mr);
         }
         row_m[tid] = mr;
@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         const long long po = (row0 + r) * {{ splits * dv }} + c;
         float o = 0.0f;
         if (mr != -INFINITY) {
-#pragma unroll 8
+#pragma unroll 1
             for (int s = 0; s < {{ splits }}; ++s) o += part[po + (long long)s * {{ dv }}] * exp2f(part[at + 2 * s] - mr);
         }
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
