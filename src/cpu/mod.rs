@@ -478,10 +478,15 @@ impl CpuPlan {
                     let rms = matches!(node.op, Op::RmsNorm { .. });
                     (new_slot(&mut plan, None), Kind::Norm { eps: *eps, rms, d })
                 }
-                Op::Rope { theta, offset } => {
+                Op::Rope {
+                    theta,
+                    offset,
+                    factors,
+                } => {
                     let k = Kind::Rope(Box::new(attention::RopeStep::new(
                         *theta,
                         *offset,
+                        factors,
                         &arg_ty[0].shape,
                         args.len() > 1,
                     )));

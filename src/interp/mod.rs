@@ -431,8 +431,12 @@ fn eval(
         Op::Softmax { axis: a } => reduce::softmax(args[0], axis(*a)),
         Op::LayerNorm { eps } => reduce::norm(args[0], args[1], Some(args[2]), *eps, false),
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
-        Op::Rope { theta, offset } => {
-            attention::rope(args[0], *theta, *offset, args.get(1).copied())
+        Op::Rope {
+            theta,
+            offset,
+            factors,
+        } => {
+            attention::rope(args[0], *theta, *offset, factors, args.get(1).copied())
         }
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
         Op::Gemm(g) => gemm::gemm(g, args, ty),

@@ -249,7 +249,11 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             }
             Ok(x.clone())
         }
-        Op::Rope { theta, offset } => {
+        Op::Rope {
+            theta,
+            offset,
+            factors,
+        } => {
             let x = ins[0];
             if let Some(pos) = ins.get(1) {
                 if pos.dtype != DType::I32 {
@@ -275,6 +279,16 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
                     "rope needs [.., S, D] with D even, got {}",
                     x.shape
                 ));
+            }
+            let half = x.shape.0[x.shape.rank() - 1] / 2;
+            if !factors.is_empty() && factors.len() != half {
+                return attr_err(format!(
+                    "rope needs one frequency factor per pair ({half}), got {}",
+                    factors.len()
+                ));
+            }
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return attr_err(format!("rope frequency factors must be positive, got {f}"));
             }
             Ok(x.clone())
         }

@@ -77,7 +77,9 @@ impl LlamaModel {
 
     /// The head count of a Q or K projection (whose rows llama.cpp permuted).
     pub(super) fn permuted_heads(&self, name: &str) -> Option<usize> {
-        if name.ends_with(".attn_q.weight") {
+        if !self.config.family.permutes_qk() {
+            None
+        } else if name.ends_with(".attn_q.weight") {
             Some(self.config.num_attention_heads)
         } else if name.ends_with(".attn_k.weight") {
             Some(self.config.num_key_value_heads)
