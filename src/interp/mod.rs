@@ -435,9 +435,7 @@ fn eval(
             theta,
             offset,
             factors,
-        } => {
-            attention::rope(args[0], *theta, *offset, factors, args.get(1).copied())
-        }
+        } => attention::rope(args[0], *theta, *offset, factors, args.get(1).copied()),
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
         Op::Gemm(g) => gemm::gemm(g, args, ty),
         Op::FusedElementwise(expr) => elementwise::fused(expr, args),

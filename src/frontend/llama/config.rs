@@ -196,11 +196,7 @@ impl LlamaConfig {
             None => 10000.0,
         };
         if !(theta.is_finite() && theta > 1.0) {
-            return config_error(
-                g,
-                &key("rope.freq_base"),
-                format!("{theta} is not above 1"),
-            );
+            return config_error(g, &key("rope.freq_base"), format!("{theta} is not above 1"));
         }
         let rope_factors = rope_factors(g, arch, rotary_dim)?;
         let window = match g.get(&key("attention.sliding_window")) {
