@@ -16,6 +16,10 @@ use rocmforge::generate::{GenerateOptions, Generator};
 use rocmforge::interp::{run, Bindings};
 use rocmforge::runtime::Device;
 
+#[path = "common/kernel_compile.rs"]
+mod kernel_compile;
+#[path = "common/needs.rs"]
+mod needs;
 #[path = "common/tiny_gguf.rs"]
 mod tiny_gguf;
 use tiny_gguf::{tiny_family, GgufFile, Kv, RawTensor, TinyFamily, TINY_VOCAB};
@@ -456,4 +460,60 @@ fn unknown_architectures_and_scalings_are_typed_errors() {
     let e = load(&no_bias, "nobias");
     assert!(e.to_string().contains("blk.1.attn_k.bias"), "{e}");
     assert_eq!(TINY_VOCAB, 262);
+}
+
+/// The rope kernels of a Llama 3 decode step and prompt (frequency factors, a sliding window's
+/// mask beside them) carry the file's factors, and compile for gfx90a and gfx1030 through hiprtc
+/// without spills or scratch (skipped without hiprtc unless ROCMFORGE_REQUIRE_HIPRTC=1). NVIDIA
+/// is not compiled here: every rope kernel's double sin/cos keeps a stack frame under ptxas
+/// (tests/decode_kernels.rs leaves rope out of sm_90 for that reason).
+#[test]
+fn rope_factor_kernels_compile_for_amd() {
+    use rocmforge::arch::Target;
+    use rocmforge::codegen::{generate_with, CodegenOptions};
+    use rocmforge::passes::optimize;
+    use rocmforge::runtime::{AmdCompiler, Hiprtc};
+
+    let mut f = TinyFamily::new("llama");
+    f.rope_freqs = Some(vec![1.0, 1.0, 1.0, 1.5, 2.75, 5.0, 8.0, 8.0]);
+    f.window = Some(3);
+    let p = write("llama3-kernels", &tiny_family(&f));
+    let m = LlamaModel::load(&p).unwrap();
+    std::fs::remove_file(&p).ok();
+    let graphs = [
+        m.kv_graph(1, 32, Precision::F32, false).unwrap(),
+        m.graph(PROMPT.len(), Logits::Last).unwrap(),
+    ];
+    let rtc = match Hiprtc::load() {
+        Ok(r) => Some(AmdCompiler::Hiprtc(r)),
+        Err(e) => {
+            assert!(
+                std::env::var("ROCMFORGE_REQUIRE_HIPRTC").map_or(true, |v| v != "1"),
+                "ROCMFORGE_REQUIRE_HIPRTC=1 but no hiprtc: {e}"
+            );
+            eprintln!("skipped compiling: no hiprtc ({e})");
+            None
+        }
+    };
+    for arch in ["gfx90a", "gfx1030"] {
+        let target = Target::parse(arch).unwrap();
+        let mut set = kernel_compile::KernelSet::new();
+        for g in &graphs {
+            let (fused, _) = optimize(g).unwrap();
+            let plan = generate_with(&fused, &target, &CodegenOptions::default()).unwrap();
+            for k in plan.kernels.iter().filter(|k| k.family == "rope") {
+                let source = plan.source(k);
+                assert!(
+                    source.contains("_factors[i]") && source.contains("2.75"),
+                    "{source}"
+                );
+                set.entry(k.entry.clone())
+                    .or_insert((source, k.body.clone(), g.name.clone()));
+            }
+        }
+        assert!(!set.is_empty(), "{arch}: no rope kernel");
+        if let Some(rtc) = &rtc {
+            kernel_compile::amd(rtc, arch, &set).unwrap();
+        }
+    }
 }
