@@ -421,23 +421,23 @@ fn unsupported_or_inconsistent_metadata_gives_typed_errors() {
         (
             "rope scaling type",
             Box::new(|f| {
-                f.set("llama.rope.scaling.type", Kv::Str("linear".into()));
+                f.set("llama.rope.scaling.type", Kv::Str("yarn".into()));
             }),
-            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.scaling.type"),
+            |e| matches!(e, ModelError::Unsupported { field, value, .. } if field == "llama.rope.scaling.type" && value == "yarn"),
         ),
         (
             "rope scaling factor",
             Box::new(|f| {
-                f.set("llama.rope.scaling.factor", Kv::F32(4.0));
+                f.set("llama.rope.scaling.factor", Kv::F32(-4.0));
             }),
-            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.scaling.factor"),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.rope.scaling.factor"),
         ),
         (
-            "partial rotary",
+            "rotary dimensions past the head",
             Box::new(|f| {
-                f.set("llama.rope.dimension_count", Kv::U32(8));
+                f.set("llama.rope.dimension_count", Kv::U32(18));
             }),
-            |e| matches!(e, ModelError::Unsupported { field, .. } if field == "llama.rope.dimension_count"),
+            |e| matches!(e, ModelError::Setting { field, .. } if field == "llama.rope.dimension_count"),
         ),
         (
             "no block count",

@@ -370,8 +370,12 @@ fn lower_node(
             name,
             target,
         )?,
-        Op::Rope { theta, offset } => rope::kernel(
-            (*theta, *offset),
+        Op::Rope {
+            theta,
+            offset,
+            factors,
+        } => rope::kernel(
+            (*theta, *offset, factors),
             ty,
             ops.len() == 2,
             args(&ops),

@@ -16,12 +16,20 @@ pub struct RopeStep {
 }
 
 impl RopeStep {
-    pub fn new(theta: f64, offset: i64, shape: &Shape, positions: bool) -> RopeStep {
+    pub fn new(
+        theta: f64,
+        offset: i64,
+        factors: &[f64],
+        shape: &Shape,
+        positions: bool,
+    ) -> RopeStep {
         let dims = shape.dims();
         let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         RopeStep {
             inv_freq: (0..d / 2)
-                .map(|i| theta.powf(-2.0 * i as f64 / d as f64))
+                .map(|i| {
+                    theta.powf(-2.0 * i as f64 / d as f64) / factors.get(i).copied().unwrap_or(1.0)
+                })
                 .collect(),
             offset: if positions { 0 } else { offset },
             s,

@@ -479,10 +479,15 @@ impl CpuPlan {
                     let rms = matches!(node.op, Op::RmsNorm { .. });
                     (new_slot(&mut plan, None), Kind::Norm { eps: *eps, rms, d })
                 }
-                Op::Rope { theta, offset } => {
+                Op::Rope {
+                    theta,
+                    offset,
+                    factors,
+                } => {
                     let k = Kind::Rope(Box::new(attention::RopeStep::new(
                         *theta,
                         *offset,
+                        factors,
                         &arg_ty[0].shape,
                         args.len() > 1,
                     )));
@@ -513,7 +518,7 @@ impl CpuPlan {
                     // In place: the value is the state's buffer.
                     let w = kernels::Window::new(&arg_ty[0].shape, &arg_ty[1].shape, axis(*a));
                     let r = rope.map(|theta| {
-                        Box::new(attention::RopeStep::new(theta, 0, &arg_ty[1].shape, true))
+                        Box::new(attention::RopeStep::new(theta, 0, &[], &arg_ty[1].shape, true))
                     });
                     (args[0], Kind::CacheWrite(w, r))
                 }

@@ -18,7 +18,7 @@ const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
 
 /// The pre-tokenizers implemented, by their `tokenizer.ggml.pre` name.
-const PRE_TOKENIZERS: &str = "smollm, gpt2";
+const PRE_TOKENIZERS: &str = "smollm, gpt-2 (or gpt2)";
 
 /// A tokenizer read from GGUF metadata.
 #[derive(Clone)]
@@ -80,7 +80,8 @@ impl GgufTokenizer {
                 Digits::new(true).into(),
                 ByteLevel::new(false, false, true).into(),
             ]),
-            "gpt2" => Sequence::new(vec![ByteLevel::new(false, false, true).into()]),
+            // llama.cpp's name is "gpt-2"; "gpt2" is kept for the files that used it here.
+            "gpt-2" | "gpt2" => Sequence::new(vec![ByteLevel::new(false, false, true).into()]),
             other => return Err(unsupported("tokenizer.ggml.pre", other, PRE_TOKENIZERS)),
         };
         let tokens = g.strings("tokenizer.ggml.tokens")?;

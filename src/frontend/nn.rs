@@ -5,7 +5,7 @@
 //!
 //! Weights are PyTorch-shaped (`[out, in]` for a linear layer) and named by the caller.
 
-use crate::ir::{DType, Graph, GraphError, Init, NodeId};
+use crate::ir::{Attention, DType, Graph, GraphError, Init, MaskKind, NodeId, Op};
 
 /// `x · Wᵀ` for a bias-free linear layer stored `[dout, din]`.
 pub fn linear(
@@ -19,6 +19,63 @@ pub fn linear(
     let w = g.weight(weight, dt, &[dout, din])?;
     let wt = g.permute(w, &[1, 0])?;
     g.matmul(x, wt)
+}
+
+/// `x + b` for a bias `bias` of `dim` values over the last axis (an add the GEMM pass folds
+/// into the projection's epilogue).
+pub fn bias(
+    g: &mut Graph,
+    x: NodeId,
+    bias: &str,
+    dim: usize,
+    dt: DType,
+) -> Result<NodeId, GraphError> {
+    let b = g.weight_init(bias, dt, &[dim], Init::Zeros)?;
+    g.add(x, b)
+}
+
+/// `[.., n]` → its consecutive parts of `sizes` along the last axis (a fused projection's
+/// outputs: Phi-3's Q/K/V, or gate and up).
+pub fn split_last(g: &mut Graph, x: NodeId, sizes: &[usize]) -> Result<Vec<NodeId>, GraphError> {
+    let mut start = 0i64;
+    sizes
+        .iter()
+        .map(|&n| {
+            let part = g.slice(x, -1, start, start + n as i64);
+            start += n as i64;
+            part
+        })
+        .collect()
+}
+
+/// How a decoder rotates positions: rope over the leading `rotary_dim` of each head of
+/// `head_dim` (the rest pass through, Phi-3's partial rotary), each pair's frequency divided by
+/// its entry of `factors` (Llama 3's rope scaling; empty for none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f64,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub factors: Vec<f64>,
+}
+
+/// Rope by `spec` over `x` `[.., S, head_dim]` at positions `0..S`, or those `positions`
+/// (i32 `[S]`) holds.
+pub fn rope(
+    g: &mut Graph,
+    x: NodeId,
+    positions: Option<NodeId>,
+    spec: &RopeSpec,
+) -> Result<NodeId, GraphError> {
+    let (theta, factors) = (spec.theta, spec.factors.clone());
+    if spec.rotary_dim == spec.head_dim {
+        return g.rope_scaled(x, positions, theta, 0, factors);
+    }
+    let rd = spec.rotary_dim as i64;
+    let rot = g.slice(x, -1, 0, rd)?;
+    let pass = g.slice(x, -1, rd, spec.head_dim as i64)?;
+    let rot = g.rope_scaled(rot, positions, theta, 0, factors)?;
+    g.concat(&[rot, pass], -1)
 }
 
 /// RMSNorm over the last axis with a learned scale of `dim` values.
@@ -107,7 +164,9 @@ pub fn repeat_kv(
 
 /// Scaled dot-product attention with GQA: `q [B, Hq, Sq, D]` against `k`, `v`
 /// `[B, Hkv, Sk, D]`, causal with query `i` seeing keys `j ≤ i + causal_offset` (0 for a
-/// whole prompt; `Sk − Sq` when the keys include `Sk − Sq` earlier positions). The keys and
+/// whole prompt; `Sk − Sq` when the keys include `Sk − Sq` earlier positions), and with a
+/// sliding `window` only keys `j > i + causal_offset − window` (Mistral's, as transformers
+/// masks it: a query sees itself and the `window − 1` keys before it). The keys and
 /// values are whatever the caller passes: this step's projections for a full prefill, or a
 /// cache's contents for a decoder that keeps one. Returns `[B, Sq, Hq·D]`.
 #[allow(clippy::too_many_arguments)]
@@ -121,6 +180,7 @@ pub fn causal_attention(
     sq: usize,
     sk: usize,
     causal_offset: i64,
+    window: Option<usize>,
     dt: DType,
 ) -> Result<NodeId, GraphError> {
     let group = heads.q / heads.kv;
@@ -132,8 +192,51 @@ pub fn causal_attention(
     let scaled = g.mul(scores, scale)?;
     let keep = g.causal_mask(sq, sk, causal_offset)?;
     let neg = g.scalar(f64::NEG_INFINITY, dt)?;
-    let masked = g.where_(keep, scaled, neg)?;
+    let mut masked = g.where_(keep, scaled, neg)?;
+    if let Some(w) = window.filter(|&w| (w as i64) < sk as i64 + causal_offset.max(0)) {
+        // Keys at or before `i + offset − window` are out of the window: a second causal
+        // mask, shifted back by the window, names exactly them. (The attention pass does not
+        // fuse this form: a windowed prompt runs unfused; see docs/decisions.md.)
+        let old = g.causal_mask(sq, sk, causal_offset - w as i64)?;
+        masked = g.where_(old, neg, masked)?;
+    }
     let probs = g.softmax(masked, -1)?;
     let ctx = g.matmul(probs, v)?;
     merge_heads(g, ctx, b, sq, heads.q, heads.dim)
+}
+
+/// Attention of a step's queries `q [1, Hq, s, D]` over the first `kv_len` rows of caches `k`,
+/// `v` `[1, Hkv, max, D]` (row `j` holds position `j`), causal, and with a sliding `window`
+/// masked to keys `j > positions[i] − window` (a boolean mask `[s, max]` built from the
+/// positions, beside `kv_len`). Returns `[1, Hq, s, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn cached_attention(
+    g: &mut Graph,
+    (q, k, v): (NodeId, NodeId, NodeId),
+    kv_len: NodeId,
+    positions: NodeId,
+    s: usize,
+    max: usize,
+    d: usize,
+    window: Option<usize>,
+) -> Result<NodeId, GraphError> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let Some(w) = window.filter(|&w| w < max) else {
+        return g.flash_attention_len((q, k, v), kv_len, scale, true);
+    };
+    // keep[i, j] = j + window > positions[i], in f32 (exact for positions below 2^24).
+    let rows = g.constant(DType::F32, &[1, max], (0..max).map(|j| j as f64).collect())?;
+    let wc = g.scalar(w as f64, DType::F32)?;
+    let shifted = g.add(rows, wc)?;
+    let pos = g.cast(positions, DType::F32)?;
+    let pos = g.reshape(pos, &[s as i64, 1])?;
+    let keep = g.greater(shifted, pos)?;
+    let att = Attention {
+        scale,
+        causal: true,
+        causal_offset: 0,
+        mask: MaskKind::Boolean,
+        kv_len: true,
+    };
+    g.add_op(Op::FlashAttention(att), &[q, k, v, keep, kv_len])
 }

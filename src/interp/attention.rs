@@ -135,11 +135,13 @@ pub fn flash_attention(
 }
 
 /// Rotate-half rotary embedding over `[.., S, D]`: pairs `(i, i + D/2)` rotate by
-/// `p(s)·theta^(−2i/D)`, with `p(s) = offset + s`, or `positions[s]` when given.
+/// `p(s)·theta^(−2i/D)/factors[i]` (no divisor when `factors` is empty), with
+/// `p(s) = offset + s`, or `positions[s]` when given.
 pub fn rope(
     x: &Tensor,
     theta: f64,
     offset: i64,
+    factors: &[f64],
     positions: Option<&Tensor>,
 ) -> Result<Tensor, TensorError> {
     let positions = positions.map(|p| p.as_i64().expect("positions are i32 by inference"));
@@ -158,7 +160,8 @@ pub fn rope(
             None => (r % s.max(1)) as f64 + offset as f64,
         };
         for i in 0..half {
-            let inv_freq = theta.powf(-2.0 * i as f64 / d as f64);
+            let inv_freq =
+                theta.powf(-2.0 * i as f64 / d as f64) / factors.get(i).copied().unwrap_or(1.0);
             let (sin, cos) = (pos * inv_freq).sin_cos();
             let (a, b) = (f64::from(row[i]), f64::from(row[i + half]));
             dst[i] = (a * cos - b * sin) as f32;

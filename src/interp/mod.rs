@@ -408,7 +408,7 @@ fn eval(
             // A folded rope: the values rotated exactly as the `Op::Rope` it replaced.
             let rotated = match rope {
                 Some(theta) => {
-                    Some(attention::rope(args[1], *theta, 0, Some(args[3])).map_err(host)?)
+                    Some(attention::rope(args[1], *theta, 0, &[], Some(args[3])).map_err(host)?)
                 }
                 None => None,
             };
@@ -439,9 +439,11 @@ fn eval(
         Op::Softmax { axis: a } => reduce::softmax(args[0], axis(*a)),
         Op::LayerNorm { eps } => reduce::norm(args[0], args[1], Some(args[2]), *eps, false),
         Op::RmsNorm { eps } => reduce::norm(args[0], args[1], None, *eps, true),
-        Op::Rope { theta, offset } => {
-            attention::rope(args[0], *theta, *offset, args.get(1).copied())
-        }
+        Op::Rope {
+            theta,
+            offset,
+            factors,
+        } => attention::rope(args[0], *theta, *offset, factors, args.get(1).copied()),
         Op::MatMul => matmul::matmul(args[0], args[1], ty),
         Op::Gemm(g) => gemm::gemm(g, args, ty),
         Op::FusedElementwise(expr) => elementwise::fused(expr, args),

@@ -98,10 +98,17 @@ impl Op {
             }
             Op::Softmax { axis } => a.push(("axis", json(axis))),
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => a.push(("eps", json(eps))),
-            Op::Rope { theta, offset } => {
+            Op::Rope {
+                theta,
+                offset,
+                factors,
+            } => {
                 a.push(("theta", json(theta)));
                 if *offset != 0 {
                     a.push(("offset", json(offset)));
+                }
+                if !factors.is_empty() {
+                    a.push(("factors", json(factors)));
                 }
             }
             Op::FlashAttention(att) => {
@@ -204,6 +211,7 @@ impl Op {
             OpKind::Rope => Op::Rope {
                 theta: a.opt("theta")?.unwrap_or(10000.0),
                 offset: a.opt("offset")?.unwrap_or(0),
+                factors: a.opt("factors")?.unwrap_or_default(),
             },
             OpKind::MatMul => Op::MatMul,
             OpKind::FusedElementwise => Op::FusedElementwise(a.expr("expr")?),

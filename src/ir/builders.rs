@@ -260,7 +260,14 @@ impl Graph {
     }
 
     pub fn rope(&mut self, x: NodeId, theta: f64, offset: i64) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Rope { theta, offset }, &[x])
+        self.add_op(
+            Op::Rope {
+                theta,
+                offset,
+                factors: Vec::new(),
+            },
+            &[x],
+        )
     }
 
     /// Rope at the positions `positions` holds (i32 `[S]`).
@@ -270,7 +277,35 @@ impl Graph {
         positions: NodeId,
         theta: f64,
     ) -> Result<NodeId, GraphError> {
-        self.add_op(Op::Rope { theta, offset: 0 }, &[x, positions])
+        self.add_op(
+            Op::Rope {
+                theta,
+                offset: 0,
+                factors: Vec::new(),
+            },
+            &[x, positions],
+        )
+    }
+
+    /// Rope with one frequency divisor per pair (see [`Op::Rope`]), at positions
+    /// `offset..offset+S` or at those `positions` holds.
+    pub fn rope_scaled(
+        &mut self,
+        x: NodeId,
+        positions: Option<NodeId>,
+        theta: f64,
+        offset: i64,
+        factors: Vec<f64>,
+    ) -> Result<NodeId, GraphError> {
+        let op = Op::Rope {
+            theta,
+            offset,
+            factors,
+        };
+        match positions {
+            Some(p) => self.add_op(op, &[x, p]),
+            None => self.add_op(op, &[x]),
+        }
     }
 
     pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, GraphError> {

@@ -249,7 +249,24 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             }
             Ok(x.clone())
         }
-        Op::Rope { theta, offset } => rope_at(*theta, *offset, ins[0], ins.get(1).copied()),
+        Op::Rope {
+            theta,
+            offset,
+            factors,
+        } => {
+            let x = rope_at(*theta, *offset, ins[0], ins.get(1).copied())?;
+            let half = x.shape.0[x.shape.rank() - 1] / 2;
+            if !factors.is_empty() && factors.len() != half {
+                return attr_err(format!(
+                    "rope needs one frequency factor per pair ({half}), got {}",
+                    factors.len()
+                ));
+            }
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return attr_err(format!("rope frequency factors must be positive, got {f}"));
+            }
+            Ok(x)
+        }
         Op::MatMul => matmul(ins[0], ins[1]),
         Op::FlashAttention(att) => flash_attention(att, ins),
         Op::Gemm(g) => gemm(g, ins),

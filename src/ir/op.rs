@@ -106,9 +106,13 @@ pub enum Op {
     },
     /// Rotary embedding, rotate-half form (LLaMA), over `[.., S, D]` with positions `offset..offset+S`,
     /// or, with a second operand (i32 `[S]`), the positions that operand holds (`offset` then 0).
+    /// `factors`, when not empty, holds one divisor per pair (`D/2` of them): pair `i` rotates at
+    /// `theta^(−2i/D)/factors[i]` (Llama 3's rope scaling, which GGUF files store as
+    /// `rope_freqs.weight`).
     Rope {
         theta: f64,
         offset: i64,
+        factors: Vec<f64>,
     },
 
     // Contractions.

@@ -24,6 +24,8 @@ pub enum RopeFoldRefusal {
     RopeHasOtherReaders,
     RopeOffsetWithoutPositions,
     AlreadyRoped,
+    /// The rope scales its frequencies (Llama 3): the cache write's rope has no factors yet.
+    RopeHasFactors,
 }
 
 impl RopeFoldRefusal {
@@ -33,6 +35,7 @@ impl RopeFoldRefusal {
             RopeFoldRefusal::RopeHasOtherReaders => "rope_has_other_readers",
             RopeFoldRefusal::RopeOffsetWithoutPositions => "rope_offset_without_positions",
             RopeFoldRefusal::AlreadyRoped => "already_roped",
+            RopeFoldRefusal::RopeHasFactors => "rope_has_factors",
         }
     }
 }
@@ -47,10 +50,24 @@ fn matched(g: &Graph, id: NodeId) -> Option<Result<Folded, (RopeFoldRefusal, Str
     };
     let ops = g.operands(id);
     let values = ops[1];
-    let Op::Rope { theta, offset } = g.op(values) else {
+    let Op::Rope {
+        theta,
+        offset,
+        factors,
+    } = g.op(values)
+    else {
         return None;
     };
     let rope_name = &g.node(values).name;
+    if !factors.is_empty() {
+        return Some(Err((
+            RopeFoldRefusal::RopeHasFactors,
+            format!(
+                "`{rope_name}` scales its frequencies ({} factors); the cache write's rope has none",
+                factors.len()
+            ),
+        )));
+    }
     if rope.is_some() {
         return Some(Err((
             RopeFoldRefusal::AlreadyRoped,

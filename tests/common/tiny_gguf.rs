@@ -261,3 +261,176 @@ pub fn tiny_llama() -> GgufFile {
         tensors,
     }
 }
+
+/// The shape of a tiny decoder of one of the LLaMA-family architectures, every tensor f32 (so
+/// a test's reference reads the values straight from the file's bytes).
+#[derive(Clone, Debug)]
+pub struct TinyFamily {
+    /// `general.architecture`: "llama" (also Mistral's), "qwen2", "qwen3", "phi3".
+    pub arch: &'static str,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    /// `attn_{q,k,v}.bias` (Qwen2).
+    pub bias: bool,
+    /// `attn_{q,k}_norm.weight` (Qwen3).
+    pub qk_norm: bool,
+    /// `attn_qkv.weight` and a `ffn_up.weight` holding gate then up (Phi-3).
+    pub fused: bool,
+    /// `rope.dimension_count` when it differs from the head size.
+    pub rotary_dim: Option<usize>,
+    /// `rope_freqs.weight` (Llama 3 rope scaling).
+    pub rope_freqs: Option<Vec<f32>>,
+    /// `attention.sliding_window` (0 is written as Phi-3's converter does for none).
+    pub window: Option<u32>,
+    /// No `output.weight`: the embedding table is the LM head.
+    pub tied: bool,
+}
+
+impl TinyFamily {
+    /// A Llama-shaped default: 2 layers, hidden 64, 4 query and 2 K/V heads of 16, FFN 96.
+    pub fn new(arch: &'static str) -> TinyFamily {
+        TinyFamily {
+            arch,
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv: 2,
+            head_dim: 16,
+            ffn: 96,
+            bias: false,
+            qk_norm: false,
+            fused: false,
+            rotary_dim: None,
+            rope_freqs: None,
+            window: None,
+            tied: true,
+        }
+    }
+}
+
+/// The tokenizer metadata of the tiny models: the 256 byte symbols, 4 merges, 2 control
+/// tokens.
+fn tiny_tokenizer() -> Vec<(String, Kv)> {
+    let mut tokens = vec!["<|endoftext|>".to_string(), "<|im_start|>".to_string()];
+    tokens.extend(byte_symbols());
+    let merges = ["h e", "l l", "he ll", "Ġ w"];
+    tokens.extend(merges.iter().map(|m| m.replace(' ', "")));
+    let mut types = vec![3, 3];
+    types.extend(std::iter::repeat_n(1, tokens.len() - 2));
+    vec![
+        ("tokenizer.ggml.model".into(), Kv::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Kv::Str("smollm".into())),
+        ("tokenizer.ggml.tokens".into(), Kv::Strs(tokens)),
+        ("tokenizer.ggml.token_type".into(), Kv::I32s(types)),
+        (
+            "tokenizer.ggml.merges".into(),
+            Kv::Strs(merges.iter().map(|m| m.to_string()).collect()),
+        ),
+        ("tokenizer.ggml.add_bos_token".into(), Kv::Bool(false)),
+        ("tokenizer.ggml.bos_token_id".into(), Kv::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Kv::U32(0)),
+    ]
+}
+
+/// A tiny decoder of `f`'s architecture with seeded random f32 weights, laid out as llama.cpp's
+/// converter writes that architecture (metadata under `{arch}.`, tensor names and shapes).
+pub fn tiny_family(f: &TinyFamily) -> GgufFile {
+    let mut rng = ChaCha8Rng::seed_from_u64(25);
+    let a = f.arch;
+    let (h, d) = (f.hidden, f.head_dim);
+    let (qd, kvd) = (f.heads * d, f.kv * d);
+    let mut kvs: Vec<(String, Kv)> = vec![
+        ("general.architecture".into(), Kv::Str(a.into())),
+        ("general.alignment".into(), Kv::U32(32)),
+        (format!("{a}.block_count"), Kv::U32(f.layers as u32)),
+        (format!("{a}.context_length"), Kv::U32(64)),
+        (format!("{a}.embedding_length"), Kv::U32(h as u32)),
+        (format!("{a}.feed_forward_length"), Kv::U32(f.ffn as u32)),
+        (format!("{a}.attention.head_count"), Kv::U32(f.heads as u32)),
+        (format!("{a}.attention.head_count_kv"), Kv::U32(f.kv as u32)),
+        (format!("{a}.rope.freq_base"), Kv::F32(10000.0)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Kv::F32(1e-6),
+        ),
+    ];
+    if d * f.heads != h {
+        kvs.push((format!("{a}.attention.key_length"), Kv::U32(d as u32)));
+        kvs.push((format!("{a}.attention.value_length"), Kv::U32(d as u32)));
+    }
+    kvs.push((
+        format!("{a}.rope.dimension_count"),
+        Kv::U32(f.rotary_dim.unwrap_or(d) as u32),
+    ));
+    if let Some(w) = f.window {
+        kvs.push((format!("{a}.attention.sliding_window"), Kv::U32(w)));
+    }
+    kvs.extend(tiny_tokenizer());
+    let vocab = TINY_VOCAB;
+    let mut tensors = Vec::new();
+    let mut t = |name: String, shape: &[usize], scale: f32, around: f32| {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n)
+            .flat_map(|_| (around + rng.random_range(-1.0..1.0f32) * scale).to_le_bytes())
+            .collect();
+        tensors.push(RawTensor {
+            name,
+            shape: shape.to_vec(),
+            type_id: 0,
+            bytes,
+        });
+    };
+    let lin = |din: usize| 1.5 / (din as f32).sqrt();
+    t("token_embd.weight".into(), &[vocab, h], 1.0, 0.0);
+    for l in 0..f.layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        t(n("attn_norm.weight"), &[h], 0.2, 1.0);
+        if f.fused {
+            t(n("attn_qkv.weight"), &[qd + 2 * kvd, h], lin(h), 0.0);
+        } else {
+            t(n("attn_q.weight"), &[qd, h], lin(h), 0.0);
+            t(n("attn_k.weight"), &[kvd, h], lin(h), 0.0);
+            t(n("attn_v.weight"), &[kvd, h], lin(h), 0.0);
+        }
+        if f.bias {
+            t(n("attn_q.bias"), &[qd], 0.5, 0.0);
+            t(n("attn_k.bias"), &[kvd], 0.5, 0.0);
+            t(n("attn_v.bias"), &[kvd], 0.5, 0.0);
+        }
+        if f.qk_norm {
+            t(n("attn_q_norm.weight"), &[d], 0.3, 1.0);
+            t(n("attn_k_norm.weight"), &[d], 0.3, 1.0);
+        }
+        t(n("attn_output.weight"), &[h, qd], lin(qd), 0.0);
+        t(n("ffn_norm.weight"), &[h], 0.2, 1.0);
+        if f.fused {
+            t(n("ffn_up.weight"), &[2 * f.ffn, h], lin(h), 0.0);
+        } else {
+            t(n("ffn_gate.weight"), &[f.ffn, h], lin(h), 0.0);
+            t(n("ffn_up.weight"), &[f.ffn, h], lin(h), 0.0);
+        }
+        t(n("ffn_down.weight"), &[h, f.ffn], lin(f.ffn), 0.0);
+    }
+    t("output_norm.weight".into(), &[h], 0.2, 1.0);
+    if !f.tied {
+        t("output.weight".into(), &[vocab, h], lin(h), 0.0);
+    }
+    if let Some(freqs) = &f.rope_freqs {
+        tensors.push(RawTensor {
+            name: "rope_freqs.weight".into(),
+            shape: vec![freqs.len()],
+            type_id: 0,
+            bytes: freqs.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        });
+    }
+    GgufFile {
+        version: 3,
+        alignment: 32,
+        kvs,
+        tensors,
+    }
+}

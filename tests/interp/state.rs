@@ -265,6 +265,7 @@ fn rope_positions_are_checked() {
         rocmforge::ir::Op::Rope {
             theta: 1e4,
             offset: 2,
+            factors: Vec::new(),
         },
         &[x, p],
     );

@@ -67,11 +67,17 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
             DType::F32
         }),
     };
+    let t0 = Instant::now();
+    let model = rocmforge::frontend::LlamaModel::load(a.model).map_err(|e| e.to_string())?;
+    // Without --max-context: the device's default, or the model's context where that is
+    // shorter (tiny test models, small-context files), so `generate --model FILE` runs.
+    let max_context = a.max_context.unwrap_or_else(|| {
+        let default = if device.is_gpu() { 2048 } else { 512 };
+        default.min(model.config.max_position_embeddings)
+    });
     let options = GenerateOptions {
         precision,
-        max_context: a
-            .max_context
-            .unwrap_or(if device.is_gpu() { 2048 } else { 512 }),
+        max_context,
         replay: a.replay,
         logits: false,
     };
@@ -83,8 +89,6 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     } else {
         rocmforge::cpu::Precision::Exact
     };
-    let t0 = Instant::now();
-    let model = rocmforge::frontend::LlamaModel::load(a.model).map_err(|e| e.to_string())?;
     let mut gen = Generator::new_with_cpu_precision(model, &device, options, cpu_precision)
         .map_err(|e| e.to_string())?;
     let text_in = if a.chat {
@@ -118,8 +122,16 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     let tokenizer = gen.model.tokenizer.clone();
     let json = a.json;
     let mut failed = None;
+    // A context chosen for the model (no --max-context) ends generation at its end rather
+    // than refusing a default --max-tokens that does not fit.
+    let max_tokens = match a.max_context {
+        None => a
+            .max_tokens
+            .min(max_context.saturating_sub(prompt_ids.len()).max(1)),
+        Some(_) => a.max_tokens,
+    };
     let out = gen
-        .generate(&prompt_ids, a.max_tokens, |t| {
+        .generate(&prompt_ids, max_tokens, |t| {
             ids.push(t);
             if json {
                 return true;

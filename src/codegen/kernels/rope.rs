@@ -20,6 +20,8 @@ struct Context {
     /// Positions come from an operand (else `offset + s`).
     positions: bool,
     theta: String,
+    /// One divisor per pair as C double literals (Llama 3 rope scaling); empty when none.
+    factors: Vec<String>,
     /// The offset as a C double literal, and as written (comments).
     offset: String,
     offset_text: i64,
@@ -31,7 +33,7 @@ struct Context {
 }
 
 pub(crate) fn kernel(
-    (theta, offset): (f64, i64),
+    (theta, offset, factors): (f64, i64, &[f64]),
     ty: &TensorType,
     positions: bool,
     args: Vec<BufferId>,
@@ -51,6 +53,16 @@ pub(crate) fn kernel(
         what: "theta",
         value: theta,
     })?;
+    let factors = factors
+        .iter()
+        .map(|&f| {
+            f64_literal(f).ok_or(CodegenError::NonFinite {
+                node: node.to_string(),
+                what: "rope frequency factor",
+                value: f,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let ctx = Context {
         s,
         d,
@@ -58,6 +70,7 @@ pub(crate) fn kernel(
         n: rows * half,
         positions,
         theta,
+        factors,
         offset: format!("({offset}.0)"),
         offset_text: offset,
         ctype: c.storage,

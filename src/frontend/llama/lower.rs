@@ -2,7 +2,7 @@
 //! attention through an `AttentionStep`: a whole prompt, or a step with a KV cache), the final
 //! norm and the LM head.
 
-use super::super::nn::{self, Heads};
+use super::super::nn::{self, Heads, RopeSpec};
 use super::{file_tensor, lm_head, LlamaModel, Logits, Precision, BLOCKS_SUFFIX};
 use crate::ir::{DType, Graph, GraphError, NodeId, QuantScheme, Sample};
 
@@ -98,9 +98,9 @@ impl KvCache {
 }
 
 impl AttentionStep for KvCache {
-    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError> {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError> {
         let (positions, _, _) = self.inputs(g)?;
-        g.rope_at(x, positions, theta)
+        nn::rope(g, x, Some(positions), spec)
     }
 
     fn attend(
@@ -111,16 +111,25 @@ impl AttentionStep for KvCache {
         k: NodeId,
         v: NodeId,
         heads: Heads,
+        window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError> {
-        let (_, start, kv_len) = self.inputs(g)?;
+        let (positions, start, kv_len) = self.inputs(g)?;
         let shape = [1, heads.kv, self.max_context, heads.dim];
         let kc = g.state(&io::cache_k(layer), dt, &shape)?;
         let vc = g.state(&io::cache_v(layer), dt, &shape)?;
         let kc = g.cache_write(kc, k, start, 2)?;
         let vc = g.cache_write(vc, v, start, 2)?;
-        let scale = 1.0 / (heads.dim as f64).sqrt();
-        let ctx = g.flash_attention_len((q, kc, vc), kv_len, scale, true)?;
+        let ctx = nn::cached_attention(
+            g,
+            (q, kc, vc),
+            kv_len,
+            positions,
+            self.s,
+            self.max_context,
+            heads.dim,
+            window,
+        )?;
         nn::merge_heads(g, ctx, 1, self.s, heads.q, heads.dim)
     }
 }
@@ -129,9 +138,10 @@ impl AttentionStep for KvCache {
 /// between a whole-prompt prefill and a decoder with a KV cache.
 pub trait AttentionStep {
     /// Rope over `x` `[1, H, s, D]` (this step's tokens).
-    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError>;
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError>;
     /// Attention of layer `layer` for this step's roped `q` `[1, Hq, s, D]`, roped `k` and
-    /// `v` `[1, Hkv, s, D]`; returns `[1, s, Hq·D]`.
+    /// `v` `[1, Hkv, s, D]`, keys limited to a sliding `window` where given; returns
+    /// `[1, s, Hq·D]`.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &mut self,
@@ -141,6 +151,7 @@ pub trait AttentionStep {
         k: NodeId,
         v: NodeId,
         heads: Heads,
+        window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError>;
 }
@@ -151,8 +162,8 @@ pub struct Prefill {
 }
 
 impl AttentionStep for Prefill {
-    fn rope(&mut self, g: &mut Graph, x: NodeId, theta: f64) -> Result<NodeId, GraphError> {
-        g.rope(x, theta, 0)
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError> {
+        nn::rope(g, x, None, spec)
     }
 
     fn attend(
@@ -163,9 +174,10 @@ impl AttentionStep for Prefill {
         k: NodeId,
         v: NodeId,
         heads: Heads,
+        window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError> {
-        nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, dt)
+        nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, window, dt)
     }
 }
 
@@ -370,7 +382,11 @@ impl LlamaModel {
         g.matmul(x, wt)
     }
 
-    /// Decoder layer `l` on `x` `[1, s, hidden]`, as transformers' `LlamaDecoderLayer`.
+    /// Decoder layer `l` on `x` `[1, s, hidden]`, as transformers' `LlamaDecoderLayer` with
+    /// the family's differences as data: Q/K/V from one fused tensor (Phi-3) or three, with
+    /// biases (Qwen2), Q and K heads RMS-normalised before rope (Qwen3), rope over the leading
+    /// `rotary_dim` with frequency factors (Llama 3), attention in a sliding window (Mistral),
+    /// gate and up from one fused tensor (Phi-3) or two.
     pub(super) fn layer(
         &self,
         g: &mut Graph,
@@ -386,22 +402,57 @@ impl LlamaModel {
         let w = |name: &str| format!("blk.{l}.{name}.weight");
         let a = nn::rms_norm(g, x, &w("attn_norm"), h, c.rms_norm_eps, dt)?;
         let (qd, kvd) = (heads.q * heads.dim, heads.kv * heads.dim);
-        let q = self.linear(g, a, &w("attn_q"), h, qd, p)?;
-        let k = self.linear(g, a, &w("attn_k"), h, kvd, p)?;
-        let v = self.linear(g, a, &w("attn_v"), h, kvd, p)?;
-        let q = nn::split_heads(g, q, 1, s, heads.q, heads.dim)?;
-        let k = nn::split_heads(g, k, 1, s, heads.kv, heads.dim)?;
+        let (q, k, v) = if c.fused_qkv {
+            let qkv = self.linear(g, a, &w("attn_qkv"), h, qd + 2 * kvd, p)?;
+            let parts = nn::split_last(g, qkv, &[qd, kvd, kvd])?;
+            (parts[0], parts[1], parts[2])
+        } else {
+            let q = self.linear(g, a, &w("attn_q"), h, qd, p)?;
+            let k = self.linear(g, a, &w("attn_k"), h, kvd, p)?;
+            let v = self.linear(g, a, &w("attn_v"), h, kvd, p)?;
+            (q, k, v)
+        };
+        let (q, k, v) = if c.attention_bias {
+            let b = |name: &str| format!("blk.{l}.{name}.bias");
+            (
+                nn::bias(g, q, &b("attn_q"), qd, dt)?,
+                nn::bias(g, k, &b("attn_k"), kvd, dt)?,
+                nn::bias(g, v, &b("attn_v"), kvd, dt)?,
+            )
+        } else {
+            (q, k, v)
+        };
+        let mut q = nn::split_heads(g, q, 1, s, heads.q, heads.dim)?;
+        let mut k = nn::split_heads(g, k, 1, s, heads.kv, heads.dim)?;
         let v = nn::split_heads(g, v, 1, s, heads.kv, heads.dim)?;
-        let q = step.rope(g, q, c.rope_theta)?;
-        let k = step.rope(g, k, c.rope_theta)?;
-        let ctx = step.attend(g, l, q, k, v, heads, dt)?;
+        if c.qk_norm {
+            // Per head, over the head's dimensions (the last axis of [1, H, s, D]).
+            q = nn::rms_norm(g, q, &w("attn_q_norm"), heads.dim, c.rms_norm_eps, dt)?;
+            k = nn::rms_norm(g, k, &w("attn_k_norm"), heads.dim, c.rms_norm_eps, dt)?;
+        }
+        let spec = RopeSpec {
+            theta: c.rope_theta,
+            head_dim: heads.dim,
+            rotary_dim: c.rotary_dim,
+            factors: c.rope_factors.clone(),
+        };
+        let q = step.rope(g, q, &spec)?;
+        let k = step.rope(g, k, &spec)?;
+        let ctx = step.attend(g, l, q, k, v, heads, c.sliding_window, dt)?;
         let o = self.linear(g, ctx, &w("attn_output"), qd, h, p)?;
         let r = g.add(x, o)?;
         let m = nn::rms_norm(g, r, &w("ffn_norm"), h, c.rms_norm_eps, dt)?;
         // SwiGLU: down(silu(gate(m)) · up(m)).
         let ffn = c.intermediate_size;
-        let gate = self.linear(g, m, &w("ffn_gate"), h, ffn, p)?;
-        let up = self.linear(g, m, &w("ffn_up"), h, ffn, p)?;
+        let (gate, up) = if c.fused_gate_up {
+            let gu = self.linear(g, m, &w("ffn_up"), h, 2 * ffn, p)?;
+            let parts = nn::split_last(g, gu, &[ffn, ffn])?;
+            (parts[0], parts[1])
+        } else {
+            let gate = self.linear(g, m, &w("ffn_gate"), h, ffn, p)?;
+            let up = self.linear(g, m, &w("ffn_up"), h, ffn, p)?;
+            (gate, up)
+        };
         let act = g.silu(gate)?;
         let hmul = g.mul(act, up)?;
         let f = self.linear(g, hmul, &w("ffn_down"), ffn, h, p)?;

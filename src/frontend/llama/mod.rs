@@ -1,12 +1,13 @@
-//! LLaMA-class decoders (SmolLM2 and its family) from one GGUF file: the configuration from the
-//! `llama.*` metadata, the tokenizer from `tokenizer.ggml.*`, the weights dequantized when a
+//! LLaMA-family decoders (SmolLM2, Llama 3, Mistral, Qwen2/2.5, Qwen3, Phi-3) from one GGUF
+//! file, one lowering with the families' differences as data ([`LlamaConfig`]): the
+//! configuration from the `{arch}.*` metadata, the tokenizer from `tokenizer.ggml.*`, the weights dequantized when a
 //! graph is bound, and the forward pass lowered as transformers' `LlamaForCausalLM` computes
 //! it: embeddings, per layer RMSNorm → Q/K/V → RoPE → causal GQA attention → output projection
 //! → residual, RMSNorm → SwiGLU MLP → residual; a final RMSNorm and the LM head (the embedding
 //! table when the file has no `output.weight`).
 //!
-//! llama.cpp's converter stores the rows of the Q and K projections permuted so that its
-//! interleaved ("GPT-J") rope rotates adjacent pairs; the IR's rope is transformers'
+//! For the `llama` architecture llama.cpp's converter stores the rows of the Q and K projections
+//! permuted so that its interleaved ("GPT-J") rope rotates adjacent pairs; the IR's rope is transformers'
 //! rotate-half, so the rows are put back in transformers' order when the weights are read
 //! (transformers' GGUF loader does the same, `reverse_permute`).
 
@@ -26,7 +27,7 @@ use crate::ir::{DType, Op};
 
 use config::config_error;
 
-pub use config::LlamaConfig;
+pub use config::{Family, LlamaConfig};
 pub use lower::{io, AttentionStep, KvCache, Prefill};
 pub use weights::unpermute_rows;
 
@@ -113,7 +114,7 @@ impl LlamaModel {
         if layers != config.num_hidden_layers {
             return config_error(
                 &gguf,
-                "llama.block_count",
+                &format!("{}.block_count", config.family.name()),
                 format!(
                     "{} layers, but the file holds tensors of {layers} (blk.*)",
                     config.num_hidden_layers
@@ -124,7 +125,7 @@ impl LlamaModel {
         if tokenizer.vocab_size() > config.vocab_size {
             return config_error(
                 &gguf,
-                "llama.vocab_size",
+                &format!("{}.vocab_size", config.family.name()),
                 format!(
                     "{} rows of embeddings, but the tokenizer has {} tokens",
                     config.vocab_size,

@@ -77,9 +77,11 @@ impl LlamaModel {
 
     /// The head count of a Q or K projection (whose rows llama.cpp permuted).
     pub(super) fn permuted_heads(&self, name: &str) -> Option<usize> {
-        if name.ends_with(".attn_q.weight") {
+        if !self.config.family.permutes_qk() {
+            None
+        } else if name.ends_with(".attn_q.weight") || name.ends_with(".attn_q.bias") {
             Some(self.config.num_attention_heads)
-        } else if name.ends_with(".attn_k.weight") {
+        } else if name.ends_with(".attn_k.weight") || name.ends_with(".attn_k.bias") {
             Some(self.config.num_key_value_heads)
         } else {
             None
@@ -93,15 +95,23 @@ impl LlamaModel {
         let mut values = self.gguf.dequantize(name)?;
         let heads = self.permuted_heads(name);
         if let Some(heads) = heads {
-            let expected = [heads * self.config.head_dim, self.config.hidden_size];
+            // A projection [heads·D, hidden], or its bias [heads·D] (rows of one value): the
+            // converter permuted both.
+            let rows = heads * self.config.head_dim;
+            let expected = if name.ends_with(".bias") {
+                vec![rows]
+            } else {
+                vec![rows, self.config.hidden_size]
+            };
             if shape != expected {
                 return Err(ModelError::TensorShape {
                     name: name.into(),
-                    expected: expected.to_vec(),
+                    expected,
                     found: shape,
                 });
             }
-            values = unpermute_rows(&values, expected[0], expected[1], heads);
+            let cols = expected.get(1).copied().unwrap_or(1);
+            values = unpermute_rows(&values, rows, cols, heads);
         }
         if !dtype.is_float() {
             return Err(ModelError::TensorDType {

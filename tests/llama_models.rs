@@ -1,0 +1,191 @@
+//! The tiny models `scripts/make-test-models` builds with transformers and llama.cpp's converter
+//! and quantizer, one per LLaMA-family architecture, under `tests/data/models/<name>/`
+//! (`f32.gguf`, `Q8_0.gguf`, `Q4_K_M.gguf`, ..., `reference.json`): the f32 file's last-position
+//! logits on the interpreter against transformers' f32 logits (relative L2 ≤ 1e-4), greedy
+//! tokens through the KV cache (CPU device) against transformers' while its lead is clear, the
+//! quantized files' logits within each type's stated tolerance, and `generate --model FILE` with
+//! no flags. Where a model's files are absent these tests say so and return, unless
+//! ROCMFORGE_REQUIRE_MODELS=1.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rocmforge::frontend::llama::{Family, Logits, Precision};
+use rocmforge::frontend::LlamaModel;
+use rocmforge::generate::{GenerateOptions, Generator};
+use rocmforge::interp::{run, Bindings};
+use rocmforge::runtime::Device;
+use serde_json::Value;
+
+/// The model directory `name`, or `None` (with the reason printed) where it is absent.
+fn model_dir(name: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/models")
+        .join(name);
+    if dir.join("reference.json").exists() && dir.join("f32.gguf").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("ROCMFORGE_REQUIRE_MODELS").map_or(true, |v| v != "1"),
+        "ROCMFORGE_REQUIRE_MODELS=1 but no model at {}",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: {} not found (run scripts/make-test-models)",
+        dir.display()
+    );
+    None
+}
+
+fn reference(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let e = (num / den).sqrt();
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// The last position's logits of `file` over `prompt` on the interpreter, weights dequantized
+/// to f32.
+fn last_logits(file: &Path, prompt: &[u32]) -> Vec<f64> {
+    let m = LlamaModel::load(file).unwrap();
+    let g = m.graph(prompt.len(), Logits::Last).unwrap();
+    let b = Bindings {
+        weights: m.weights_for(&g).unwrap(),
+        inputs: m.inputs(prompt).into_iter().collect(),
+        ..Bindings::default()
+    };
+    run(&g, &b).unwrap().remove(0).to_f64_vec()
+}
+
+/// Relative L2 of the quantized files' logits against transformers' f32: Q8_0 keeps 8 bits per
+/// weight; the 4–6 bit mixes (which at hidden 64 fall back to Q5_0/Q8_0/Q4_0 rows, llama.cpp
+/// quantizing what no 256-value block fits otherwise) lose more. Measured margins are printed.
+const QUANT_TOLERANCE: [(&str, f64); 5] = [
+    ("Q8_0", 0.02),
+    ("Q6_K", 0.05),
+    ("Q5_K_M", 0.1),
+    ("Q4_K_M", 0.15),
+    ("Q4_0", 0.2),
+];
+
+/// Everything for model `name` of `family`.
+fn check(name: &str, family: Family) {
+    let Some(dir) = model_dir(name) else { return };
+    let r = reference(&dir);
+    let prompt = ids(&r["ids"]);
+    let want = floats(&r["last_logits"]);
+    let f32_file = dir.join("f32.gguf");
+    let m = LlamaModel::load(&f32_file).unwrap();
+    assert_eq!(m.config.family, family, "{name}");
+    assert_eq!(m.config.vocab_size, want.len(), "{name}");
+    // The tokenizer the converter wrote gives transformers' ids for the prompt.
+    let text = r["prompt"].as_str().unwrap();
+    assert_eq!(
+        m.tokenizer.encode(text).unwrap(),
+        prompt,
+        "{name}: token ids"
+    );
+
+    let got = last_logits(&f32_file, &prompt);
+    let err = rel_l2(&got, &want);
+    eprintln!("{name} f32: rel L2 {err:.2e}");
+    assert!(err <= 1e-4, "{name} f32: last-position logits rel L2 {err}");
+
+    // Greedy through the KV cache, compared while transformers' lead of the top token is clear
+    // of f32 noise (1e-3 of the largest logit).
+    let greedy = ids(&r["greedy"]);
+    let leads = floats(&r["greedy_leads"]);
+    let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+    let clear = leads.iter().take_while(|&&l| l > 1e-3 * scale).count();
+    assert!(
+        clear >= 1,
+        "{name}: the first greedy token's lead is not clear"
+    );
+    let options = GenerateOptions {
+        precision: Precision::F32,
+        max_context: 64,
+        replay: false,
+        logits: false,
+    };
+    let mut g = Generator::new(m, &Device::cpu(), options).unwrap();
+    let out = g.generate(&prompt, clear, |_| true).unwrap();
+    assert_eq!(out.ids, greedy[..clear], "{name}: greedy tokens");
+
+    for (ty, tol) in QUANT_TOLERANCE {
+        let file = dir.join(format!("{ty}.gguf"));
+        if !file.exists() {
+            eprintln!("{name}: no {ty}.gguf");
+            continue;
+        }
+        let err = rel_l2(&last_logits(&file, &prompt), &want);
+        eprintln!("{name} {ty}: rel L2 {err:.2e} (tolerance {tol})");
+        assert!(
+            err <= tol,
+            "{name} {ty}: last-position logits rel L2 {err} > {tol}"
+        );
+    }
+
+    // `generate --model FILE` with no other flags.
+    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args(["generate", "--model"])
+        .arg(&f32_file)
+        .arg(text)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: generate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn llama3_tiny() {
+    check("llama3-tiny", Family::Llama);
+}
+
+#[test]
+fn qwen2_tiny() {
+    check("qwen2-tiny", Family::Qwen2);
+}
+
+#[test]
+fn qwen3_tiny() {
+    check("qwen3-tiny", Family::Qwen3);
+}
+
+#[test]
+fn mistral_tiny() {
+    check("mistral-tiny", Family::Llama);
+}
+
+#[test]
+fn phi3_tiny() {
+    check("phi3-tiny", Family::Phi3);
+}
