@@ -44,6 +44,9 @@ pub(crate) fn optimise(
     if explain {
         out!("{}", explain_text(&reports));
     }
+    // As a compile does (`compile::optimise`): concatenated weights become one weight bound
+    // once, so the plan shown is the plan that runs (no concat kernels per run).
+    rocmforge::compile::fold::fold_weight_concats(graph).map_err(|e| e.to_string())?;
     Ok(manager)
 }
 
