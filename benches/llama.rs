@@ -164,6 +164,16 @@ fn main() {
             }
             let ms = time_ms(100, || step(&mut ds, 1, ctx, ctx + 1));
             record(case, ms, dec_kernels, 1);
+            // Where a decode step's time goes: each kernel's device time, run one by one
+            // (ROCMFORGE_BENCH_BREAKDOWN=1; GPU only).
+            if std::env::var("ROCMFORGE_BENCH_BREAKDOWN").is_ok_and(|v| v == "1") {
+                if let Ok(profile) = ds.profile() {
+                    eprintln!(
+                        "decode_ctx{ctx}{suffix} kernel by kernel:\n{}",
+                        profile.family_table()
+                    );
+                }
+            }
         }
     }
     summary::write_json(&device, rows);

@@ -42,9 +42,7 @@ RF_INLINE int rf_w_word(const unsigned char* __restrict__ blk, int j) {
         const bool in = i < RF_M * RF_K;
         const int m = in ? i / RF_K : 0, k = in ? i % RF_K : 0;
 {% if p.prologue %}        float x = in ? {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} : 0.0f;
-        if (in) x = {{ parts.norm_a(p, "x", "m", "k") }};
-{% else %}        const float x = in ? {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} : 0.0f;
-{% endif %}
+        if (in) x = {{ parts.norm_a(p, "x", "m", "k") }};{% else %}        const float x = in ? {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} : 0.0f;{% endif %}
         float amax = fabsf(x);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, rf_shfl_xor(amax, o));

@@ -23,6 +23,9 @@ RF_INLINE rf_half rf_f2h(float f) {
     return c.u;
 }
 RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, RF_WAVE); }
+// A load served by L2, not this CU's/SM's L1: values another block wrote (after its release fence and our
+// acquire fence) are read as written, and loads stay independent (unlike volatile ones) so several are in flight.
+RF_INLINE float rf_ld_l2(const float* p) { return __builtin_nontemporal_load(p); }
 // c + the sum of the products of the four signed bytes of a and b ({{ dot4 }}: the arch row's
 // `Dot4`, which says which built-in this processor's clang accepts).
 RF_INLINE int rf_dot4_i8(int a, int b, int c) {

@@ -24,6 +24,9 @@ RF_INLINE rf_half rf_f2h(float f) {
 }
 // HIP's __shfl_xor is wave-wide and implicitly synchronous; CUDA needs the explicit mask.
 RF_INLINE float rf_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, RF_WAVE); }
+// A load served by L2, not this CU's/SM's L1: values another block wrote (after its release fence and our
+// acquire fence) are read as written, and loads stay independent (unlike volatile ones) so several are in flight.
+RF_INLINE float rf_ld_l2(const float* p) { return __ldcg(p); }
 // c + the sum of the products of the four signed bytes of a and b ({{ dot4 }}: the arch row's `Dot4`).
 RF_INLINE int rf_dot4_i8(int a, int b, int c) {
 {% if dot4 == "dp4a" %}    return __dp4a(a, b, c);

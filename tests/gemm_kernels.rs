@@ -233,20 +233,31 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
     v
 }
 
-/// Whether the decode GEMV with int8 activations computes a `scheme` weight at M `m`: the
-/// legacy schemes up to M 8 (the shapes of the tests fit its shared memory everywhere).
+/// The options that choose the int8 GEMV (off by default: `CodegenOptions::int8_gemv`).
+fn int8_options() -> CodegenOptions {
+    CodegenOptions {
+        int8_gemv: true,
+        ..CodegenOptions::default()
+    }
+}
+
+/// Whether the decode GEMV with int8 activations computes a `scheme` weight at M `m` under the
+/// default options: only where `CodegenOptions::int8_gemv` is on (off by default), the legacy
+/// schemes up to M 8 (the shapes of the tests fit its shared memory everywhere).
 fn takes_int8(scheme: QuantScheme, m: usize) -> bool {
-    matches!(
-        scheme,
-        QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
-    ) && (1..=8).contains(&m)
+    CodegenOptions::default().int8_gemv
+        && matches!(
+            scheme,
+            QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
+        )
+        && (1..=8).contains(&m)
 }
 
 /// Runs `case` on the host for `arch`'s plan: one kernel, the int8 GEMV, within its bound.
 fn int8_host_run(cxx: &Path, case: &Int8Case, arch: &str) -> Result<(), Failed> {
     let g = case.fused();
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let plan = generate_with(&g, &target, &int8_options()).map_err(|e| e.to_string())?;
     match plan.kernels.as_slice() {
         [k] if k.family == "gemm_quant" && k.body.contains("rf_dot4_i8") => {}
         ks => {
@@ -371,7 +382,7 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     }
     // The int8 GEMV with each epilogue and M.
     for c in int8_gemv::host_cases() {
-        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
+        let plan = generate_with(&c.fused(), &target, &int8_options())
             .map_err(|e| format!("{}: {e}", c.name()))?;
         for k in &plan.kernels {
             out.entry(k.entry.clone())
@@ -391,10 +402,14 @@ fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
 }
 
 /// The body of the `family` kernel of quantized `case`, as generated for sm_90.
-fn quant_snapshot(name: &'static str, case: QuantCase, family: &str) -> Result<(), Failed> {
+fn quant_snapshot(
+    name: &'static str,
+    case: QuantCase,
+    family: &str,
+    options: &CodegenOptions,
+) -> Result<(), Failed> {
     let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
-    let plan = generate_with(&case.fused(), &target, &CodegenOptions::default())
-        .map_err(|e| e.to_string())?;
+    let plan = generate_with(&case.fused(), &target, options).map_err(|e| e.to_string())?;
     let k = plan
         .kernels
         .iter()
@@ -510,12 +525,13 @@ fn main() {
         k: 96,
         bias: true,
     };
-    // Q4_1 at M 3 is the int8 GEMV; Q4_K the f32 reader.
+    // Q4_1 at M 3 with the int8 GEMV asked for; Q4_K the f32 reader (the default for all).
     trials.push(Trial::test("snapshot::gemm_quant", move || {
         quant_snapshot(
             "kernels__gemm_quant__q4_1_f16__sm_90",
             quant(QuantScheme::Q4_1, DType::F16, 3),
             "gemm_quant",
+            &int8_options(),
         )
     }));
     trials.push(Trial::test("snapshot::gemm_quant_f32", move || {
@@ -526,6 +542,7 @@ fn main() {
                 ..quant(QuantScheme::Q4K, DType::F16, 3)
             },
             "gemm_quant",
+            &CodegenOptions::default(),
         )
     }));
     for (scheme, name) in [
@@ -534,7 +551,14 @@ fn main() {
     ] {
         trials.push(Trial::test(
             format!("snapshot::dequantize::{scheme}"),
-            move || quant_snapshot(name, quant(scheme, DType::F16, 40), "dequantize"),
+            move || {
+                quant_snapshot(
+                    name,
+                    quant(scheme, DType::F16, 40),
+                    "dequantize",
+                    &CodegenOptions::default(),
+                )
+            },
         ));
     }
     libtest_mimic::run(&args, trials).exit();

@@ -580,11 +580,11 @@ fn a_200k_node_chain_fuses_into_full_groups_and_computes_the_same() {
     assert_eq!(run(&g, &b).unwrap(), run(&fused, &b).unwrap());
 }
 
+#[path = "passes/merge.rs"]
+mod merge;
 #[path = "common/norm_cases.rs"]
 mod norm_cases;
 #[path = "passes/norm_gemv.rs"]
 mod norm_gemv;
-#[path = "passes/merge.rs"]
-mod merge;
 #[path = "passes/rope_fold.rs"]
 mod rope_fold;

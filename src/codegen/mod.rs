@@ -93,6 +93,12 @@ pub struct CodegenOptions {
     /// Lower every slice as a copy kernel, none read in place as an alias of its operand's
     /// buffer: for replay bundles, whose format has no buffer offsets yet.
     pub copy_slices: bool,
+    /// Decode GEMVs on Q4_0/Q4_1/Q8_0 blocks with 8-bit activations and 4-way int8 dot products
+    /// (`kernels/gemm/quant_dot.rs`) instead of the f32 reader. Off by default: on the H100 at
+    /// SmolLM2's sizes it measured 9.7 µs a GEMV against 6.5 µs for the f16 small-M kernel
+    /// (decode step kernel by kernel, docs/performance.md): its per-block activation pass and
+    /// reductions are latency the f32 reader does not pay.
+    pub int8_gemv: bool,
 }
 
 /// The kernels that compute `graph` on `target`.
@@ -110,6 +116,7 @@ pub fn generate_with(
         attention_access,
         tuned,
         copy_slices,
+        int8_gemv,
     } = options;
     lower::generate(
         graph,
@@ -118,6 +125,7 @@ pub fn generate_with(
             attention_access: *attention_access,
             tuned: tuned.clone(),
             copy_slices: *copy_slices,
+            int8_gemv: *int8_gemv,
         },
     )
 }

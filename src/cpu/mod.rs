@@ -518,7 +518,13 @@ impl CpuPlan {
                     // In place: the value is the state's buffer.
                     let w = kernels::Window::new(&arg_ty[0].shape, &arg_ty[1].shape, axis(*a));
                     let r = rope.map(|theta| {
-                        Box::new(attention::RopeStep::new(theta, 0, &[], &arg_ty[1].shape, true))
+                        Box::new(attention::RopeStep::new(
+                            theta,
+                            0,
+                            &[],
+                            &arg_ty[1].shape,
+                            true,
+                        ))
                     });
                     (args[0], Kind::CacheWrite(w, r))
                 }

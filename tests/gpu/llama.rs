@@ -232,7 +232,9 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
     let cpu = Device::cpu();
     for (p, tol) in [
         (Precision::F32, 1e-3),
-        (Precision::quantized(DType::F32), 1e-3),
+        // The GPU's decode GEMV rounds activations to 8 bits (the int8 GEMV, as llama.cpp's
+        // mmvq): 0.5% of the logits' scale where the f32 path is within 0.1%.
+        (Precision::quantized(DType::F32), 1e-2),
         (Precision::F16, 0.05),
         (Precision::quantized(DType::F16), 0.05),
     ] {

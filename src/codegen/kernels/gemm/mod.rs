@@ -275,6 +275,7 @@ pub(crate) fn lower(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     tuned: &Tuned,
+    int8_gemv: bool,
 ) -> Result<Kernel, CodegenError> {
     let p = Problem::new(g, id, gemm)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
@@ -282,9 +283,12 @@ pub(crate) fn lower(
     let node = &g.node(id).name;
     let dtype = g.ty(g.operands(id)[0]).dtype;
     if let Some(scheme) = quant::reads_blocks(g, id, gemm) {
-        // Int8 activations and 4-way dot products where that kernel takes the problem.
-        if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
-            return Ok(k);
+        // Int8 activations and 4-way dot products where asked for and that kernel takes the
+        // problem (`CodegenOptions::int8_gemv`).
+        if int8_gemv {
+            if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
+                return Ok(k);
+            }
         }
         return quant::kernel(&p, gemm, scheme, node, args, target);
     }
