@@ -10,11 +10,15 @@ use rocmforge::compile::bundle;
 use rocmforge::ir::{format, Graph, Tensor};
 use rocmforge::runtime::Device;
 
-/// A fresh, absent directory for a bundle.
+/// A fresh, absent directory for a bundle: process id, a per-process counter (two trials whose
+/// graphs share a name, `decode_step` and `decode_step_small`'s graph, ran in parallel in one
+/// directory, one removing it while the other wrote) and the name.
 pub fn bundle_dir(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "rocmforge-gpu-bundle-{}-{}",
+        "rocmforge-gpu-bundle-{}-{}-{}",
         std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
     ));
     let _ = std::fs::remove_dir_all(&dir);
