@@ -118,6 +118,20 @@ fn merge_group(g: &mut Graph, members: &[NodeId], report: &mut PassReport) {
     }
     if sets[best].1.len() > 1 {
         let ids = sets[best].1.clone();
+        // Each slice of a merged result of more than one row is strided: a copy kernel per
+        // member would replace the kernels merging saves (prefill), so only single-row
+        // products merge.
+        let rows = product(&chosen.m);
+        if rows != 1 {
+            for &id in &ids {
+                report.skip(
+                    &g.node(id).name.clone(),
+                    "slices_would_copy",
+                    format!("M = {rows} rows: each member's slice of the merged result would be a strided copy"),
+                );
+            }
+            return;
+        }
         let (merged, what) = rewrite(g, &ids, &chosen);
         report.rewrote(&g.node(merged).name.clone(), what);
     }
@@ -134,17 +148,6 @@ fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal>
     };
     if !gemm.dims.batch.is_empty() {
         return Err(("batched", format!("batch axes {:?}", gemm.dims.batch)));
-    }
-    // Each slice of a merged result of more than one row is strided: a copy kernel per member
-    // would replace the kernels merging saves (prefill), so only single-row products merge.
-    if product(&gemm.dims.m) != 1 {
-        return Err((
-            "slices_would_copy",
-            format!(
-                "M = {} rows: each member's slice of the merged result would be a strided copy",
-                product(&gemm.dims.m)
-            ),
-        ));
     }
     if gemm.prologue.is_some() {
         return Err((
