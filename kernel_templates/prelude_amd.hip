@@ -2,6 +2,9 @@
 // Everything that differs between AMD and NVIDIA is here; kernels use only rf_* names.
 #define RF_WAVE {{ wave }}
 #define RF_INLINE __device__ __forceinline__
+// Programmatic dependent launch is NVIDIA's (see the NVIDIA prelude): nothing to wait for here,
+// every launch waits for the one before it.
+#define RF_GRID_ENTER() do { } while (0)
 #ifndef INFINITY
 #define INFINITY __builtin_inff()
 #endif

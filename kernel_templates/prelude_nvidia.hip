@@ -2,6 +2,16 @@
 // Target {{ arch }}, wave (warp) size {{ wave }}.
 #define RF_WAVE {{ wave }}
 #define RF_INLINE __device__ __forceinline__
+// Programmatic dependent launch (sm_90+): RF_GRID_ENTER(), a kernel's first statement, waits
+// until the kernel before it on the stream has completed and its writes are visible
+// (griddepcontrol.wait; it returns at once after a plain launch), then lets the next kernel be
+// scheduled (launch_dependents): its launch and block start-up overlap this kernel's work, and it
+// waits in turn. Codegen marks a kernel programmatic only where its body starts so.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RF_GRID_ENTER() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define RF_GRID_ENTER() do { } while (0)
+#endif
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif

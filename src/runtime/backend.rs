@@ -36,12 +36,29 @@ pub struct LaunchAttrs {
     /// limit, the kernel is opted in (`MAX_DYNAMIC_SHARED_SIZE_BYTES`) once, up to the device's
     /// opt-in limit; further is a typed error.
     pub dynamic_shared_bytes: u32,
+    /// Programmatic dependent launch (NVIDIA sm_90+: `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+    /// SERIALIZATION`): the kernel may be scheduled before the previous kernel on its stream has
+    /// finished, so its launch and block start-up overlap that kernel's tail. Only for kernels
+    /// that execute `griddepcontrol.wait` (the preludes' `RF_GRID_WAIT()`) before their first
+    /// access to global memory: the wait returns once the previous kernel has completed and its
+    /// writes are visible, so the result is the same as a plain launch. Where the device or the
+    /// driver cannot, the launch is a plain one (the wait is then a no-op).
+    pub programmatic: bool,
 }
 
 impl LaunchAttrs {
     pub fn dynamic_shared(bytes: u32) -> LaunchAttrs {
         LaunchAttrs {
             dynamic_shared_bytes: bytes,
+            programmatic: false,
+        }
+    }
+
+    /// These attributes with programmatic dependent launch on or off.
+    pub fn with_programmatic(self, programmatic: bool) -> LaunchAttrs {
+        LaunchAttrs {
+            programmatic,
+            ..self
         }
     }
 }

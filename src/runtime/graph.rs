@@ -22,6 +22,10 @@ pub struct KernelLaunch {
     /// Bytes into each of `args` where the kernel's pointer starts (a slice read in place
     /// binds its base buffer at an offset); empty: every one at its start.
     pub offsets: Vec<usize>,
+    /// Launched as a programmatic dependent of the kernel before it (see
+    /// [`super::LaunchAttrs::programmatic`]): only for kernels that wait on the grid dependency
+    /// before touching global memory.
+    pub programmatic: bool,
 }
 
 /// Kernel launches bound to their buffers on one device (made by [`super::Stream::bind`]):

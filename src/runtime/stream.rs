@@ -128,7 +128,8 @@ impl Stream {
             let config = LaunchConfig {
                 grid: l.grid,
                 block: l.block,
-                attrs: LaunchAttrs::dynamic_shared(l.shared_bytes),
+                attrs: LaunchAttrs::dynamic_shared(l.shared_bytes)
+                    .with_programmatic(l.programmatic),
             };
             self.gpu.check(&config)?;
             let mems: Vec<&Erased> = l.args.iter().map(|b| &b.mem).collect();

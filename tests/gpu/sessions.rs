@@ -347,6 +347,7 @@ pub fn buffers_outlive_the_graph(device: &Device) -> Result<(), Failed> {
                 shared_bytes: k.launch.shared_bytes,
                 args: vec![a.clone(), o.clone()],
                 offsets: vec![],
+                programmatic: false,
             }])
             .map_err(|e| e.to_string())?,
     );

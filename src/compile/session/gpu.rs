@@ -263,6 +263,8 @@ impl GpuSession {
                         shared_bytes: 0,
                         args: vec![self.buffer(planned, a)?, count.clone()],
                         offsets: vec![],
+                        // The poison kernel does not wait on the grid dependency.
+                        programmatic: false,
                     });
                 }
             }
@@ -281,6 +283,7 @@ impl GpuSession {
                 shared_bytes: k.launch.shared_bytes,
                 args,
                 offsets,
+                programmatic: false,
             });
         }
         Ok(launches)

@@ -12,8 +12,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::graph::CudaGraphExec;
 use super::library::{
-    cuda_err, probe, ATTRIBUTE_SYMBOLS, DRIVER_SYMBOLS, GRAPH_SYMBOLS, NVRTC_SYMBOLS,
-    TIMING_SYMBOLS,
+    cuda_err, probe, ATTRIBUTE_SYMBOLS, DRIVER_SYMBOLS, GRAPH_SYMBOLS, LAUNCH_EX_SYMBOLS,
+    NVRTC_SYMBOLS, TIMING_SYMBOLS,
 };
 use super::nvrtc::{compile_cubin, nvrtc_archs};
 use crate::arch::LaunchLimits;
@@ -38,6 +38,9 @@ pub struct CudaDevice {
     /// Whether the driver has [`ATTRIBUTE_SYMBOLS`] (the dynamic shared memory opt-in), else
     /// why not.
     attributes: Result<(), String>,
+    /// Whether launches marked programmatic go as programmatic dependent launches: the GPU is
+    /// sm_90 or newer and the driver has [`LAUNCH_EX_SYMBOLS`].
+    programmatic: bool,
     /// Queried at the first launch.
     shared: OnceLock<SharedLimits>,
 }
@@ -76,6 +79,12 @@ impl CudaDevice {
         )
         .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes"));
+        let launch_ex = libraries::open(
+            "ROCMFORGE_CUDA_LIBRARY",
+            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+        )
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
+        .and_then(|o| o.require(&LAUNCH_EX_SYMBOLS, "libcuda with launch attributes"));
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
         if usize::try_from(count).map_or(true, |c| ordinal >= c) {
@@ -112,6 +121,8 @@ impl CudaDevice {
             timing,
             graphs,
             attributes,
+            // Programmatic dependent launch is a Hopper (compute capability 9.0) feature.
+            programmatic: launch_ex.is_ok() && major >= 9,
             shared: OnceLock::new(),
         })
     }
@@ -404,6 +415,35 @@ impl CudaDevice {
             .iter_mut()
             .map(|p| (p as *mut sys::CUdeviceptr).cast())
             .collect();
+        if config.attrs.programmatic && self.programmatic {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: Default::default(),
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            };
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block[0],
+                blockDimY: block[1],
+                blockDimZ: block[2],
+                sharedMemBytes: config.attrs.dynamic_shared_bytes,
+                hStream: stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for `cuLaunchKernel` below; `cfg` and the one attribute it points at
+            // live until the call returns (the driver copies them), and the driver has
+            // `cuLaunchKernelEx` (checked when the device opened).
+            return unsafe {
+                sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(cuda_err);
+        }
         // SAFETY: every kernel takes exactly one device pointer per binding, in binding order;
         // `params` points at those pointers, which live until the call returns (the driver
         // copies them); the buffers they address are kept alive by the caller's launch list.

@@ -67,6 +67,13 @@ pub(super) const GRAPH_SYMBOLS: [&str; 6] = [
 /// [`LaunchAttrs`]: crate::runtime::backend::LaunchAttrs
 pub(super) const ATTRIBUTE_SYMBOLS: [&str; 1] = ["cuFuncSetAttribute"];
 
+/// The driver entry point of launches with attributes (programmatic dependent launch,
+/// [`LaunchAttrs::programmatic`]): checked when the device opens; without it every launch is a
+/// plain `cuLaunchKernel`.
+///
+/// [`LaunchAttrs::programmatic`]: crate::runtime::backend::LaunchAttrs::programmatic
+pub(super) const LAUNCH_EX_SYMBOLS: [&str; 1] = ["cuLaunchKernelEx"];
+
 /// The NVRTC entry points compilation and the arch check call.
 pub(super) const NVRTC_SYMBOLS: [&str; 12] = [
     "nvrtcVersion",
