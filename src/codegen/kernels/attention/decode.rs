@@ -11,6 +11,9 @@
 //! of its rows, in split order, and writes the output in its dtype. One kernel instead of a
 //! kernel and a combine kernel: a launch fewer per layer and token. The counters are a
 //! [`BufferRole::Counters`] buffer: zeroed once, never poisoned, put back to 0 by the kernel.
+//! With a `kv_len` operand the grid has the splits of the largest context, but only the
+//! splits kv_len reaches run (the kernel computes them): the others return at once, and the
+//! last of the active ones to count combines the active ones.
 
 use serde::Serialize;
 
@@ -107,10 +110,11 @@ fn rows(p: &Problem) -> Option<usize> {
     p.group.checked_mul(p.sq)
 }
 
-/// Bytes of shared memory kernel 1 takes: the block's merged output rows and each wave's
-/// per-row (m, l).
+/// Bytes of shared memory kernel 1 takes: each wave's output rows (the waves merge in one
+/// step, a slice each, summed after one barrier) and each wave's per-row (m, l).
 fn shared_bytes(rows: usize, p: &Problem) -> Option<usize> {
-    let floats = rows
+    let floats = WAVES
+        .checked_mul(rows)?
         .checked_mul(p.dv)?
         .checked_add(WAVES.checked_mul(2)?.checked_mul(rows)?)?;
     floats.checked_mul(4)
