@@ -548,9 +548,15 @@ fn rope_far_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     for d in [64usize, 128] {
         let mut g = Graph::new("rope_far");
         let s = 4usize;
-        let x = g.input("x", DType::F32, &[1, 3, s, d]).map_err(|e| e.to_string())?;
-        let pos = g.input("pos", DType::I32, &[s]).map_err(|e| e.to_string())?;
-        let start = g.input("start", DType::I32, &[1]).map_err(|e| e.to_string())?;
+        let x = g
+            .input("x", DType::F32, &[1, 3, s, d])
+            .map_err(|e| e.to_string())?;
+        let pos = g
+            .input("pos", DType::I32, &[s])
+            .map_err(|e| e.to_string())?;
+        let start = g
+            .input("start", DType::I32, &[1])
+            .map_err(|e| e.to_string())?;
         // Llama 3's factors: 1 for the fast pairs, 8 for the slow, a ramp between.
         let factors: Vec<f64> = (0..d / 2)
             .map(|i| 1.0 + 7.0 * (i as f64 / (d / 2 - 1) as f64).powi(2))
@@ -586,7 +592,10 @@ fn rope_far_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
                 .iter()
                 .zip(&r)
                 .map(|(a, b)| (a - b).abs())
-                .fold(0.0f64, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) });
+                .fold(
+                    0.0f64,
+                    |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+                );
             if worst > 2e-6 {
                 return Err(format!("d {d}, output {i}: max abs error {worst:e}").into());
             }
