@@ -5,13 +5,19 @@
 // ({{ vec * elem }} bytes), so a wave takes RF_WAVE / {{ lanes_per_key }} keys per load, and each lane requests the pieces of
 // {{ unroll }} such keys before it uses the first, straight from global memory into registers. Each group of lanes runs its own
 // online softmax (f32, base 2: Q is pre-scaled by scale * log2(e)) over the keys it took, with no barrier in the key
-// loop; the groups of a wave merge by shuffles and the block's {{ waves }} waves through shared memory, once, at the end.
+// loop; the groups of a wave merge by shuffles, and the block's {{ waves }} waves in one step at the end: each wave writes
+// its rows (relative to its own maximum) and (m, l) to shared memory, one barrier, then each element is the sum over the
+// waves in wave order, rescaled to the block's maximum.
 {% if splits > 1 %}// Per (row, split) it writes the unnormalised output (Dv floats), then m and l, into the workspace; a split that
 // sees no key of a row writes m = -inf, l = 0 and zeros, which the combine weighs by exp2(-inf) = 0. Then it counts
 // itself in its K/V head's counter (release fence first); the block that counts last (acquire fence) combines the
 // splits of its rows in split order, so the result does not depend on which block finished last, writes the output
 // and puts the counter back to 0 for the next launch (the counters are zeroed once, when allocated, never poisoned).
-{% else %}// One split: the block normalises its merged rows and writes the output itself.
+{% if kv_len %}// The splits that run are those kv_len reaches (ceil(kv_len / {{ keys_per_split }}), at least one, at most {{ splits }}),
+// known at run time: the grid has {{ splits }} in y for the largest context, and a block past the active ones returns at
+// once, writing and counting nothing; the last of the active ones combines them. kv_len is read by every block of a
+// launch alike, so the count a launch waits for is the count of blocks that count.
+{% endif %}{% else %}// One split: the block normalises its merged rows and writes the output itself.
 {% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
@@ -22,7 +28,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     constexpr int U = {{ unroll }};  // keys per lane group whose loads are in flight together
     constexpr int STEP = {{ waves }} * KPW * U;  // keys per round of the block
     struct alignas({{ vec * elem }}) Piece { {{ ctype }} e[VEC]; };
-    __shared__ float O[{{ rows }}][{{ dv }}];
+    __shared__ float O[{{ waves }}][{{ rows }}][{{ dv }}];
     __shared__ float wave_m[{{ waves }}][{{ rows }}], wave_l[{{ waves }}][{{ rows }}];
     const int tid = threadIdx.x;
     const int wave = tid / RF_WAVE, lane = tid % RF_WAVE;
@@ -44,6 +50,12 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const long long kv_off = (long long)kvn - {{ sq }};
     (void)kv_off;
     const int key_end = key_end_static < kvn ? key_end_static : kvn;
+{% if splits > 1 %}    const int visible = kvn < {{ valid_keys }} ? kvn : {{ valid_keys }};
+    const int wanted = (visible + {{ keys_per_split - 1 }}) / {{ keys_per_split }};
+    const int active = wanted < 1 ? 1 : (wanted > {{ splits }} ? {{ splits }} : wanted);
+    // Uniform over the block (blockIdx and kv_len only), before any barrier.
+    if (split >= active) return;
+{% endif %}{% elif splits > 1 %}    constexpr int active = {{ splits }};
 {% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
     float qr[{{ rows }}][PK * VEC];
 #pragma unroll
@@ -167,6 +179,18 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         m[r] = mw;
         l[r] = lw;
     }
+    // Each wave's rows, relative to the wave's maximum, into its own slice: no wave waits for another.
+    if (kg == 0) {
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r)
+#pragma unroll
+            for (int i = 0; i < PV; ++i) {
+                const int c = kl + i * LPK;
+                if (c < NV)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) O[wave][r][c * VEC + e] = acc[r][i * VEC + e];
+            }
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < {{ rows }}; ++r) {
@@ -175,58 +199,42 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         }
     }
     __syncthreads();
-    // The block's waves merge into O, rescaled to the block's maximum, one wave after the other.
-    float f[{{ rows }}];
-#pragma unroll
-    for (int r = 0; r < {{ rows }}; ++r) {
+    // The block's (m, l) of row r from its waves', and element (r, c) of its output: the waves' slices rescaled to the
+    // block's maximum and summed in wave order (a fixed order: the result does not depend on timing).
+    auto block_ml = [&](int r, float& mb, float& lb) {
+        mb = -INFINITY;
+        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][r]);
+        lb = 0.0f;
+        if (mb != -INFINITY)
+            for (int w = 0; w < {{ waves }}; ++w) lb += wave_l[w][r] * exp2f(wave_m[w][r] - mb);
+    };
+    auto block_o = [&](int r, int c) {
         float mb = -INFINITY;
         for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][r]);
-        f[r] = mb == -INFINITY ? 0.0f : exp2f(m[r] - mb);
-    }
-    for (int w = 0; w < {{ waves }}; ++w) {
-        if (wave == w && kg == 0) {
-#pragma unroll
-            for (int r = 0; r < {{ rows }}; ++r)
-#pragma unroll
-                for (int i = 0; i < PV; ++i) {
-                    const int c = kl + i * LPK;
-                    if (c < NV)
-#pragma unroll
-                        for (int e = 0; e < VEC; ++e) {
-                            const float a = acc[r][i * VEC + e] * f[r];
-                            O[r][c * VEC + e] = w == 0 ? a : O[r][c * VEC + e] + a;
-                        }
-                }
-        }
-        __syncthreads();
-    }
-    // The block's (m, l) per row, from its waves'.
-    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}];
-    if (tid < {{ rows }}) {
-        float mb = -INFINITY;
-        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][tid]);
-        float lb = 0.0f;
+        float o = 0.0f;
         if (mb != -INFINITY)
-            for (int w = 0; w < {{ waves }}; ++w) lb += wave_l[w][tid] * exp2f(wave_m[w][tid] - mb);
-        row_m[tid] = mb;
-        row_l[tid] = lb;
-    }
+            for (int w = 0; w < {{ waves }}; ++w) o += O[w][r][c] * exp2f(wave_m[w][r] - mb);
+        return o;
+    };
 {% if splits > 1 %}    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
         const int r = t / {{ dv }}, c = t % {{ dv }};
-        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = O[r][c];
+        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = block_o(r, c);
     }
     if (tid < {{ rows }}) {
+        float mb, lb;
+        block_ml(tid, mb, lb);
         const long long at = {{ stats_at }}LL + ((row0 + tid) * {{ splits }} + split) * 2;
-        ws[at] = row_m[tid];
-        ws[at + 1] = row_l[tid];
+        ws[at] = mb;
+        ws[at + 1] = lb;
     }
     // Release: this block's partials are visible to every block before it is counted.
     __threadfence();
     __syncthreads();
     __shared__ unsigned int is_last;
+    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}];
     if (tid == 0) {
         const unsigned int before = atomicAdd(&counters[bkv], 1u);
-        is_last = before == {{ splits - 1 }}u ? 1u : 0u;
+        is_last = before == (unsigned int)(active - 1) ? 1u : 0u;
         // Every block of this K/V head has counted: back to 0 for the next launch (and a replay).
         if (is_last) counters[bkv] = 0u;
     }
@@ -236,16 +244,16 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     // eight splits in flight (volatile loads, one at a time, made the combine ~30 us on an H100).
     __threadfence();
     const float* part = ws;
-    // Per row, m = max of the splits' maxima and l = sum of l_s * exp2(m_s - m), in split order.
+    // Per row, m = max of the active splits' maxima and l = sum of l_s * exp2(m_s - m), in split order.
     if (tid < {{ rows }}) {
         const long long at = {{ stats_at }}LL + (row0 + tid) * {{ splits * 2 }};
         float mr = -INFINITY;
 #pragma unroll 8
-        for (int s = 0; s < {{ splits }}; ++s) mr = fmaxf(mr, rf_ld_l2(part + at + 2 * s));
+        for (int s = 0; s < active; ++s) mr = fmaxf(mr, rf_ld_l2(part + at + 2 * s));
         float lr = 0.0f;
         if (mr != -INFINITY) {
 #pragma unroll 8
-            for (int s = 0; s < {{ splits }}; ++s) lr += rf_ld_l2(part + at + 2 * s + 1) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
+            for (int s = 0; s < active; ++s) lr += rf_ld_l2(part + at + 2 * s + 1) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
         }
         row_m[tid] = mr;
         row_l[tid] = lr;
@@ -261,16 +269,16 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         float o = 0.0f;
         if (mr != -INFINITY) {
 #pragma unroll 8
-            for (int s = 0; s < {{ splits }}; ++s) o += rf_ld_l2(part + po + (long long)s * {{ dv }}) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
+            for (int s = 0; s < active; ++s) o += rf_ld_l2(part + po + (long long)s * {{ dv }}) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
         }
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
         out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(o * inv){{ store_post }};
     }
-{% else %}    __syncthreads();
-    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+{% else %}    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
         const int r = t / {{ dv }}, c = t % {{ dv }};
-        const float lr = row_l[r];
+        float mb, lr;
+        block_ml(r, mb, lr);
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(O[r][c] * inv){{ store_post }};
+        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(block_o(r, c) * inv){{ store_post }};
     }
 {% endif %}}

@@ -320,16 +320,10 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     for (name, g) in graphs {
         let plan = generate_with(&g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{name}: {e}"))?;
-        // Rope's double-precision sin/cos takes a 40-byte stack frame on NVIDIA (CUDA's
-        // argument reduction for large angles), with or without positions: that is the rope
-        // family's, not this target's concern, so it is compiled here for AMD only; so is a
-        // cache write with a folded rope (five arguments: values, start, positions, status,
-        // state), which computes its angles the same way.
-        let nvidia_rope = |k: &rocmforge::codegen::Kernel| {
-            let roped_write = k.family == "cache_write" && k.args.len() == 5;
-            (k.family == "rope" || roped_write) && arch.starts_with("sm_")
-        };
-        for k in plan.kernels.iter().filter(|k| !nvidia_rope(k)) {
+        // Rope (and a cache write that rotates) compiles for NVIDIA too: its sin/cos are
+        // polynomials on a double-reduced angle (rope_parts.hip), no library slow path and
+        // so no stack frame.
+        for k in &plan.kernels {
             out.entry(k.entry.clone())
                 .or_insert((plan.source(k), k.body.clone(), name.clone()));
         }
@@ -359,6 +353,66 @@ fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Faile
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
+    let tol = tolerance(c.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
+    }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
+    Ok(())
+}
+
+/// The decode kernel over a cache of 2048 (the grid's splits are those of the largest
+/// context) at contexts that reach a few of them, not multiples of a split: GQA 9/3, 4/1 and
+/// 1/1, head dims 64, 80 and 128, f32 and f16, the cache tail NaN.
+fn split_cases() -> Vec<kv_cases::KvCase> {
+    let mut v = Vec::new();
+    for (i, kv) in [1usize, 7, 64, 65, 511].into_iter().enumerate() {
+        let dtype = [DType::F16, DType::F32][i % 2];
+        v.push(kv_cases::KvCase::new(2048, kv, dtype));
+    }
+    v.push(kv_cases::KvCase {
+        hq: 4,
+        hkv: 1,
+        d: 128,
+        ..kv_cases::KvCase::new(2048, 65, DType::F16)
+    });
+    v.push(kv_cases::KvCase {
+        hq: 1,
+        hkv: 1,
+        d: 80,
+        causal: false,
+        ..kv_cases::KvCase::new(2048, 130, DType::F32)
+    });
+    v
+}
+
+/// A split case on the host: one launch of the decode kernel with several splits in its grid,
+/// against the interpreter, and every counter back at 0 afterwards (the last active block
+/// counted and reset it; a block past kv_len's splits counted nothing), so the next launch or
+/// a replay starts clean whatever kv_len it reads.
+fn split_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Failed> {
+    let plan = kv_plan(c, arch)?;
+    let k = match plan.kernels.as_slice() {
+        [k] if k.family == "flash_decode" && k.launch.grid[1] > 1 => k,
+        _ => return Err(format!("{}: not one split decode kernel", c.name()).into()),
+    };
+    let counters = plan
+        .buffers
+        .iter()
+        .find(|b| matches!(b.role, BufferRole::Counters) && k.args.contains(&b.id))
+        .ok_or("no counters")?
+        .id;
+    let g = c.graph();
+    let b = c.bindings(5);
+    let want = c.reference(&b);
+    let buffers = host_kernels::run_plan_buffers(cxx, &g, &plan, &b)?;
+    if buffers[counters].iter().any(|&x| x != 0) {
+        return Err(format!("{}: counters left {:?}", c.name(), buffers[counters]).into());
+    }
+    let out = &plan.outputs[0];
+    let n = out.ty.shape.numel() * out.ty.dtype.size_bytes();
+    let got = Tensor::from_bytes(&out.ty, &buffers[out.buffer][..n]).map_err(|e| e.to_string())?;
     let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
     let tol = tolerance(c.dtype);
     if err > tol {
@@ -486,6 +540,70 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Rope far into the context (positions up to 2047, angles of thousands of radians) with
+/// Qwen's theta 1e6 and Llama 3's 5e5 with factors, from positions and from an offset, and a
+/// cache write that rotates (theta 5e5), head dims 64 and 128: the kernels' host-table
+/// frequencies and double reduction against the interpreter's f64 sin/cos.
+fn rope_far_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
+    for d in [64usize, 128] {
+        let mut g = Graph::new("rope_far");
+        let s = 4usize;
+        let x = g
+            .input("x", DType::F32, &[1, 3, s, d])
+            .map_err(|e| e.to_string())?;
+        let pos = g
+            .input("pos", DType::I32, &[s])
+            .map_err(|e| e.to_string())?;
+        let start = g
+            .input("start", DType::I32, &[1])
+            .map_err(|e| e.to_string())?;
+        // Llama 3's factors: 1 for the fast pairs, 8 for the slow, a ramp between.
+        let factors: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 + 7.0 * (i as f64 / (d / 2 - 1) as f64).powi(2))
+            .collect();
+        let qwen = g.rope_at(x, pos, 1e6).map_err(|e| e.to_string())?;
+        let llama = g
+            .rope_scaled(x, Some(pos), 5e5, 0, factors.clone())
+            .map_err(|e| e.to_string())?;
+        let offset = g
+            .rope_scaled(x, None, 5e5, 2044, factors)
+            .map_err(|e| e.to_string())?;
+        let cache = g
+            .state("k_cache", DType::F32, &[1, 3, 2048, d])
+            .map_err(|e| e.to_string())?;
+        let written = g
+            .cache_write_rope(cache, x, start, pos, 2, 5e5)
+            .map_err(|e| e.to_string())?;
+        g.set_outputs(&[qwen, llama, offset, written])
+            .map_err(|e| e.to_string())?;
+        let mut b = Bindings::random(&g, 11);
+        b.inputs.insert("pos".into(), i32s(&[2047, 2046, 1031, 5]));
+        b.inputs.insert("start".into(), i32s(&[2044]));
+        let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
+        let target = Target::parse(arch).map_err(|e| e.to_string())?;
+        let plan =
+            generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+        let got = host_kernels::run_plan(cxx, &g, &plan, &b)?.map_err(|e| e.to_string())?;
+        for (i, (h, r)) in got.iter().zip(&want).enumerate() {
+            let (h, r) = (h.to_f64_vec(), r.to_f64_vec());
+            // The state's unwritten rows are whatever both started with; compare all, the
+            // rotated rows are the ones that differ in a wrong kernel.
+            let worst = h
+                .iter()
+                .zip(&r)
+                .map(|(a, b)| (a - b).abs())
+                .fold(
+                    0.0f64,
+                    |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+                );
+            if worst > 2e-6 {
+                return Err(format!("d {d}, output {i}: max abs error {worst:e}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Argmax's kernel on rows with ties, NaN, infinities and rows longer than its block.
 fn argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     let mut g = Graph::new("argmax");
@@ -565,12 +683,27 @@ fn main() {
             move |cxx| kv_host_run(&cxx, &c, arch),
         ));
     }
+    for (i, c) in split_cases().into_iter().enumerate() {
+        let arch = ["gfx90a", "gfx1100"][i % 2];
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::splits::{arch}::{}", c.name()),
+            move |cxx| split_host_run(&cxx, &c, arch),
+        ));
+    }
     for arch in ["gfx90a", "gfx1100"] {
         trials.push(needs(
             &cxx,
             "ROCMFORGE_REQUIRE_HOST_CXX",
             format!("state::decode_step::{arch}"),
             move |cxx| decode_step_host(&cxx, arch),
+        ));
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::rope_far::{arch}"),
+            move |cxx| rope_far_host(&cxx, arch),
         ));
         trials.push(needs(
             &cxx,

@@ -464,10 +464,10 @@ fn unknown_architectures_and_scalings_are_typed_errors() {
 }
 
 /// The rope kernels of a Llama 3 decode step and prompt (frequency factors, a sliding window's
-/// mask beside them) carry the file's factors, and compile for gfx90a and gfx1030 through hiprtc
-/// without spills or scratch (skipped without hiprtc unless ROCMFORGE_REQUIRE_HIPRTC=1). NVIDIA
-/// is not compiled here: every rope kernel's double sin/cos keeps a stack frame under ptxas
-/// (tests/decode_kernels.rs leaves rope out of sm_90 for that reason).
+/// mask beside them) carry the file's factors (folded into their inverse-frequency table), and
+/// compile for gfx90a and gfx1030 through hiprtc without spills or scratch (skipped without hiprtc
+/// unless ROCMFORGE_REQUIRE_HIPRTC=1). NVIDIA's compile of rope kernels is in
+/// tests/decode_kernels.rs.
 #[test]
 fn rope_factor_kernels_compile_for_amd() {
     use rocmforge::arch::Target;
@@ -505,7 +505,7 @@ fn rope_factor_kernels_compile_for_amd() {
             for k in plan.kernels.iter().filter(|k| k.family == "rope") {
                 let source = plan.source(k);
                 assert!(
-                    source.contains("_factors[i]") && source.contains("2.75"),
+                    source.contains("_inv_freq[i]") && source.contains("with Llama 3 factors"),
                     "{source}"
                 );
                 set.entry(k.entry.clone())

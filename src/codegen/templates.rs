@@ -95,6 +95,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     ),
     ("rope.hip", include_str!("../../kernel_templates/rope.hip")),
     (
+        "rope_parts.hip",
+        include_str!("../../kernel_templates/rope_parts.hip"),
+    ),
+    (
         "reduce.hip",
         include_str!("../../kernel_templates/reduce.hip"),
     ),

@@ -148,6 +148,7 @@ pub fn rope(
     let dims = x.shape().dims();
     let (s, d) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let half = d / 2;
+    let inv_freq = crate::ir::rope_inv_freq(theta, d, factors);
     let src = floats(x);
     let mut out = try_collect(src.len(), std::iter::repeat_n(0.0f32, src.len()))?;
     for (r, (row, dst)) in src
@@ -159,9 +160,7 @@ pub fn rope(
             Some(p) => p[r % s.max(1)] as f64,
             None => (r % s.max(1)) as f64 + offset as f64,
         };
-        for i in 0..half {
-            let inv_freq =
-                theta.powf(-2.0 * i as f64 / d as f64) / factors.get(i).copied().unwrap_or(1.0);
+        for (i, &inv_freq) in inv_freq.iter().enumerate() {
             let (sin, cos) = (pos * inv_freq).sin_cos();
             let (a, b) = (f64::from(row[i]), f64::from(row[i + half]));
             dst[i] = (a * cos - b * sin) as f32;

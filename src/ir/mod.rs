@@ -33,7 +33,7 @@ pub use gemm::{Gemm, GemmDims, NormKind, Operand, Prologue, View};
 pub use graph::{Graph, Node, NodeId, NodeIdHasher, NodeMap, NodeSet};
 pub use hash::{fnv1a, fnv1a_128_hex, Fnv1a};
 pub use infer::{infer, InferError};
-pub use op::{Arity, Op, OpKind};
+pub use op::{rope_inv_freq, Arity, Op, OpKind};
 pub use printer::{node_line, to_text};
 pub use quant::{random_quant, QuantError, QuantScheme, QuantTensor};
 pub use random::{random_input, random_weight, seeded_rng};

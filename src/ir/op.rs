@@ -150,6 +150,15 @@ pub enum Op {
     },
 }
 
+/// The inverse frequency of each rotated pair of [`Op::Rope`] over rows of `d`:
+/// `theta^(−2i/d)/factors[i]` (no divisor past the end of `factors`). One definition, so the
+/// interpreter and the kernels' host-computed tables (`codegen`, in f64) hold the same values.
+pub fn rope_inv_freq(theta: f64, d: usize, factors: &[f64]) -> Vec<f64> {
+    (0..d / 2)
+        .map(|i| theta.powf(-2.0 * i as f64 / d as f64) / factors.get(i).copied().unwrap_or(1.0))
+        .collect()
+}
+
 /// How many operands an op takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arity {

@@ -65,6 +65,8 @@ using std::min;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+// Constant memory: a table the host computed (rope's inverse frequencies).
+#define __constant__ static const
 struct rf_host_dim3 { unsigned x, y, z; };
 static thread_local rf_host_dim3 blockIdx, threadIdx;
 // A reusable barrier for the threads of one block (C++17 has no std::barrier).
@@ -491,6 +493,19 @@ pub fn run_plan_with_states(
         }
     }
     Ok(Ok((outs, next)))
+}
+
+/// Every buffer of `plan` after a run on the host (bytes, in the plan's buffer order): for
+/// tests that look past the outputs, at a workspace's counters.
+pub fn run_plan_buffers(
+    cxx: &Path,
+    g: &Graph,
+    plan: &KernelPlan,
+    bindings: &Bindings,
+) -> Result<Vec<Vec<u8>>, String> {
+    let init = initial_buffers(g, plan, bindings, &HashMap::new())?;
+    let sizes: Vec<usize> = init.iter().map(Vec::len).collect();
+    build_and_run(cxx, &g.name, &program(plan, &sizes), &init)
 }
 
 fn unique() -> usize {

@@ -4,7 +4,7 @@
 //! reports the start in a status buffer ([`IndexCheck`] with `write_rows`), read after the run,
 //! so a bad position is never a silent write past the state. With a folded rope the kernel
 //! rotates the values as it writes them, as the rope kernel (`rope.hip`) would have: each thread
-//! its element of a pair (c, c + D/2), the angle in double.
+//! its element of a pair (c, c + D/2), the angle as `rope_parts.hip` computes it.
 
 use std::collections::HashMap;
 
@@ -45,6 +45,8 @@ struct Context {
 #[derive(Serialize)]
 struct RopeContext {
     theta: String,
+    /// The inverse frequency of each pair as C double literals (`ir::rope_inv_freq`).
+    inv_freq: Vec<String>,
     s: usize,
     d: usize,
     half: usize,
@@ -92,6 +94,7 @@ pub(crate) fn cache_write(
                     what: "theta",
                     value: theta,
                 })?,
+                inv_freq: super::rope::inv_freq_literals(theta, d, &[], name)?,
                 s: s.max(1),
                 d: d.max(2),
                 half: (d / 2).max(1),

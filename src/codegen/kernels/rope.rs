@@ -20,8 +20,10 @@ struct Context {
     /// Positions come from an operand (else `offset + s`).
     positions: bool,
     theta: String,
-    /// One divisor per pair as C double literals (Llama 3 rope scaling); empty when none.
-    factors: Vec<String>,
+    /// Whether Llama 3 factors divide the frequencies (comments only: they are in `inv_freq`).
+    factors: bool,
+    /// The inverse frequency of each pair as C double literals (`ir::rope_inv_freq`).
+    inv_freq: Vec<String>,
     /// The offset as a C double literal, and as written (comments).
     offset: String,
     offset_text: i64,
@@ -48,21 +50,13 @@ pub(crate) fn kernel(
     // Positions are `offset + s` in double, as the interpreter computes them; the offset is
     // written as a double literal, which any i64 has.
     let c = ctype(ty.dtype);
+    let theta_value = theta;
     let theta = f64_literal(theta).ok_or(CodegenError::NonFinite {
         node: node.to_string(),
         what: "theta",
         value: theta,
     })?;
-    let factors = factors
-        .iter()
-        .map(|&f| {
-            f64_literal(f).ok_or(CodegenError::NonFinite {
-                node: node.to_string(),
-                what: "rope frequency factor",
-                value: f,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let inv_freq = inv_freq_literals(theta_value, d, factors, node)?;
     let ctx = Context {
         s,
         d,
@@ -70,7 +64,8 @@ pub(crate) fn kernel(
         n: rows * half,
         positions,
         theta,
-        factors,
+        factors: !factors.is_empty(),
+        inv_freq,
         offset: format!("({offset}.0)"),
         offset_text: offset,
         ctype: c.storage,
@@ -81,4 +76,25 @@ pub(crate) fn kernel(
     };
     let launch = launch_1d(node, target, rows * half)?;
     finish("rope", "rope.hip", ctx, launch, args, node)
+}
+
+/// The inverse frequencies of a rope over rows of `d` as C double literals, computed on the
+/// host in f64 by the interpreter's own definition (`ir::rope_inv_freq`); a non-finite one (a
+/// zero factor, an overflowing theta) is a typed error naming the node.
+pub(crate) fn inv_freq_literals(
+    theta: f64,
+    d: usize,
+    factors: &[f64],
+    node: &str,
+) -> Result<Vec<String>, CodegenError> {
+    crate::ir::rope_inv_freq(theta, d, factors)
+        .into_iter()
+        .map(|f| {
+            f64_literal(f).ok_or(CodegenError::NonFinite {
+                node: node.to_string(),
+                what: "rope inverse frequency",
+                value: f,
+            })
+        })
+        .collect()
 }

@@ -11,6 +11,9 @@
 //! of its rows, in split order, and writes the output in its dtype. One kernel instead of a
 //! kernel and a combine kernel: a launch fewer per layer and token. The counters are a
 //! [`BufferRole::Counters`] buffer: zeroed once, never poisoned, put back to 0 by the kernel.
+//! With a `kv_len` operand the grid has the splits of the largest context, but only the
+//! splits kv_len reaches run (the kernel computes them): the others return at once, and the
+//! last of the active ones to count combines the active ones.
 
 use serde::Serialize;
 
@@ -45,7 +48,8 @@ fn shared_budget(target: &Target) -> usize {
         .min(target.caps.shared_bytes_per_block as usize / 2)
 }
 
-/// Waves per block of kernel 1, each streaming its own keys of the split.
+/// Most waves per block of kernel 1, each streaming its own keys of the split: fewer (2, 1)
+/// where their merge slices (`waves × rows × Dv` floats) would not fit the shared budget.
 const WAVES: usize = 4;
 
 /// Most f32 registers a lane gives to its Q pieces and output accumulators (all rows): beyond
@@ -107,12 +111,14 @@ fn rows(p: &Problem) -> Option<usize> {
     p.group.checked_mul(p.sq)
 }
 
-/// Bytes of shared memory kernel 1 takes: the block's merged output rows and each wave's
-/// per-row (m, l).
-fn shared_bytes(rows: usize, p: &Problem) -> Option<usize> {
-    let floats = rows
+/// Bytes of shared memory kernel 1 takes with `waves` waves: each wave's output rows (the
+/// waves merge in one step, a slice each, summed after one barrier) and each wave's per-row
+/// (m, l).
+fn shared_bytes(rows: usize, p: &Problem, waves: usize) -> Option<usize> {
+    let floats = waves
+        .checked_mul(rows)?
         .checked_mul(p.dv)?
-        .checked_add(WAVES.checked_mul(2)?.checked_mul(rows)?)?;
+        .checked_add(waves.checked_mul(2)?.checked_mul(rows)?)?;
     floats.checked_mul(4)
 }
 
@@ -151,9 +157,12 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     if rows == 0 || rows > MAX_ROWS || p.d == 0 || p.dv == 0 {
         return None;
     }
-    if shared_bytes(rows, p)? > shared_budget(target) {
-        return None;
-    }
+    // The most waves whose merge slices fit (one wave takes what the block's merged rows
+    // took before the one-step merge).
+    let budget = shared_budget(target);
+    let waves = [WAVES, WAVES / 2, 1]
+        .into_iter()
+        .find(|&w| shared_bytes(rows, p, w).is_some_and(|b| b <= budget))?;
     let wave = target.wave_size as usize;
     let (vec, lanes_per_key, pieces_k, pieces_v) = lane_layout(rows, p, wave)?;
     // 32-bit registers per key of a round: its pieces (at least one each) and its scores.
@@ -163,8 +172,8 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     let mut c = Config {
         splits: 1,
         keys_per_split: 0,
-        waves: WAVES,
-        threads: WAVES * wave,
+        waves,
+        threads: waves * wave,
         vec,
         lanes_per_key,
         pieces_k,
@@ -392,7 +401,7 @@ mod tests {
                             }
                             assert_eq!(c.threads % wave, 0, "{what}");
                             let rows = p.group * p.sq;
-                            let bytes = shared_bytes(rows, &p).unwrap();
+                            let bytes = shared_bytes(rows, &p, c.waves).unwrap();
                             assert!(bytes <= shared_budget(&target), "{what}");
                             assert!(
                                 2 * bytes <= target.caps.shared_bytes_per_block as usize,
