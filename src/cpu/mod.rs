@@ -63,6 +63,8 @@ pub enum CpuError {
     NoOutput { index: usize, count: usize },
     #[error("cannot build the thread pool of {threads} threads: {reason}")]
     Pool { threads: usize, reason: String },
+    #[error("the {kernel} kernel needs CPU features this machine lacks")]
+    Kernel { kernel: &'static str },
     #[error("node `{node}`: the interpreter fallback could not be built: {reason}")]
     Fallback { node: String, reason: String },
 }
@@ -204,6 +206,8 @@ impl Buf {
 
 /// A node that runs on the interpreter: a one-node graph over inputs `$0…`.
 struct Fallback {
+    /// The op's name (in profiles).
+    op: &'static str,
     graph: Graph,
     names: Vec<String>,
     types: Vec<TensorType>,
@@ -244,8 +248,29 @@ struct Step {
     kind: Kind,
 }
 
+impl Step {
+    /// The op family a profile groups this step under (GEMMs by path and shape).
+    fn family(&self) -> String {
+        match &self.kind {
+            Kind::Nothing => "nothing".into(),
+            Kind::Elementwise(_) => "elementwise".into(),
+            Kind::Gemm(g) => g.family(),
+            Kind::Norm { .. } => "norm".into(),
+            Kind::Softmax { .. } => "softmax".into(),
+            Kind::Rope(_) => "rope".into(),
+            Kind::Attention(_) => "attention".into(),
+            Kind::Gather { .. } => "gather".into(),
+            Kind::CacheWrite(..) => "cache_write".into(),
+            Kind::ArgMax { .. } => "argmax".into(),
+            Kind::Fallback(f) => format!("interp fallback {}", f.op),
+        }
+    }
+}
+
 /// The compiled form of a fused graph for the CPU: immutable, shareable across sessions.
 pub struct CpuPlan {
+    /// The graph's name (in profiles).
+    name: String,
     steps: Vec<Step>,
     types: Vec<TensorType>,
     /// Values fixed for the plan's life: weights, constants, causal masks.
@@ -289,6 +314,7 @@ impl CpuPlan {
         let order = fused.topo_order()?;
         let mut slot_of: NodeMap<usize> = NodeMap::default();
         let mut plan = CpuPlan {
+            name: fused.name.clone(),
             steps: Vec::new(),
             types: Vec::new(),
             fixed: Vec::new(),
@@ -575,6 +601,18 @@ impl CpuPlan {
         self.kernel
     }
 
+    /// Runs the quantized products with `kernel` instead of the detected one (tests and
+    /// comparisons of the SIMD paths on one machine); refused when the CPU lacks its features.
+    pub fn set_kernel(&mut self, kernel: Kernel) -> Result<(), CpuError> {
+        if !kernel.supported() {
+            return Err(CpuError::Kernel {
+                kernel: kernel.name(),
+            });
+        }
+        self.kernel = kernel;
+        Ok(())
+    }
+
     /// A session: every buffer allocated now, states zeroed.
     pub fn session(&self) -> Result<CpuSession<'_>, CpuError> {
         self.session_of(PlanRef::Borrowed(self))
@@ -635,6 +673,8 @@ impl CpuPlan {
             })
             .collect();
         Ok(CpuSession {
+            profile: session::profiling().then(|| vec![Default::default(); self.steps.len()]),
+            runs: 0,
             plan,
             bufs,
             scratch,
@@ -725,6 +765,7 @@ fn build_fallback(name: &str, op: &Op, tys: &[&TensorType]) -> Result<Fallback, 
     let out = g.add_op(op.clone(), &ids).map_err(why)?;
     g.add_output(out).map_err(why)?;
     Ok(Fallback {
+        op: op.name(),
         graph: g,
         names,
         types: tys.iter().map(|t| (*t).clone()).collect(),

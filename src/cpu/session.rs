@@ -24,6 +24,52 @@ pub struct CpuSession<'p> {
     pub(super) plan: PlanRef<'p>,
     pub(super) bufs: Vec<Buf>,
     pub(super) scratch: Vec<Scratch>,
+    /// Per step: total time and runs, when `ROCMFORGE_CPU_PROFILE=1` (printed on drop).
+    pub(super) profile: Option<Vec<std::time::Duration>>,
+    pub(super) runs: usize,
+}
+
+/// Whether sessions time their steps (`ROCMFORGE_CPU_PROFILE=1`): read once per session.
+pub(super) fn profiling() -> bool {
+    std::env::var("ROCMFORGE_CPU_PROFILE").is_ok_and(|v| v == "1")
+}
+
+impl Drop for CpuSession<'_> {
+    /// The profile, when one was taken: time per op family, largest first, so a decode
+    /// token's time can be attributed without a profiler (the GPU's ROCMFORGE_BENCH_BREAKDOWN).
+    fn drop(&mut self) {
+        let Some(times) = &self.profile else {
+            return;
+        };
+        if self.runs == 0 {
+            return;
+        }
+        let mut fam: std::collections::BTreeMap<String, (std::time::Duration, usize)> =
+            Default::default();
+        for (step, t) in self.plan.steps.iter().zip(times) {
+            let e = fam.entry(step.family()).or_default();
+            e.0 += *t;
+            e.1 += 1;
+        }
+        let total: std::time::Duration = times.iter().sum();
+        let mut rows: Vec<_> = fam.into_iter().collect();
+        rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
+        eprintln!(
+            "ROCMFORGE_CPU_PROFILE {} ({} steps, {} runs): {:.3} ms a run",
+            self.plan.name,
+            self.plan.steps.len(),
+            self.runs,
+            per(total)
+        );
+        for (name, (t, count)) in rows {
+            eprintln!(
+                "  {:>9.3} ms {:>5.1}%  {count:>4} x {name}",
+                per(t),
+                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12)
+            );
+        }
+    }
 }
 
 impl CpuSession<'_> {
@@ -158,11 +204,25 @@ impl CpuSession<'_> {
             plan,
             bufs,
             scratch,
+            profile,
+            runs,
         } = self;
         let plan: &CpuPlan = plan;
+        *runs += 1;
         plan.pool.install(|| {
-            for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
-                run_step(plan, step, bufs, scr)?;
+            match profile {
+                None => {
+                    for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
+                        run_step(plan, step, bufs, scr)?;
+                    }
+                }
+                Some(times) => {
+                    for ((step, scr), t) in plan.steps.iter().zip(scratch.iter_mut()).zip(times) {
+                        let start = std::time::Instant::now();
+                        run_step(plan, step, bufs, scr)?;
+                        *t += start.elapsed();
+                    }
+                }
             }
             Ok(())
         })
