@@ -24,14 +24,28 @@ pub struct CpuSession<'p> {
     pub(super) plan: PlanRef<'p>,
     pub(super) bufs: Vec<Buf>,
     pub(super) scratch: Vec<Scratch>,
-    /// Per step: total time and runs, when `ROCMFORGE_CPU_PROFILE=1` (printed on drop).
-    pub(super) profile: Option<Vec<std::time::Duration>>,
+    /// Per step: total wall time and the running thread's CPU time, when
+    /// `ROCMFORGE_CPU_PROFILE=1` (printed on drop).
+    pub(super) profile: Option<Vec<(std::time::Duration, std::time::Duration)>>,
     pub(super) runs: usize,
 }
 
 /// Whether sessions time their steps (`ROCMFORGE_CPU_PROFILE=1`): read once per session.
 pub(super) fn profiling() -> bool {
     std::env::var("ROCMFORGE_CPU_PROFILE").is_ok_and(|v| v == "1")
+}
+
+/// The calling thread's CPU time. On a shared machine wall time measures the other loads as
+/// much as ours; with one worker thread (ROCMFORGE_THREADS=1) this is the step's own work.
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux (on
+    // failure `ts` stays zero and the profile shows no CPU time).
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 impl Drop for CpuSession<'_> {
@@ -44,29 +58,35 @@ impl Drop for CpuSession<'_> {
         if self.runs == 0 {
             return;
         }
-        let mut fam: std::collections::BTreeMap<String, (std::time::Duration, usize)> =
-            Default::default();
-        for (step, t) in self.plan.steps.iter().zip(times) {
+        type Times = (std::time::Duration, std::time::Duration, usize);
+        let mut fam: std::collections::BTreeMap<String, Times> = Default::default();
+        for (step, (wall, cpu)) in self.plan.steps.iter().zip(times) {
             let e = fam.entry(step.family()).or_default();
-            e.0 += *t;
-            e.1 += 1;
+            e.0 += *wall;
+            e.1 += *cpu;
+            e.2 += 1;
         }
-        let total: std::time::Duration = times.iter().sum();
+        let total: std::time::Duration = times.iter().map(|t| t.0).sum();
+        let total_cpu: std::time::Duration = times.iter().map(|t| t.1).sum();
         let mut rows: Vec<_> = fam.into_iter().collect();
         rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
         eprintln!(
-            "ROCMFORGE_CPU_PROFILE {} ({} steps, {} runs): {:.3} ms a run",
+            "ROCMFORGE_CPU_PROFILE {} ({} steps, {} runs, {} threads): {:.3} ms a run, \
+             {:.3} ms CPU of the thread that ran the steps (all the work with 1 thread)",
             self.plan.name,
             self.plan.steps.len(),
             self.runs,
-            per(total)
+            self.plan.threads(),
+            per(total),
+            per(total_cpu)
         );
-        for (name, (t, count)) in rows {
+        for (name, (t, cpu, count)) in rows {
             eprintln!(
-                "  {:>9.3} ms {:>5.1}%  {count:>4} x {name}",
+                "  {:>9.3} ms {:>5.1}% {:>9.3} ms CPU  {count:>4} x {name}",
                 per(t),
-                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12)
+                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12),
+                per(cpu)
             );
         }
     }
@@ -218,9 +238,10 @@ impl CpuSession<'_> {
                 }
                 Some(times) => {
                     for ((step, scr), t) in plan.steps.iter().zip(scratch.iter_mut()).zip(times) {
-                        let start = std::time::Instant::now();
+                        let (start, cpu) = (std::time::Instant::now(), thread_cpu_time());
                         run_step(plan, step, bufs, scr)?;
-                        *t += start.elapsed();
+                        t.0 += start.elapsed();
+                        t.1 += thread_cpu_time().saturating_sub(cpu);
                     }
                 }
             }
