@@ -15,8 +15,8 @@
 //!   (written in place: validation guarantees the state has no other reader).
 //!
 //! Which ops have a kernel here and which run on the interpreter is decided per op in
-//! [`CpuPlan::new`]'s exhaustive match: layout ops other than reshape, reductions, concat,
-//! slice, permute, expand and unfused matmuls run on the interpreter (the fused graphs of the
+//! [`CpuPlan::new`]'s exhaustive match: layout ops other than reshape and slice, reductions,
+//! concat, permute, expand and unfused matmuls run on the interpreter (the fused graphs of the
 //! models have few, and none on a hot path).
 
 mod attention;
@@ -232,6 +232,13 @@ enum Kind {
         row: usize,
         rows: usize,
     },
+    /// Per index of the axes before the sliced one, a contiguous block of `len` elements at
+    /// `start` within a block of `from` (the decode step splits its merged QKV product so).
+    Slice {
+        start: usize,
+        len: usize,
+        from: usize,
+    },
     /// In place; with a folded rope (at the positions of operand 3), the values rotated first.
     CacheWrite(kernels::Window, Option<Box<attention::RopeStep>>),
     ArgMax {
@@ -260,6 +267,7 @@ impl Step {
             Kind::Rope(_) => "rope".into(),
             Kind::Attention(_) => "attention".into(),
             Kind::Gather { .. } => "gather".into(),
+            Kind::Slice { .. } => "slice".into(),
             Kind::CacheWrite(..) => "cache_write".into(),
             Kind::ArgMax { .. } => "argmax".into(),
             Kind::Fallback(f) => format!("interp fallback {}", f.op),
@@ -432,9 +440,28 @@ impl CpuPlan {
                 Op::Permute { .. }
                 | Op::Expand { .. }
                 | Op::Concat { .. }
-                | Op::Slice { .. }
                 | Op::Reduce { .. }
                 | Op::MatMul => (new_slot(&mut plan, None), fallback(&mut plan)?),
+                Op::Slice {
+                    axis: a,
+                    start,
+                    end,
+                } => {
+                    let dims = arg_ty[0].shape.dims();
+                    let ax = axis(*a);
+                    let inner: usize = dims[ax + 1..].iter().product();
+                    let k = match crate::ir::slice_bounds(*start, *end, dims[ax]) {
+                        Ok((s, e)) => Kind::Slice {
+                            start: s * inner,
+                            len: (e - s) * inner,
+                            from: dims[ax] * inner,
+                        },
+                        // Shape inference accepted the bounds; the interpreter reports any
+                        // disagreement as it would.
+                        Err(_) => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
                 Op::Gather => {
                     let tdims = arg_ty[0].shape.dims();
                     let row: usize = tdims[1..].iter().product();
@@ -667,6 +694,7 @@ impl CpuPlan {
                 | Kind::Softmax { .. }
                 | Kind::Rope(_)
                 | Kind::Gather { .. }
+                | Kind::Slice { .. }
                 | Kind::CacheWrite(_, None)
                 | Kind::ArgMax { .. }
                 | Kind::Fallback(_) => Scratch::default(),

@@ -320,6 +320,15 @@ fn run_into(
         Kind::Gather { row, rows } => {
             kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
         }
+        Kind::Slice { start, len, from } => {
+            // Blocks copied in order: a few hundred elements a block in the models' graphs.
+            match (arg(0), out) {
+                (Buf::F(x), Buf::F(o)) => slice_copy(x, o, *start, *len, *from),
+                (Buf::I(x), Buf::I(o)) => slice_copy(x, o, *start, *len, *from),
+                _ => unreachable!("a slice keeps its operand's kind (shape inference)"),
+            }
+            Ok(())
+        }
         Kind::CacheWrite(w, rope) => {
             let start = arg(2).i()[0];
             match out {
@@ -358,6 +367,16 @@ fn run_into(
             out.copy_from(&r[0]);
             Ok(())
         }
+    }
+}
+
+/// Per block of `from` elements of `x`, its `len` elements from `start`, one after the other.
+fn slice_copy<T: Copy>(x: &[T], out: &mut [T], start: usize, len: usize, from: usize) {
+    if len == 0 {
+        return;
+    }
+    for (o, blk) in out.chunks_exact_mut(len).zip(x.chunks_exact(from)) {
+        o.copy_from_slice(&blk[start..start + len]);
     }
 }
 
