@@ -319,6 +319,10 @@ impl CpuPlan {
                 threads,
                 reason: e.to_string(),
             })?;
+        // Every worker takes a job once now: a thread's first steal registers it with
+        // crossbeam's epoch GC (an allocation), which a warm run must not be the one to do when
+        // the cold run happened to keep a worker idle (small steps run serially).
+        pool.broadcast(|_| ());
         let order = fused.topo_order()?;
         let mut slot_of: NodeMap<usize> = NodeMap::default();
         let mut plan = CpuPlan {
