@@ -69,7 +69,7 @@ impl Drop for CpuSession<'_> {
         let total: std::time::Duration = times.iter().map(|t| t.0).sum();
         let total_cpu: std::time::Duration = times.iter().map(|t| t.1).sum();
         let mut rows: Vec<_> = fam.into_iter().collect();
-        rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
         eprintln!(
             "ROCMFORGE_CPU_PROFILE {} ({} steps, {} runs, {} threads): {:.3} ms a run, \
