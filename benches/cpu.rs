@@ -1,11 +1,11 @@
 //! The CPU device against the interpreter on the example graphs (fused by the default
 //! pipeline): median wall time of a run, printed as a table. `cargo bench --bench cpu`.
-//! The real-model rows (MiniLM seq 128, SmolLM2 Q4 decode/prompt) need the models in
-//! `~/.cache/rocmforge/models` and the session integration; see the report of issue 24.
+//! The SmolLM2 rows time each quantized kernel the CPU runs; the whole model side by side with
+//! llama.cpp is `benches/llamacpp_compare.py --cpu` (docs/performance.md).
 
 use std::time::Instant;
 
-use rocmforge::cpu::{CpuOptions, CpuPlan, Precision};
+use rocmforge::cpu::{CpuOptions, CpuPlan, Kernel, Precision};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, DType, Graph, QuantScheme};
 use rocmforge::passes;
@@ -60,29 +60,35 @@ fn main() {
     // part of a decode step and of a 128-token prompt that dominates (attention, norms and
     // the rest are not in these rows).
     let opts = CpuOptions::default();
-    let time = |rows: usize, head: bool| {
+    let time = |rows: usize, head: bool, kernel: Kernel| {
         let g = smollm2_linears(rows, head);
         let b = Bindings::random(&g, 1);
-        let plan = CpuPlan::new(&g, &b, opts).unwrap();
+        let mut plan = CpuPlan::new(&g, &b, opts).unwrap();
+        plan.set_kernel(kernel).unwrap();
         let mut s = plan.session().unwrap();
         s.set_inputs(&b).unwrap();
         median_ms(|| s.run().unwrap(), 15)
     };
-    let (layer1, head1) = (time(1, false), time(1, true));
-    let decode_ms = 30.0 * layer1 + head1;
-    println!(
-        "SmolLM2-135M Q4_1 weight GEMVs, decode: layer {layer1:.3} ms, head {head1:.3} ms, \
-         30 layers + head {decode_ms:.2} ms = {:.1} tokens/s ({} threads)",
-        1e3 / decode_ms,
-        opts.threads
-    );
-    let layer128 = time(128, false);
-    let prompt_ms = 30.0 * layer128 + head1;
-    println!(
-        "SmolLM2-135M Q4_1 weight GEMMs, prompt of 128: layer {layer128:.3} ms, \
-         30 layers + head {prompt_ms:.1} ms = {:.1} tokens/s",
-        128e3 / prompt_ms
-    );
+    // Every kernel this CPU runs (ROCMFORGE_CPU_KERNEL picks the one sessions use).
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.supported()) {
+        let (layer1, head1) = (time(1, false, kernel), time(1, true, kernel));
+        let decode_ms = 30.0 * layer1 + head1;
+        println!(
+            "[{}] SmolLM2-135M Q4_1 weight GEMVs, decode: layer {layer1:.3} ms, head (Q4_1) \
+             {head1:.3} ms, 30 layers + head {decode_ms:.2} ms = {:.1} tokens/s ({} threads)",
+            kernel.name(),
+            1e3 / decode_ms,
+            opts.threads
+        );
+        let layer128 = time(128, false, kernel);
+        let prompt_ms = 30.0 * layer128 + head1;
+        println!(
+            "[{}] SmolLM2-135M Q4_1 weight GEMMs, prompt of 128: layer {layer128:.3} ms, \
+             30 layers + head {prompt_ms:.1} ms = {:.1} tokens/s",
+            kernel.name(),
+            128e3 / prompt_ms
+        );
+    }
 
     println!("| graph | interp ms | cpu exact ms | cpu q8 ms | threads |");
     println!("| --- | --- | --- | --- | --- |");

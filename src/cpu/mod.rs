@@ -15,8 +15,8 @@
 //!   (written in place: validation guarantees the state has no other reader).
 //!
 //! Which ops have a kernel here and which run on the interpreter is decided per op in
-//! [`CpuPlan::new`]'s exhaustive match: layout ops other than reshape, reductions, concat,
-//! slice, permute, expand and unfused matmuls run on the interpreter (the fused graphs of the
+//! [`CpuPlan::new`]'s exhaustive match: layout ops other than reshape and slice, reductions,
+//! concat, permute, expand and unfused matmuls run on the interpreter (the fused graphs of the
 //! models have few, and none on a hot path).
 
 mod attention;
@@ -63,6 +63,8 @@ pub enum CpuError {
     NoOutput { index: usize, count: usize },
     #[error("cannot build the thread pool of {threads} threads: {reason}")]
     Pool { threads: usize, reason: String },
+    #[error("the {kernel} kernel needs CPU features this machine lacks")]
+    Kernel { kernel: &'static str },
     #[error("node `{node}`: the interpreter fallback could not be built: {reason}")]
     Fallback { node: String, reason: String },
 }
@@ -204,6 +206,8 @@ impl Buf {
 
 /// A node that runs on the interpreter: a one-node graph over inputs `$0…`.
 struct Fallback {
+    /// The op's name (in profiles).
+    op: &'static str,
     graph: Graph,
     names: Vec<String>,
     types: Vec<TensorType>,
@@ -228,6 +232,13 @@ enum Kind {
         row: usize,
         rows: usize,
     },
+    /// Per index of the axes before the sliced one, a contiguous block of `len` elements at
+    /// `start` within a block of `from` (the decode step splits its merged QKV product so).
+    Slice {
+        start: usize,
+        len: usize,
+        from: usize,
+    },
     /// In place; with a folded rope (at the positions of operand 3), the values rotated first.
     CacheWrite(kernels::Window, Option<Box<attention::RopeStep>>),
     ArgMax {
@@ -244,8 +255,30 @@ struct Step {
     kind: Kind,
 }
 
+impl Step {
+    /// The op family a profile groups this step under (GEMMs by path and shape).
+    fn family(&self) -> String {
+        match &self.kind {
+            Kind::Nothing => "nothing".into(),
+            Kind::Elementwise(_) => "elementwise".into(),
+            Kind::Gemm(g) => g.family(),
+            Kind::Norm { .. } => "norm".into(),
+            Kind::Softmax { .. } => "softmax".into(),
+            Kind::Rope(_) => "rope".into(),
+            Kind::Attention(_) => "attention".into(),
+            Kind::Gather { .. } => "gather".into(),
+            Kind::Slice { .. } => "slice".into(),
+            Kind::CacheWrite(..) => "cache_write".into(),
+            Kind::ArgMax { .. } => "argmax".into(),
+            Kind::Fallback(f) => format!("interp fallback {}", f.op),
+        }
+    }
+}
+
 /// The compiled form of a fused graph for the CPU: immutable, shareable across sessions.
 pub struct CpuPlan {
+    /// The graph's name (in profiles).
+    name: String,
     steps: Vec<Step>,
     types: Vec<TensorType>,
     /// Values fixed for the plan's life: weights, constants, causal masks.
@@ -286,9 +319,14 @@ impl CpuPlan {
                 threads,
                 reason: e.to_string(),
             })?;
+        // Every worker takes a job once now: a thread's first steal registers it with
+        // crossbeam's epoch GC (an allocation), which a warm run must not be the one to do when
+        // the cold run happened to keep a worker idle (small steps run serially).
+        pool.broadcast(|_| ());
         let order = fused.topo_order()?;
         let mut slot_of: NodeMap<usize> = NodeMap::default();
         let mut plan = CpuPlan {
+            name: fused.name.clone(),
             steps: Vec::new(),
             types: Vec::new(),
             fixed: Vec::new(),
@@ -406,9 +444,28 @@ impl CpuPlan {
                 Op::Permute { .. }
                 | Op::Expand { .. }
                 | Op::Concat { .. }
-                | Op::Slice { .. }
                 | Op::Reduce { .. }
                 | Op::MatMul => (new_slot(&mut plan, None), fallback(&mut plan)?),
+                Op::Slice {
+                    axis: a,
+                    start,
+                    end,
+                } => {
+                    let dims = arg_ty[0].shape.dims();
+                    let ax = axis(*a);
+                    let inner: usize = dims[ax + 1..].iter().product();
+                    let k = match crate::ir::slice_bounds(*start, *end, dims[ax]) {
+                        Ok((s, e)) => Kind::Slice {
+                            start: s * inner,
+                            len: (e - s) * inner,
+                            from: dims[ax] * inner,
+                        },
+                        // Shape inference accepted the bounds; the interpreter reports any
+                        // disagreement as it would.
+                        Err(_) => fallback(&mut plan)?,
+                    };
+                    (new_slot(&mut plan, None), k)
+                }
                 Op::Gather => {
                     let tdims = arg_ty[0].shape.dims();
                     let row: usize = tdims[1..].iter().product();
@@ -575,6 +632,18 @@ impl CpuPlan {
         self.kernel
     }
 
+    /// Runs the quantized products with `kernel` instead of the detected one (tests and
+    /// comparisons of the SIMD paths on one machine); refused when the CPU lacks its features.
+    pub fn set_kernel(&mut self, kernel: Kernel) -> Result<(), CpuError> {
+        if !kernel.supported() {
+            return Err(CpuError::Kernel {
+                kernel: kernel.name(),
+            });
+        }
+        self.kernel = kernel;
+        Ok(())
+    }
+
     /// A session: every buffer allocated now, states zeroed.
     pub fn session(&self) -> Result<CpuSession<'_>, CpuError> {
         self.session_of(PlanRef::Borrowed(self))
@@ -629,12 +698,15 @@ impl CpuPlan {
                 | Kind::Softmax { .. }
                 | Kind::Rope(_)
                 | Kind::Gather { .. }
+                | Kind::Slice { .. }
                 | Kind::CacheWrite(_, None)
                 | Kind::ArgMax { .. }
                 | Kind::Fallback(_) => Scratch::default(),
             })
             .collect();
         Ok(CpuSession {
+            profile: session::profiling().then(|| vec![Default::default(); self.steps.len()]),
+            runs: 0,
             plan,
             bufs,
             scratch,
@@ -725,6 +797,7 @@ fn build_fallback(name: &str, op: &Op, tys: &[&TensorType]) -> Result<Fallback, 
     let out = g.add_op(op.clone(), &ids).map_err(why)?;
     g.add_output(out).map_err(why)?;
     Ok(Fallback {
+        op: op.name(),
         graph: g,
         names,
         types: tys.iter().map(|t| (*t).clone()).collect(),

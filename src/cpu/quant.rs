@@ -1,8 +1,9 @@
 //! Quantized GEMV straight on the weight blocks (`ir::quant`): the activations are quantized to
 //! 8 bits once per row (a block of 32 as llama.cpp's `quantize_row_q8_1`: an f32 scale, the
 //! 32 signed bytes and their integer sum), and each block's dot product is an integer sum
-//! scaled once. Kernels: a portable one (the reference in tests) and AVX2+FMA
-//! (`_mm256_maddubs_epi16`), picked at run time.
+//! scaled once. Kernels: a portable one (the reference in tests), AVX2 (`maddubs`), AVX-VNNI
+//! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]); each dots one weight
+//! row with up to [`TILE`] activation rows at once. aarch64 runs the portable kernel.
 //!
 //! Per block with activation scale `da`, quants `a` (sum `sa`) and weight scale `dw`:
 //! Q8_0 `dw·da·Σ w·a`; Q4_0 `dw·da·(Σ nib·a − 8·sa)`; Q4_1 `dw·da·Σ nib·a + m·da·sa`.
@@ -32,7 +33,7 @@ impl IntScheme {
         }
     }
 
-    fn block_bytes(self) -> usize {
+    pub fn block_bytes(self) -> usize {
         match self {
             IntScheme::Q8_0 => 34,
             IntScheme::Q4_0 => 18,
@@ -80,36 +81,118 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// Which dot-product kernel this CPU runs.
+/// The most activation rows one weight row is dotted with at a time ([`Kernel::dot_tile`]):
+/// the weight block is loaded and unpacked once for all of them (a prompt's GEMM reads each
+/// weight once per tile instead of once per token).
+pub const TILE: usize = 4;
+
+/// Which dot-product kernel runs. All x86 kernels compute the same integer sums per group of
+/// 4 bytes (`maddubs`+`madd` and `vpdpbusd` agree exactly: no 16-bit saturation is reachable
+/// with 4-bit or ±127 weights) and accumulate them in the same order, so their results are
+/// bitwise equal; the portable kernel sums per block in f32 and differs by rounding only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// Plain Rust (any architecture; aarch64 included, vectorised by the compiler).
     Portable,
-    /// x86-64 AVX2 with FMA.
+    /// x86-64 AVX2 with FMA and F16C: `maddubs` + `madd` per 32 bytes.
     Avx2,
+    /// AVX-VNNI (VEX `vpdpbusd` on 256 bits): one instruction per 32 bytes.
+    AvxVnni,
+    /// AVX-512 VNNI with VL (EVEX `vpdpbusd` on 256 bits, for CPUs without AVX-VNNI).
+    Avx512Vnni,
 }
 
 impl Kernel {
-    /// The fastest kernel the running CPU supports.
-    pub fn detect() -> Kernel {
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512Vnni,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Avx2 => "avx2",
+            Kernel::AvxVnni => "avxvnni",
+            Kernel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kernel> {
+        Kernel::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Whether the running CPU can run this kernel.
+    pub fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Kernel::Avx2;
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            match self {
+                Kernel::Portable => true,
+                Kernel::Avx2 => avx2,
+                Kernel::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
+                Kernel::Avx512Vnni => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
             }
         }
-        Kernel::Portable
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Portable
+        }
+    }
+
+    /// The kernel `ROCMFORGE_CPU_KERNEL` names (portable, avx2, avxvnni, avx512vnni) when the
+    /// CPU supports it (to test or compare the paths), else the fastest the CPU supports.
+    pub fn detect() -> Kernel {
+        if let Some(k) = std::env::var("ROCMFORGE_CPU_KERNEL")
+            .ok()
+            .and_then(|v| Kernel::parse(&v))
+            .filter(|k| k.supported())
+        {
+            return k;
+        }
+        [Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.supported())
+            .unwrap_or(Kernel::Portable)
     }
 
     /// The dot product of one weight row (its blocks) with one quantized activation row.
     pub fn dot(self, scheme: IntScheme, w: &[u8], a: &[Q8Block]) -> f32 {
+        let mut out = [0.0f32];
+        self.dot_tile(scheme, w, a, a.len(), &mut out);
+        out[0]
+    }
+
+    /// One weight row (`kb` blocks of `scheme` in `w`) dotted with `out.len()` ≤ [`TILE`]
+    /// activation rows of `kb` blocks each, stored one after the other in `a`.
+    ///
+    /// # Panics
+    /// When `w` or `a` is shorter than that, or `out` is longer than [`TILE`] (callers size
+    /// them from the plan: a bug, not user input).
+    pub fn dot_tile(self, scheme: IntScheme, w: &[u8], a: &[Q8Block], kb: usize, out: &mut [f32]) {
+        assert!(out.len() <= TILE, "a tile is at most {TILE} rows");
+        assert!(w.len() >= kb * scheme.block_bytes() && a.len() >= kb * out.len());
+        #[cfg(target_arch = "x86_64")]
         match self {
-            Kernel::Portable => dot_portable(scheme, w, a),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only made by `detect` after checking AVX2 and FMA at run time
-            // (or by a test that checked them the same way).
-            Kernel::Avx2 => unsafe { avx2::dot(scheme, w, a) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => dot_portable(scheme, w, a),
+            Kernel::Portable => {}
+            // SAFETY: every x86 kernel but the portable one is checked with `supported()`
+            // before it is made (`detect`, or a test that asks `supported()` first), and its
+            // target features are exactly the ones checked there; the lengths were asserted.
+            Kernel::Avx2 => return unsafe { x86::tile_avx2(scheme, w, a, kb, out) },
+            // SAFETY: as above.
+            Kernel::AvxVnni => return unsafe { x86::tile_avxvnni(scheme, w, a, kb, out) },
+            // SAFETY: as above.
+            Kernel::Avx512Vnni => return unsafe { x86::tile_avx512vnni(scheme, w, a, kb, out) },
+        }
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = dot_portable(scheme, w, &a[t * kb..(t + 1) * kb]);
         }
     }
 }
@@ -150,65 +233,190 @@ pub fn dot_portable(scheme: IntScheme, w: &[u8], a: &[Q8Block]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod x86 {
+    //! One generic tile loop, inlined into three `target_feature` entry points that differ
+    //! in how 4-byte groups are multiplied and summed (`DP`); the scheme and the tile height
+    //! are constants too, so the inner loop has no branches but the loop's own.
+
     use std::arch::x86_64::*;
 
-    use super::IntScheme;
-    use super::{f16_at, Q8Block};
+    use super::{IntScheme, Q8Block};
 
-    /// Horizontal sum of 8 lanes.
-    #[target_feature(enable = "avx2,fma")]
+    const MADD: u8 = 0;
+    const AVXVNNI: u8 = 1;
+    const AVX512VNNI: u8 = 2;
+    const Q8_0: u8 = 0;
+    const Q4_0: u8 = 1;
+    const Q4_1: u8 = 2;
+
+    /// Horizontal sum of 8 lanes (a fixed order, the same in every kernel).
+    #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+        // SAFETY: the callers run with AVX enabled.
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            _mm_cvtss_f32(s)
+        }
     }
 
-    /// # Safety
-    /// The CPU supports AVX2 and FMA; `w` holds at least `a.len()` blocks of `scheme`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(scheme: IntScheme, w: &[u8], a: &[Q8Block]) -> f32 {
-        let bb = scheme.block_bytes();
-        let qo = scheme.quants_offset();
-        let ones = _mm256_set1_epi16(1);
-        let low = _mm_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_ps();
-        let mut offset = 0.0f32;
-        for (blk, act) in w.chunks_exact(bb).zip(a) {
-            let dw = f16_at(blk, 0);
-            let q = blk[qo..bb].as_ptr();
-            // SAFETY (loads): `q` points at the block's quants (16 bytes for Q4, 32 for Q8,
-            // inside `blk`), `act.qs` is 32 bytes; unaligned loads.
-            let x = _mm256_loadu_si256(act.qs.as_ptr() as *const __m256i);
-            let prod = match scheme {
-                IntScheme::Q8_0 => {
+    /// The f16 at `p` (little-endian) as f32, by F16C.
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        // SAFETY: `p` points at 2 readable bytes (a block's scale or minimum); F16C enabled.
+        unsafe {
+            let bits = u16::from_le_bytes([*p, *p.add(1)]);
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+        }
+    }
+
+    /// Σ u·s over each group of 4 bytes (u unsigned, s signed) as 8 i32 lanes.
+    #[inline(always)]
+    unsafe fn dot4<const DP: u8>(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: each entry point enables the features of its `DP`.
+        unsafe {
+            match DP {
+                MADD => _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+                AVXVNNI => _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s),
+                _ => _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const DP: u8, const S: u8, const T: usize>(
+        w: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        let (bb, qo) = match S {
+            Q8_0 => (34, 2),
+            Q4_0 => (18, 2),
+            _ => (20, 4),
+        };
+        // SAFETY: the entry points enable AVX2/FMA/F16C (and DP's features); the caller
+        // asserted `w` holds `kb` blocks and `a` holds `T·kb`, so every block pointer below
+        // is inside them; loads are unaligned.
+        unsafe {
+            let low = _mm_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut off = [0.0f32; T];
+            let wp = w.as_ptr();
+            for b in 0..kb {
+                let blk = wp.add(b * bb);
+                let dw = f16(blk);
+                let q = blk.add(qo);
+                // The weight bytes as the unsigned operand, and (Q8_0) the signs to move onto
+                // the activations: |w|·sign(x, w) = w·x.
+                let (u, wq) = if S == Q8_0 {
                     let wq = _mm256_loadu_si256(q as *const __m256i);
-                    // maddubs takes unsigned × signed: |w| times x with w's sign.
-                    let aw = _mm256_sign_epi8(wq, wq);
-                    let sx = _mm256_sign_epi8(x, wq);
-                    _mm256_maddubs_epi16(aw, sx)
-                }
-                IntScheme::Q4_0 | IntScheme::Q4_1 => {
+                    (_mm256_sign_epi8(wq, wq), wq)
+                } else {
                     let bytes = _mm_loadu_si128(q as *const __m128i);
                     let lo = _mm_and_si128(bytes, low);
                     let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-                    let nib = _mm256_set_m128i(hi, lo);
-                    _mm256_maddubs_epi16(nib, x)
+                    (_mm256_set_m128i(hi, lo), _mm256_setzero_si256())
+                };
+                let m = if S == Q4_1 { f16(blk.add(2)) } else { 0.0 };
+                for t in 0..T {
+                    let act = &*a.as_ptr().add(t * kb + b);
+                    let x = _mm256_loadu_si256(act.qs.as_ptr() as *const __m256i);
+                    let s = if S == Q8_0 {
+                        _mm256_sign_epi8(x, wq)
+                    } else {
+                        x
+                    };
+                    let sum = dot4::<DP>(u, s);
+                    let scale = dw * act.d;
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sum), acc[t]);
+                    if S == Q4_0 {
+                        off[t] -= scale * (8 * act.sum) as f32;
+                    } else if S == Q4_1 {
+                        off[t] += m * act.d * act.sum as f32;
+                    }
                 }
-            };
-            let sum32 = _mm256_madd_epi16(prod, ones);
-            let scale = _mm256_set1_ps(dw * act.d);
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum32), acc);
-            match scheme {
-                IntScheme::Q8_0 => {}
-                IntScheme::Q4_0 => offset -= dw * act.d * (8 * act.sum) as f32,
-                IntScheme::Q4_1 => offset += f16_at(blk, 2) * act.d * act.sum as f32,
+            }
+            for t in 0..T {
+                out[t] = hsum(acc[t]) + off[t];
             }
         }
-        hsum(acc) + offset
+    }
+
+    #[inline(always)]
+    unsafe fn dispatch<const DP: u8>(
+        scheme: IntScheme,
+        w: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        macro_rules! rows {
+            ($s:expr) => {
+                match out.len() {
+                    0 => {}
+                    1 => tile::<DP, $s, 1>(w, a, kb, out),
+                    2 => tile::<DP, $s, 2>(w, a, kb, out),
+                    3 => tile::<DP, $s, 3>(w, a, kb, out),
+                    _ => tile::<DP, $s, 4>(w, a, kb, out),
+                }
+            };
+        }
+        // SAFETY: forwarded from the entry point's contract.
+        unsafe {
+            match scheme {
+                IntScheme::Q8_0 => rows!(Q8_0),
+                IntScheme::Q4_0 => rows!(Q4_0),
+                IntScheme::Q4_1 => rows!(Q4_1),
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `w` holds `kb` blocks, `a` holds `out.len()·kb`
+    /// blocks, `out.len()` ≤ 4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile_avx2(
+        scheme: IntScheme,
+        w: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch::<MADD>(scheme, w, a, kb, out) }
+    }
+
+    /// # Safety
+    /// As [`tile_avx2`], and the CPU has AVX-VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn tile_avxvnni(
+        scheme: IntScheme,
+        w: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch::<AVXVNNI>(scheme, w, a, kb, out) }
+    }
+
+    /// # Safety
+    /// As [`tile_avx2`], and the CPU has AVX-512 F, VL and VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub unsafe fn tile_avx512vnni(
+        scheme: IntScheme,
+        w: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch::<AVX512VNNI>(scheme, w, a, kb, out) }
     }
 }
 

@@ -24,6 +24,72 @@ pub struct CpuSession<'p> {
     pub(super) plan: PlanRef<'p>,
     pub(super) bufs: Vec<Buf>,
     pub(super) scratch: Vec<Scratch>,
+    /// Per step: total wall time and the running thread's CPU time, when
+    /// `ROCMFORGE_CPU_PROFILE=1` (printed on drop).
+    pub(super) profile: Option<Vec<(std::time::Duration, std::time::Duration)>>,
+    pub(super) runs: usize,
+}
+
+/// Whether sessions time their steps (`ROCMFORGE_CPU_PROFILE=1`): read once per session.
+pub(super) fn profiling() -> bool {
+    std::env::var("ROCMFORGE_CPU_PROFILE").is_ok_and(|v| v == "1")
+}
+
+/// The calling thread's CPU time. On a shared machine wall time measures the other loads as
+/// much as ours; with one worker thread (ROCMFORGE_THREADS=1) this is the step's own work.
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux (on
+    // failure `ts` stays zero and the profile shows no CPU time).
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl Drop for CpuSession<'_> {
+    /// The profile, when one was taken: time per op family, largest first, so a decode
+    /// token's time can be attributed without a profiler (the GPU's ROCMFORGE_BENCH_BREAKDOWN).
+    fn drop(&mut self) {
+        let Some(times) = &self.profile else {
+            return;
+        };
+        if self.runs == 0 {
+            return;
+        }
+        type Times = (std::time::Duration, std::time::Duration, usize);
+        let mut fam: std::collections::BTreeMap<String, Times> = Default::default();
+        for (step, (wall, cpu)) in self.plan.steps.iter().zip(times) {
+            let e = fam.entry(step.family()).or_default();
+            e.0 += *wall;
+            e.1 += *cpu;
+            e.2 += 1;
+        }
+        let total: std::time::Duration = times.iter().map(|t| t.0).sum();
+        let total_cpu: std::time::Duration = times.iter().map(|t| t.1).sum();
+        let mut rows: Vec<_> = fam.into_iter().collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
+        eprintln!(
+            "ROCMFORGE_CPU_PROFILE {} ({} steps, {} runs, {} threads): {:.3} ms a run, \
+             {:.3} ms CPU of the thread that ran the steps (all the work with 1 thread)",
+            self.plan.name,
+            self.plan.steps.len(),
+            self.runs,
+            self.plan.threads(),
+            per(total),
+            per(total_cpu)
+        );
+        for (name, (t, cpu, count)) in rows {
+            eprintln!(
+                "  {:>9.3} ms {:>5.1}% {:>9.3} ms CPU  {count:>4} x {name}",
+                per(t),
+                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12),
+                per(cpu)
+            );
+        }
+    }
 }
 
 impl CpuSession<'_> {
@@ -158,11 +224,26 @@ impl CpuSession<'_> {
             plan,
             bufs,
             scratch,
+            profile,
+            runs,
         } = self;
         let plan: &CpuPlan = plan;
+        *runs += 1;
         plan.pool.install(|| {
-            for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
-                run_step(plan, step, bufs, scr)?;
+            match profile {
+                None => {
+                    for (step, scr) in plan.steps.iter().zip(scratch.iter_mut()) {
+                        run_step(plan, step, bufs, scr)?;
+                    }
+                }
+                Some(times) => {
+                    for ((step, scr), t) in plan.steps.iter().zip(scratch.iter_mut()).zip(times) {
+                        let (start, cpu) = (std::time::Instant::now(), thread_cpu_time());
+                        run_step(plan, step, bufs, scr)?;
+                        t.0 += start.elapsed();
+                        t.1 += thread_cpu_time().saturating_sub(cpu);
+                    }
+                }
             }
             Ok(())
         })
@@ -239,6 +320,15 @@ fn run_into(
         Kind::Gather { row, rows } => {
             kernels::gather(&step.node, arg(0).f(), arg(1).i(), *row, *rows, out_f(out))
         }
+        Kind::Slice { start, len, from } => {
+            // Blocks copied in order: a few hundred elements a block in the models' graphs.
+            match (arg(0), out) {
+                (Buf::F(x), Buf::F(o)) => slice_copy(x, o, *start, *len, *from),
+                (Buf::I(x), Buf::I(o)) => slice_copy(x, o, *start, *len, *from),
+                _ => unreachable!("a slice keeps its operand's kind (shape inference)"),
+            }
+            Ok(())
+        }
         Kind::CacheWrite(w, rope) => {
             let start = arg(2).i()[0];
             match out {
@@ -277,6 +367,16 @@ fn run_into(
             out.copy_from(&r[0]);
             Ok(())
         }
+    }
+}
+
+/// Per block of `from` elements of `x`, its `len` elements from `start`, one after the other.
+fn slice_copy<T: Copy>(x: &[T], out: &mut [T], start: usize, len: usize, from: usize) {
+    if len == 0 {
+        return;
+    }
+    for (o, blk) in out.chunks_exact_mut(len).zip(x.chunks_exact(from)) {
+        o.copy_from_slice(&blk[start..start + len]);
     }
 }
 
