@@ -2,7 +2,7 @@
 // {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in place through their views; {{ p.what }}.
 // Block tile {{ bm }}×{{ bn }}, K in stages of {{ bk }} (one 128-byte line per tile row); {{ warpgroups }} warpgroups of 64 rows each.
 // A and B arrive by 16-byte cp.async into a ring of {{ stages }} stages of dynamic shared memory ({{ stage_bytes }} bytes
-// each), up to {{ stages - 1 }} ahead of use, stored K-major with the 128-byte swizzle the descriptors name; past M, N
+// each), up to {{ stages - 2 }} ahead of use (one more stage is still read by the wgmma left in flight), stored K-major with the 128-byte swizzle the descriptors name; past M, N
 // and K the chunks are zero-filled. The epilogue runs on the accumulators where the atom's C layout puts them.
 RF_INLINE long long rf_a_at(long long bz, long long m, long long k) { return {{ p.a_at }}; }
 RF_INLINE long long rf_b_at(long long bz, long long k, long long n) { return {{ p.b_at }}; }
@@ -73,20 +73,22 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     float acc[{{ acc_n }}];
 #pragma unroll
     for (int e = 0; e < {{ acc_n }}; ++e) acc[e] = 0.0f;
-    // Prologue: tiles 0..{{ stages - 2 }} in flight, one commit group each (empty past the last tile, so
+    // Prologue: tiles 0..{{ stages - 3 }} in flight, one commit group each (empty past the last tile, so
     // that the number of groups in flight stays fixed).
 #pragma unroll
-    for (int s = 0; s < {{ stages - 1 }}; ++s) {
+    for (int s = 0; s < {{ stages - 2 }}; ++s) {
         if (s < {{ ktiles }}) {{ load_stage("s", "s * " ~ bk) }}
         rf_cp_async_commit();
     }
     for (int kt = 0; kt < {{ ktiles }}; ++kt) {
-        rf_cp_async_wait<{{ stages - 2 }}>();  // this thread's chunks of tile kt have landed
+        rf_cp_async_wait<{{ stages - 3 }}>();  // this thread's chunks of tile kt have landed
         // Written through the generic proxy, read next by the tensor cores (the async proxy):
         // each writing thread fences its own writes before the barrier that publishes them.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();  // every chunk of tile kt; and every warpgroup is done with tile kt - 1
-        const int nt = kt + {{ stages - 1 }};
+        // Every chunk of tile kt is in; every warpgroup is done with tile kt - 2 (its wgmma
+        // completed at the wait ending step kt - 1), whose stage is refilled next.
+        __syncthreads();
+        const int nt = kt + {{ stages - 2 }};
         if (nt < {{ ktiles }}) {{ load_stage("nt % " ~ stages, "nt * " ~ bk) }}
         rf_cp_async_commit();
         const unsigned a_s = base + (unsigned)(kt % {{ stages }}) * {{ stage_bytes }}u + (unsigned)wg * {{ 64 * bk * 2 }}u;
@@ -96,9 +98,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         for (int kk = 0; kk < {{ bk // 16 }}; ++kk)
             rf_wgmma(acc, rf_wg_desc(a_s + kk * 32), rf_wg_desc(b_s + kk * 32));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        // Done reading tile kt before any thread passes the next barrier and refills its stage.
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        // Tile kt's wgmma stays in flight across the next step's barrier and loads (successive
+        // wgmma on the same accumulators are ordered); tile kt - 1's is done reading.
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     // The epilogue, on each accumulator where the atom's C layout puts it.
 #pragma unroll
     for (int e = 0; e < {{ acc_n }}; ++e) {

@@ -2,7 +2,8 @@
 //! `wgmma.mma_async` from shared memory. A block computes a `BM × BN` output tile; each of its
 //! `BM / 64` warpgroups owns 64 rows and issues `m64n{BN}k16` for each 16-wide K step of a
 //! stage. Stages of A and B (64 wide along K: one 128-byte line per row) arrive by 16-byte
-//! `cp.async` into a ring of [`STAGES`] buffers in dynamic shared memory, stored in the
+//! `cp.async` into a ring of [`STAGES`] buffers in dynamic shared memory, `STAGES - 2` ahead
+//! of use while one step's wgmma group stays in flight during the next, stored in the
 //! 128-byte-swizzled K-major layout of the atom's rows (`arch::mma::wgmma`), whose descriptors
 //! the kernel hands the tensor cores; the accumulators' places come from the atom's C layout,
 //! and the epilogue (bias, activation, residual: the family's `Problem`) runs on them in
@@ -28,8 +29,9 @@ use crate::ir::Gemm;
 const BM: usize = 128;
 /// Columns of the block tile: the N of every wgmma (64 accumulator floats per thread).
 const BN: usize = 128;
-/// Stages in the shared-memory ring: three tiles in flight while one is multiplied.
-pub(crate) const STAGES: usize = 4;
+/// Stages in the shared-memory ring: three tiles in flight, one being multiplied and one still
+/// read by the wgmma group left in flight from the step before (160 KiB of the 227).
+pub(crate) const STAGES: usize = 5;
 /// Smallest M and N the kernel is chosen for: below a full tile the mma.sync kernel's smaller
 /// tiles waste less.
 pub(crate) const MIN_MN: usize = 128;
