@@ -141,6 +141,12 @@ impl Registers {
 }
 
 impl Arch {
+    /// Whether a device of this row runs code made for `code`: the same row, or this row is
+    /// the arch-specific form of it (an H100, `sm_90a`, runs `sm_90` code).
+    pub fn runs_code_for(&self, code: &Arch) -> bool {
+        self.name == code.name || self.specific_of.is_some_and(|s| s.of == code.name)
+    }
+
     /// The value of `__oclc_ISA_version` for this processor.
     pub fn isa_version_number(&self) -> Option<u32> {
         self.isa_version
@@ -160,6 +166,17 @@ impl Arch {
 mod tests {
     use super::*;
     use crate::arch::arches;
+
+    /// sm_90a devices run sm_90 code; nothing runs the other way, nor across processors.
+    #[test]
+    fn arch_specific_rows_run_their_portable_code() {
+        let row = |n: &str| crate::arch::arch(n).unwrap();
+        assert!(row("sm_90a").runs_code_for(row("sm_90")));
+        assert!(row("sm_90a").runs_code_for(row("sm_90a")));
+        assert!(!row("sm_90").runs_code_for(row("sm_90a")));
+        assert!(!row("sm_90a").runs_code_for(row("sm_80")));
+        assert!(!row("sm_100").runs_code_for(row("sm_90")));
+    }
 
     /// Which int8 dot product each row gets, as clang-19 accepts the built-ins per processor
     /// (`__builtin_amdgcn_sdot4` needs `dot1-insts`, absent from gfx11/gfx12;
