@@ -290,6 +290,27 @@ fn compile_for_a_target_emits_sources_and_names_bad_arches() {
     );
 }
 
+/// `sm_90a` (the arch-specific Hopper row: wgmma, setmaxnreg) is a target of its own that
+/// compiles to sources without a GPU.
+#[test]
+fn compile_for_sm_90a_emits_sources() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-sm90a-{}", std::process::id()));
+    let (ok, _, err) = rocmforge(&[
+        "compile",
+        "graphs/bert_layer.json",
+        "--target",
+        "sm_90a",
+        "--emit",
+        "hip",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let plan = std::fs::read_to_string(dir.join("plan.txt")).unwrap();
+    assert!(plan.contains("target sm_90a (wave 32)"), "{plan}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A chain of tanh → softmax pairs: 12 kernels of two kinds. `--emit hip` writes each distinct
 /// source once (the files are named by the entry, the hash of the body), and `--report`
 /// (where hiprtc is here) compiles and lists each once, with the number of nodes sharing it.

@@ -474,6 +474,39 @@ fn causal_offsets_are_clamped_into_range() {
     }
 }
 
+/// On sm_90a, f16 and bf16 Gemm nodes that fill a tile and read A and B in 16-byte pieces
+/// along K go to the warpgroup kernel, with its ring in dynamic shared memory past the static
+/// 48 KiB and within the row's opt-in; the others, and every node on sm_90, do not.
+#[test]
+fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
+    let (a, p) = (
+        Target::parse("sm_90a").unwrap(),
+        Target::parse("sm_90").unwrap(),
+    );
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::wgmma_cases(dt) {
+            let plan = generate(&g, &a).unwrap();
+            assert_eq!(plan.kernels.len(), 1, "{}", g.name);
+            let k = &plan.kernels[0];
+            let want = gemm_cases::wgmma_expected(&g);
+            assert_eq!(k.family == "gemm_wgmma", want, "{}", g.name);
+            if want {
+                assert!(k.body.contains("wgmma.mma_async.sync.aligned.m64n128k16"));
+                assert_eq!(k.launch.block[0], 256, "two warpgroups");
+                assert!(k.launch.shared_bytes > a.caps.static_shared_bytes);
+                assert!(k.launch.shared_bytes <= a.caps.shared_bytes_per_block);
+            } else {
+                assert_eq!(k.launch.shared_bytes, 0, "{}", g.name);
+            }
+            let plan = generate(&g, &p).unwrap();
+            assert_eq!(plan.kernels[0].family, "gemm_mma", "sm_90 {}", g.name);
+        }
+    }
+    // f32 never: the warpgroup rows take f16 and bf16 only.
+    let g = gemm_cases::plain_case(DType::F32, 1000, 1000, 1000, true);
+    assert_eq!(generate(&g, &a).unwrap().kernels[0].family, "gemm");
+}
+
 /// f16 and bf16 Gemm nodes go to the matrix-core kernel on every target with an atom for them
 /// (one kernel each, with the geometry `launch` gives), f32 and targets without atoms to the
 /// CUDA-core one. One kernel per target family is a snapshot.

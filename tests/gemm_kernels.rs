@@ -18,6 +18,8 @@
 mod accuracy;
 #[path = "common/files.rs"]
 mod files;
+#[path = "common/gemm_cases.rs"]
+mod gemm_cases;
 #[path = "common/gemm_small_cases.rs"]
 mod gemm_small_cases;
 #[path = "common/host_kernels.rs"]
@@ -378,6 +380,20 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         for k in &plan.kernels {
             out.entry(k.entry.clone())
                 .or_insert((plan.source(k), k.body.clone(), c.name()));
+        }
+    }
+    // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::wgmma_cases(dt) {
+            let plan = generate_with(&g, &target, &CodegenOptions::default())
+                .map_err(|e| format!("{}: {e}", g.name))?;
+            for k in &plan.kernels {
+                out.entry(k.entry.clone()).or_insert((
+                    plan.source(k),
+                    k.body.clone(),
+                    g.name.clone(),
+                ));
+            }
         }
     }
     // The int8 GEMV with each epilogue and M.

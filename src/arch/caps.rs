@@ -2,7 +2,7 @@
 //! Every choice codegen and the runtime make per target reads a row; nothing is inferred from
 //! the shape of the arch string.
 
-use super::mma::MmaAtom;
+use super::mma::{MmaAtom, WgmmaAtom};
 use super::Platform;
 
 /// How a kernel can move global memory into shared memory without staging it in registers.
@@ -54,6 +54,15 @@ impl Dot4 {
     }
 }
 
+/// What makes a row the arch-specific (`a`) form of a processor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchSpecific {
+    /// The portable processor (`sm_90`) whose devices run it.
+    pub of: &'static str,
+    /// The first NVRTC (major, minor) that compiles for it (`sm_90a`: CUDA 12.0).
+    pub nvrtc_since: (i32, i32),
+}
+
 /// One processor's capabilities.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Arch {
@@ -76,8 +85,19 @@ pub struct Arch {
     pub mma: &'static [&'static MmaAtom],
     /// Target features the arch string may switch (`gfx90a:sramecc+:xnack-`).
     pub features: &'static [&'static str],
-    /// Arch-specific variants of an NVIDIA processor (`sm_90a`: the `a` suffix).
+    /// Arch-specific variants of an NVIDIA processor (`sm_100a`: the `a` suffix) that have no
+    /// row of their own and so parse to this row's capabilities.
     pub variants: &'static [&'static str],
+    /// The warpgroup matrix instructions (`wgmma.mma_async`, sm_90a) we have atoms for: A and B
+    /// read from shared memory through descriptors, so they are not fragment atoms (`mma`).
+    pub wgmma: &'static [&'static WgmmaAtom],
+    /// `setmaxnreg` (sm_90a): a warpgroup can hand registers back to the SM or take more, so
+    /// producer warpgroups run on few registers and consumer warpgroups on many.
+    pub setmaxnreg: bool,
+    /// This row is the arch-specific form of another processor (`sm_90a` of `sm_90`): its code
+    /// runs only on a device of exactly that compute capability, where the runtime prefers it
+    /// (`arch::device_processor`). `None` for portable rows.
+    pub specific_of: Option<ArchSpecific>,
     /// AMD: the ISA version (major, minor, stepping) the device libraries key on
     /// (`oclc_isa_version_<major><minor><stepping>.bc`, value `major*1000 + minor*100 + stepping`).
     pub isa_version: Option<(u32, u32, u32)>,
@@ -121,6 +141,12 @@ impl Registers {
 }
 
 impl Arch {
+    /// Whether a device of this row runs code made for `code`: the same row, or this row is
+    /// the arch-specific form of it (an H100, `sm_90a`, runs `sm_90` code).
+    pub fn runs_code_for(&self, code: &Arch) -> bool {
+        self.name == code.name || self.specific_of.is_some_and(|s| s.of == code.name)
+    }
+
     /// The value of `__oclc_ISA_version` for this processor.
     pub fn isa_version_number(&self) -> Option<u32> {
         self.isa_version
@@ -140,6 +166,17 @@ impl Arch {
 mod tests {
     use super::*;
     use crate::arch::arches;
+
+    /// sm_90a devices run sm_90 code; nothing runs the other way, nor across processors.
+    #[test]
+    fn arch_specific_rows_run_their_portable_code() {
+        let row = |n: &str| crate::arch::arch(n).unwrap();
+        assert!(row("sm_90a").runs_code_for(row("sm_90")));
+        assert!(row("sm_90a").runs_code_for(row("sm_90a")));
+        assert!(!row("sm_90").runs_code_for(row("sm_90a")));
+        assert!(!row("sm_90a").runs_code_for(row("sm_80")));
+        assert!(!row("sm_100").runs_code_for(row("sm_90")));
+    }
 
     /// Which int8 dot product each row gets, as clang-19 accepts the built-ins per processor
     /// (`__builtin_amdgcn_sdot4` needs `dot1-insts`, absent from gfx11/gfx12;

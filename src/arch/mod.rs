@@ -13,9 +13,9 @@ pub mod tuning;
 
 use thiserror::Error;
 
-pub use caps::{Arch, AsyncCopy, Dot4, Registers};
+pub use caps::{Arch, ArchSpecific, AsyncCopy, Dot4, Registers};
 pub use compiler::compiler_options;
-pub use target::{arch, arches, LaunchLimits, Platform, Target};
+pub use target::{arch, arches, device_processor, LaunchLimits, Platform, Target};
 pub use tuning::{Choice, Family, TuneKey, TuneMask, TuneProblem, TuneSite, Tuned};
 
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -3,14 +3,18 @@
 //! `cp.async.bulk.tensor` target requirements). Statically declared shared memory is capped at
 //! 48 KiB on every one of them.
 
-use super::caps::{Arch, AsyncCopy, Dot4, Registers};
+use super::caps::{Arch, ArchSpecific, AsyncCopy, Dot4, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
-use crate::arch::mma::MmaAtom;
+use crate::arch::mma::wgmma::{WGMMA_M64K16_BF16, WGMMA_M64K16_F16};
+use crate::arch::mma::{MmaAtom, WgmmaAtom};
 
 const STATIC_SHARED: u32 = 48 * 1024;
 /// `mma.sync.m16n8k16` with f16 or bf16 inputs: sm_80 and later.
 const MMA_SYNC: &[&MmaAtom] = &[&M16N8K16_F16, &M16N8K16_BF16];
+
+/// `wgmma.mma_async.m64nNk16` with f16 or bf16 inputs and f32 accumulators: sm_90a.
+const WGMMA: &[&WgmmaAtom] = &[&WGMMA_M64K16_F16, &WGMMA_M64K16_BF16];
 
 const fn nvidia(
     name: &'static str,
@@ -31,6 +35,9 @@ const fn nvidia(
         mma,
         features: &[],
         variants,
+        wgmma: &[],
+        setmaxnreg: false,
+        specific_of: None,
         isa_version: None,
         hiprtc_since_rocm: None,
         // 64 K 32-bit registers per SM (2048 per lane of a warp slot), at most 255 per thread,
@@ -80,15 +87,28 @@ pub static SM_87: Arch = nvidia(
 );
 /// RTX 40, L4, L40.
 pub static SM_89: Arch = nvidia("sm_89", "Ada", 99 * 1024, AsyncCopy::CpAsync, MMA_SYNC, &[]);
-/// H100, H200 (`sm_90a` unlocks wgmma and setmaxnreg).
-pub static SM_90: Arch = nvidia(
-    "sm_90",
-    "Hopper",
-    227 * 1024,
-    AsyncCopy::Tma,
-    MMA_SYNC,
-    &["a"],
-);
+/// H100, H200, portable code (`sm_90a` below adds wgmma and setmaxnreg).
+pub static SM_90: Arch = nvidia("sm_90", "Hopper", 227 * 1024, AsyncCopy::Tma, MMA_SYNC, &[]);
+/// H100, H200, arch-specific code: PTX ISA, "Target ISA notes" for `wgmma.mma_async` and
+/// `setmaxnreg` ("requires sm_90a"); NVRTC compiles for `sm_90a` from CUDA 12.0. Code for it
+/// runs on compute capability 9.0 only, which is what a device of that capability gets.
+pub static SM_90A: Arch = Arch {
+    name: "sm_90a",
+    wgmma: WGMMA,
+    setmaxnreg: true,
+    specific_of: Some(ArchSpecific {
+        of: "sm_90",
+        nvrtc_since: (12, 0),
+    }),
+    ..nvidia(
+        "sm_90a",
+        "Hopper",
+        227 * 1024,
+        AsyncCopy::Tma,
+        MMA_SYNC,
+        &[],
+    )
+};
 /// B200.
 pub static SM_100: Arch = nvidia(
     "sm_100",
@@ -109,5 +129,5 @@ pub static SM_120: Arch = nvidia(
 );
 
 pub static NVIDIA: &[&Arch] = &[
-    &SM_70, &SM_75, &SM_80, &SM_86, &SM_87, &SM_89, &SM_90, &SM_100, &SM_120,
+    &SM_70, &SM_75, &SM_80, &SM_86, &SM_87, &SM_89, &SM_90, &SM_90A, &SM_100, &SM_120,
 ];

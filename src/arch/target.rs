@@ -99,6 +99,21 @@ impl Target {
     }
 }
 
+/// The processor a device of compute capability `major`.`minor` compiles for, given the NVRTC
+/// version: the row that is the arch-specific form of `sm_<major><minor>` where the table has
+/// one and this NVRTC compiles for it (`sm_90a` on an H100), else the portable name. Code for
+/// the arch-specific row uses instructions (wgmma, setmaxnreg) only that exact capability has.
+pub fn device_processor(major: i32, minor: i32, nvrtc: (i32, i32)) -> String {
+    let portable = format!("sm_{major}{minor}");
+    nvidia::NVIDIA
+        .iter()
+        .find(|a| {
+            a.specific_of
+                .is_some_and(|s| s.of == portable && nvrtc >= s.nvrtc_since)
+        })
+        .map_or(portable.clone(), |a| a.name.to_string())
+}
+
 /// The row for a processor name, allowing an NVIDIA variant suffix the row lists (`sm_90a`).
 fn lookup(processor: &str) -> Option<&'static Arch> {
     arch(processor).or_else(|| {
@@ -173,7 +188,8 @@ mod tests {
             t("sm_90a").unwrap(),
             (Platform::Nvidia, 32, "sm_90a".into())
         );
-        assert_eq!(Target::parse("sm_90a").unwrap().caps.name, "sm_90");
+        assert_eq!(Target::parse("sm_90a").unwrap().caps.name, "sm_90a");
+        assert_eq!(Target::parse("sm_100a").unwrap().caps.name, "sm_100");
         assert_eq!(Target::parse("sm_120f").unwrap().caps.name, "sm_120");
         for bad in [
             "",
@@ -266,6 +282,13 @@ mod tests {
                 a.name
             );
             assert!(a.mma.iter().all(|m| m.lanes == a.wave_size), "{}", a.name);
+            // setmaxnreg and wgmma are arch-specific: only a row that is one has them.
+            assert_eq!(
+                a.setmaxnreg || !a.wgmma.is_empty(),
+                a.specific_of.is_some(),
+                "{}",
+                a.name
+            );
             assert_eq!(a.platform == Platform::Amd, a.isa_version.is_some());
         }
         assert_eq!(row("gfx942").isa_version_number(), Some(9402));
@@ -279,6 +302,24 @@ mod tests {
             row("gfx1201").isa_version_file().as_deref(),
             Some("oclc_isa_version_1201.bc")
         );
+    }
+
+    /// `sm_90a` is a row of its own with the warpgroup instructions as data; `sm_90` has none;
+    /// a compute capability 9.0 device compiles for `sm_90a` when NVRTC can.
+    #[test]
+    fn sm_90a_is_its_own_row_and_a_cc_90_device_gets_it() {
+        let a = Target::parse("sm_90a").unwrap();
+        assert!(a.caps.setmaxnreg && a.caps.wgmma.len() == 2);
+        assert_eq!(a.caps.specific_of.map(|s| s.of), Some("sm_90"));
+        assert_eq!(a.caps.mma, arch("sm_90").unwrap().mma);
+        assert_eq!(a.caps.shared_bytes_per_block, 227 * 1024);
+        let p = Target::parse("sm_90").unwrap();
+        assert!(!p.caps.setmaxnreg && p.caps.wgmma.is_empty());
+        assert_eq!(device_processor(9, 0, (12, 4)), "sm_90a");
+        assert_eq!(device_processor(9, 0, (11, 8)), "sm_90");
+        assert_eq!(device_processor(8, 0, (12, 4)), "sm_80");
+        assert_eq!(device_processor(12, 0, (12, 8)), "sm_120");
+        assert!(Target::parse("sm_90a:xnack+").is_err());
     }
 
     /// The portable launch limits fit every row: no processor has less shared memory a block

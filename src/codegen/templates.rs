@@ -82,6 +82,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_mma.hip"),
     ),
     (
+        "gemm_wgmma.hip",
+        include_str!("../../kernel_templates/gemm_wgmma.hip"),
+    ),
+    (
         "softmax.hip",
         include_str!("../../kernel_templates/softmax.hip"),
     ),

@@ -186,3 +186,59 @@ pub fn heads_bias_gelu(b: usize, h: usize, s: usize, d: usize, h2: usize, d2: us
         prologue: None,
     }
 }
+
+/// Gemm nodes the warpgroup kernel (sm_90a) takes: M and N of at least a tile, A and B read in
+/// 16-byte pieces along K. Sizes no tile divides (1000³, 4097 × 576 × 576), M, N and K tails, a
+/// K shorter than one stage, bias + GELU over head-merged and head-split views, a residual, a
+/// batch with a broadcast weight; and cases it must leave to the other kernels (B stored
+/// `[K, N]`, M below a tile). Each is built for f16 and bf16.
+pub fn wgmma_cases(dt: DType) -> Vec<Graph> {
+    let n = |s: &str| format!("gemm_wgmma_{s}_{dt}");
+    let mut v = vec![
+        plain_case(dt, 1000, 1000, 1000, true),
+        plain_case(dt, 256, 128, 64, true),
+        plain_case(dt, 130, 136, 40, true),
+        // Left to the mma.sync kernel: B [K, N], and M below a tile.
+        plain_case(dt, 1000, 1000, 1000, false),
+        plain_case(dt, 100, 576, 576, true),
+    ];
+    let (b, h, s, d, h2, d2) = (2, 4, 100, 32, 6, 32);
+    let (k, nn) = (h * d, h2 * d2);
+    v.push(graph(
+        n("heads_bias_gelu"),
+        dt,
+        heads_bias_gelu(b, h, s, d, h2, d2),
+        &[&[b, h, s, d], &[nn, k], &[nn]],
+    ));
+    // A residual added to the product, SmolLM2-like K and N, M one past a tile multiple.
+    let rd = dims(&[], &[4097], &[576], &[576]);
+    let mut res = plain(rd.clone(), b_nk(576), &[4097, 576]);
+    res.extras = vec![View::contiguous(&rd, Operand::Out)];
+    res.epilogue = Some(Expr::Binary(
+        BinaryOp::Add,
+        Box::new(Expr::Input(0)),
+        Box::new(Expr::Input(1)),
+    ));
+    v.push(graph(
+        n("residual_4097x576x576"),
+        dt,
+        res,
+        &[&[4097, 576], &[576, 576], &[4097, 576]],
+    ));
+    // Batched, B [N, K] shared by every batch (batch stride 0).
+    let bd = dims(&[3], &[200], &[136], &[72]);
+    let mut bat = plain(bd, b_nk(72), &[3, 200, 136]);
+    bat.b.batch = vec![0];
+    v.push(graph(
+        n("batched_shared_b"),
+        dt,
+        bat,
+        &[&[3, 200, 72], &[136, 72]],
+    ));
+    v
+}
+
+/// Whether the sm_90a plan of a [`wgmma_cases`] graph must use the warpgroup kernel.
+pub fn wgmma_expected(g: &Graph) -> bool {
+    !(g.name.contains("_kn_") || g.name.contains("gemm_100x"))
+}

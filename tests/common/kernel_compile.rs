@@ -134,7 +134,7 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
 
 /// The compile trials of a kernel family's test target: the kernels `set` gives for each target,
 /// through hiprtc (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC +
-/// ptxas (sm_90), each ignored (or failed, when its `ROCMFORGE_REQUIRE_*` is 1) without its tool.
+/// ptxas (sm_90, sm_90a), each ignored (or failed, when its `ROCMFORGE_REQUIRE_*` is 1) without its tool.
 pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> {
     let rtc = Hiprtc::load().map(|r| Arc::new(AmdCompiler::Hiprtc(r)));
     let clang = AmdClang::probe().map(|c| Arc::new(AmdCompiler::Clang(c)));
@@ -155,11 +155,15 @@ pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> 
             move |clang| amd(&clang, arch, &set(arch)?),
         ));
     }
-    trials.push(super::needs::needs(
-        &ptxas(),
-        "ROCMFORGE_REQUIRE_PTXAS",
-        "compile::nvrtc::sm_90".into(),
-        move |p| nvrtc(&p, "sm_90", &set("sm_90")?),
-    ));
+    // sm_90a: the arch-specific Hopper row (what an H100 compiles for), whose plans may hold
+    // wgmma kernels the portable sm_90 never gets.
+    for arch in ["sm_90", "sm_90a"] {
+        trials.push(super::needs::needs(
+            &ptxas(),
+            "ROCMFORGE_REQUIRE_PTXAS",
+            format!("compile::nvrtc::{arch}"),
+            move |p| nvrtc(&p, arch, &set(arch)?),
+        ));
+    }
     trials
 }

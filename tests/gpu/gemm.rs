@@ -151,6 +151,37 @@ pub fn layouts_and_mma(device: &Device, ignored: &Option<String>, trials: &mut V
     }
 }
 
+/// Gemm nodes on the warpgroup kernel (sm_90a: an H100 or H200): sizes no tile divides, K
+/// tails, epilogues, views, a batch, against the interpreter with poisoned outputs. Where the
+/// device's target has wgmma, each case's plan must use the kernel the case expects (the
+/// warpgroup one, or the fallback); elsewhere the cases run on whatever kernel the plan has.
+pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::wgmma_cases(dt) {
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm_wgmma::{}", g.name),
+                Box::new(move || {
+                    let target = d.target().ok_or("the device has no codegen target")?;
+                    if !target.caps.wgmma.is_empty() {
+                        let plan =
+                            rocmforge::codegen::generate(&g, target).map_err(|e| e.to_string())?;
+                        let on_wgmma = plan.kernels.iter().any(|k| k.family == "gemm_wgmma");
+                        if on_wgmma != gemm_cases::wgmma_expected(&g) {
+                            return Err(
+                                format!("{}: on the warpgroup kernel: {on_wgmma}", g.name).into()
+                            );
+                        }
+                    }
+                    check_graph(&d, &g, false, 13)
+                }),
+            );
+        }
+    }
+}
+
 /// Linear layers on quantized weights.
 pub fn quant(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
     // Linear layers on quantized weights at odd sizes, f32 and f16, both sides of the small-M

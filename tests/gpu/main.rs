@@ -91,6 +91,7 @@ fn main() {
     let mut trials: Vec<Trial> = Vec::new();
     graphs::examples_and_zoo(&device, &ignored, &mut trials);
     gemm::layouts_and_mma(&device, &ignored, &mut trials);
+    gemm::wgmma(&device, &ignored, &mut trials);
     graphs::hostile_names(&device, &ignored, &mut trials);
     edges::zero_size(&device, &ignored, &mut trials);
     tune::trials(&device, &ignored, &mut trials);

@@ -10,10 +10,12 @@
 
 pub mod atoms;
 mod index;
+pub mod wgmma;
 
 use crate::ir::DType;
 
 pub use index::{Field, Linear, Var};
+pub use wgmma::WgmmaAtom;
 
 /// The instruction family, which decides how a fragment is typed and how the MMA is called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

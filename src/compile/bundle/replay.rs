@@ -325,14 +325,19 @@ fn device_target(device: &Device, arch: &str) -> Result<Target, BundleError> {
     let want = Target::parse(arch).map_err(|e| BundleError::Malformed {
         reason: format!("target: {e}"),
     })?;
-    if want.caps.name != have.caps.name {
-        return Err(BundleError::TargetMismatch {
-            bundle: arch.to_string(),
-            vendor: format!("{:?}", want.platform),
-            device: format!("{} ({})", device.label(), have.arch),
-        });
+    if want.caps.name == have.caps.name {
+        return Ok(have.clone());
     }
-    Ok(have.clone())
+    // A bundle for the portable processor on a device that compiles for its arch-specific form
+    // (`sm_90` on an H100, `sm_90a`): the bundle's own target, whose code the device runs.
+    if have.caps.runs_code_for(want.caps) {
+        return Ok(want);
+    }
+    Err(BundleError::TargetMismatch {
+        bundle: arch.to_string(),
+        vendor: format!("{:?}", want.platform),
+        device: format!("{} ({})", device.label(), have.arch),
+    })
 }
 
 /// The failing buffer whose writer ran first (a buffer no kernel writes comes last): later

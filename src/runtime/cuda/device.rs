@@ -114,7 +114,8 @@ impl CudaDevice {
         Ok(CudaDevice {
             ctx,
             name,
-            arch: format!("sm_{major}{minor}"),
+            // The arch-specific `sm_90a` on an H100 (wgmma, setmaxnreg): the row says which.
+            arch: crate::arch::device_processor(major, minor, nvrtc_version),
             driver_version,
             nvrtc_version,
             limits: OnceLock::new(),

@@ -10,6 +10,7 @@ mod small_m;
 #[cfg(test)]
 mod tests;
 mod vectors;
+mod wgmma;
 
 /// The shared-memory tile geometry (swizzled for ldmatrix, padded for element loads), which the
 /// attention kernel's K/V tiles use too.
@@ -310,7 +311,11 @@ pub(crate) fn lower(
             ),
         });
     }
-    // f16 and bf16 go to the matrix cores where the target has an atom for them.
+    // f16 and bf16 go to the warpgroup MMA where the target has it (sm_90a) and the problem
+    // fills its tiles, else to the matrix cores where the target has an atom for them.
+    if let Some(k) = wgmma::kernel(&p, gemm, node, args.clone(), target)? {
+        return Ok(k);
+    }
     if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned)? {
         return Ok(k);
     }
