@@ -683,3 +683,25 @@ fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
         assert_eq!(k.body, k0.body);
     }
 }
+
+/// Programmatic dependent launch: on a target with `grid_dependency` (sm_90) every kernel of
+/// every graph waits on the grid dependency in its first statement and so is launched as a
+/// programmatic dependent; a template without the wait would be launched plainly (slower, not
+/// wrong) and fails here. AMD targets have no such launch.
+#[test]
+fn every_kernel_waits_on_the_grid_dependency_where_the_target_has_it() {
+    for (g, fused) in all_graphs() {
+        for (arch, want) in [("sm_90", true), ("sm_90a", true), ("sm_80", false), ("gfx90a", false)] {
+            let Ok(plan) = plan_for(&g, arch) else {
+                continue;
+            };
+            for k in &plan.kernels {
+                assert_eq!(
+                    k.launch.programmatic, want,
+                    "{} ({}) on {arch}, fused {fused}: kernel {} ({})",
+                    g.name, k.node, k.entry, k.family
+                );
+            }
+        }
+    }
+}

@@ -44,6 +44,8 @@ const fn amd(
         variants: &[],
         wgmma: &[],
         setmaxnreg: false,
+        // AMD has no programmatic dependent launch: every launch waits for the one before it.
+        grid_dependency: false,
         specific_of: None,
         isa_version: Some(isa_version),
         hiprtc_since_rocm: Some(hiprtc_since_rocm),

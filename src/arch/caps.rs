@@ -94,6 +94,11 @@ pub struct Arch {
     /// `setmaxnreg` (sm_90a): a warpgroup can hand registers back to the SM or take more, so
     /// producer warpgroups run on few registers and consumer warpgroups on many.
     pub setmaxnreg: bool,
+    /// Programmatic dependent launch (`griddepcontrol`, sm_90+): a kernel may be scheduled
+    /// while the one before it on the stream finishes, and waits on it in its first statement
+    /// (the preludes' `RF_GRID_ENTER()`), so launch and block start-up overlap the previous
+    /// kernel's tail. Codegen marks such kernels' launches programmatic.
+    pub grid_dependency: bool,
     /// This row is the arch-specific form of another processor (`sm_90a` of `sm_90`): its code
     /// runs only on a device of exactly that compute capability, where the runtime prefers it
     /// (`arch::device_processor`). `None` for portable rows.

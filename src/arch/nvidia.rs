@@ -37,6 +37,7 @@ const fn nvidia(
         variants,
         wgmma: &[],
         setmaxnreg: false,
+        grid_dependency: false,
         specific_of: None,
         isa_version: None,
         hiprtc_since_rocm: None,
@@ -87,8 +88,15 @@ pub static SM_87: Arch = nvidia(
 );
 /// RTX 40, L4, L40.
 pub static SM_89: Arch = nvidia("sm_89", "Ada", 99 * 1024, AsyncCopy::CpAsync, MMA_SYNC, &[]);
+/// Programmatic dependent launch (`griddepcontrol.wait` / `.launch_dependents`): PTX ISA,
+/// "Target ISA notes" of `griddepcontrol` ("requires sm_90 or higher").
+const GRID_DEPENDENCY: bool = true;
+
 /// H100, H200, portable code (`sm_90a` below adds wgmma and setmaxnreg).
-pub static SM_90: Arch = nvidia("sm_90", "Hopper", 227 * 1024, AsyncCopy::Tma, MMA_SYNC, &[]);
+pub static SM_90: Arch = Arch {
+    grid_dependency: GRID_DEPENDENCY,
+    ..nvidia("sm_90", "Hopper", 227 * 1024, AsyncCopy::Tma, MMA_SYNC, &[])
+};
 /// H100, H200, arch-specific code: PTX ISA, "Target ISA notes" for `wgmma.mma_async` and
 /// `setmaxnreg` ("requires sm_90a"); NVRTC compiles for `sm_90a` from CUDA 12.0. Code for it
 /// runs on compute capability 9.0 only, which is what a device of that capability gets.
@@ -96,6 +104,7 @@ pub static SM_90A: Arch = Arch {
     name: "sm_90a",
     wgmma: WGMMA,
     setmaxnreg: true,
+    grid_dependency: GRID_DEPENDENCY,
     specific_of: Some(ArchSpecific {
         of: "sm_90",
         nvrtc_since: (12, 0),
@@ -110,23 +119,29 @@ pub static SM_90A: Arch = Arch {
     )
 };
 /// B200.
-pub static SM_100: Arch = nvidia(
-    "sm_100",
-    "Blackwell",
-    227 * 1024,
-    AsyncCopy::Tma,
-    MMA_SYNC,
-    &["a", "f"],
-);
+pub static SM_100: Arch = Arch {
+    grid_dependency: GRID_DEPENDENCY,
+    ..nvidia(
+        "sm_100",
+        "Blackwell",
+        227 * 1024,
+        AsyncCopy::Tma,
+        MMA_SYNC,
+        &["a", "f"],
+    )
+};
 /// RTX 50.
-pub static SM_120: Arch = nvidia(
-    "sm_120",
-    "Blackwell",
-    99 * 1024,
-    AsyncCopy::Tma,
-    MMA_SYNC,
-    &["a", "f"],
-);
+pub static SM_120: Arch = Arch {
+    grid_dependency: GRID_DEPENDENCY,
+    ..nvidia(
+        "sm_120",
+        "Blackwell",
+        99 * 1024,
+        AsyncCopy::Tma,
+        MMA_SYNC,
+        &["a", "f"],
+    )
+};
 
 pub static NVIDIA: &[&Arch] = &[
     &SM_70, &SM_75, &SM_80, &SM_86, &SM_87, &SM_89, &SM_90, &SM_90A, &SM_100, &SM_120,

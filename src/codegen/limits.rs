@@ -60,6 +60,7 @@ pub(crate) fn launch(
         grid,
         block: [u32::try_from(t).expect("at most the block limit"), 1, 1],
         shared_bytes: 0,
+        programmatic: false,
     })
 }
 

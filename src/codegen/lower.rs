@@ -145,7 +145,33 @@ pub(crate) fn generate(
         });
     }
     plan.outputs = outputs;
+    mark_programmatic(&mut plan, target);
     Ok(plan)
+}
+
+/// Marks the launches that may go as programmatic dependents (the target's `grid_dependency`):
+/// those whose kernel waits on the grid dependency before anything else, i.e. whose entry
+/// point's body starts with `RF_GRID_ENTER();`. A kernel without it keeps a plain launch, so a
+/// template that forgets the wait is slower, never wrong.
+pub(crate) fn mark_programmatic(plan: &mut KernelPlan, target: &Target) {
+    for k in &mut plan.kernels {
+        k.launch.programmatic =
+            target.caps.grid_dependency && body_starts_with_grid_enter(&k.body, &k.entry);
+    }
+}
+
+/// Whether the first statement of `entry`'s body in `source` is `RF_GRID_ENTER();`.
+pub(crate) fn body_starts_with_grid_enter(source: &str, entry: &str) -> bool {
+    let Some(at) = source.find(&format!(" {entry}(")) else {
+        return false;
+    };
+    // The parameter list holds no braces: the body opens at the first `{` after the name.
+    let Some(open) = source[at..].find('{') else {
+        return false;
+    };
+    source[at + open + 1..]
+        .trim_start()
+        .starts_with("RF_GRID_ENTER();")
 }
 
 /// Bytes an alias's start must be a multiple of: kernels load operands 16 bytes at a time where

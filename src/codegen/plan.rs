@@ -104,6 +104,10 @@ pub struct Launch {
     pub block: [u32; 3],
     /// Dynamic shared memory in bytes (kernels here use static shared memory only).
     pub shared_bytes: u32,
+    /// Launched as a programmatic dependent of the kernel before it: set where the target has
+    /// `grid_dependency` and the kernel's first statement is `RF_GRID_ENTER()` (see
+    /// [`mark_programmatic`](super::lower::mark_programmatic)).
+    pub programmatic: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -283,7 +283,7 @@ impl GpuSession {
                 shared_bytes: k.launch.shared_bytes,
                 args,
                 offsets,
-                programmatic: false,
+                programmatic: k.launch.programmatic,
             });
         }
         Ok(launches)
