@@ -102,7 +102,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
     let pieces = p.k / PIECE;
     let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
     let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
-    while cols > 1 && blocks(cols) < FILL_BLOCKS {
+    // Paired columns: a block holds whole pairs.
+    let least = if p.pair { 2 } else { 1 };
+    cols = cols.max(least);
+    while cols > least && blocks(cols) < FILL_BLOCKS {
         cols /= 2;
     }
     Config {

@@ -86,7 +86,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
         };
     }
     let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
-    while cols > 1 && blocks(cols) < FILL_BLOCKS {
+    // Paired columns: a block holds whole pairs.
+    let least = if p.pair { 2 } else { 1 };
+    cols = cols.max(least);
+    while cols > least && blocks(cols) < FILL_BLOCKS {
         cols /= 2;
     }
     Config {
