@@ -317,6 +317,16 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         .map(|c| (c.name(), c.graph()))
         .collect();
     graphs.push(("decode_step".into(), decode_step()?));
+    // The split argmax over an LM head's logits (SmolLM2's vocabulary), f32 and f16.
+    for dtype in [DType::F32, DType::F16] {
+        let mut g = Graph::new("argmax_split");
+        let x = g
+            .input("x", dtype, &[1, 49152])
+            .map_err(|e| e.to_string())?;
+        let r = g.argmax(x, -1).map_err(|e| e.to_string())?;
+        g.set_outputs(&[r]).map_err(|e| e.to_string())?;
+        graphs.push((format!("argmax_split_{dtype}"), g));
+    }
     for (name, g) in graphs {
         let plan = generate_with(&g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{name}: {e}"))?;

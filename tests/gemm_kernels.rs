@@ -495,6 +495,33 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
                 .or_insert((plan.source(k), k.body.clone(), c.name()));
         }
     }
+    // The paired-column (GLU) GEMVs at SmolLM2's gate/up shapes (K 576 → 2 × 1536), M 1 and
+    // 16, with the folded norm.
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for scheme in [None, Some(QuantScheme::Q4_1), Some(QuantScheme::Q8_0)] {
+            for m in [1, 16] {
+                let c = GluCase {
+                    dtype,
+                    scheme,
+                    m,
+                    n: 1536,
+                    k: 576,
+                    norm: true,
+                };
+                let (fused, _) = rocmforge::compile::optimise_folded(&c.graph(), true)
+                    .map_err(|e| e.to_string())?;
+                let plan = generate_with(&fused, &target, &CodegenOptions::default())
+                    .map_err(|e| format!("{}: {e}", c.name()))?;
+                for k in &plan.kernels {
+                    out.entry(k.entry.clone()).or_insert((
+                        plan.source(k),
+                        k.body.clone(),
+                        c.name(),
+                    ));
+                }
+            }
+        }
+    }
     // The int8 GEMV with each epilogue and M.
     for c in int8_gemv::host_cases() {
         let plan = generate_with(&c.fused(), &target, &int8_options())

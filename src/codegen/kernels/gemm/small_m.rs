@@ -69,7 +69,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     };
     let a_vec = vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec);
     let b_vec = vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec);
-    let along_n = !b_vec
+    // Paired columns are read K-contiguous (the interleaved weight is `[2N, K]`): the pair
+    // combine takes one pair per thread, which along-N's wider blocks would exceed.
+    let along_n = !p.pair
+        && !b_vec
         && p.m * vec <= MAX_ACC
         && vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Cols, vec);
     if along_n {
@@ -85,7 +88,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
             groups,
         };
     }
-    let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
+    // Paired columns: half the sums per thread at most, the pair's combine and its epilogue
+    // also live at the end (64 sums with the norm prologue spill on gfx1100/gfx1201 at M 16).
+    let acc = if p.pair { MAX_ACC / 2 } else { MAX_ACC };
+    let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
     // Paired columns: a block holds whole pairs.
     let least = if p.pair { 2 } else { 1 };
     cols = cols.max(least);
