@@ -225,7 +225,7 @@ fn gate_and_up_merge_into_paired_columns() {
         (DType::F16, 1, 37, 64, Some(QuantScheme::Q4_0)),
         (DType::F16, 2, 9, 64, Some(QuantScheme::Q4_1)),
         (DType::F32, 5, 7, 96, Some(QuantScheme::Q8_0)),
-        (DType::F16, 16, 48, 32, None),
+        (DType::F16, 8, 48, 32, None),
     ];
     for &(dtype, m, n, k, scheme) in cases {
         let what = format!("{dtype} m{m} n{n} k{k} {scheme:?}");
@@ -262,8 +262,8 @@ fn gate_and_up_merge_into_paired_columns() {
 
 #[test]
 fn gate_and_up_refusals_are_named() {
-    // Prefill: more rows than the GEMV kernels take.
-    let g = glu(DType::F32, 17, 8, 32, None);
+    // More rows than the paired GEMVs take (8), and prefill.
+    let g = glu(DType::F32, 9, 8, 32, None);
     let (merged, reports) = optimize(&g).unwrap();
     assert_eq!(gemm_count(&merged), 2);
     let codes = skipped(&reports);

@@ -101,9 +101,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
     let wave = target.wave_size as usize;
     let pieces = p.k / PIECE;
     let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
-    // Paired columns: half the sums per thread at most, the pair's combine and its epilogue
-    // also live at the end (64 sums with the norm prologue spill on gfx1100/gfx1201 at M 16).
-    let acc = if p.pair { MAX_ACC / 2 } else { MAX_ACC };
+    // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
+    // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
+    // 32 sums: M 16, 2 columns).
+    let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
     let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
     // Paired columns: a block holds whole pairs.
     let least = if p.pair { 2 } else { 1 };
