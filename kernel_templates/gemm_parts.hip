@@ -9,6 +9,7 @@ RF_INLINE long long rf_c_at(long long bz, long long m, long long n) { return {{ 
 {#- The epilogue and the store of one product `acc_v` (f32) at (bz, row, col), which are in scope. -#}
 {% macro store(p, pad) -%}
 {% if p.epilogue %}{{ pad }}const float acc_r = {{ p.acc }};
+{% endif %}{% if p.pair %}{{ pad }}const float acc_r1 = {{ p.acc1 }};
 {% endif %}{% for e in p.extras %}{{ pad }}const {{ e.vtype }} x{{ e.index }} = {{ e.load }};
 {% endfor %}{% for l in p.lines %}{{ pad }}{{ l }}
 {% endfor %}{{ pad }}C[rf_c_at(bz, row, col)] = {{ p.store }};
@@ -70,3 +71,23 @@ RF_INLINE float rf_norm_a(float v, float mean, float inv, const {{ p.prologue.w_
 {% macro norm_a(p, v, m, k) -%}
 rf_norm_a({{ v }}, rf_norm[2 * ({{ m }})], rf_norm[2 * ({{ m }}) + 1], NW, {% if p.prologue.layer %}NB, {% endif %}{{ k }})
 {%- endmacro %}
+{#- Paired columns (`ir::gemm`): the GEMV kernels' last step when the block's RF_COLS product
+    columns (an even count, from an even n0) pair up: thread t adds the waves' sums of pair t,
+    `acc_v` the even column and `acc_u` the odd, and the epilogue stores result column
+    `col` = (n0 + 2jj) / 2. RF_N is even, so a pair is inside the problem or outside. One pair
+    per thread, no loop (codegen keeps M × RF_COLS / 2 ≤ one wave): with a loop, sm_90 spilled
+    the loop's state around an f32 epilogue's division (a called slow path). -#}
+{% macro pair_combine(p) -%}
+static_assert(RF_M * (RF_COLS / 2) <= RF_THREADS, "one column pair per thread");
+    const int t = threadIdx.x;
+    const int jj = t % (RF_COLS / 2), at = (t / (RF_COLS / 2)) * RF_COLS + 2 * jj;
+    const long long row = t / (RF_COLS / 2), pc = n0 + 2 * jj, col = pc / 2;
+    if (t < RF_M * (RF_COLS / 2) && pc < RF_N) {
+        float acc_v = 0.0f, acc_u = 0.0f;
+        for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) {
+            acc_v += partial[w][at];
+            acc_u += partial[w][at + 1];
+        }
+{{ store(p, "        ") }}
+    }
+{% endmacro %}

@@ -111,11 +111,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
         }
     }
 {% endif %}    __syncthreads();
-    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
+{% if p.pair %}    {{ parts.pair_combine(p) }}{% else %}    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
         const long long row = t / RF_COLS, col = n0 + t % RF_COLS;
         if (col >= RF_N) continue;
         float acc_v = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
 {{ parts.store(p, "        ") }}
     }
-}
+{% endif %}}

@@ -317,6 +317,16 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         .map(|c| (c.name(), c.graph()))
         .collect();
     graphs.push(("decode_step".into(), decode_step()?));
+    // The split argmax over an LM head's logits (SmolLM2's vocabulary), f32 and f16.
+    for dtype in [DType::F32, DType::F16] {
+        let mut g = Graph::new("argmax_split");
+        let x = g
+            .input("x", dtype, &[1, 49152])
+            .map_err(|e| e.to_string())?;
+        let r = g.argmax(x, -1).map_err(|e| e.to_string())?;
+        g.set_outputs(&[r]).map_err(|e| e.to_string())?;
+        graphs.push((format!("argmax_split_{dtype}"), g));
+    }
     for (name, g) in graphs {
         let plan = generate_with(&g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{name}: {e}"))?;
@@ -639,6 +649,64 @@ fn argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The split argmax (rows longer than one block's chunk: an LM head's logits) on rows with the
+/// maximum tied across blocks, NaNs in two blocks, a row of −∞, the length not a multiple of
+/// the chunk or the block, f32 and f16, and over an axis with an inner stride; the partials
+/// are merged by the last block, checked against the interpreter.
+fn argmax_split_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
+    const LEN: usize = 49157;
+    for dtype in [DType::F32, DType::F16] {
+        let mut g = Graph::new("argmax_split");
+        let x = g.input("x", dtype, &[4, LEN]).map_err(|e| e.to_string())?;
+        let y = g.input("y", dtype, &[LEN, 2]).map_err(|e| e.to_string())?;
+        let rows = g.argmax(x, -1).map_err(|e| e.to_string())?;
+        let cols = g.argmax(y, 0).map_err(|e| e.to_string())?;
+        g.set_outputs(&[rows, cols]).map_err(|e| e.to_string())?;
+        let mut vals: Vec<f64> = (0..4 * LEN)
+            .map(|i| ((i * 37) % 101) as f64 - 50.0)
+            .collect();
+        for v in &mut vals[..LEN] {
+            *v = -1.0; // row 0: the maximum tied between a late and an early block
+        }
+        vals[45000] = 3.0;
+        vals[5000] = 3.0;
+        vals[LEN + 30000] = f64::NAN; // row 1: NaNs in two blocks, the first wins
+        vals[LEN + 9000] = f64::NAN;
+        for v in &mut vals[2 * LEN..3 * LEN] {
+            *v = f64::NEG_INFINITY; // row 2: all −∞ gives 0
+        }
+        vals[4 * LEN - 1] = 60.0; // row 3: the last element
+        let t = Tensor::from_f64(dtype, vec![4, LEN], &vals).map_err(|e| e.to_string())?;
+        let yv: Vec<f64> = (0..2 * LEN).map(|i| ((i * 53) % 97) as f64).collect();
+        let ty = Tensor::from_f64(dtype, vec![LEN, 2], &yv).map_err(|e| e.to_string())?;
+        let b = Bindings::default().with_input("x", t).with_input("y", ty);
+        let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
+        if want[0].to_f64_vec() != [5000.0, 9000.0, 0.0, (LEN - 1) as f64] {
+            return Err(format!("the interpreter's reference: {:?}", want[0]).into());
+        }
+        let target = Target::parse(arch).map_err(|e| e.to_string())?;
+        let plan =
+            generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+        let split = plan
+            .kernels
+            .iter()
+            .filter(|k| k.family == "argmax" && k.launch.grid[0] > 1 && k.body.contains("counters"))
+            .count();
+        if split != 2 {
+            return Err(format!("{dtype}: {split} split argmax kernels, want 2").into());
+        }
+        let got = host_kernels::run_plan(cxx, &g, &plan, &b)?.map_err(|e| e.to_string())?;
+        if got != want {
+            return Err(format!(
+                "{dtype}: host {:?} {:?}, interpreter {:?} {:?}",
+                got[0], got[1], want[0], want[1]
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
@@ -710,6 +778,12 @@ fn main() {
             "ROCMFORGE_REQUIRE_HOST_CXX",
             format!("state::argmax::{arch}"),
             move |cxx| argmax_host(&cxx, arch),
+        ));
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::argmax_split::{arch}"),
+            move |cxx| argmax_split_host(&cxx, arch),
         ));
     }
     trials.extend(kernel_compile::compile_trials(compile_set));

@@ -206,6 +206,121 @@ fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<
     Ok(())
 }
 
+/// A GLU case: `silu(h·W_gateᵀ) · (h·W_upᵀ)`, `h` = x or RMSNorm(x), weights `[n, k]`.
+#[derive(Clone, Copy, Debug)]
+struct GluCase {
+    dtype: DType,
+    scheme: Option<QuantScheme>,
+    m: usize,
+    n: usize,
+    k: usize,
+    norm: bool,
+}
+
+impl GluCase {
+    fn name(&self) -> String {
+        format!(
+            "glu_{}_{}_m{}_n{}_k{}{}",
+            self.dtype,
+            self.scheme.map_or("dense".to_string(), |s| s.to_string()),
+            self.m,
+            self.n,
+            self.k,
+            if self.norm { "_rms" } else { "" }
+        )
+    }
+
+    /// The unfused graph, as a model writes it.
+    fn graph(&self) -> rocmforge::ir::Graph {
+        let mut g = rocmforge::ir::Graph::new(self.name());
+        let x = g.input("x", self.dtype, &[1, self.m, self.k]).unwrap();
+        let h = if self.norm {
+            let w = g.weight("norm_w", self.dtype, &[self.k]).unwrap();
+            g.rms_norm(x, w, 1e-5).unwrap()
+        } else {
+            x
+        };
+        let lin = |g: &mut rocmforge::ir::Graph, name: &str| {
+            let w = match self.scheme {
+                Some(s) => g
+                    .weight_quant(name, self.dtype, &[self.n, self.k], s)
+                    .unwrap(),
+                None => g.weight(name, self.dtype, &[self.n, self.k]).unwrap(),
+            };
+            let wt = g.transpose_last(w).unwrap();
+            g.matmul(h, wt).unwrap()
+        };
+        let gate = lin(&mut g, "w_gate");
+        let up = lin(&mut g, "w_up");
+        let s = g.silu(gate).unwrap();
+        let y = g.mul(s, up).unwrap();
+        g.add_output(y).unwrap();
+        g
+    }
+}
+
+fn glu_cases() -> Vec<GluCase> {
+    let mut v = Vec::new();
+    for (dtype, scheme, k) in [
+        (DType::F32, None, 37),
+        (DType::F16, None, 40),
+        (DType::BF16, None, 24),
+        (DType::F16, Some(QuantScheme::Q4_0), 64),
+        (DType::F16, Some(QuantScheme::Q4_1), 96),
+        (DType::F32, Some(QuantScheme::Q8_0), 64),
+    ] {
+        for m in [1, 3, 8] {
+            for norm in [false, true] {
+                v.push(GluCase {
+                    dtype,
+                    scheme,
+                    m,
+                    n: 37,
+                    k,
+                    norm,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// Runs GLU `case` folded (one paired-column GEMV kernel over the interleaved weight, bound as
+/// a compile binds it) on the host and compares with the interpreter on the unfused graph.
+fn glu_host_run(cxx: &Path, case: &GluCase, arch: &str) -> Result<(), Failed> {
+    let g = case.graph();
+    let (fused, folds) =
+        rocmforge::compile::optimise_folded(&g, true).map_err(|e| e.to_string())?;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan =
+        generate_with(&fused, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let family = if case.scheme.is_some() {
+        "gemm_quant"
+    } else {
+        "gemm_small_m"
+    };
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    if families != vec![family] {
+        return Err(format!("{}: kernels {families:?}", case.name()).into());
+    }
+    let b = host_kernels::with_weights(&g, Bindings::random(&g, 11));
+    let want = interp::run(&g, &b).map_err(|e| e.to_string())?.remove(0);
+    // The folded graph's weight is the parts' rows interleaved, as a compile binds it.
+    let mut bf = b.clone();
+    rocmforge::compile::fold::bind_folded(&folds, &mut bf.weights, &mut bf.quantized)
+        .map_err(|e| e.to_string())?;
+    let got = host_kernels::run_plan(cxx, &fused, &plan, &bf)?
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
+    let tol = tolerance(case.dtype);
+    if err > tol {
+        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
+    }
+    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+    Ok(())
+}
+
 /// Norm cases compiled for every target: SmolLM2's shapes (K 576 → N 1536, K 1536 → N 576) at
 /// M 1 and 16, both norms, dense f32/f16/bf16 and Q4_1/Q8_0, two GEMVs sharing the norm.
 fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
@@ -396,6 +511,34 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
+
+    // The paired-column (GLU) GEMVs at SmolLM2's gate/up shapes (K 576 → 2 × 1536), M 1 and
+    // 8 (the most rows pairs merge at), with the folded norm.
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for scheme in [None, Some(QuantScheme::Q4_1), Some(QuantScheme::Q8_0)] {
+            for m in [1, 8] {
+                let c = GluCase {
+                    dtype,
+                    scheme,
+                    m,
+                    n: 1536,
+                    k: 576,
+                    norm: true,
+                };
+                let (fused, _) = rocmforge::compile::optimise_folded(&c.graph(), true)
+                    .map_err(|e| e.to_string())?;
+                let plan = generate_with(&fused, &target, &CodegenOptions::default())
+                    .map_err(|e| format!("{}: {e}", c.name()))?;
+                for k in &plan.kernels {
+                    out.entry(k.entry.clone()).or_insert((
+                        plan.source(k),
+                        k.body.clone(),
+                        c.name(),
+                    ));
+                }
+            }
+        }
+    }
     // The int8 GEMV with each epilogue and M.
     for c in int8_gemv::host_cases() {
         let plan = generate_with(&c.fused(), &target, &int8_options())
@@ -476,6 +619,17 @@ fn main() {
                 "ROCMFORGE_REQUIRE_HOST_CXX",
                 name,
                 move |cxx| quant_host_run(&cxx, &case, arch),
+            ));
+        }
+    }
+    for arch in ["gfx90a", "gfx1030"] {
+        for case in glu_cases() {
+            let name = format!("host::{arch}::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| glu_host_run(&cxx, &case, arch),
             ));
         }
     }

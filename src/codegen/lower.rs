@@ -270,7 +270,7 @@ fn lower_node(
         Op::CacheWrite { axis, rope } => {
             return cache_write::cache_write(g, id, (*axis, *rope), &ops, buf, target, plan)
         }
-        Op::ArgMax { axis } => argmax::argmax(g, id, *axis, &ops, buf, target)?,
+        Op::ArgMax { axis } => return argmax::argmax(g, id, *axis, &ops, buf, target, plan),
         Op::CausalMask { sq, sk, offset } => causal_mask::kernel(
             (*sq, *sk, *offset),
             ty.shape.numel(),

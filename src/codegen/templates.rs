@@ -38,6 +38,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/argmax.hip"),
     ),
     (
+        "argmax_split.hip",
+        include_str!("../../kernel_templates/argmax_split.hip"),
+    ),
+    (
         "gather_check.hip",
         include_str!("../../kernel_templates/gather_check.hip"),
     ),

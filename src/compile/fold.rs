@@ -5,6 +5,15 @@
 //! (dense values, or quantized block rows: blocks run along the last axis, so rows of
 //! `[N_i, K]` stack along N byte for byte). Kernels then read one bound weight (the quantized
 //! GEMV its blocks) and nothing concatenates at run time.
+//!
+//! A paired-column Gemm (gate and up merged, `ir::gemm` "paired columns") reads its weights'
+//! rows interleaved, row 2j the gate's row j and row 2j + 1 the up's: the pass builds that as
+//! `reshape([2N, K], concat(axis 1, W_gate [N, K], W_up [N, K]))` (row j of the concat is the
+//! two rows end to end, which the reshape splits). A concat of weights along an inner axis whose
+//! only reader is a reshape folds the same way, the reshape with it: the data is, for each index
+//! of the axes before the concat's, each part's run after it in turn. Quantized parts
+//! interleave whole block rows: the concat's axis is at most the last, whose rows are whole
+//! blocks (K a multiple of the block), so a part's run is whole rows of blocks.
 
 use std::collections::HashMap;
 
@@ -20,12 +29,17 @@ pub struct FoldedWeight {
     pub name: String,
     /// The parts, in order.
     pub parts: Vec<String>,
+    /// The number of indices before the concat's axis: the data is `outer` runs of each part
+    /// in turn (1 for a concat along the first axis).
+    pub outer: usize,
     pub ty: TensorType,
     pub quant: Option<QuantScheme>,
 }
 
-/// Replaces every `concat(axis 0)` of weights of one scheme by one weight of its name; removes
-/// the parts nothing else reads. The data is bound by [`bind_folded`].
+/// Replaces every `concat(axis 0)` of weights of one scheme by one weight of its name, and every
+/// concat of weights along another axis that only a reshape reads (with that reshape) by one
+/// weight of the reshape's name and type; removes the parts nothing else reads. The data is
+/// bound by [`bind_folded`].
 pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphError> {
     let mut folds = Vec::new();
     let concats: Vec<NodeId> = g
@@ -36,10 +50,20 @@ pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphErro
         let Op::Concat { axis } = g.op(id) else {
             continue;
         };
-        let ty = g.ty(id).clone();
-        if ty.shape.axis(*axis) != Some(0) {
+        let cty = g.ty(id).clone();
+        let Some(at) = cty.shape.axis(*axis) else {
             continue;
-        }
+        };
+        // Along an inner axis: only as the interleave that the reshape reading it completes.
+        let users = g.consumers(id);
+        let reshape = match users.as_slice() {
+            [r] if at != 0 && matches!(g.op(*r), Op::Reshape { .. }) && !g.is_output(id) => {
+                Some(*r)
+            }
+            _ if at == 0 => None,
+            _ => continue,
+        };
+        let outer: usize = cty.shape.dims()[..at].iter().product();
         let parts = g.operands(id);
         let quants: Vec<Option<QuantScheme>> = parts
             .iter()
@@ -51,7 +75,10 @@ pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphErro
         if quants.len() != parts.len() || quants.iter().any(|q| *q != quants[0]) {
             continue;
         }
-        let name = g.node(id).name.clone();
+        // The folded weight replaces the reshape where there is one.
+        let top = reshape.unwrap_or(id);
+        let ty = g.ty(top).clone();
+        let name = g.node(top).name.clone();
         let part_names = parts.iter().map(|&p| g.node(p).name.clone()).collect();
         let tmp = g.fresh_name("folded_weight");
         let w = g.add_node(
@@ -65,8 +92,11 @@ pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphErro
             },
             &[],
         )?;
-        g.replace_all_uses(id, w)?;
-        g.remove_node(id);
+        g.replace_all_uses(top, w)?;
+        g.remove_node(top);
+        if top != id {
+            g.remove_node(id);
+        }
         g.rename(w, &name)?;
         for p in parts {
             if g.contains(p) && g.use_count(p) == 0 && !g.is_output(p) {
@@ -76,6 +106,7 @@ pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphErro
         folds.push(FoldedWeight {
             name,
             parts: part_names,
+            outer,
             ty,
             quant: quants[0],
         });
@@ -83,8 +114,9 @@ pub fn fold_weight_concats(g: &mut Graph) -> Result<Vec<FoldedWeight>, GraphErro
     Ok(folds)
 }
 
-/// Binds each folded weight's data: its parts' data concatenated. The parts stay bound (the
-/// source graph, which `verify` interprets, still reads them).
+/// Binds each folded weight's data: for each of the `outer` indices before the concat's axis,
+/// each part's run in turn (one run each: the parts end to end, along the first axis). The parts
+/// stay bound (the source graph, which `verify` interprets, still reads them).
 pub fn bind_folded(
     folds: &[FoldedWeight],
     weights: &mut HashMap<String, Tensor>,
@@ -97,10 +129,12 @@ pub fn bind_folded(
         };
         match f.quant {
             Some(scheme) => {
-                let mut bytes = Vec::new();
-                for p in &f.parts {
-                    bytes.extend_from_slice(quantized.get(p).ok_or_else(|| missing(p))?.bytes());
-                }
+                let parts = f
+                    .parts
+                    .iter()
+                    .map(|p| Ok(quantized.get(p).ok_or_else(|| missing(p))?.bytes()))
+                    .collect::<Result<Vec<&[u8]>, CompileError>>()?;
+                let bytes = interleave(&parts, f.outer);
                 let q = QuantTensor::new(scheme, f.ty.shape.clone(), bytes).map_err(
                     |source: QuantError| InterpError::QuantBinding {
                         name: f.name.clone(),
@@ -110,13 +144,15 @@ pub fn bind_folded(
                 quantized.insert(f.name.clone(), q);
             }
             None => {
-                let mut bytes = Vec::new();
-                for p in &f.parts {
-                    let t = weights.get(p).ok_or_else(|| missing(p))?;
-                    // Parts were checked against their nodes' types when bound; the dtype is
-                    // the concat's (one dtype by its shape rule).
-                    bytes.extend_from_slice(&t.to_bytes());
-                }
+                // Parts were checked against their nodes' types when bound; the dtype is the
+                // concat's (one dtype by its shape rule).
+                let parts = f
+                    .parts
+                    .iter()
+                    .map(|p| Ok(weights.get(p).ok_or_else(|| missing(p))?.to_bytes()))
+                    .collect::<Result<Vec<Vec<u8>>, CompileError>>()?;
+                let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+                let bytes = interleave(&refs, f.outer);
                 let t = Tensor::from_bytes(&f.ty, &bytes).map_err(|source| InterpError::Host {
                     node: f.name.clone(),
                     source,
@@ -126,4 +162,20 @@ pub fn bind_folded(
         }
     }
     Ok(())
+}
+
+/// `outer` runs of each part in turn: part `p`'s run `o` is its bytes `o·len/outer..`. Each
+/// part's length is `outer` whole runs (its elements, or its block rows, before the concat's axis
+/// times its run), so the division is exact; a length that is not would be a binding the
+/// QuantTensor/Tensor constructors after this refuse by its size.
+fn interleave(parts: &[&[u8]], outer: usize) -> Vec<u8> {
+    let outer = outer.max(1);
+    let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for o in 0..outer {
+        for p in parts {
+            let run = p.len() / outer;
+            bytes.extend_from_slice(&p[o * run..(o + 1) * run]);
+        }
+    }
+    bytes
 }

@@ -41,8 +41,13 @@ fn walk(axes: &[Axis]) -> Vec<usize> {
 
 impl Offs {
     fn new(view: &View, g: &Gemm, op: Operand) -> Offs {
-        let axes = view.axes(&g.dims, op);
-        let (nb, nr) = (g.dims.batch.len(), g.dims.of(op)[1].len());
+        // The result and the extras run over the paired problem's columns.
+        let dims = match op {
+            Operand::Out => g.out_dims(),
+            Operand::A | Operand::B => std::borrow::Cow::Borrowed(&g.dims),
+        };
+        let axes = view.axes(&dims, op);
+        let (nb, nr) = (dims.batch.len(), dims.of(op)[1].len());
         Offs {
             batch: walk(&axes[..nb]),
             rows: walk(&axes[nb..nb + nr]),
@@ -105,6 +110,8 @@ pub struct GemmStep {
     out_contiguous: bool,
     /// A's rows normalised over K (then A is always packed), and the slot of its weight.
     prologue: Option<(Prologue, usize)>,
+    /// Product columns 2j, 2j + 1 combined by the epilogue into result column j.
+    paired: bool,
 }
 
 impl GemmStep {
@@ -121,13 +128,15 @@ impl GemmStep {
         let o = Offs::new(&g.out, g, Operand::Out);
         let a_strides = arith(&a.rows).zip(arith(&a.cols));
         let b_strides = arith(&b.rows).zip(arith(&b.cols));
-        let out_contiguous = o.batch.iter().enumerate().all(|(i, &x)| x == i * m * n)
-            && o.rows.iter().enumerate().all(|(i, &x)| x == i * n)
+        let n_out = if g.paired { n / 2 } else { n };
+        let out_contiguous = o.batch.iter().enumerate().all(|(i, &x)| x == i * m * n_out)
+            && o.rows.iter().enumerate().all(|(i, &x)| x == i * n_out)
             && o.cols.iter().enumerate().all(|(j, &x)| x == j);
-        // The epilogue's operands: the product ($0, A's dtype), then the extras.
+        // The epilogue's operands: the product ($0, A's dtype; paired: $0 and $1), then the
+        // extras.
         let p_ty = TensorType::new(ins[0].dtype, vec![]);
         let epilogue = g.epilogue.as_ref().map(|e| {
-            let mut tys = vec![&p_ty];
+            let mut tys = vec![&p_ty; g.first_extra_var()];
             tys.extend(ins[2..2 + g.extras.len()].iter().copied());
             let scalar: Vec<TensorType> = tys
                 .iter()
@@ -160,6 +169,7 @@ impl GemmStep {
             quant: quant.and_then(|q| IntScheme::of(q.scheme()).map(|s| (s, q))),
             out_contiguous,
             prologue: g.prologue.map(|p| (p, g.prologue_slots().start)),
+            paired: g.paired,
         }
     }
 
@@ -201,7 +211,7 @@ impl GemmStep {
         match &g.epilogue {
             None => true,
             Some(e) => {
-                let mut tys = vec![TensorType::new(ins[0].dtype, vec![])];
+                let mut tys = vec![TensorType::new(ins[0].dtype, vec![]); g.first_extra_var()];
                 tys.extend(
                     ins[2..2 + g.extras.len()]
                         .iter()
@@ -420,6 +430,9 @@ impl GemmStep {
         };
         let ex: [Option<&Buf>; crate::ir::expr::MAX_INPUTS] =
             std::array::from_fn(|i| args.get(i + 2).map(|&s| val(fixed, bufs, s)));
+        // Paired: result column j combines product columns 2j ($0) and 2j + 1 ($1).
+        let (n_out, pair) = if self.paired { (n / 2, 2) } else { (n, 1) };
+        let first = pair;
         let row = |r: usize, dst: &mut dyn FnMut(usize, f32)| {
             let (bi, i) = (r / m.max(1), r % m.max(1));
             let base = bi * batch_stride + i * crs;
@@ -434,16 +447,19 @@ impl GemmStep {
                     let mut ins = [[0.0f32; CHUNK]; crate::ir::expr::MAX_INPUTS];
                     let mut res = [0.0f32; CHUNK];
                     let mut j0 = 0;
-                    while j0 < n {
-                        let cn = CHUNK.min(n - j0);
-                        for t in 0..cn {
-                            ins[0][t] = round_float(self.a_dtype, c[base + (j0 + t) * ccs]);
+                    while j0 < n_out {
+                        let cn = CHUNK.min(n_out - j0);
+                        for (p, input) in ins.iter_mut().take(pair).enumerate() {
+                            for t in 0..cn {
+                                let col = pair * (j0 + t) + p;
+                                input[t] = round_float(self.a_dtype, c[base + col * ccs]);
+                            }
                         }
                         for (e, offs) in self.extras.iter().enumerate() {
                             let src = ex[e].expect("one buffer per extra");
                             let eb = offs.batch[bi] + offs.rows[i];
                             for t in 0..cn {
-                                ins[e + 1][t] = src.get(eb + offs.cols[j0 + t]);
+                                ins[e + first][t] = src.get(eb + offs.cols[j0 + t]);
                             }
                         }
                         p.eval(&mut regs, &ins, cn, &mut res);
@@ -456,9 +472,11 @@ impl GemmStep {
             }
         };
         if self.out_contiguous {
-            o.par_chunks_mut(n.max(1)).enumerate().for_each(|(r, d)| {
-                row(r, &mut |j, v| d[j] = v);
-            });
+            o.par_chunks_mut(n_out.max(1))
+                .enumerate()
+                .for_each(|(r, d)| {
+                    row(r, &mut |j, v| d[j] = v);
+                });
         } else {
             for r in 0..nb * m {
                 let (bi, i) = (r / m.max(1), r % m.max(1));

@@ -138,6 +138,9 @@ impl Op {
                 if let Some(e) = &g.epilogue {
                     a.push(("epilogue", e.to_json()));
                 }
+                if g.paired {
+                    a.push(("paired", json(&g.paired)));
+                }
                 if let Some(p) = &g.prologue {
                     a.push(("prologue", json(p)));
                 }
@@ -224,6 +227,7 @@ impl Op {
                 epilogue: a.opt_expr("epilogue")?,
                 shape: Shape(a.req("shape")?),
                 prologue: a.opt("prologue")?,
+                paired: a.opt("paired")?.unwrap_or(false),
             })),
             OpKind::FlashAttention => Op::FlashAttention(Attention {
                 scale: a.req("scale")?,

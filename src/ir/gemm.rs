@@ -20,6 +20,15 @@
 //! come after the extras (so the epilogue's `$i` numbering is the same with or without one): the
 //! weight `[K]` at slot `2 + extras.len()`, then for LayerNorm the bias `[K]`; any float dtype,
 //! indexed by K's flat index (row-major over K's sub-axes).
+//!
+//! Paired columns (`paired`): the product's columns come in adjacent pairs that the epilogue
+//! combines into one result column, `out[.., j] = epilogue($0 = c[.., 2j], $1 = c[.., 2j + 1])`
+//! (a GLU: `silu($0)·$1` for SwiGLU, `gelu($0)·$1` for GeGLU: the activation is the
+//! expression's, not the form's). Gate and up projections merged into one GEMM over their
+//! weights' rows interleaved (`passes::merge_gemms`) take this form. N counts the product's
+//! columns (the weight's rows); the result, its view and the extras run over N/2 columns (the
+//! last N sub-axis halved, [`Gemm::out_dims`]); both products are rounded to A's dtype as each
+//! unfused GEMM's stored result is; the extras are `$2..` (operand `i`, `extras[i - 2]`).
 
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +83,9 @@ pub struct Gemm {
     pub shape: Shape,
     /// A's rows normalised over K before the product; `None` reads A as it is.
     pub prologue: Option<Prologue>,
+    /// Product columns 2j and 2j + 1 combined by the epilogue into result column j (see the
+    /// module comment); the epilogue is then required and N's last sub-axis even.
+    pub paired: bool,
 }
 
 /// The most rows (M) a GEMM runs as a GEMV-style kernel (codegen's small-M and quantized GEMV
@@ -116,6 +128,30 @@ impl Gemm {
     pub fn prologue_slots(&self) -> std::ops::Range<usize> {
         let first = 2 + self.extras.len();
         first..first + self.prologue.map_or(0, |p| p.norm.params())
+    }
+
+    /// The problem as the result and the epilogue operands see it: N's last sub-axis halved
+    /// when the columns are paired, else the dims themselves. Views of [`Operand::Out`] are
+    /// checked and walked against these.
+    pub fn out_dims(&self) -> std::borrow::Cow<'_, GemmDims> {
+        if !self.paired {
+            return std::borrow::Cow::Borrowed(&self.dims);
+        }
+        let mut d = self.dims.clone();
+        if let Some(last) = d.n.last_mut() {
+            *last /= 2;
+        }
+        std::borrow::Cow::Owned(d)
+    }
+
+    /// The epilogue variable `$i` of an extra operand: `$1..` (paired: `$2..`) for
+    /// `extras[0..]`.
+    pub fn first_extra_var(&self) -> usize {
+        if self.paired {
+            2
+        } else {
+            1
+        }
     }
 }
 

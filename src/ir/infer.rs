@@ -531,8 +531,21 @@ fn gemm(g: &Gemm, ins: &[&TensorType]) -> Result<TensorType, InferError> {
         .map_err(InferError::Shape)?;
     g.b.check(&g.dims, Operand::B, numel(b), "b")
         .map_err(InferError::Shape)?;
+    if g.paired {
+        // Paired columns: N's last sub-axis holds whole pairs, and the epilogue combines them.
+        if g.dims.n.last().is_none_or(|&l| l % 2 != 0) {
+            return shape_err(format!(
+                "paired columns need N's last sub-axis even, got n={:?}",
+                g.dims.n
+            ));
+        }
+        if g.epilogue.is_none() {
+            return attr_err("paired columns without an epilogue to combine them");
+        }
+    }
+    let out_dims = g.out_dims();
     for (i, (v, t)) in g.extras.iter().zip(extras).enumerate() {
-        v.check(&g.dims, Operand::Out, numel(t), &format!("extra {i}"))
+        v.check(&out_dims, Operand::Out, numel(t), &format!("extra {i}"))
             .map_err(InferError::Shape)?;
     }
     let out_numel = g
@@ -540,32 +553,36 @@ fn gemm(g: &Gemm, ins: &[&TensorType]) -> Result<TensorType, InferError> {
         .dims()
         .iter()
         .try_fold(1usize, |p, &d| p.checked_mul(d));
-    let problem = nb.checked_mul(m).and_then(|x| x.checked_mul(n));
+    let n_out = if g.paired { n / 2 } else { n };
+    let problem = nb.checked_mul(m).and_then(|x| x.checked_mul(n_out));
     if out_numel.is_none() || out_numel != problem {
         return shape_err(format!(
-            "the result {} does not hold the {nb}×{m}×{n} products",
+            "the result {} does not hold the {nb}×{m}×{n_out} products",
             g.shape
         ));
     }
     g.out
-        .check(&g.dims, Operand::Out, out_numel.unwrap_or(0), "out")
+        .check(&out_dims, Operand::Out, out_numel.unwrap_or(0), "out")
         .map_err(InferError::Shape)?;
     if !g
         .out
-        .is_bijection(&g.dims, Operand::Out, out_numel.unwrap_or(0))
+        .is_bijection(&out_dims, Operand::Out, out_numel.unwrap_or(0))
     {
         return shape_err(format!(
             "the out view does not write each element of {} exactly once",
             g.shape
         ));
     }
-    let problem_shape = Shape(vec![nb, m, n]);
+    let problem_shape = Shape(vec![nb, m, n_out]);
     let dtype = match &g.epilogue {
         None if g.extras.is_empty() => a.dtype,
         None => return attr_err("epilogue operands without an epilogue"),
         Some(e) => {
-            e.check(extras.len() + 1).map_err(InferError::Attribute)?;
-            let typed: Vec<TensorType> = std::iter::once(a.dtype)
+            // `$0` the product (paired: `$0`, `$1` the pair's products), then the extras.
+            let products = g.first_extra_var();
+            e.check(extras.len() + products)
+                .map_err(InferError::Attribute)?;
+            let typed: Vec<TensorType> = std::iter::repeat_n(a.dtype, products)
                 .chain(extras.iter().map(|t| t.dtype))
                 .map(|dt| TensorType::new(dt, problem_shape.clone()))
                 .collect();

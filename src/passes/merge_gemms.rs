@@ -17,7 +17,24 @@
 //! - write its result in row-major (M, N) order, ignoring size-1 axes (`out_not_contiguous`), so
 //!   that the result is exactly a reshape of a slice of the merged output.
 //!
-//! The rewrite: the largest set of members that agree merges into one Gemm writing
+//! First, gate/up pairs (a GLU: `act(A·W_gate) · (A·W_up)`, which FuseElementwise leaves as
+//! the gate Gemm's epilogue `act($0)·$1` reading the up Gemm's result) merge into one Gemm with
+//! paired columns (`ir::gemm` "paired columns"): B is the two weights' rows interleaved,
+//! `reshape([2N, K], concat(axis 1, W_gate, W_up))`, which `compile/fold.rs` folds into one
+//! bound weight; the epilogue, unchanged, combines columns 2j ($0) and 2j + 1 ($1) into result
+//! column j. The pair must:
+//! - have the up Gemm's result read by the gate's epilogue only, as its one extra
+//!   (`up_has_other_uses`, `epilogue_not_glu`), through the view the up Gemm writes it, which
+//!   is the gate's own result view (`views_differ`); the up Gemm carries no epilogue
+//!   (`epilogue_not_glu`);
+//! - both pass the member checks above except the epilogue's and the result's contiguity (the
+//!   result view is kept), with equal B dtype and scheme (`schemes_differ`), A view and M/K
+//!   (`different_a`), N (`sizes_differ`) and prologue with its parameters (`prologues_differ`);
+//! - have at most `PAIRED_MAX_M` = 8 rows (`paired_needs_gemv`): only the GEMV kernels
+//!   (small-M, quantized) combine column pairs (the tiled ones give a typed error), and past 8
+//!   rows their sums spill on wave32 targets.
+//!
+//! Then the rewrite: the largest set of members that agree merges into one Gemm writing
 //! `[m.., ΣN]`; each member's uses move to `reshape(slice(merged, last axis, o_i..o_i + N_i))`,
 //! which takes the member's name. At M = 1 each slice is a contiguous range of the merged
 //! buffer and codegen aliases it (no kernel); at M > 1 it is a strided copy.
@@ -29,6 +46,11 @@ use super::{Pass, PassReport};
 use crate::ir::{Gemm, GemmDims, Graph, NodeId, NodeSet, Op, Operand, QuantScheme, Shape, View};
 
 pub struct MergeGemms;
+
+/// The most rows a gate/up pair merges at: half the GEMV bound (`ir::gemm::GEMV_MAX_M`), where
+/// the GEMV kernels keep the pairs' sums in registers without spilling on wave32 targets
+/// (bf16 at M 16 spilled on gfx1100/gfx1201).
+const PAIRED_MAX_M: usize = crate::ir::gemm::GEMV_MAX_M / 2;
 
 impl Pass for MergeGemms {
     fn name(&self) -> &'static str {
@@ -54,10 +76,16 @@ impl Pass for MergeGemms {
             }
         }
         for (_, mut members) in groups.into_iter().filter(|(_, m)| m.len() > 1) {
+            // Gate/up pairs first: what they consume leaves the group.
+            let (paired, refused) = merge_glu_pairs(g, &members, &mut report);
+            members.retain(|id| !paired.contains(id));
+            if members.len() < 2 {
+                continue;
+            }
             // Slices in the order the members' weights were made (Q, K, V as a model lowers
             // them), not the order a topological walk happens to meet the Gemms.
             members.sort_by_key(|&id| (g.operands(id).get(1).copied(), id));
-            merge_group(g, &members, &mut report);
+            merge_group(g, &members, &refused, &mut report);
         }
         report
     }
@@ -76,11 +104,20 @@ struct Key {
 
 type Refusal = (&'static str, String);
 
-fn merge_group(g: &mut Graph, members: &[NodeId], report: &mut PassReport) {
+fn merge_group(
+    g: &mut Graph,
+    members: &[NodeId],
+    refused: &[(NodeId, Refusal)],
+    report: &mut PassReport,
+) {
     let mut eligible: Vec<(NodeId, Key)> = Vec::new();
     for &id in members {
         let name = g.node(id).name.clone();
-        match candidate(g, id, members) {
+        let decided = refused
+            .iter()
+            .find(|(r, _)| *r == id)
+            .map(|(_, why)| why.clone());
+        match decided.map_or_else(|| candidate(g, id, members), Err) {
             Ok(key) => eligible.push((id, key)),
             Err((code, detail)) => report.skip(&name, code, detail),
         }
@@ -137,8 +174,209 @@ fn merge_group(g: &mut Graph, members: &[NodeId], report: &mut PassReport) {
     }
 }
 
+/// Merges each gate/up pair among `members` (Gemms of one A) into one paired-column Gemm;
+/// returns the members merged, and each gate left alone with why (the slice merge reports it
+/// in its order: a gate never slice-merges, its epilogue reads a sibling).
+fn merge_glu_pairs(
+    g: &mut Graph,
+    members: &[NodeId],
+    report: &mut PassReport,
+) -> (Vec<NodeId>, Vec<(NodeId, Refusal)>) {
+    let mut done = Vec::new();
+    let mut refused = Vec::new();
+    for &gate in members {
+        if done.contains(&gate) {
+            continue;
+        }
+        let Op::Gemm(gg) = g.op(gate) else {
+            continue;
+        };
+        let ops = g.operands(gate);
+        // A GLU's gate reads a sibling's result in its epilogue: anything else is not a pair.
+        let Some(&up) = ops
+            .get(2)
+            .filter(|u| members.contains(u) && !done.contains(*u))
+        else {
+            continue;
+        };
+        if gg.epilogue.is_none() {
+            continue;
+        }
+        let name = g.node(gate).name.clone();
+        match glu_pair(g, gate, up) {
+            Ok(key) => {
+                let what = rewrite_glu(g, gate, up, &key);
+                report.rewrote(&name, what);
+                done.extend([gate, up]);
+            }
+            Err(why) => refused.push((gate, why)),
+        }
+    }
+    (done, refused)
+}
+
+/// Why gate (whose epilogue reads `up` as its first extra) and up cannot merge into paired
+/// columns, or their shared key.
+fn glu_pair(g: &Graph, gate: NodeId, up: NodeId) -> Result<Key, Refusal> {
+    let (Op::Gemm(gg), Op::Gemm(ug)) = (g.op(gate), g.op(up)) else {
+        return Err(("not_gemm", "not a gemm".into()));
+    };
+    let up_name = &g.node(up).name;
+    if gg.extras.len() != 1 || ug.epilogue.is_some() || !ug.extras.is_empty() {
+        return Err((
+            "epilogue_not_glu",
+            format!(
+                "the epilogue reads {} operand(s) besides the product and %{up_name} has {} \
+                 epilogue: a GLU pair is act(gate)·up over two plain products",
+                gg.extras.len(),
+                if ug.epilogue.is_some() { "an" } else { "no" }
+            ),
+        ));
+    }
+    if g.use_count(up) != 1 || g.is_output(up) {
+        return Err((
+            "up_has_other_uses",
+            format!("%{up_name} is read elsewhere too: its result must stay stored"),
+        ));
+    }
+    if gg.extras[0] != ug.out || gg.out != ug.out {
+        return Err((
+            "views_differ",
+            format!("the epilogue reads %{up_name} through another view than the results'"),
+        ));
+    }
+    let (kg, ku) = (weight_key(g, gate)?, weight_key(g, up)?);
+    if (&kg.a, &kg.m, &kg.k) != (&ku.a, &ku.m, &ku.k) {
+        return Err((
+            "different_a",
+            format!("%{up_name} reads the shared A through another view or M/K"),
+        ));
+    }
+    if (kg.dtype, kg.quant) != (ku.dtype, ku.quant) {
+        return Err((
+            "schemes_differ",
+            format!(
+                "the weights' dtypes or block schemes differ ({:?} vs {:?})",
+                kg.quant, ku.quant
+            ),
+        ));
+    }
+    if gg.dims.n != ug.dims.n {
+        return Err((
+            "sizes_differ",
+            format!("N {:?} vs {:?}", gg.dims.n, ug.dims.n),
+        ));
+    }
+    let params = |id: NodeId, gm: &Gemm| g.operands(id)[gm.prologue_slots()].to_vec();
+    if gg.prologue != ug.prologue || params(gate, gg) != params(up, ug) {
+        return Err((
+            "prologues_differ",
+            "the two normalise A differently (or not both)".into(),
+        ));
+    }
+    let rows = product(&kg.m);
+    if rows > PAIRED_MAX_M {
+        return Err((
+            "paired_needs_gemv",
+            format!("M = {rows} rows: only the GEMV kernels combine column pairs, up to M = {PAIRED_MAX_M}"),
+        ));
+    }
+    Ok(kg)
+}
+
+/// Replaces gate and up by one Gemm with paired columns over their weights' rows interleaved;
+/// returns the rewrite's description.
+fn rewrite_glu(g: &mut Graph, gate: NodeId, up: NodeId, key: &Key) -> String {
+    let Op::Gemm(gg) = g.op(gate) else {
+        unreachable!("glu_pair checked both are gemms");
+    };
+    let gg = (**gg).clone();
+    let ops = g.operands(gate);
+    let (a, wg, wu) = (ops[0], ops[1], g.operands(up)[1]);
+    let params = ops[gg.prologue_slots()].to_vec();
+    let (n, k) = (product(&gg.dims.n), product(&key.k));
+    let names = [g.node(gate).name.clone(), g.node(up).name.clone()];
+    let wnames = [g.node(wg).name.clone(), g.node(wu).name.clone()];
+    // Row j of the concat is gate's row j then up's; as [2N, K], rows 2j and 2j + 1.
+    let concat = g
+        .add_op(Op::Concat { axis: 1 }, &[wg, wu])
+        .expect("two [N, K] weights of one dtype concatenate along K");
+    let inter_name = unique(g, &format!("{}~{}", wnames[0], wnames[1]));
+    let inter = g
+        .add_node(
+            Some(&inter_name),
+            Op::Reshape {
+                shape: vec![2 * n as i64, k as i64],
+            },
+            &[concat],
+        )
+        .expect("[N, 2K] holds 2N rows of K");
+    let mut dims = gg.dims.clone();
+    *dims
+        .n
+        .last_mut()
+        .expect("N has a sub-axis: views were checked") *= 2;
+    let nk: Vec<usize> = dims.n.iter().chain(&dims.k).copied().collect();
+    let strides = Shape(nk).strides();
+    let (cols, rows) = strides.split_at(dims.n.len());
+    let b = View {
+        batch: vec![],
+        rows: rows.to_vec(),
+        cols: cols.to_vec(),
+    };
+    let merged = Gemm {
+        dims,
+        a: gg.a.clone(),
+        b,
+        out: gg.out.clone(),
+        extras: vec![],
+        epilogue: gg.epilogue.clone(),
+        shape: gg.shape.clone(),
+        prologue: gg.prologue,
+        paired: true,
+    };
+    let expr = gg
+        .epilogue
+        .as_ref()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    let mut operands = vec![a, inter];
+    operands.extend(params);
+    let merged_name = unique(g, &names.join("+"));
+    let m = g
+        .add_node(Some(&merged_name), Op::Gemm(Box::new(merged)), &operands)
+        .expect("the paired gemm's views are the gate's");
+    g.replace_all_uses(gate, m)
+        .expect("the paired gemm holds the gate's type");
+    g.remove_node(gate);
+    g.remove_node(up);
+    format!(
+        "paired {} (gate) and {} (up) into one gemm of N = {} columns combined in pairs by {expr}",
+        names[0],
+        names[1],
+        2 * n
+    )
+}
+
 /// The member's key, or why it cannot merge with its siblings.
 fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal> {
+    let Op::Gemm(gemm) = g.op(id) else {
+        return Err(("not_gemm", "not a gemm".into()));
+    };
+    if gemm.prologue.is_some() {
+        return Err((
+            "has_prologue",
+            "it has a prologue already (merging runs before norms are folded)".into(),
+        ));
+    }
+    let key = weight_key(g, id)?;
+    slice_checks(g, id, siblings)?;
+    Ok(key)
+}
+
+/// The checks on a member's batch axes and its B (a weight `[N, K]` read transposed, once),
+/// and its key; the paired merge and the slice merge share them.
+fn weight_key(g: &Graph, id: NodeId) -> Result<Key, Refusal> {
     let Op::Gemm(gemm) = g.op(id) else {
         return Err(("not_gemm", "not a gemm".into()));
     };
@@ -149,11 +387,8 @@ fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal>
     if !gemm.dims.batch.is_empty() {
         return Err(("batched", format!("batch axes {:?}", gemm.dims.batch)));
     }
-    if gemm.prologue.is_some() {
-        return Err((
-            "has_prologue",
-            "it has a prologue already (merging runs before norms are folded)".into(),
-        ));
+    if gemm.paired {
+        return Err(("paired", "its columns are paired already".into()));
     }
     let Op::Weight { dtype, quant, .. } = g.op(b) else {
         return Err((
@@ -180,6 +415,21 @@ fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal>
     {
         return Err(("b_not_weight", "B is not its weight read transposed".into()));
     }
+    Ok(Key {
+        a: gemm.a.clone(),
+        m: gemm.dims.m.clone(),
+        k: gemm.dims.k.clone(),
+        dtype: *dtype,
+        quant: *quant,
+    })
+}
+
+/// The rest of a slice-merge member's checks (after [`weight_key`]'s).
+fn slice_checks(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<(), Refusal> {
+    let Op::Gemm(gemm) = g.op(id) else {
+        return Err(("not_gemm", "not a gemm".into()));
+    };
+    let ops = g.operands(id);
     if gemm.epilogue.is_some() {
         let others: Vec<NodeId> = siblings.iter().copied().filter(|&s| s != id).collect();
         if let Some(s) = ops[2..].iter().find_map(|&x| depends_on(g, x, &others)) {
@@ -209,13 +459,7 @@ fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal>
             "the result is written through a permuting view".into(),
         ));
     }
-    Ok(Key {
-        a: gemm.a.clone(),
-        m: gemm.dims.m.clone(),
-        k: gemm.dims.k.clone(),
-        dtype: *dtype,
-        quant: *quant,
-    })
+    Ok(())
 }
 
 fn product(v: &[usize]) -> usize {
@@ -283,6 +527,7 @@ fn rewrite(g: &mut Graph, ids: &[NodeId], key: &Key) -> (NodeId, String) {
         extras: vec![],
         epilogue: None,
         prologue: None,
+        paired: false,
         shape: Shape(shape.clone()),
     };
     let merged_name = unique(g, &names.join("+"));

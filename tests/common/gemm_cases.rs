@@ -27,6 +27,7 @@ fn plain(d: GemmDims, b: View, shape: &[usize]) -> Gemm {
         epilogue: None,
         shape: Shape(shape.to_vec()),
         prologue: None,
+        paired: false,
     }
 }
 
@@ -184,6 +185,7 @@ pub fn heads_bias_gelu(b: usize, h: usize, s: usize, d: usize, h2: usize, d2: us
         )),
         shape: Shape(vec![b, h2, s, d2]),
         prologue: None,
+        paired: false,
     }
 }
 

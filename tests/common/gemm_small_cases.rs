@@ -100,6 +100,7 @@ impl Case {
             epilogue,
             shape: Shape(lead(vec![m, n])),
             prologue: None,
+            paired: false,
             dims,
         };
         let c = g.gemm(gemm, a, b, &extras).unwrap();

@@ -67,6 +67,7 @@ fn gemm_views_are_checked() {
         epilogue: None,
         shape: Shape(vec![4, 2]),
         prologue: None,
+        paired: false,
     };
     assert!(g.gemm(good.clone(), a, b, &[]).is_ok());
     let mut overlapping = good.clone();

@@ -153,6 +153,7 @@ fn form(g: &mut Graph, live: &Live, mm: NodeId, notes: &mut Vec<Note>) -> Result
         epilogue,
         shape,
         prologue: None,
+        paired: false,
     };
     let mut what = format!(
         "gemm {}",

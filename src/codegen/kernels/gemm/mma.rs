@@ -403,6 +403,7 @@ mod tests {
             epilogue: None,
             shape: crate::ir::Shape(vec![m, n]),
             prologue: None,
+            paired: false,
         }
     }
 

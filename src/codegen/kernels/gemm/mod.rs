@@ -89,6 +89,12 @@ pub(crate) struct Problem {
     pub acc: String,
     /// Whether there is an epilogue (then `acc_r` holds the rounded product).
     pub epilogue: bool,
+    /// Paired columns (`ir::gemm`): product columns 2j (`acc_v`, rounded `acc_r`, `$0`) and
+    /// 2j + 1 (`acc_u`, rounded `acc_r1`, `$1`) make result column j. Only the GEMV kernels
+    /// (small-M, quantized) take it; `n` counts the product's columns.
+    pub pair: bool,
+    /// The odd column's product as the epilogue reads it (paired only).
+    pub acc1: String,
     /// A one-line description for the kernel's comment.
     pub what: String,
     /// A's rows normalised over K before the product (GEMV kernels only).
@@ -127,9 +133,14 @@ pub(crate) fn offset_c(var: &str, axes: &[Axis]) -> String {
     }
 }
 
-/// The C offset of a view at problem coordinates (`b`, `rows`, `cols`).
+/// The C offset of a view at problem coordinates (`b`, `rows`, `cols`); the result's and the
+/// extras' columns are the paired problem's where columns pair.
 fn view_c(g: &Gemm, view: &View, operand: Operand, [b, r, c]: [&str; 3]) -> String {
-    let [batch, rows, cols] = g.dims.of(operand);
+    let dims = match operand {
+        Operand::Out => g.out_dims(),
+        Operand::A | Operand::B => std::borrow::Cow::Borrowed(&g.dims),
+    };
+    let [batch, rows, cols] = dims.of(operand);
     let axes = |sizes: &[usize], strides: &[usize]| -> Vec<Axis> {
         sizes
             .iter()
@@ -170,8 +181,9 @@ impl Problem {
         let mut extras = Vec::new();
         let mut extra_at = Vec::new();
         let extra_ops = &ops[2..2 + gemm.extras.len()];
+        let first = gemm.first_extra_var();
         for (i, (view, &o)) in gemm.extras.iter().zip(extra_ops).enumerate() {
-            let index = i + 1;
+            let index = i + first;
             let c = ctype(g.ty(o).dtype);
             extra_at.push((index, view_c(gemm, view, Operand::Out, ["bz", "m", "n"])));
             extras.push(Extra {
@@ -192,16 +204,14 @@ impl Problem {
                 "product stored".to_string(),
             ),
             Some(expr) => {
-                let ins: Vec<TensorType> = std::iter::once(problem_t(at.dtype))
+                let ins: Vec<TensorType> = std::iter::repeat_n(problem_t(at.dtype), first)
                     .chain(extra_ops.iter().map(|&o| problem_t(g.ty(o).dtype)))
                     .collect();
                 let vars: Vec<String> = (0..ins.len())
-                    .map(|i| {
-                        if i == 0 {
-                            "acc_r".to_string()
-                        } else {
-                            format!("x{i}")
-                        }
+                    .map(|i| match i {
+                        0 => "acc_r".to_string(),
+                        1 if gemm.paired => "acc_r1".to_string(),
+                        _ => format!("x{i}"),
                     })
                     .collect();
                 let code = render(expr, &vars, &ins, "t", name)?;
@@ -209,7 +219,14 @@ impl Problem {
                     code.lines,
                     format!("{}{}{}", oc.store_pre, code.value, oc.store_post),
                     round_to(at.dtype, "acc_v".into()),
-                    format!("epilogue {}, $0 the product", describe(expr)),
+                    if gemm.paired {
+                        format!(
+                            "column pairs combined by {}, $0 the even column's product, $1 the odd's",
+                            describe(expr)
+                        )
+                    } else {
+                        format!("epilogue {}, $0 the product", describe(expr))
+                    },
                 )
             }
         };
@@ -264,6 +281,12 @@ impl Problem {
             acc,
             what,
             epilogue: gemm.epilogue.is_some(),
+            pair: gemm.paired,
+            acc1: if gemm.paired {
+                round_to(at.dtype, "acc_u".into())
+            } else {
+                String::new()
+            },
         })
     }
 }
@@ -286,7 +309,8 @@ pub(crate) fn lower(
     if let Some(scheme) = quant::reads_blocks(g, id, gemm) {
         // Int8 activations and 4-way dot products where asked for and that kernel takes the
         // problem (`CodegenOptions::int8_gemv`).
-        if int8_gemv {
+        // The int8 kernel does not combine column pairs: the float one does.
+        if int8_gemv && !gemm.paired {
             if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
                 return Ok(k);
             }
@@ -296,6 +320,18 @@ pub(crate) fn lower(
     if small_m::takes(&p) {
         // Decoding: memory-bound on the weights whatever the dtype.
         return small_m::kernel(&p, gemm, dtype, node, args, target);
+    }
+    if gemm.paired {
+        // Only the GEMV kernels combine adjacent product columns; `passes::merge_gemms` pairs
+        // only GEMV-sized Gemms (`paired_needs_gemv`), so a hand-written graph gets here.
+        return Err(CodegenError::Unsupported {
+            node: node.clone(),
+            reason: format!(
+                "paired columns with M = {} rows (the GEMV kernels that combine them take 1..={})",
+                p.m,
+                small_m::MAX_M
+            ),
+        });
     }
     if gemm.prologue.is_some() {
         // The tiled kernels share A's tiles between rows of M; a per-row normalisation there is
@@ -348,6 +384,8 @@ impl Problem {
             store: String::new(),
             acc: String::new(),
             epilogue: false,
+            pair: false,
+            acc1: String::new(),
             what: String::new(),
             prologue: None,
         }

@@ -101,8 +101,15 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
     let wave = target.wave_size as usize;
     let pieces = p.k / PIECE;
     let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
-    let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
-    while cols > 1 && blocks(cols) < FILL_BLOCKS {
+    // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
+    // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
+    // 32 sums: M 16, 2 columns).
+    let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
+    let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
+    // Paired columns: a block holds whole pairs.
+    let least = if p.pair { 2 } else { 1 };
+    cols = cols.max(least);
+    while cols > least && blocks(cols) < FILL_BLOCKS {
         cols /= 2;
     }
     Config {

@@ -69,7 +69,10 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     };
     let a_vec = vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec);
     let b_vec = vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec);
-    let along_n = !b_vec
+    // Paired columns are read K-contiguous (the interleaved weight is `[2N, K]`): the pair
+    // combine takes one pair per thread, which along-N's wider blocks would exceed.
+    let along_n = !p.pair
+        && !b_vec
         && p.m * vec <= MAX_ACC
         && vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Cols, vec);
     if along_n {
@@ -85,8 +88,15 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
             groups,
         };
     }
-    let mut cols = MAX_COLS.min(MAX_ACC / p.m.max(1)).max(1);
-    while cols > 1 && blocks(cols) < FILL_BLOCKS {
+    // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
+    // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
+    // 32 sums: M 16, 2 columns).
+    let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
+    let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
+    // Paired columns: a block holds whole pairs.
+    let least = if p.pair { 2 } else { 1 };
+    cols = cols.max(least);
+    while cols > least && blocks(cols) < FILL_BLOCKS {
         cols /= 2;
     }
     Config {

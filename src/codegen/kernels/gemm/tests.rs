@@ -30,6 +30,7 @@ fn problem(dtype: DType, batch: usize, m: usize, n: usize, k: usize, nk: bool) -
         epilogue: None,
         shape: Shape(vec![batch, m, n]),
         prologue: None,
+        paired: false,
         dims,
     };
     let mut g = Graph::new("gemm");
@@ -212,6 +213,7 @@ fn lowering_picks_small_m_up_to_sixteen_rows() {
                 epilogue: None,
                 shape: Shape(vec![m, 45]),
                 prologue: None,
+                paired: false,
                 dims,
             };
             let mut g = Graph::new("gemm");
