@@ -3,6 +3,7 @@
 // tree, the lower index winning ties, so the result is the first index of the maximum whatever the schedule.
 // A NaN beats every number and the first NaN wins (torch.argmax). Indices as i32.
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ x, int* __restrict__ out) {
+    RF_GRID_ENTER();
     // Whether (v, j) beats (b, bj): no candidate yet (bj < 0), a NaN over a number, a larger
     // number, or the same value at a lower index.
     auto better = [](float v, int j, float b, int bj) {

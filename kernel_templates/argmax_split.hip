@@ -7,6 +7,7 @@
 // to 0 for the next launch (the counters are zeroed once, when allocated, never poisoned). A NaN beats every number
 // and the first NaN wins (torch.argmax). Indices as i32.
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ x, float* __restrict__ ws, unsigned int* __restrict__ counters, int* __restrict__ out) {
+    RF_GRID_ENTER();
     // Whether (v, j) beats (b, bj): no candidate yet (bj < 0), a NaN over a number, a larger
     // number, or the same value at a lower index.
     auto better = [](float v, int j, float b, int bj) {

@@ -8,6 +8,7 @@
 {{ rope_parts.table(entry ~ "_inv_freq", rope.inv_freq) }}
 {{ rope_parts.sincos(entry ~ "_sincos") }}
 {% endif %}extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ ctype }}* __restrict__ values, const int* __restrict__ start, {% if rope %}const int* __restrict__ positions, {% endif %}unsigned long long* __restrict__ status, {{ ctype }}* __restrict__ state) {
+    RF_GRID_ENTER();
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
     if (i >= {{ threads }}LL) return;
     const long long at = (long long)start[0];

@@ -9,6 +9,7 @@ constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
 {{ quant.piece(scheme, groups) }}
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const unsigned char* __restrict__ W, {{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     using namespace {{ entry }}_ns;
     const long long t = (long long)blockIdx.x * {{ threads }} + threadIdx.x;
     if (t >= RF_PIECES) return;

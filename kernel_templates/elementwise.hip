@@ -1,5 +1,6 @@
 // {{ what }}: {{ n }} elements of {{ out_shape }}{% if args %}, reading {% for a in args %}{{ a.shape }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %}.
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}({% for a in args %}const {{ a.ctype }}* __restrict__ in{{ loop.index0 }}, {% endfor %}{{ out_ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
     if (i >= {{ n }}LL) return;
 {% if broadcast %}    long long r = i{% for a in args %}, o{{ loop.index0 }} = 0{% endfor %};

@@ -5,6 +5,7 @@
 // max grows. Masked keys get -inf and contribute nothing; a row with no visible key writes zeros.
 // Every lane runs the same loop, so the shuffles that sum a row's dot product never diverge.
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     __shared__ float Ks[{{ block_n }}][{{ d }} + 1];
     __shared__ float Vs[{{ block_n }}][{{ dv }} + 1];
     const int bh = blockIdx.x;

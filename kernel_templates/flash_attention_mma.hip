@@ -50,6 +50,7 @@
 // above the block's diagonal are never loaded{% endif %}. Masked keys contribute nothing; a row with no visible key writes zeros.
 // Fragments are indexed only through the {{ P }}_* helpers generated from the atom.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     __shared__ __align__(16) unsigned short Ks[{{ S }}][{{ tk.rows * tk.ld }}];
     __shared__ __align__(16) unsigned short Vs[{{ S }}][{{ tv.rows * tv.ld }}];
 {%- if not p_in_registers %}

@@ -55,6 +55,7 @@
 // the tiles that cross them. Masked keys get -inf and contribute nothing; a row with no visible key writes zeros.
 // Exact f32: fmaf, no TF32.
 extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}float* __restrict__ out) {
+    RF_GRID_ENTER();
     struct alignas(16) F4 { float v[4]; };
     alignas(16) __shared__ float Qs[{{ bm }}][{{ qs }}];
     alignas(16) __shared__ float Ks[{{ bn }}][{{ qs }}];

@@ -20,6 +20,7 @@
 {% endif %}{% else %}// One split: the block normalises its merged rows and writes the output itself.
 {% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
     constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
     constexpr int VEC = {{ vec }};  // elements per load

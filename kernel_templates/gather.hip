@@ -4,6 +4,7 @@
 // smallest failing position in `status` (its complement, by atomicMax, so 0 means none), and the
 // row is written with NaN (or 0 for integers) instead of memory the table does not own.
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ ctype }}* __restrict__ table, const {{ itype }}* __restrict__ idx, unsigned long long* __restrict__ status, {{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
     if (i >= {{ threads }}LL) return;
     const long long p = i / {{ per_index }}LL, e = i % {{ per_index }}LL;

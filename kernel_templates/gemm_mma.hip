@@ -131,6 +131,7 @@ RF_INLINE void rf_gemm_store2(unsigned short* p, unsigned short a, unsigned shor
 {%- endif %}
 {%- endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+    RF_GRID_ENTER();
     __shared__ __align__(16) unsigned short As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
     __shared__ __align__(16) unsigned short Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
     const int lane = threadIdx.x % {{ P }}_LANES, warp = threadIdx.x / {{ P }}_LANES;

@@ -17,6 +17,8 @@ constexpr int RF_THREADS = {{ threads }};
 constexpr long long RF_BLOCKS = {{ blocks }};
 constexpr long long RF_PIECES = RF_BLOCKS * 4;
 constexpr long long RF_BLOCK_BYTES = {{ block_bytes }};
+// Bytes of one row of W (rows are contiguous).
+constexpr long long RF_ROW_BYTES = {% if groups > 1 %}RF_BLOCKS / {{ groups }} * RF_BLOCK_BYTES{% else %}RF_BLOCKS * RF_BLOCK_BYTES{% endif %};
 {% if p.prologue %}constexpr long long RF_K = {{ p.k }};
 {% endif %}{{ parts.views(p) }}
 {{ parts.norm_helpers(p) }}{{ quant.piece(scheme, groups) }}
@@ -31,6 +33,11 @@ RF_INLINE void rf_load_a4(const {{ p.a_t }}* __restrict__ A, long long bz, long 
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const unsigned char* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
     using namespace {{ entry }}_ns;
+{% if p.m <= 4 %}    // The block's weight rows (read by no kernel before this one) stream into L2 while the
+    // previous kernel finishes; then the wait on it. Decode sizes only: past a few rows the
+    // kernel is not launch-bound, and the prefetch's registers made M 16 spill on sm_90.
+    RF_PREFETCH_LOOP(pf, threadIdx.x, ((RF_N - (long long)blockIdx.x * RF_COLS < RF_COLS ? RF_N - (long long)blockIdx.x * RF_COLS : RF_COLS) * RF_ROW_BYTES + 127) / 128, RF_THREADS, B + (long long)blockIdx.x * RF_COLS * RF_ROW_BYTES + pf * 128);
+{% endif %}    RF_GRID_ENTER();
     __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;

@@ -66,6 +66,7 @@ RF_INLINE int rf_w_word(const unsigned char* __restrict__ blk, int j) {
 }
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const unsigned char* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
+    RF_GRID_ENTER();
     using namespace {{ entry }}_ns;
     __shared__ rf_i2 qa[RF_M * RF_K / 8];
     __shared__ float qd[RF_M * RF_BLOCKS];

@@ -72,6 +72,7 @@ RF_INLINE void rf_put_{{ name }}(float (*S)[{{ bx }} + RF_PAD], const float* r) 
 {{- loader("b", p.b_t, "rf_bt_at", p.b_pre, p.b_post, c.b_load, "RF_N", "RF_BN") }}
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+    RF_GRID_ENTER();
     using namespace {{ entry }}_ns;
     alignas(16) __shared__ float As[2][RF_BK][RF_BM + RF_PAD];
     alignas(16) __shared__ float Bs[2][RF_BK][RF_BN + RF_PAD];

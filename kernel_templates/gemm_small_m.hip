@@ -40,6 +40,10 @@ RF_INLINE void rf_load_b(const {{ p.b_t }}* __restrict__ B, long long bz, long l
 }  // namespace {{ entry }}_ns
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
     using namespace {{ entry }}_ns;
+{% if not c.along_n and p.m <= 4 %}    // The block's columns of B (decode sizes; a weight: read by no kernel before this one) stream into L2, a
+    // line per 16-byte chunk, while the previous kernel finishes; then the wait on it.
+    RF_PREFETCH_LOOP(pf, threadIdx.x, (long long)RF_CHUNKS * RF_COLS, RF_THREADS, B + rf_b_at(blockIdx.y, (pf / RF_COLS) * RF_VEC, ((long long)blockIdx.x * RF_COLS + pf % RF_COLS < RF_N ? (long long)blockIdx.x * RF_COLS + pf % RF_COLS : RF_N - 1)));
+{% endif %}    RF_GRID_ENTER();
     __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;

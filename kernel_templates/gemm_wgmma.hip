@@ -39,6 +39,7 @@ RF_INLINE void rf_wgmma(float (&d)[{{ acc_n }}], unsigned long long da, unsigned
             }
         }{% endmacro %}
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
+    RF_GRID_ENTER();
     // The ring starts at the first 1024-byte boundary of the dynamic shared memory (the launch
     // asks for 1024 bytes more): the hardware swizzles by address bits, the stores by offset.
     extern __shared__ __align__(16) unsigned char rf_smem_raw[];

@@ -1,6 +1,7 @@
 // Batched matmul: {{ batch }} × [{{ m }}, {{ k }}] · [{{ k }}, {{ n }}]. {{ tile }}×{{ tile }} output tiles per block of
 // 16×16 threads, each thread 4×4 outputs; K in steps of 16 through shared memory; f32 accumulation.
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ a_t }}* __restrict__ A, const {{ b_t }}* __restrict__ B, {{ c_t }}* __restrict__ C) {
+    RF_GRID_ENTER();
     __shared__ float As[16][{{ tile }} + 1];
     __shared__ float Bs[16][{{ tile }} + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;

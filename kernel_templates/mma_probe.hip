@@ -3,6 +3,7 @@
 // by load_b_kn for the first {{ k }} rows) and transposed (bt, read by load_b_nk for the last {{ k }}); C is
 // {{ m }}x{{ n }} f32 row-major.
 extern "C" __global__ void __launch_bounds__({{ lanes }}) {{ entry }}(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const unsigned short* __restrict__ bt, float* __restrict__ c) {
+    RF_GRID_ENTER();
     const int lane = threadIdx.x % {{ p }}_LANES;
     {{ p }}_c acc;
     {{ p }}_zero_c(acc);

@@ -5,6 +5,8 @@
 // Programmatic dependent launch is NVIDIA's (see the NVIDIA prelude): nothing to wait for here,
 // every launch waits for the one before it.
 #define RF_GRID_ENTER() do { } while (0)
+// The weight prefetch issued before the wait on NVIDIA (see there): nothing to overlap here.
+#define RF_PREFETCH_LOOP(i, begin, end, step, address) do { } while (0)
 #ifndef INFINITY
 #define INFINITY __builtin_inff()
 #endif

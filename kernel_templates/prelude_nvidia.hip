@@ -12,6 +12,14 @@
 #else
 #define RF_GRID_ENTER() do { } while (0)
 #endif
+// An L2 prefetch of the line holding `p`: a hint that loads nothing into registers and cannot
+// return stale data (L2 is where every SM's writes meet), so a kernel may issue it before
+// RF_GRID_ENTER() for data the kernels before it do not write (weights): the fetch from DRAM
+// then overlaps the previous kernel. RF_PREFETCH_LOOP is the one form codegen accepts before the
+// wait (codegen/lower.rs, `body_starts_with_grid_enter`).
+RF_INLINE void rf_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+#define RF_PREFETCH_LOOP(i, begin, end, step, address) \
+    for (long long i = (begin); i < (long long)(end); i += (step)) rf_prefetch_l2(address)
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif

@@ -1,5 +1,6 @@
 // {{ op }} over {{ count }} elements for each of {{ n }} outputs: one thread per output.
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ ctype }}* __restrict__ x, {{ ctype }}* __restrict__ y) {
+    RF_GRID_ENTER();
     const long long o = (long long)blockIdx.x * 256 + threadIdx.x;
     if (o >= {{ n }}LL) return;
     long long r = o, base = 0;

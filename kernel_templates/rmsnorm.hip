@@ -1,6 +1,7 @@
 {% if per_wave %}// RMSNorm over the last axis ({{ d }}), {{ rows }} rows, eps {{ eps }}: one wave per row, its {{ per_lane }} values
 // per lane held in registers (x read once), the mean square by wave shuffles; RF_BLOCK / RF_WAVE rows a block.
 extern "C" __global__ void __launch_bounds__(RF_BLOCK) {{ entry }}(const {{ ctype }}* __restrict__ x, const {{ wtype }}* __restrict__ w, {{ ctype }}* __restrict__ y) {
+    RF_GRID_ENTER();
     const int lane = threadIdx.x % RF_WAVE;
     const long long row = (long long)blockIdx.x * (RF_BLOCK / RF_WAVE) + threadIdx.x / RF_WAVE;
     if (row >= {{ rows }}LL) return;  // the whole wave: its shuffles stay among live lanes
@@ -22,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(RF_BLOCK) {{ entry }}(const {{ ctyp
 }
 {%- else %}// RMSNorm over the last axis ({{ d }}), {{ rows }} rows, eps {{ eps }}: one block per row.
 extern "C" __global__ void __launch_bounds__(RF_BLOCK) {{ entry }}(const {{ ctype }}* __restrict__ x, const {{ wtype }}* __restrict__ w, {{ ctype }}* __restrict__ y) {
+    RF_GRID_ENTER();
     __shared__ float scratch[RF_BLOCK / RF_WAVE];
     const long long base = (long long)blockIdx.x * {{ d }};
     float s = 0.0f;

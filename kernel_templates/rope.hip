@@ -5,6 +5,7 @@
 {{ rope_parts.table(entry ~ "_inv_freq", inv_freq) }}
 {{ rope_parts.sincos(entry ~ "_sincos") }}
 extern "C" __global__ void __launch_bounds__(256) {{ entry }}(const {{ ctype }}* __restrict__ x, {% if positions %}const int* __restrict__ positions, {% endif %}{{ ctype }}* __restrict__ y) {
+    RF_GRID_ENTER();
     const long long t = (long long)blockIdx.x * 256 + threadIdx.x;
     if (t >= {{ n }}LL) return;
     const long long row = t / {{ half }};

@@ -1,6 +1,7 @@
 // Safe softmax over an axis of {{ len }} (stride {{ inner }}), {{ rows }} rows: one block per row.
 // A row whose inputs are all -inf gives zeros.
 extern "C" __global__ void __launch_bounds__(RF_BLOCK) {{ entry }}(const {{ ctype }}* __restrict__ x, {{ ctype }}* __restrict__ y) {
+    RF_GRID_ENTER();
     __shared__ float scratch[RF_BLOCK / RF_WAVE];
     const long long row = blockIdx.x;
     const long long base = (row / {{ inner }}) * {{ row_span }}LL + (row % {{ inner }});

@@ -691,7 +691,12 @@ fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
 #[test]
 fn every_kernel_waits_on_the_grid_dependency_where_the_target_has_it() {
     for (g, fused) in all_graphs() {
-        for (arch, want) in [("sm_90", true), ("sm_90a", true), ("sm_80", false), ("gfx90a", false)] {
+        for (arch, want) in [
+            ("sm_90", true),
+            ("sm_90a", true),
+            ("sm_80", false),
+            ("gfx90a", false),
+        ] {
             let Ok(plan) = plan_for(&g, arch) else {
                 continue;
             };

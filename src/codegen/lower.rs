@@ -160,7 +160,10 @@ pub(crate) fn mark_programmatic(plan: &mut KernelPlan, target: &Target) {
     }
 }
 
-/// Whether the first statement of `entry`'s body in `source` is `RF_GRID_ENTER();`.
+/// Whether `entry`'s body in `source` reaches `RF_GRID_ENTER();` before anything that could
+/// touch memory: only `using namespace` declarations and `RF_PREFETCH_LOOP(...)` statements (L2
+/// prefetches of weights, which load nothing into registers and cannot be stale) may come
+/// first. Comments between them are skipped.
 pub(crate) fn body_starts_with_grid_enter(source: &str, entry: &str) -> bool {
     let Some(at) = source.find(&format!(" {entry}(")) else {
         return false;
@@ -169,9 +172,20 @@ pub(crate) fn body_starts_with_grid_enter(source: &str, entry: &str) -> bool {
     let Some(open) = source[at..].find('{') else {
         return false;
     };
-    source[at + open + 1..]
-        .trim_start()
-        .starts_with("RF_GRID_ENTER();")
+    for line in source[at + open + 1..].lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("//") {
+            continue;
+        }
+        if line == "RF_GRID_ENTER();" {
+            return true;
+        }
+        let allowed = (line.starts_with("using namespace ") && line.ends_with(';'))
+            || (line.starts_with("RF_PREFETCH_LOOP(") && line.ends_with(");"));
+        if !allowed {
+            return false;
+        }
+    }
+    false
 }
 
 /// Bytes an alias's start must be a multiple of: kernels load operands 16 bytes at a time where
@@ -416,4 +430,27 @@ fn lower_node(
     };
     plan.kernels.push(k);
     Ok(())
+}
+
+#[cfg(test)]
+mod grid_enter_tests {
+    use super::body_starts_with_grid_enter as starts;
+
+    #[test]
+    fn the_wait_must_come_before_anything_that_touches_memory() {
+        let k =
+            |body: &str| format!("extern \"C\" __global__ void k(const float* x) {{\n{body}\n}}");
+        assert!(starts(&k("    RF_GRID_ENTER();\n    x[0];"), "k"));
+        assert!(starts(
+            &k("    using namespace k_ns;\n    // why\n    RF_PREFETCH_LOOP(i, 0, 4, 1, x + i);\n    RF_GRID_ENTER();"),
+            "k"
+        ));
+        assert!(!starts(
+            &k("    const float v = x[0];\n    RF_GRID_ENTER();"),
+            "k"
+        ));
+        assert!(!starts(&k("    if (x) return;\n    RF_GRID_ENTER();"), "k"));
+        assert!(!starts(&k("    x[0];"), "k"));
+        assert!(!starts(&k("    RF_GRID_ENTER();"), "other"));
+    }
 }
