@@ -122,8 +122,11 @@ impl CudaDevice {
             timing,
             graphs,
             attributes,
-            // Programmatic dependent launch is a Hopper (compute capability 9.0) feature.
-            programmatic: launch_ex.is_ok() && major >= 9,
+            // Programmatic dependent launch is a Hopper (compute capability 9.0) feature;
+            // ROCMFORGE_PROGRAMMATIC_LAUNCH=0 turns it off (to measure what it gives).
+            programmatic: launch_ex.is_ok()
+                && major >= 9
+                && std::env::var("ROCMFORGE_PROGRAMMATIC_LAUNCH").map_or(true, |v| v != "0"),
             shared: OnceLock::new(),
         })
     }
