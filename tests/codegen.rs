@@ -483,9 +483,20 @@ fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
         Target::parse("sm_90a").unwrap(),
         Target::parse("sm_90").unwrap(),
     );
+    let on = CodegenOptions {
+        wgmma_gemm: true,
+        ..CodegenOptions::default()
+    };
     for dt in [DType::F16, DType::BF16] {
         for g in gemm_cases::wgmma_cases(dt) {
-            let plan = generate(&g, &a).unwrap();
+            // Opt-in only (`CodegenOptions::wgmma_gemm`): by default the mma.sync kernel.
+            let default = generate(&g, &a).unwrap();
+            assert!(
+                default.kernels.iter().all(|k| k.family != "gemm_wgmma"),
+                "{} took the warpgroup kernel without the option",
+                g.name
+            );
+            let plan = generate_with(&g, &a, &on).unwrap();
             assert_eq!(plan.kernels.len(), 1, "{}", g.name);
             let k = &plan.kernels[0];
             let want = gemm_cases::wgmma_expected(&g);
@@ -498,13 +509,16 @@ fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
             } else {
                 assert_eq!(k.launch.shared_bytes, 0, "{}", g.name);
             }
-            let plan = generate(&g, &p).unwrap();
+            let plan = generate_with(&g, &p, &on).unwrap();
             assert_eq!(plan.kernels[0].family, "gemm_mma", "sm_90 {}", g.name);
         }
     }
     // f32 never: the warpgroup rows take f16 and bf16 only.
     let g = gemm_cases::plain_case(DType::F32, 1000, 1000, 1000, true);
-    assert_eq!(generate(&g, &a).unwrap().kernels[0].family, "gemm");
+    assert_eq!(
+        generate_with(&g, &a, &on).unwrap().kernels[0].family,
+        "gemm"
+    );
 }
 
 /// f16 and bf16 Gemm nodes go to the matrix-core kernel on every target with an atom for them

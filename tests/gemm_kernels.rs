@@ -500,8 +500,12 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
     for dt in [DType::F16, DType::BF16] {
         for g in gemm_cases::wgmma_cases(dt) {
-            let plan = generate_with(&g, &target, &CodegenOptions::default())
-                .map_err(|e| format!("{}: {e}", g.name))?;
+            let wgmma = CodegenOptions {
+                wgmma_gemm: true,
+                ..CodegenOptions::default()
+            };
+            let plan =
+                generate_with(&g, &target, &wgmma).map_err(|e| format!("{}: {e}", g.name))?;
             for k in &plan.kernels {
                 out.entry(k.entry.clone()).or_insert((
                     plan.source(k),

@@ -99,6 +99,11 @@ pub struct CodegenOptions {
     /// (decode step kernel by kernel, docs/performance.md): its per-block activation pass and
     /// reductions are latency the f32 reader does not pay.
     pub int8_gemv: bool,
+    /// f16/bf16 GEMMs on the sm_90a warpgroup kernel (`kernels/gemm/wgmma.rs`) where the target
+    /// has wgmma and the problem fills its tiles. Off by default: its first version (cp.async
+    /// ring, no TMA, no producer warpgroup) measured 88–214 TFLOP/s at M 4096 on the H100
+    /// (2026-11-26), below the mma.sync kernel on most of those shapes (docs/performance.md).
+    pub wgmma_gemm: bool,
 }
 
 /// The kernels that compute `graph` on `target`.
@@ -117,6 +122,7 @@ pub fn generate_with(
         tuned,
         copy_slices,
         int8_gemv,
+        wgmma_gemm,
     } = options;
     lower::generate(
         graph,
@@ -126,6 +132,7 @@ pub fn generate_with(
             tuned: tuned.clone(),
             copy_slices: *copy_slices,
             int8_gemv: *int8_gemv,
+            wgmma_gemm: *wgmma_gemm,
         },
     )
 }

@@ -145,6 +145,9 @@ pub struct CompileOptions {
     /// (the default: within f32 rounding of the interpreter), or 8-bit activations where the
     /// caller opts in for speed. Other devices ignore it.
     pub cpu_precision: crate::cpu::Precision,
+    /// f16/bf16 GEMMs on the sm_90a warpgroup kernel where the device has it
+    /// ([`CodegenOptions::wgmma_gemm`], off by default).
+    pub wgmma_gemm: bool,
 }
 
 impl Default for CompileOptions {
@@ -160,6 +163,7 @@ impl Default for CompileOptions {
             tune: false,
             rewrite_kernels: None,
             cpu_precision: crate::cpu::Precision::Exact,
+            wgmma_gemm: false,
         }
     }
 }
@@ -532,6 +536,10 @@ fn compile(
         &compile_opts,
         show,
     )?;
+    let codegen_options = CodegenOptions {
+        wgmma_gemm: options.wgmma_gemm,
+        ..codegen_options
+    };
     let codegen_start = Instant::now();
     let mut plan = codegen::generate_with(&compiled.graph, &target, &codegen_options)?;
     tracing::debug!(

@@ -165,9 +165,13 @@ pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
                 format!("gemm_wgmma::{}", g.name),
                 Box::new(move || {
                     let target = d.target().ok_or("the device has no codegen target")?;
+                    let on = rocmforge::codegen::CodegenOptions {
+                        wgmma_gemm: true,
+                        ..Default::default()
+                    };
                     if !target.caps.wgmma.is_empty() {
-                        let plan =
-                            rocmforge::codegen::generate(&g, target).map_err(|e| e.to_string())?;
+                        let plan = rocmforge::codegen::generate_with(&g, target, &on)
+                            .map_err(|e| e.to_string())?;
                         let on_wgmma = plan.kernels.iter().any(|k| k.family == "gemm_wgmma");
                         if on_wgmma != gemm_cases::wgmma_expected(&g) {
                             return Err(
@@ -175,7 +179,7 @@ pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
                             );
                         }
                     }
-                    check_graph(&d, &g, false, 13)
+                    check_graph_with(&d, &g, false, 13, true)
                 }),
             );
         }

@@ -109,9 +109,24 @@ pub fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
 }
 
 pub fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
+    check_graph_with(device, g, fuse, seed, false)
+}
+
+/// [`check_graph`], with the sm_90a warpgroup GEMM opted into where `wgmma_gemm`.
+pub fn check_graph_with(
+    device: &Device,
+    g: &Graph,
+    fuse: bool,
+    seed: u64,
+    wgmma_gemm: bool,
+) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
-    let c = Graph::compile_with(g, device, &CompileOptions { fuse, ..options() })
-        .map_err(|e| e.to_string())?;
+    let options = CompileOptions {
+        fuse,
+        wgmma_gemm,
+        ..options()
+    };
+    let c = Graph::compile_with(g, device, &options).map_err(|e| e.to_string())?;
     let b = Bindings::random(g, seed);
     let got = c.run(&b).map_err(|e| e.to_string())?;
     let want = run(g, &with_weights(g, &b)).map_err(|e| e.to_string())?;

@@ -54,13 +54,20 @@ pub fn hip_trials(
         }
     };
     let cuda_arch = main_device.target().map(|t| t.arch.clone());
+    // The CUDA device compiles for the arch-specific row where there is one (sm_90a on an
+    // H100); the HIP runtime names the portable processor (sm_90): the same GPU either way.
+    let cuda_portable = main_device.target().map(|t| {
+        t.caps
+            .specific_of
+            .map_or(t.arch.clone(), |s| s.of.to_string())
+    });
     add(
         "device::is_the_nvidia_platform_of_this_gpu",
         Box::new(move |d| {
             let t = d.target().ok_or("no target")?;
             if d.spec() != "hip:0"
                 || t.platform != Platform::Nvidia
-                || Some(&t.arch) != cuda_arch.as_ref()
+                || (Some(&t.arch) != cuda_arch.as_ref() && Some(&t.arch) != cuda_portable.as_ref())
                 || !d.label().contains("libhipshim.so")
             {
                 return Err(

@@ -23,7 +23,6 @@ use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
 use super::super::plan::{BufferId, Kernel};
 use super::super::CodegenError;
-use crate::arch::tuning::Tuned;
 use crate::arch::Target;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::{DType, Gemm, Graph, NodeId, NormKind, Shape, TensorType, View};
@@ -298,9 +297,9 @@ pub(crate) fn lower(
     gemm: &Gemm,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
-    tuned: &Tuned,
-    int8_gemv: bool,
+    options: &crate::codegen::CodegenOptions,
 ) -> Result<Kernel, CodegenError> {
+    let (tuned, int8_gemv) = (&options.tuned, options.int8_gemv);
     let p = Problem::new(g, id, gemm)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
@@ -347,10 +346,13 @@ pub(crate) fn lower(
             ),
         });
     }
-    // f16 and bf16 go to the warpgroup MMA where the target has it (sm_90a) and the problem
-    // fills its tiles, else to the matrix cores where the target has an atom for them.
-    if let Some(k) = wgmma::kernel(&p, gemm, node, args.clone(), target)? {
-        return Ok(k);
+    // f16 and bf16 go to the warpgroup MMA where asked for (`CodegenOptions::wgmma_gemm`), the
+    // target has it (sm_90a) and the problem fills its tiles, else to the matrix cores where the
+    // target has an atom for them.
+    if options.wgmma_gemm {
+        if let Some(k) = wgmma::kernel(&p, gemm, node, args.clone(), target)? {
+            return Ok(k);
+        }
     }
     if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned)? {
         return Ok(k);
