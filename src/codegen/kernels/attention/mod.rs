@@ -154,8 +154,8 @@ impl Problem {
             }
         };
         let mc = ctype(mask_t);
-        let kv_len = match ops.last().map(|&o| g.ty(o).shape.numel()) {
-            _ if !att.kv_len => KvLen::Static,
+        let kv_len = match att.kv_len_slot().map(|slot| g.ty(ops[slot]).shape.numel()) {
+            None => KvLen::Static,
             Some(1) => KvLen::Shared,
             _ => KvLen::PerBatch,
         };
