@@ -270,8 +270,20 @@ pub(crate) fn lower(
     options: &CodegenOptions,
 ) -> Result<(), CodegenError> {
     let (access, tuned) = (options.attention_access, &options.tuned);
-    let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
+    if att.append.is_some() {
+        // The append form (q roped on load, the step's K/V rows taken from their inputs and
+        // written by the kernel) has no kernel yet: no kernel of the family reads its extra
+        // operands, so none may be given it. `passes::DecodeAppend` is not in the default
+        // pipeline until the decode kernel serves it (docs/decisions.md).
+        return Err(CodegenError::Unsupported {
+            node: node.clone(),
+            reason: "the appending attention form (rope of q and the step's K/V rows) has no \
+                     kernel yet; compile the graph without `decode_append`"
+                .into(),
+        });
+    }
+    let p = Problem::new(g, id, att)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     let out = buf[&id];
     if decode::kernels(&p, node, args.clone(), out, target, plan)? {
