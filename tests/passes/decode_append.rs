@@ -152,7 +152,7 @@ fn a_decode_step_becomes_the_append_form() {
                         Vec::new()
                     };
                     // One new row, or two where the cache has them (a short multi-token step).
-                    let s = if kv_len >= 7 && checked % 2 == 0 {
+                    let s = if kv_len >= 7 && checked.is_multiple_of(2) {
                         2
                     } else {
                         1
