@@ -151,7 +151,8 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, fold ropes into the cache writes that store them, then fuse the elementwise
+    /// attention, fold ropes into the cache writes that store them, take a decode attention's
+    /// rope of q and its step's cache writes into it (`decode_append`), then fuse the elementwise
     /// chains left around it, then make every matmul left a Gemm with the layouts and the
     /// epilogue around it, merge the Gemms that share an input (Q/K/V) into one, then fold the
     /// norms that only GEMV-sized Gemms read into them.
@@ -163,6 +164,8 @@ impl PassManager {
             .with(FuseAttention)
             .with(DeadCode)
             .with(FoldRope)
+            .with(DecodeAppend)
+            .with(DeadCode)
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)
