@@ -89,12 +89,14 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int e = 0; e < VEC; ++e) x.e[e] = 0;
             if (c < NK) x = qp[c];
-#pragma unroll
+{% if append %}#pragma unroll
             for (int e = 0; e < VEC; ++e) {
-{% if append %}                if (c < NK) x.e[e] = {{ entry }}_rotated(q + (row0 + r) * {{ d }}, c * VEC + e, positions[r % {{ sq }}]);
-{% endif %}                qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+                if (c < NK) x.e[e] = {{ entry }}_rotated(q + (row0 + r) * {{ d }}, c * VEC + e, positions[r % {{ sq }}]);
+                qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
             }
-        }
+{% else %}#pragma unroll
+            for (int e = 0; e < VEC; ++e) qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+{% endif %}        }
     }
 {% if append %}    // This step's rows into the caches, by split 0's block of each K/V head (always active), before any return.
     if (split == 0) {
