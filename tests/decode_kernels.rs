@@ -317,6 +317,14 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         .map(|c| (c.name(), c.graph()))
         .collect();
     graphs.push(("decode_step".into(), decode_step()?));
+    // The appending decode kernel (q rotated on load, the step's rows from the inputs).
+    for c in append_cases() {
+        let mut g = c.graph();
+        PassManager::default_pipeline()
+            .run(&mut g)
+            .map_err(|e| e.to_string())?;
+        graphs.push((format!("append_{}", c.name()), g));
+    }
     for (name, g) in graphs {
         let plan = generate_with(&g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{name}: {e}"))?;
