@@ -491,6 +491,13 @@ mod tests {
     }
 
     #[test]
+    fn the_append_forms_bound_is_the_kernels() {
+        // `passes::DecodeAppend` refuses above `ir::Append::MAX_ROWS` (it cannot see codegen);
+        // the form has no other kernel, so the two bounds must be one.
+        assert_eq!(MAX_ROWS, crate::ir::Append::MAX_ROWS);
+    }
+
+    #[test]
     fn declines_what_it_does_not_serve() {
         let target = Target::parse("gfx90a").unwrap();
         // 3 query heads per K/V head × 6 positions = 18 rows > 16; 5 positions fit.
