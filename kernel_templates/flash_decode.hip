@@ -1,3 +1,4 @@
+{% import "rope_parts.hip" as rope_parts -%}
 // Flash-decoding (split K, combined by the last block): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block serves all {{ rows }} query rows ({{ group }} heads x {{ sq }}) of one K/V head, so K/V are read once per group,
 // over split blockIdx.y of the {{ valid_keys }} keys any row can see ({{ splits }} splits of {{ keys_per_split }}); it never
@@ -18,8 +19,26 @@
 // once, writing and counting nothing; the last of the active ones combines them. kv_len is read by every block of a
 // launch alike, so the count a launch waits for is the count of blocks that count.
 {% endif %}{% else %}// One split: the block normalises its merged rows and writes the output itself.
+{% endif %}{% if append %}// Append form: the queries are rotated as they are loaded (rope, rotate-half, pairs (c, c + {{ append.half }}), at the positions
+// `positions` holds; angles as rope_parts.hip computes them), rounded to the element type as a rope kernel's output
+// would be. This step's {{ sq }} K/V row(s) of each head, cache rows start..start + {{ sq }}, are taken from k_new (rotated in
+// registers) and v_new, never from the caches; split 0's block of each K/V head writes them into the caches (the
+// cache writes read only by this attention have no kernel of their own), and every other block reads them from the
+// inputs too, so no block reads a row another writes. A start outside 0..{{ append.max_start }} writes nothing and is recorded in
+// `status` (as the cache write's kernel records it).
+{{ rope_parts.table(entry ~ "_inv_freq", append.inv_freq) }}
+{{ rope_parts.sincos(entry ~ "_sincos") }}
+// Element `col` of `row` rotated at position `pos`, rounded to the element type (as the rope kernel stores it).
+RF_INLINE {{ ctype }} {{ entry }}_rotated(const {{ ctype }}* row, int col, int pos) {
+    const int p = col % {{ append.half }};
+    float sn, cs;
+    {{ entry }}_sincos((double)pos * {{ entry }}_inv_freq[p], &sn, &cs);
+    const float a = {{ load_pre }}row[p]{{ load_post }}, b = {{ load_pre }}row[p + {{ append.half }}]{{ load_post }};
+    const float r = col < {{ append.half }} ? a * cs - b * sn : b * cs + a * sn;
+    return {{ store_pre }}r{{ store_post }};
+}
 {% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, {% if append %}{{ ctype }}* __restrict__ k, {{ ctype }}* __restrict__ v{% else %}const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v{% endif %}, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{% if append %}const int* __restrict__ positions, const {{ ctype }}* __restrict__ k_new, const {{ ctype }}* __restrict__ v_new, const int* __restrict__ start, unsigned long long* __restrict__ status, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
     RF_GRID_ENTER();
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
     constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
@@ -40,7 +59,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     // order the group's rows are consecutive from row0.
     const long long row0 = ((long long)bi * {{ hq }} + (long long)kvh * {{ group }}) * {{ sq }};
     const long long kv_row0 = (long long)bkv * {{ sk }};
-    const int key_begin = (int)((long long)split * {{ keys_per_split }});
+{% if append %}    const int at = start[0];
+    const bool at_ok = at >= 0 && at <= {{ append.max_start }};
+{% endif %}    const int key_begin = (int)((long long)split * {{ keys_per_split }});
     const long long split_end = (long long)key_begin + {{ keys_per_split }};
     const int {% if kv_len %}key_end_static{% else %}key_end{% endif %} = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
 {% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read, so a split past kv_len does no work and
@@ -69,11 +90,34 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int e = 0; e < VEC; ++e) x.e[e] = 0;
             if (c < NK) x = qp[c];
-#pragma unroll
+{% if append %}#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                if (c < NK) x.e[e] = {{ entry }}_rotated(q + (row0 + r) * {{ d }}, c * VEC + e, positions[r % {{ sq }}]);
+                qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+            }
+{% else %}#pragma unroll
             for (int e = 0; e < VEC; ++e) qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+{% endif %}        }
+    }
+{% if append %}    // This step's rows into the caches, by split 0's block of each K/V head (always active), before any return.
+    if (split == 0) {
+        if (!at_ok) {
+            if (bkv == 0 && tid == 0) {
+                atomicMax(&status[0], ~0ull);
+                status[1] = (unsigned long long)(long long)at;
+            }
+        } else {
+            for (int t = tid; t < {{ sq * d }}; t += {{ threads }}) {
+                const int nr = t / {{ d }}, col = t % {{ d }};
+                k[(kv_row0 + at + nr) * {{ d }} + col] = {{ entry }}_rotated(k_new + ((long long)bkv * {{ sq }} + nr) * {{ d }}, col, positions[nr]);
+            }
+            for (int t = tid; t < {{ sq * dv }}; t += {{ threads }}) {
+                const int nr = t / {{ dv }}, col = t % {{ dv }};
+                v[(kv_row0 + at + nr) * {{ dv }} + col] = v_new[((long long)bkv * {{ sq }} + nr) * {{ dv }} + col];
+            }
         }
     }
-    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
+{% endif %}    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {
         m[r] = -INFINITY;
@@ -91,15 +135,27 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             key[u] = key_begin + round * STEP + (u * {{ waves }} + wave) * KPW + kg;
+{% if append %}            // A row of this step comes from k_new / v_new (row nr), every other from the caches.
+            const int nr = key[u] - at;
+            const bool fresh = key[u] < key_end && at_ok && nr >= 0 && nr < {{ sq }};
             const bool ok = key[u] < key_end;
+            const Piece* kp = reinterpret_cast<const Piece*>(fresh ? k_new + ((long long)bkv * {{ sq }} + nr) * {{ d }} : k + (kv_row0 + (ok ? key[u] : 0)) * {{ d }});
+            const Piece* vp = reinterpret_cast<const Piece*>(fresh ? v_new + ((long long)bkv * {{ sq }} + nr) * {{ dv }} : v + (kv_row0 + (ok ? key[u] : 0)) * {{ dv }});
+{% else %}            const bool ok = key[u] < key_end;
             const Piece* kp = reinterpret_cast<const Piece*>(k + (kv_row0 + (ok ? key[u] : 0)) * {{ d }});
             const Piece* vp = reinterpret_cast<const Piece*>(v + (kv_row0 + (ok ? key[u] : 0)) * {{ dv }});
-#pragma unroll
+{% endif %}#pragma unroll
             for (int i = 0; i < PK; ++i) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = 0;
                 if (ok && kl + i * LPK < NK) kr[u][i] = kp[kl + i * LPK];
-            }
+{% if append %}                if (fresh && kl + i * LPK < NK) {
+                    // Rotated in registers, from the row's other half read where it lies.
+                    const {{ ctype }}* kn = k_new + ((long long)bkv * {{ sq }} + nr) * {{ d }};
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = {{ entry }}_rotated(kn, (kl + i * LPK) * VEC + e, positions[nr]);
+                }
+{% endif %}            }
 #pragma unroll
             for (int i = 0; i < PV; ++i) {
 #pragma unroll

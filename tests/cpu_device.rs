@@ -251,6 +251,49 @@ fn decode_steps_carry_the_cache_like_run_with_state() {
     }
 }
 
+/// The append form (`passes::DecodeAppend` in the default pipeline: q's rope and the step's
+/// K/V rows taken into the attention) runs on the CPU device, step by step, as the interpreter
+/// runs the unfused graph: outputs and both caches.
+#[test]
+fn decode_steps_in_the_append_form_match_the_unfused_step() {
+    let _serial = serial();
+    let plain = example("decode_step");
+    let g = fused(&plain);
+    let appending = g
+        .node_ids()
+        .filter(|&id| matches!(g.op(id), Op::FlashAttention(a) if a.append.is_some()))
+        .count();
+    assert_eq!(appending, 1);
+    let plan = CpuPlan::new(&g, &Bindings::random(&g, 1), exact(2)).unwrap();
+    let mut s = plan.session().unwrap();
+    let mut states: HashMap<String, Tensor> = HashMap::new();
+    for id in g.node_ids() {
+        if let Op::State { .. } = g.op(id) {
+            states.insert(g.node(id).name.clone(), Tensor::zeros(g.ty(id)));
+        }
+    }
+    for step in 0..5i64 {
+        let mut b = Bindings::random(&g, 300 + step as u64);
+        b.seed = 1;
+        for (name, t) in b.inputs.iter_mut() {
+            if name == "pos" {
+                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step]).unwrap();
+            } else if name == "kv_len" {
+                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step + 1]).unwrap();
+            }
+        }
+        let (want, next) = interp::run_with_state(&plain, &b, &HashMap::new(), &states).unwrap();
+        s.set_inputs(&b).unwrap();
+        s.run().unwrap();
+        check(&format!("step {step}"), &s.outputs().unwrap(), &want, 1.0);
+        for (name, t) in &next {
+            let e = rel_l2(&s.state(name).unwrap(), t).unwrap();
+            assert!(e <= 1e-5, "state {name} after step {step}: {e}");
+        }
+        states = next;
+    }
+}
+
 #[test]
 fn errors_are_the_interpreters() {
     let _serial = serial();

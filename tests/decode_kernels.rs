@@ -327,6 +327,14 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         g.set_outputs(&[r]).map_err(|e| e.to_string())?;
         graphs.push((format!("argmax_split_{dtype}"), g));
     }
+    // The appending decode kernel (q rotated on load, the step's rows from the inputs).
+    for c in append_cases() {
+        let mut g = c.graph();
+        PassManager::default_pipeline()
+            .run(&mut g)
+            .map_err(|e| e.to_string())?;
+        graphs.push((format!("append_{}", c.name()), g));
+    }
     for (name, g) in graphs {
         let plan = generate_with(&g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{name}: {e}"))?;
@@ -454,38 +462,34 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
     let plan = generate_with(&g, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    for f in ["cache_write", "rope", "flash_decode", "argmax"] {
+    // The attention appends (`decode_append`): q's rope and both cache writes are done by the
+    // decode kernel, which writes the state buffers in place (no copy of a cache made).
+    for f in ["flash_decode", "argmax"] {
         if !families.contains(&f) {
             return Err(format!("no {f} kernel in {families:?}").into());
         }
     }
-    // K's rope is folded into its cache write (which then also reads the positions: values,
-    // start, positions, status, state); Q's, read by attention, stays a rope kernel.
-    let roped_writes = plan
-        .kernels
-        .iter()
-        .filter(|k| k.family == "cache_write" && k.args.len() == 5)
-        .count();
-    let ropes = families.iter().filter(|&&f| f == "rope").count();
-    if (roped_writes, ropes) != (1, 1) {
-        return Err(format!("{roped_writes} roped cache write(s), {ropes} rope(s)").into());
+    if families.iter().any(|&f| f == "cache_write" || f == "rope") {
+        return Err(format!("a rope or cache write kernel left in {families:?}").into());
     }
-    // The cache writes are in place: the state buffers are written, no copy of a cache made.
     let state_bufs: Vec<usize> = plan
         .buffers
         .iter()
         .filter(|b| matches!(b.role, BufferRole::State { .. }))
         .map(|b| b.id)
         .collect();
-    let mut writes: Vec<usize> = plan
+    let attention = plan
         .kernels
         .iter()
-        .filter(|k| k.family == "cache_write")
-        .map(|k| *k.args.last().expect("arguments"))
+        .find(|k| k.family == "flash_decode")
+        .ok_or("no decode kernel")?;
+    let mut writes: Vec<usize> = attention
+        .written()
+        .filter(|b| state_bufs.contains(b))
         .collect();
     writes.sort_unstable();
     if state_bufs.len() != 2 || writes != state_bufs {
-        return Err(format!("cache writes into {writes:?}, states {state_bufs:?}").into());
+        return Err(format!("the decode kernel writes {writes:?}, states {state_bufs:?}").into());
     }
     let weights: HashMap<String, Tensor> =
         host_kernels::with_weights(&g, Bindings::default()).weights;
@@ -546,6 +550,226 @@ fn decode_step_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     };
     if *start != last {
         return Err(format!("reported start {start}, want {last}").into());
+    }
+    Ok(())
+}
+
+// ---- append:: (issue 22: the decode attention that appends K/V) -----------------------------
+
+/// A decode step as the LLaMA lowering makes it (q and k roped at `pos`, k and v written at
+/// `start` into caches `[1, hkv, max, d]`, attention over kv_len keys), with or without Llama
+/// 3's frequency divisors.
+#[derive(Clone, Debug)]
+struct AppendCase {
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    max: usize,
+    dtype: DType,
+    factors: bool,
+    /// kv_len of the first of two consecutive steps.
+    kv_len: usize,
+}
+
+impl AppendCase {
+    fn name(&self) -> String {
+        format!(
+            "{}_{}x{}_d{}_max{}_kv{}{}",
+            self.dtype.name(),
+            self.hq,
+            self.hkv,
+            self.d,
+            self.max,
+            self.kv_len,
+            if self.factors { "_factors" } else { "" }
+        )
+    }
+
+    fn graph(&self) -> Graph {
+        let (dt, d) = (self.dtype, self.d);
+        let factors: Vec<f64> = if self.factors {
+            (0..d / 2).map(|i| 1.0 + i as f64 / 8.0).collect()
+        } else {
+            Vec::new()
+        };
+        let mut g = Graph::new("append_step");
+        let kc = g.state("k_cache", dt, &[1, self.hkv, self.max, d]).unwrap();
+        let vc = g.state("v_cache", dt, &[1, self.hkv, self.max, d]).unwrap();
+        let q = g.input("q", dt, &[1, self.hq, 1, d]).unwrap();
+        let k = g.input("k", dt, &[1, self.hkv, 1, d]).unwrap();
+        let v = g.input("v", dt, &[1, self.hkv, 1, d]).unwrap();
+        let pos = g.input("pos", DType::I32, &[1]).unwrap();
+        let start = g.input("start", DType::I32, &[1]).unwrap();
+        let kv_len = g.input("kv_len", DType::I32, &[1]).unwrap();
+        let qr = g
+            .rope_scaled(q, Some(pos), 10_000.0, 0, factors.clone())
+            .unwrap();
+        let kr = g.rope_scaled(k, Some(pos), 10_000.0, 0, factors).unwrap();
+        let kw = g.cache_write(kc, kr, start, 2).unwrap();
+        let vw = g.cache_write(vc, v, start, 2).unwrap();
+        let att = g
+            .flash_attention_len((qr, kw, vw), kv_len, 1.0 / (d as f64).sqrt(), true)
+            .unwrap();
+        g.add_output(att).unwrap();
+        g
+    }
+}
+
+fn append_cases() -> Vec<AppendCase> {
+    let base = AppendCase {
+        hq: 9,
+        hkv: 3,
+        d: 64,
+        max: 80,
+        dtype: DType::F16,
+        factors: false,
+        kv_len: 1,
+    };
+    vec![
+        base.clone(),
+        AppendCase {
+            kv_len: 7,
+            dtype: DType::F32,
+            factors: true,
+            ..base.clone()
+        },
+        AppendCase {
+            hq: 4,
+            hkv: 1,
+            d: 128,
+            kv_len: 65,
+            ..base.clone()
+        },
+        AppendCase {
+            hq: 1,
+            hkv: 1,
+            d: 80,
+            kv_len: 30,
+            dtype: DType::F32,
+            ..base.clone()
+        },
+        // A cache of 2048: several splits in the grid, kv_len reaching a few of them.
+        AppendCase {
+            max: 2048,
+            kv_len: 511,
+            factors: true,
+            ..base.clone()
+        },
+        AppendCase {
+            hq: 4,
+            hkv: 1,
+            max: 2048,
+            kv_len: 130,
+            dtype: DType::F32,
+            ..base
+        },
+    ]
+}
+
+/// The append form on the host: the plan is the decode kernel alone (no rope, no cache write);
+/// two consecutive steps from caches whose rows before the first start are random and whose
+/// tail is NaN (never read), each against the interpreter on the unfused graph from the states
+/// it left (the second step reads the row the first appended), the written rows equal and the
+/// tail still NaN; every counter back at 0 after each step; then a start past the cache, which
+/// both refuse with the same error.
+fn append_host_run(cxx: &Path, c: &AppendCase, arch: &str) -> Result<(), Failed> {
+    let name = c.name();
+    let g = c.graph();
+    let mut fused = g.clone();
+    PassManager::default_pipeline()
+        .run(&mut fused)
+        .map_err(|e| e.to_string())?;
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let plan =
+        generate_with(&fused, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
+    let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+    if families != ["flash_decode"] {
+        return Err(format!("{name}: kernels {families:?}").into());
+    }
+    let counters: Vec<usize> = plan
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.role, BufferRole::Counters))
+        .map(|b| b.id)
+        .collect();
+    let ty = g.ty(g.find("k_cache").ok_or("no k_cache")?).clone();
+    let first = c.kv_len - 1;
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let row = c.d;
+    let per_head = c.max * row;
+    let cache = |rng: &mut u64| -> Result<Tensor, String> {
+        let v: Vec<f64> = (0..ty.shape.numel())
+            .map(|e| {
+                if (e % per_head) / row < first {
+                    *rng ^= *rng << 13;
+                    *rng ^= *rng >> 7;
+                    *rng ^= *rng << 17;
+                    (*rng >> 40) as f64 / (1u64 << 23) as f64 - 1.0
+                } else {
+                    f64::NAN
+                }
+            })
+            .collect();
+        Tensor::from_f64(ty.dtype, ty.shape.clone(), &v).map_err(|e| e.to_string())
+    };
+    let mut host_states: HashMap<String, Tensor> = HashMap::new();
+    host_states.insert("k_cache".into(), cache(&mut rng)?);
+    host_states.insert("v_cache".into(), cache(&mut rng)?);
+    let mut ref_states = host_states.clone();
+    let tol = tolerance(c.dtype);
+    let weights = HashMap::new();
+    for step in 0..2usize {
+        let at = (first + step) as i64;
+        let mut b = Bindings::random(&g, 40 + step as u64);
+        // Positions not starting at 0 and not the rows they land in.
+        b.inputs.insert("pos".into(), i32s(&[at + 300]));
+        b.inputs.insert("start".into(), i32s(&[at]));
+        b.inputs.insert("kv_len".into(), i32s(&[at + 1]));
+        let (want, want_states) =
+            interp::run_with_state(&g, &b, &weights, &ref_states).map_err(|e| e.to_string())?;
+        let (got, buffers) =
+            host_kernels::run_plan_with_states_buffers(cxx, &fused, &plan, &b, &host_states)?;
+        let (got, got_states) = got.map_err(|e| e.to_string())?;
+        let what = format!("{name} step {step}");
+        let err = rel_l2(&got[0], &want[0]).map_err(|e| format!("{what}: {e}"))?;
+        if err > tol {
+            return Err(format!("{what}: relative L2 {err:e} > {tol:e}").into());
+        }
+        row_error::rows_within(&got[0], &want[0], tol).map_err(|e| format!("{what}: {e}"))?;
+        for name in ["k_cache", "v_cache"] {
+            let (h, r) = (
+                got_states[name].to_f64_vec(),
+                want_states[name].to_f64_vec(),
+            );
+            // The rotated row may differ by the last bit of its dtype (f32 polynomials against
+            // the interpreter's f64 sin/cos); the tail stays NaN.
+            let bad = h.iter().zip(&r).position(|(a, b)| {
+                !((a.is_nan() && b.is_nan()) || (a - b).abs() <= 2.0 * tol * b.abs().max(1.0))
+            });
+            if let Some(i) = bad {
+                return Err(format!("{what}: {name}[{i}] = {}, want {}", h[i], r[i]).into());
+            }
+        }
+        for &cb in &counters {
+            if buffers[cb].iter().any(|&x| x != 0) {
+                return Err(format!("{what}: counters left non-zero").into());
+            }
+        }
+        host_states = got_states;
+        ref_states = want_states;
+    }
+    let mut b = Bindings::random(&g, 9);
+    let last = c.max as i64;
+    b.inputs.insert("pos".into(), i32s(&[last]));
+    b.inputs.insert("start".into(), i32s(&[last]));
+    b.inputs.insert("kv_len".into(), i32s(&[last]));
+    // Against the interpreter on the same (fused) graph: the error names the write it runs
+    // first, which the plan's check names too.
+    let want = interp::run_with_state(&fused, &b, &weights, &ref_states).unwrap_err();
+    let got =
+        host_kernels::run_plan_with_states(cxx, &fused, &plan, &b, &host_states)?.unwrap_err();
+    if got != want {
+        return Err(format!("a write past the cache: host {got}, interpreter {want}").into());
     }
     Ok(())
 }
@@ -784,6 +1008,15 @@ fn main() {
             "ROCMFORGE_REQUIRE_HOST_CXX",
             format!("state::argmax_split::{arch}"),
             move |cxx| argmax_split_host(&cxx, arch),
+        ));
+    }
+    for (i, c) in append_cases().into_iter().enumerate() {
+        let arch = ["gfx90a", "gfx1100"][i % 2];
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("append::{arch}::{}", c.name()),
+            move |cxx| append_host_run(&cxx, &c, arch),
         ));
     }
     trials.extend(kernel_compile::compile_trials(compile_set));

@@ -580,6 +580,8 @@ fn a_200k_node_chain_fuses_into_full_groups_and_computes_the_same() {
     assert_eq!(run(&g, &b).unwrap(), run(&fused, &b).unwrap());
 }
 
+#[path = "passes/decode_append.rs"]
+mod decode_append;
 #[path = "passes/merge.rs"]
 mod merge;
 #[path = "common/norm_cases.rs"]

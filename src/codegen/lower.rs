@@ -67,7 +67,15 @@ pub(crate) fn generate(
             // In place: the state is read by nothing else (checked above), so its buffer holds
             // the written value from here on.
             buf.insert(id, buf[&g.operands(id)[0]]);
-            lower_node(g, id, &buf, target, options, &mut plan)?;
+            // A write read only by an appending attention is done by that attention's kernel.
+            if !attention::realised_by_append(g, id) {
+                lower_node(g, id, &buf, target, options, &mut plan)?;
+            }
+            continue;
+        }
+        if attention::realised_by_append(g, id) {
+            // k's rope under such a write: the attention's kernel rotates the rows itself; no
+            // buffer, since nothing else reads it.
             continue;
         }
         let role = match &node.op {

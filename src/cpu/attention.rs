@@ -68,6 +68,9 @@ pub struct AttentionStep {
     dv: usize,
     /// Mask strides as if broadcast to [B, Hq, Sq, Sk].
     mask: Option<[usize; 4]>,
+    /// The append form: q is rotated at the positions operand first (into the scratch, after
+    /// the per-head rows), then attends over the caches as the cache writes left them.
+    rope: Option<RopeStep>,
 }
 
 impl AttentionStep {
@@ -86,7 +89,12 @@ impl AttentionStep {
             let s = padded.broadcast_strides(&scores);
             [s[0], s[1], s[2], s[3]]
         });
+        let rope = att
+            .append
+            .as_ref()
+            .map(|ap| RopeStep::new(ap.theta, 0, &ap.factors, &ins[0].shape, true));
         AttentionStep {
+            rope,
             att: att.clone(),
             b: q[0],
             hq: q[1],
@@ -101,8 +109,17 @@ impl AttentionStep {
 
     pub fn scratch(&self) -> Scratch {
         Scratch {
-            f: vec![0.0; self.b * self.hq * (self.sk + self.dv)],
+            f: vec![0.0; self.b * self.hq * (self.sk + self.dv) + self.q_len()],
             q: Vec::new(),
+        }
+    }
+
+    /// Elements of the rotated q kept in the scratch (none without append).
+    fn q_len(&self) -> usize {
+        if self.rope.is_some() {
+            self.b * self.hq * self.sq * self.d
+        } else {
+            0
         }
     }
 
@@ -123,9 +140,19 @@ impl AttentionStep {
             val(fixed, bufs, args[2]).f(),
         );
         let mask = self.mask.map(|s| (val(fixed, bufs, args[3]), s));
+        let heads_len = scr.f.len() - self.q_len();
+        let (heads_scr, q_scr) = scr.f.split_at_mut(heads_len);
+        let q = match &self.rope {
+            Some(r) => {
+                let positions = val(fixed, bufs, args[self.att.base_operands()]).i();
+                r.run(q, Some(positions), dt, q_scr);
+                &*q_scr
+            }
+            None => q,
+        };
         // Valid keys per batch, checked as the interpreter checks them.
-        let kv = if self.att.kv_len {
-            let given = val(fixed, bufs, args[args.len() - 1]).i();
+        let kv = if let Some(slot) = self.att.kv_len_slot() {
+            let given = val(fixed, bufs, args[slot]).i();
             for b in 0..self.b {
                 let v = given[if given.len() == 1 { 0 } else { b }];
                 if usize::try_from(v).ok().filter(|&n| n <= self.sk).is_none() {
@@ -148,7 +175,7 @@ impl AttentionStep {
         let (sq, sk, d, dv) = (self.sq, self.sk, self.d, self.dv);
         let scale = self.att.scale as f32;
         out.par_chunks_mut(sq * dv)
-            .zip(scr.f.par_chunks_mut(sk + dv))
+            .zip(heads_scr.par_chunks_mut(sk + dv))
             .enumerate()
             .for_each(|(bh, (out_bh, tmp))| {
                 let (bi, h) = (bh / self.hq, bh % self.hq);

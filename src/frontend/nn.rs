@@ -237,6 +237,7 @@ pub fn cached_attention(
         causal_offset: 0,
         mask: MaskKind::Boolean,
         kv_len: true,
+        append: None,
     };
     g.add_op(Op::FlashAttention(att), &[q, k, v, keep, kv_len])
 }

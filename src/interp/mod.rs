@@ -450,18 +450,24 @@ fn eval(
         Op::FlashAttention(att) => {
             let has_mask = att.mask != crate::ir::MaskKind::None;
             let mask = if has_mask { Some(args[3]) } else { None };
-            let kv_len = if att.kv_len {
-                Some(state::kv_len(&node.name, args[args.len() - 1], args[1])?)
-            } else {
-                None
+            let kv_len = match att.kv_len_slot() {
+                Some(slot) => Some(state::kv_len(&node.name, args[slot], args[1])?),
+                None => None,
             };
-            attention::flash_attention(
-                att,
-                (args[0], args[1], args[2]),
-                mask,
-                kv_len.as_deref(),
-                ty,
-            )
+            // The append form rotates q at the positions operand first; k and v are the
+            // caches as this step's writes left them (its k_new, v_new and start are what a
+            // kernel reads instead of the caches' new rows: the same values).
+            let roped;
+            let q = match &att.append {
+                Some(ap) => {
+                    let positions = args[att.base_operands()];
+                    roped = attention::rope(args[0], ap.theta, 0, &ap.factors, Some(positions))
+                        .map_err(host)?;
+                    &roped
+                }
+                None => args[0],
+            };
+            attention::flash_attention(att, (q, args[1], args[2]), mask, kv_len.as_deref(), ty)
         }
     };
     value.map_err(host)

@@ -12,7 +12,7 @@ use super::gemm::{Gemm, NormKind, View};
 use super::op::{Op, OpKind, OpParseError};
 use super::scalar::{number_value, parse_number};
 use super::shape::Shape;
-use super::values::{Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
+use super::values::{Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
 
 impl Op {
     /// The op's attributes in a fixed order, as written to files and dumps. Attributes equal to
@@ -125,6 +125,12 @@ impl Op {
                 if att.kv_len {
                     a.push(("kv_len", json(&att.kv_len)));
                 }
+                if let Some(ap) = &att.append {
+                    a.push(("append_theta", json(&ap.theta)));
+                    if !ap.factors.is_empty() {
+                        a.push(("append_factors", json(&ap.factors)));
+                    }
+                }
             }
             Op::FusedElementwise(expr) => a.push(("expr", expr.to_json())),
             Op::Gemm(g) => {
@@ -235,6 +241,13 @@ impl Op {
                 causal_offset: a.opt("causal_offset")?.unwrap_or(0),
                 mask: a.opt("mask")?.unwrap_or_default(),
                 kv_len: a.opt("kv_len")?.unwrap_or(false),
+                append: match a.opt("append_theta")? {
+                    None => None,
+                    Some(theta) => Some(Append {
+                        theta,
+                        factors: a.opt("append_factors")?.unwrap_or_default(),
+                    }),
+                },
             }),
             OpKind::CacheWrite => Op::CacheWrite {
                 axis: a.req("axis")?,

@@ -347,6 +347,7 @@ impl Graph {
             causal_offset: causal.unwrap_or(0),
             mask: mask_kind,
             kv_len: false,
+            append: None,
         };
         let mut operands = vec![q, k, v];
         operands.extend(mask);
@@ -368,6 +369,7 @@ impl Graph {
             causal_offset: 0,
             mask: MaskKind::None,
             kv_len: true,
+            append: None,
         };
         self.add_op(Op::FlashAttention(att), &[q, k, v, kv_len])
     }

@@ -7,7 +7,7 @@ use super::gemm::Gemm;
 use super::op::Op;
 use super::scalar::check_constant;
 use super::shape::{normalize_axis, Shape, TensorType};
-use super::values::{Attention, BinaryOp, Init, MaskKind};
+use super::values::{Append, Attention, BinaryOp, Init, MaskKind};
 
 /// Why an op cannot be applied to its operands. The graph wraps it with the node's name.
 #[derive(Debug, Clone, PartialEq)]
@@ -647,8 +647,8 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
         }
         (_, None) => return attr_err("mask kind given but no mask operand"),
     }
-    if att.kv_len {
-        let kv = ins[ins.len() - 1];
+    if let Some(slot) = att.kv_len_slot() {
+        let kv = ins[slot];
         if kv.dtype != DType::I32 {
             return dtype_err(format!("kv_len must be i32, got {}", kv.dtype));
         }
@@ -662,7 +662,56 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
             return attr_err("with kv_len the causal offset is kv_len − Sq, not an attribute");
         }
     }
+    if let Some(ap) = &att.append {
+        append(att, ap, ins, [b, hkv, sq, d, dv])?;
+    }
     Ok(TensorType::new(q.dtype, vec![b, hq, sq, dv]))
+}
+
+/// The append operands of an appending FlashAttention (`ir::Append`): positions rotate q and
+/// k_new as `Op::Rope` would; k_new and v_new are this step's rows of the caches (Sq of them);
+/// start is one i32.
+fn append(
+    att: &Attention,
+    ap: &Append,
+    ins: &[&TensorType],
+    [b, hkv, sq, d, dv]: [usize; 5],
+) -> Result<(), InferError> {
+    if !att.kv_len {
+        return attr_err("an appending attention needs kv_len");
+    }
+    let base = att.base_operands();
+    let (pos, k_new, v_new, start) = (ins[base], ins[base + 1], ins[base + 2], ins[base + 3]);
+    rope_at(ap.theta, 0, ins[0], Some(pos))?;
+    rope_at(ap.theta, 0, k_new, Some(pos))?;
+    if !ap.factors.is_empty() && ap.factors.len() != d / 2 {
+        return attr_err(format!(
+            "append rope needs one frequency factor per pair ({}), got {}",
+            d / 2,
+            ap.factors.len()
+        ));
+    }
+    if let Some(f) = ap.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return attr_err(format!("rope frequency factors must be positive, got {f}"));
+    }
+    for (what, t, want) in [
+        ("k_new", k_new, [b, hkv, sq, d]),
+        ("v_new", v_new, [b, hkv, sq, dv]),
+    ] {
+        if t.dtype != ins[0].dtype {
+            return dtype_err(format!("{what} must be {}, got {}", ins[0].dtype, t.dtype));
+        }
+        if t.shape.0 != want {
+            return shape_err(format!("{what} {} must be {want:?}", t.shape));
+        }
+    }
+    if start.dtype != DType::I32 || start.shape.numel() != 1 {
+        return shape_err(format!(
+            "start must be one i32, got {} {}",
+            start.dtype, start.shape
+        ));
+    }
+    Ok(())
 }
 
 fn dims4(t: &TensorType) -> [usize; 4] {

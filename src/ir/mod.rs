@@ -40,6 +40,6 @@ pub use random::{random_input, random_weight, seeded_rng};
 pub use scalar::Element;
 pub use shape::{normalize_axis, Shape, TensorType};
 pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
-pub use values::{Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
+pub use values::{Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
 
 pub(crate) use infer::{reduce_axes, slice_bounds};

@@ -12,7 +12,7 @@ use super::quant::QuantScheme;
 use super::shape::Shape;
 // The attribute value types live in `values.rs` (below `expr`, `scalar` and `random`, which
 // name them too); they are re-exported here, where the ops that carry them are.
-pub use super::values::{Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
+pub use super::values::{Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
 
 /// An operation. Operands are the node's incoming edges, in slot order.
 #[derive(Clone, Debug, PartialEq)]
@@ -349,13 +349,14 @@ impl Op {
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
             Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::CacheWrite { rope, .. } => Arity::Exact(3 + usize::from(rope.is_some())),
-            Op::FlashAttention(a) => {
-                let mask = match a.mask {
-                    MaskKind::None => 0,
-                    MaskKind::Additive | MaskKind::Boolean => 1,
-                };
-                Arity::Exact(3 + mask + usize::from(a.kv_len))
-            }
+            Op::FlashAttention(a) => Arity::Exact(
+                a.base_operands()
+                    + if a.append.is_some() {
+                        Append::OPERANDS
+                    } else {
+                        0
+                    },
+            ),
         }
     }
 

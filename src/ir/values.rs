@@ -190,4 +190,47 @@ pub struct Attention {
     /// keys: keys at index ≥ kv_len are invisible (never read by the kernels), and a causal
     /// mask is offset by kv_len − Sq (the queries are the last Sq of the kv_len positions).
     pub kv_len: bool,
+    /// The decode form that also appends this step's K/V rows (`passes/decode_append.rs`):
+    /// see [`Append`]. Needs `kv_len`.
+    pub append: Option<Append>,
+}
+
+impl Attention {
+    /// Operands before the append operands: q, k, v, the mask if any, kv_len if any.
+    pub fn base_operands(&self) -> usize {
+        let mask = match self.mask {
+            MaskKind::None => 0,
+            MaskKind::Additive | MaskKind::Boolean => 1,
+        };
+        3 + mask + usize::from(self.kv_len)
+    }
+
+    /// Where the kv_len operand is, when there is one.
+    pub fn kv_len_slot(&self) -> Option<usize> {
+        self.kv_len.then(|| self.base_operands() - 1)
+    }
+}
+
+/// The append form of a FlashAttention: after its base operands come `positions` (i32 `[Sq]`),
+/// `k_new` `[B, Hkv, Sq, D]` (before rope), `v_new` `[B, Hkv, Sq, Dv]` and `start` (i32, one
+/// element), and k and v are the caches as this step's cache writes leave them (rows
+/// `start..start + Sq` hold `rope(k_new)` and `v_new`). Its value is attention of
+/// `rope(q, positions)` over those caches: the queries are rotated here (pairs `i, i + D/2`
+/// at `theta^(−2i/D)/factors[i]`, as [`crate::ir::Op::Rope`]), so a kernel can rotate q on load
+/// and take the step's rows from `k_new`/`v_new` (k rotated with the same parameters) instead
+/// of from the caches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Append {
+    pub theta: f64,
+    /// One divisor per pair, or empty (none).
+    pub factors: Vec<f64>,
+}
+
+impl Append {
+    /// Operands after the base ones: positions, k_new, v_new, start.
+    pub const OPERANDS: usize = 4;
+    /// The most query rows per K/V head (heads per group × Sq) the append form is made for:
+    /// the decode kernel's bound (`codegen::kernels::attention::decode::MAX_ROWS`, a test
+    /// there holds them equal); more is prefill, which the other kernels serve.
+    pub const MAX_ROWS: usize = 16;
 }

@@ -8,6 +8,7 @@ mod canonicalize;
 mod const_fold;
 mod cse;
 mod dce;
+mod decode_append;
 mod elementwise;
 mod gemm;
 mod matchers;
@@ -29,6 +30,7 @@ pub use canonicalize::Canonicalize;
 pub use const_fold::ConstantFold;
 pub use cse::CommonSubexpressions;
 pub use dce::DeadCode;
+pub use decode_append::DecodeAppend;
 pub use elementwise::FuseElementwise;
 pub use gemm::FormGemm;
 pub use merge_gemms::MergeGemms;
@@ -149,7 +151,8 @@ impl PassManager {
     }
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
-    /// attention, fold ropes into the cache writes that store them, then fuse the elementwise
+    /// attention, fold ropes into the cache writes that store them, take a decode attention's
+    /// rope of q and its step's cache writes into it (`decode_append`), then fuse the elementwise
     /// chains left around it, then make every matmul left a Gemm with the layouts and the
     /// epilogue around it, merge the Gemms that share an input (Q/K/V) into one, then fold the
     /// norms that only GEMV-sized Gemms read into them.
@@ -161,6 +164,8 @@ impl PassManager {
             .with(FuseAttention)
             .with(DeadCode)
             .with(FoldRope)
+            .with(DecodeAppend)
+            .with(DeadCode)
             .with(FuseElementwise)
             .with(DeadCode)
             .with(FormGemm)

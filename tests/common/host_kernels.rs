@@ -447,6 +447,18 @@ pub fn run_plan_with_states(
     bindings: &Bindings,
     states: &HashMap<String, Tensor>,
 ) -> Result<HostStateResult, String> {
+    Ok(run_plan_with_states_buffers(cxx, g, plan, bindings, states)?.0)
+}
+
+/// [`run_plan_with_states`], with every buffer of the plan after the run (bytes, in the plan's
+/// buffer order), for tests that look at a workspace's counters too.
+pub fn run_plan_with_states_buffers(
+    cxx: &Path,
+    g: &Graph,
+    plan: &KernelPlan,
+    bindings: &Bindings,
+    states: &HashMap<String, Tensor>,
+) -> Result<(HostStateResult, Vec<Vec<u8>>), String> {
     let runs_here = |k: &&rocmforge::codegen::Kernel| {
         POINTWISE.contains(&k.family)
             || (COOPERATIVE.contains(&k.family) && k.launch.block[1..] == [1, 1])
@@ -462,7 +474,7 @@ pub fn run_plan_with_states(
     let buffers = build_and_run(cxx, &g.name, &program(plan, &sizes), &init)?;
     for check in &plan.checks {
         if let Some(index) = check.failed_index(&buffers[check.status]) {
-            return Ok(Err(match check.write_rows {
+            let err = match check.write_rows {
                 None => InterpError::IndexOutOfRange {
                     node: check.node.clone(),
                     index,
@@ -474,7 +486,8 @@ pub fn run_plan_with_states(
                     len,
                     size: check.table_rows,
                 },
-            }));
+            };
+            return Ok((Err(err), buffers));
         }
     }
     let outs = plan
@@ -492,7 +505,7 @@ pub fn run_plan_with_states(
             next.insert(name.clone(), t);
         }
     }
-    Ok(Ok((outs, next)))
+    Ok((Ok((outs, next)), buffers))
 }
 
 /// Every buffer of `plan` after a run on the host (bytes, in the plan's buffer order): for

@@ -7,8 +7,8 @@ use super::*;
 use rocmforge::arch::Target;
 use rocmforge::codegen::{generate, BufferRole};
 use rocmforge::passes::{
-    DeadCode, FoldNormIntoGemv, FoldRope, FormGemm, FuseAttention, FuseElementwise, PassManager,
-    RecognizeActivations, RecognizeNorms, RecognizeSoftmax,
+    DeadCode, DecodeAppend, FoldNormIntoGemv, FoldRope, FormGemm, FuseAttention, FuseElementwise,
+    PassManager, RecognizeActivations, RecognizeNorms, RecognizeSoftmax,
 };
 
 /// The default pipeline without the merge (the same passes in the same order, `merge_gemms`
@@ -21,6 +21,8 @@ fn without_merge() -> PassManager {
         .with(FuseAttention)
         .with(DeadCode)
         .with(FoldRope)
+        .with(DecodeAppend)
+        .with(DeadCode)
         .with(FuseElementwise)
         .with(DeadCode)
         .with(FormGemm)

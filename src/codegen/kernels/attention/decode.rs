@@ -152,7 +152,15 @@ fn lane_layout(rows: usize, p: &Problem, wave: usize) -> Option<(usize, usize, u
 /// per lane than [`LANE_FLOATS`] at any load width, or merged rows that do not fit in shared
 /// memory. With a single query head per K/V head it is taken only when the keys split, since
 /// then it reads no less K/V than the prefill kernels and only adds the combine.
+#[cfg(test)]
 pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
+    choose_for(p, target, false)
+}
+
+/// [`choose`], or with `append` the configuration even where it saves nothing over the
+/// prefill kernels (one query head per K/V head, one split): the append form has no other
+/// kernel.
+pub(crate) fn choose_for(p: &Problem, target: &Target, append: bool) -> Option<Config> {
     let rows = rows(p)?;
     if rows == 0 || rows > MAX_ROWS || p.d == 0 || p.dv == 0 {
         return None;
@@ -190,7 +198,7 @@ pub(crate) fn choose(p: &Problem, target: &Target) -> Option<Config> {
     // short one, and none starts at or past `valid`.
     c.keys_per_split = valid.div_ceil(first).next_multiple_of(round).max(round);
     c.splits = valid.div_ceil(c.keys_per_split).max(1);
-    if p.group == 1 && c.splits == 1 {
+    if p.group == 1 && c.splits == 1 && !append {
         return None;
     }
     Some(c)
@@ -241,11 +249,23 @@ struct SplitContext<'a> {
     log2e: String,
     /// Where the (m, l) pairs start in the workspace.
     stats_at: usize,
+    /// The append form (`ir::Append`): q rotated on load, this step's rows from the inputs.
+    append: Option<AppendContext>,
+}
+
+/// What the append form's template takes: the rope's inverse frequencies (C double literals,
+/// `ir::rope_inv_freq`), half a row, and the largest valid start (`Sk − Sq`).
+#[derive(Serialize)]
+pub(crate) struct AppendContext {
+    pub(crate) inv_freq: Vec<String>,
+    pub(crate) half: usize,
+    pub(crate) max_start: usize,
 }
 
 /// The kernel, appended to `plan` with the workspace and counters it takes when the keys
 /// split; `false` (nothing appended) where [`choose`] declines. `args` are q, k, v (and the
-/// mask, kv_len); `out` the node's buffer.
+/// mask, kv_len; with `append`, then positions, k_new, v_new, start and the write's status);
+/// `out` the node's buffer.
 pub(crate) fn kernels(
     p: &Problem,
     node: &str,
@@ -253,8 +273,9 @@ pub(crate) fn kernels(
     out: BufferId,
     target: &Target,
     plan: &mut KernelPlan,
+    append: Option<AppendContext>,
 ) -> Result<bool, CodegenError> {
-    let Some(c) = choose(p, target) else {
+    let Some(c) = choose_for(p, target, append.is_some()) else {
         return Ok(false);
     };
     let rows = rows(p).expect("checked by choose");
@@ -278,6 +299,7 @@ pub(crate) fn kernels(
         qscale: p.scale_log2e(),
         log2e: f32_literal(std::f64::consts::LOG2_E),
         stats_at,
+        append,
     };
     let kernel = finish(
         "flash_decode",
@@ -466,6 +488,13 @@ mod tests {
             (c.vec, c.lanes_per_key, c.pieces_k, c.unroll),
             (4, 16, 1, 2)
         );
+    }
+
+    #[test]
+    fn the_append_forms_bound_is_the_kernels() {
+        // `passes::DecodeAppend` refuses above `ir::Append::MAX_ROWS` (it cannot see codegen);
+        // the form has no other kernel, so the two bounds must be one.
+        assert_eq!(MAX_ROWS, crate::ir::Append::MAX_ROWS);
     }
 
     #[test]

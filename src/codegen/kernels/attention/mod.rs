@@ -21,11 +21,11 @@ use serde::Serialize;
 
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
-use super::super::plan::{BufferId, KernelPlan, Launch};
+use super::super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan, Launch};
 use super::super::{CodegenError, CodegenOptions};
 use crate::arch::tuning::{Family, TuneKey, TuneProblem};
 use crate::arch::Target;
-use crate::ir::{Attention, DType, Graph, MaskKind, NodeId, Shape};
+use crate::ir::{Append, Attention, DType, Graph, MaskKind, NodeId, Op, Shape, TensorType};
 
 /// A causal offset clamped to `[-sq, sk]`, which gives the same mask: key `k` is visible from
 /// query `q` when `k - q <= offset`, and `k - q` lies in `[-(sq - 1), sk - 1]`, so any offset
@@ -154,8 +154,8 @@ impl Problem {
             }
         };
         let mc = ctype(mask_t);
-        let kv_len = match ops.last().map(|&o| g.ty(o).shape.numel()) {
-            _ if !att.kv_len => KvLen::Static,
+        let kv_len = match att.kv_len_slot().map(|slot| g.ty(ops[slot]).shape.numel()) {
+            None => KvLen::Static,
             Some(1) => KvLen::Shared,
             _ => KvLen::PerBatch,
         };
@@ -270,11 +270,14 @@ pub(crate) fn lower(
     options: &CodegenOptions,
 ) -> Result<(), CodegenError> {
     let (access, tuned) = (options.attention_access, &options.tuned);
-    let p = Problem::new(g, id, att)?;
     let node = &g.node(id).name;
+    if let Some(ap) = &att.append {
+        return lower_append(g, id, att, ap, buf, target, plan);
+    }
+    let p = Problem::new(g, id, att)?;
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     let out = buf[&id];
-    if decode::kernels(&p, node, args.clone(), out, target, plan)? {
+    if decode::kernels(&p, node, args.clone(), out, target, plan, None)? {
         return Ok(());
     }
     args.push(out);
@@ -287,4 +290,99 @@ pub(crate) fn lower(
     };
     plan.kernels.push(kernel);
     Ok(())
+}
+
+/// Whether `id` is realised inside an appending attention's kernel, so has no kernel of its
+/// own: a cache write read only by such an attention, as its k or v (the kernel writes this
+/// step's rows into the cache), or a rope read only by such a write as its rows (Llama 3's k,
+/// which the kernel rotates in registers).
+pub(crate) fn realised_by_append(g: &Graph, id: NodeId) -> bool {
+    let sole_reader = |id: NodeId| match g.consumers(id)[..] {
+        [c] if g.use_count(id) == 1 && !g.is_output(id) => Some(c),
+        _ => None,
+    };
+    match g.op(id) {
+        Op::CacheWrite { .. } => sole_reader(id).is_some_and(|a| {
+            matches!(g.op(a), Op::FlashAttention(att) if att.append.is_some())
+                && g.operands(a)[1..3].contains(&id)
+        }),
+        Op::Rope { .. } => sole_reader(id).is_some_and(|w| {
+            matches!(g.op(w), Op::CacheWrite { rope: None, .. })
+                && g.operands(w)[1] == id
+                && realised_by_append(g, w)
+        }),
+        _ => false,
+    }
+}
+
+/// The append form (`ir::Append`): the decode kernel rotates q on load, takes this step's K/V
+/// rows from their operands and writes them into the caches (the cache writes, read only by
+/// it, have no kernel: [`realised_by_append`]); the start is checked as the cache write's
+/// kernel checks it (a status buffer naming the first write). No other kernel of the family
+/// reads the extra operands, so a problem the decode kernel does not serve is a typed error.
+fn lower_append(
+    g: &Graph,
+    id: NodeId,
+    att: &Attention,
+    ap: &Append,
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
+    let node = &g.node(id).name;
+    let p = Problem::new(g, id, att)?;
+    let ops = g.operands(id);
+    for &w in &ops[1..3] {
+        if !realised_by_append(g, w) {
+            return Err(CodegenError::Unsupported {
+                node: node.clone(),
+                reason: format!(
+                    "the appending attention's cache `{}` is not a cache write read only by it",
+                    g.node(w).name
+                ),
+            });
+        }
+    }
+    // The write the interpreter runs first names the error of a start outside the cache.
+    let order = g.topo_order().map_err(|e| CodegenError::Unsupported {
+        node: node.clone(),
+        reason: e.to_string(),
+    })?;
+    let first = *order
+        .iter()
+        .find(|o| ops[1..3].contains(o))
+        .expect("the writes are in the graph");
+    let status = plan.buffers.len();
+    plan.buffers.push(Buffer {
+        id: status,
+        name: g.node(first).name.clone(),
+        ty: TensorType::new(DType::I64, vec![2]),
+        role: BufferRole::Status,
+    });
+    plan.checks.push(IndexCheck {
+        node: g.node(first).name.clone(),
+        table_rows: p.sk,
+        status,
+        write_rows: Some(p.sq),
+    });
+    let append = decode::AppendContext {
+        inv_freq: super::rope::inv_freq_literals(ap.theta, p.d, &ap.factors, node)?,
+        half: (p.d / 2).max(1),
+        // Inference keeps the written rows within the cache (Sq ≤ Sk).
+        max_start: p.sk - p.sq,
+    };
+    let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
+    args.push(status);
+    if decode::kernels(&p, node, args, buf[&id], target, plan, Some(append))? {
+        return Ok(());
+    }
+    Err(CodegenError::Unsupported {
+        node: node.clone(),
+        reason: format!(
+            "the decode kernel does not serve this appending attention ({} query rows per K/V \
+             head, head size {}); no other attention kernel takes the append form",
+            p.group * p.sq,
+            p.d
+        ),
+    })
 }
