@@ -234,7 +234,10 @@ impl Packed {
     pub fn new(scheme: IntScheme, src: &crate::ir::QuantTensor, n: usize, kb: usize) -> Packed {
         let bb = scheme.block_bytes();
         let bytes = src.bytes();
-        assert!(bytes.len() >= n * kb * bb, "a [{n}, {kb}·32] weight's blocks");
+        assert!(
+            bytes.len() >= n * kb * bb,
+            "a [{n}, {kb}·32] weight's blocks"
+        );
         let rec = Packed::record_bytes(scheme);
         let groups = n.div_ceil(GROUP);
         let mut data = vec![0u8; groups * kb * rec];
@@ -293,10 +296,7 @@ impl Packed {
         use std::sync::{Arc, Mutex, Weak};
         static CACHE: Mutex<Vec<Weak<Packed>>> = Mutex::new(Vec::new());
         let same = |p: &Packed| {
-            p.scheme == scheme
-                && p.n == n
-                && p.kb == kb
-                && std::ptr::eq(p.src.bytes(), src.bytes())
+            p.scheme == scheme && p.n == n && p.kb == kb && std::ptr::eq(p.src.bytes(), src.bytes())
         };
         // A poisoned cache (a panic while it was held) is still a list of weak references.
         let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
@@ -529,7 +529,11 @@ mod x86 {
     /// weight plus 128 for the VNNI kernels, which subtract 128·Σx after; `maddubs` would
     /// saturate on that, so the AVX2 kernel moves the signs as `tile` does).
     #[inline(always)]
-    unsafe fn dp_packed<const DP: u8, const S: u8>(acc: __m256i, v: __m256i, x: __m256i) -> __m256i {
+    unsafe fn dp_packed<const DP: u8, const S: u8>(
+        acc: __m256i,
+        v: __m256i,
+        x: __m256i,
+    ) -> __m256i {
         // SAFETY: each entry point enables the features of its `DP`.
         unsafe {
             match DP {
