@@ -555,6 +555,7 @@ mod x86 {
 
     /// One group of 8 repacked rows with `T` activation rows (`Packed`'s layout).
     #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // `t` indexes the activation rows and `acc` alike
     unsafe fn group<const DP: u8, const S: u8, const T: usize>(
         recs: &[u8],
         a: &[Q8Block],
