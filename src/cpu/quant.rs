@@ -2,8 +2,11 @@
 //! 8 bits once per row (a block of 32 as llama.cpp's `quantize_row_q8_1`: an f32 scale, the
 //! 32 signed bytes and their integer sum), and each block's dot product is an integer sum
 //! scaled once. Kernels: a portable one (the reference in tests), AVX2 (`maddubs`), AVX-VNNI
-//! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]); each dots one weight
-//! row with up to [`TILE`] activation rows at once. aarch64 runs the portable kernel.
+//! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]). The GEMV steps read
+//! the weights repacked at plan time ([`Packed`]: 8 rows interleaved per block, one vector of
+//! 8 row sums per block) through [`Kernel::dot_group`], with up to [`TILE`] activation rows at
+//! once; [`Kernel::dot_tile`] dots one row in the source layout (the portable kernel is the
+//! reference both ways). aarch64 runs the portable kernel.
 //!
 //! Per block with activation scale `da`, quants `a` (sum `sa`) and weight scale `dw`:
 //! Q8_0 `dw·da·Σ w·a`; Q4_0 `dw·da·(Σ nib·a − 8·sa)`; Q4_1 `dw·da·Σ nib·a + m·da·sa`.
@@ -361,6 +364,7 @@ impl Kernel {
                 return unsafe { x86::group_avx512vnni(w.scheme, recs, a, kb, out) }
             }
         }
+        // Only the x86 kernels read the records (unused elsewhere).
         let _ = recs;
         for (t, o) in out.iter_mut().enumerate() {
             for (r, v) in o.iter_mut().enumerate() {
