@@ -603,9 +603,107 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
     assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
 }
 
+/// The repacked layout (`Packed`: 8 rows interleaved per block, what the GEMV steps read) for
+/// every kernel this CPU runs, every scheme, row counts that leave a partial last group and K of
+/// 1 to 19 blocks, every tile height: against the portable kernel on the source rows and an f64
+/// sum of the dequantized weights times the dequantized activations; rows past the weight's
+/// last read 0; a row's value independent of the tile height; the x86 kernels bitwise equal;
+/// and the shared form built once per source.
+#[test]
+fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
+    use rocmforge::cpu::quant::{quantize_row, IntScheme, Kernel, Packed, Q8Block, GROUP, TILE};
+    use rocmforge::ir::{random_quant, DType, QuantScheme, Shape};
+    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
+    eprintln!("kernels tested: {kernels:?}");
+    let mut schemes = 0;
+    for scheme in QuantScheme::ALL {
+        let Some(int) = IntScheme::of(scheme) else {
+            continue;
+        };
+        schemes += 1;
+        for (rows, kb) in [(1usize, 1usize), (5, 3), (8, 7), (13, 19), (17, 2)] {
+            let k = 32 * kb;
+            let w = random_quant("w", scheme, &Shape(vec![rows, k]), (rows * kb) as u64).unwrap();
+            let dense = w.to_tensor(DType::F32).unwrap();
+            let dense = dense.as_f32().unwrap();
+            let packed = Packed::new(int, &w, rows, kb);
+            assert_eq!(packed.groups(), rows.div_ceil(GROUP));
+            // Activation rows of mixed magnitudes, one all zero (a zero scale), one with ±127.
+            let mut a = vec![Q8Block::default(); TILE * kb];
+            for t in 0..TILE {
+                let x: Vec<f32> = (0..k)
+                    .map(|i| match t {
+                        2 => 0.0,
+                        3 => (if i % 3 == 0 { -1.0 } else { 1.0 }) * (1.0 + (i % 5) as f32),
+                        _ => (((i * 37 + t * 11) % 101) as f32 - 50.0) / (7.0 + t as f32),
+                    })
+                    .collect();
+                quantize_row(&x, &mut a[t * kb..(t + 1) * kb]);
+            }
+            let want = |r: usize, t: usize| -> f64 {
+                (0..k)
+                    .map(|i| {
+                        let b = &a[t * kb + i / 32];
+                        f64::from(dense[r * k + i]) * f64::from(b.d) * f64::from(b.qs[i % 32])
+                    })
+                    .sum()
+            };
+            let mut first_x86: Option<Vec<[f32; GROUP]>> = None;
+            for &kern in &kernels {
+                let mut all = Vec::new();
+                for group in 0..packed.groups() {
+                    let mut full = [[f32::NAN; GROUP]; TILE];
+                    kern.dot_group(&packed, group, &a, &mut full);
+                    for h in 1..=TILE {
+                        let mut out = vec![[f32::NAN; GROUP]; h];
+                        kern.dot_group(&packed, group, &a[..h * kb], &mut out);
+                        assert_eq!(&out[..], &full[..h], "{kern:?} {scheme} height {h}");
+                    }
+                    for (t, o) in full.iter().enumerate() {
+                        for (r, &g) in o.iter().enumerate() {
+                            let row = group * GROUP + r;
+                            let what = format!("{kern:?} {scheme} {rows}x{kb} row {row} t {t}");
+                            if row >= rows {
+                                assert_eq!(g, 0.0, "{what}: a padded row");
+                                continue;
+                            }
+                            let e = want(row, t);
+                            let tol = 1e-5 * e.abs().max(1.0);
+                            assert!((f64::from(g) - e).abs() <= tol, "{what}: {g} vs {e}");
+                            let p = packed.src_row(row);
+                            let p = rocmforge::cpu::quant::dot_portable(
+                                int,
+                                p,
+                                &a[t * kb..(t + 1) * kb],
+                            );
+                            assert!((f64::from(p) - e).abs() <= tol, "{what}: portable {p}");
+                            if kern == Kernel::Portable {
+                                assert_eq!(g.to_bits(), p.to_bits(), "{what}");
+                            }
+                        }
+                    }
+                    all.extend(full);
+                }
+                if kern != Kernel::Portable {
+                    match &first_x86 {
+                        None => first_x86 = Some(all),
+                        Some(f) => assert_eq!(f, &all, "{kern:?} vs the first x86"),
+                    }
+                }
+            }
+            // One repacked form per source: a second request gets the first's.
+            let s1 = Packed::shared(int, &w, rows, kb);
+            let s2 = Packed::shared(int, &w, rows, kb);
+            assert!(std::sync::Arc::ptr_eq(&s1, &s2));
+        }
+    }
+    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+}
+
 /// `y = x·Wᵀ` with quantized W on the blocks, for each kernel this CPU runs (forced on the
 /// plan), M from a decode step's 1 to a prompt's tiles with a remainder, N and K odd
-/// (K a whole number of blocks, not of SIMD widths): against the interpreter within 8-bit
+/// (K a whole number of blocks, not of SIMD widths; N not a whole number of 8-row groups; a
+/// decode GEMV long enough to be split into tasks): against the interpreter within 8-bit
 /// activation error, and threads 1 and 2 bitwise equal (each output is one dot, whoever
 /// computes it).
 #[test]
@@ -614,7 +712,13 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
     use rocmforge::ir::{DType, QuantScheme};
     let _serial = serial();
     for scheme in [QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::Q4_1] {
-        for &(m, n, k) in &[(1, 37, 96), (3, 203, 224), (9, 61, 32), (13, 5, 608)] {
+        for &(m, n, k) in &[
+            (1, 37, 96),
+            (1, 1029, 64),
+            (3, 203, 224),
+            (9, 61, 32),
+            (13, 5, 608),
+        ] {
             let mut g = Graph::new("qgemm");
             let x = g.input("x", DType::F32, &[m, k]).unwrap();
             let w = g.weight_quant("w", DType::F32, &[n, k], scheme).unwrap();

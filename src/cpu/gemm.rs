@@ -5,10 +5,12 @@
 //! program and the scatter through the out view. A prologue (a folded norm) packs A and
 //! normalises the packed rows by the executor's own norm kernel before the product.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::expr::{Program, Regs, CHUNK};
-use super::quant::{quantize_row, IntScheme, Kernel, Q8Block, TILE};
+use super::quant::{quantize_row, IntScheme, Kernel, Packed, Q8Block, GROUP, TILE};
 use super::{val, Buf, Scratch};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::quant::BLOCK_ELEMS;
@@ -103,8 +105,9 @@ pub struct GemmStep {
     /// A read in place with these (row, column) strides, else packed.
     a_strides: Option<(usize, usize)>,
     b_strides: Option<(usize, usize)>,
-    /// B read in its blocks by the integer dot products (a scheme they read).
-    quant: Option<(IntScheme, QuantTensor)>,
+    /// B read in its blocks by the integer dot products (a scheme they read), repacked in
+    /// groups of rows once for every plan that reads it ([`Packed::shared`]).
+    quant: Option<Arc<Packed>>,
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
     out_contiguous: bool,
@@ -166,7 +169,10 @@ impl GemmStep {
             a_strides,
             b_strides,
             transposed: quant.is_some() || m < 4 * threads,
-            quant: quant.and_then(|q| IntScheme::of(q.scheme()).map(|s| (s, q))),
+            quant: quant.and_then(|q| {
+                let s = IntScheme::of(q.scheme())?;
+                Some(Packed::shared(s, &q, n, k / BLOCK_ELEMS))
+            }),
             out_contiguous,
             prologue: g.prologue.map(|p| (p, g.prologue_slots().start)),
             paired: g.paired,
@@ -184,7 +190,7 @@ impl GemmStep {
     /// How a profile names this product: path, [batch·]M×N×K, epilogue and prologue.
     pub fn family(&self) -> String {
         let path = match &self.quant {
-            Some((s, _)) => format!("gemm {s:?}"),
+            Some(p) => format!("gemm {:?}", p.scheme()),
             None => "gemm f32".to_string(),
         };
         format!(
@@ -293,9 +299,10 @@ impl GemmStep {
                 bi * s
             })
         };
-        if let Some((int, q)) = &self.quant {
+        if let Some(packed) = &self.quant {
             // Quantize each activation row once (in order: one row's blocks depend on it
-            // alone), then each weight row dotted with TILE activation rows at a time.
+            // alone), then each group of GROUP weight rows dotted with TILE activation rows at
+            // a time.
             let kb = k / BLOCK_ELEMS;
             let rows = nb * m;
             let quantize = |(r, dst): (usize, &mut [Q8Block])| {
@@ -313,20 +320,30 @@ impl GemmStep {
                     .for_each(quantize);
             }
             let blocks = &scr.q;
-            let bytes = q.bytes();
-            let row_bytes = kb * q.scheme().block_bytes();
-            // Tasks of whole weight rows: about 4 per thread to even out the load, at least
+            // Tasks of whole row groups: about 4 per thread to even out the load, at least
             // enough rows to pay for a task.
             let threads = rayon::current_num_threads().max(1);
             let min_rows = (SERIAL_ELEMS / (k * rows.min(TILE)).max(1)).max(1);
-            let per_task = n.div_ceil(4 * threads).max(min_rows).max(1);
+            let per_task = n
+                .div_ceil(4 * threads)
+                .max(min_rows)
+                .max(1)
+                .next_multiple_of(GROUP);
             let work = |(t, ct): (usize, &mut [f32])| {
-                for (jj, col) in ct.chunks_mut(rows).enumerate() {
-                    let j = t * per_task + jj;
-                    let w = &bytes[j * row_bytes..(j + 1) * row_bytes];
-                    for (g, out) in col.chunks_mut(TILE).enumerate() {
-                        let a = &blocks[g * TILE * kb..(g * TILE + out.len()) * kb];
-                        kernel.dot_tile(*int, w, a, kb, out);
+                let mut res = [[0.0f32; GROUP]; TILE];
+                // `ct` is [rows of this task][rows]: whole groups but maybe the weight's last.
+                for (gg, cg) in ct.chunks_mut(rows * GROUP).enumerate() {
+                    let group = (t * per_task) / GROUP + gg;
+                    for g in 0..rows.div_ceil(TILE) {
+                        let t0 = g * TILE;
+                        let h = TILE.min(rows - t0);
+                        let a = &blocks[t0 * kb..(t0 + h) * kb];
+                        kernel.dot_group(packed, group, a, &mut res[..h]);
+                        for (r, col) in cg.chunks_mut(rows).enumerate() {
+                            for (tt, v) in col[t0..t0 + h].iter_mut().enumerate() {
+                                *v = res[tt][r];
+                            }
+                        }
                     }
                 }
             };

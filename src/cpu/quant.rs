@@ -2,8 +2,11 @@
 //! 8 bits once per row (a block of 32 as llama.cpp's `quantize_row_q8_1`: an f32 scale, the
 //! 32 signed bytes and their integer sum), and each block's dot product is an integer sum
 //! scaled once. Kernels: a portable one (the reference in tests), AVX2 (`maddubs`), AVX-VNNI
-//! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]); each dots one weight
-//! row with up to [`TILE`] activation rows at once. aarch64 runs the portable kernel.
+//! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]). The GEMV steps read
+//! the weights repacked at plan time ([`Packed`]: 8 rows interleaved per block, one vector of
+//! 8 row sums per block) through [`Kernel::dot_group`], with up to [`TILE`] activation rows at
+//! once; [`Kernel::dot_tile`] dots one row in the source layout (the portable kernel is the
+//! reference both ways). aarch64 runs the portable kernel.
 //!
 //! Per block with activation scale `da`, quants `a` (sum `sa`) and weight scale `dw`:
 //! Q8_0 `dw·da·Σ w·a`; Q4_0 `dw·da·(Σ nib·a − 8·sa)`; Q4_1 `dw·da·Σ nib·a + m·da·sa`.
@@ -197,6 +200,185 @@ impl Kernel {
     }
 }
 
+/// Weight rows per group of the repacked layout ([`Packed`]): one activation load serves them all.
+pub const GROUP: usize = 8;
+
+/// A quantized `[N, K]` weight repacked once, when the plan is made, for the x86 kernels: rows
+/// in groups of [`GROUP`] (the last one padded with zero rows), each group's blocks one after
+/// the other, and per (group, block) a record of the 8 rows' f16 scales, their f16 minimums
+/// (Q4_1), then the quants interleaved so that one 32-byte vector holds the same 4 columns of
+/// all 8 rows: `vpdpbusd` with those 4 activation bytes broadcast sums each row in its own lane,
+/// and a block's 8 row sums come out as one vector (no horizontal sum, one scale multiply for
+/// the 8 rows). The records are exactly as large as the 8 rows' blocks (no extra traffic).
+///
+/// Quants, for 4-column group `g` (columns 4g..4g+4) of row `r`, at byte `4r + i` of vector
+/// `g`: Q8_0 `w ^ 0x80` (the unsigned `w + 128`; the kernel subtracts `128·Σa`), Q4 the nibble,
+/// vectors `g` and `g + 4` sharing a byte (low and high nibble) so 4 loads give all 8.
+pub struct Packed {
+    scheme: IntScheme,
+    n: usize,
+    kb: usize,
+    data: Vec<u8>,
+    /// The source blocks (the portable kernel reads them); held so that the cache's key (their
+    /// address) stays theirs while this lives.
+    src: crate::ir::QuantTensor,
+}
+
+impl Packed {
+    /// Bytes of one (group, block) record.
+    pub fn record_bytes(scheme: IntScheme) -> usize {
+        GROUP * scheme.block_bytes()
+    }
+
+    /// Repacks `src` (`n` rows of `kb` blocks of `scheme`).
+    ///
+    /// # Panics
+    /// When `src` holds fewer than `n·kb` blocks (the plan checked the weight's shape).
+    pub fn new(scheme: IntScheme, src: &crate::ir::QuantTensor, n: usize, kb: usize) -> Packed {
+        let bb = scheme.block_bytes();
+        let bytes = src.bytes();
+        assert!(
+            bytes.len() >= n * kb * bb,
+            "a [{n}, {kb}·32] weight's blocks"
+        );
+        let rec = Packed::record_bytes(scheme);
+        let groups = n.div_ceil(GROUP);
+        let mut data = vec![0u8; groups * kb * rec];
+        let qo = scheme.quants_offset();
+        let head = if scheme == IntScheme::Q4_1 { 32 } else { 16 };
+        for (gi, grp) in data.chunks_exact_mut(kb * rec).enumerate() {
+            for (b, out) in grp.chunks_exact_mut(rec).enumerate() {
+                let (scales, quants) = out.split_at_mut(head);
+                if scheme == IntScheme::Q8_0 {
+                    // Padded rows read as w = 0 (stored 0x80) with a zero scale.
+                    quants.fill(0x80);
+                }
+                for r in 0..GROUP {
+                    let row = gi * GROUP + r;
+                    if row >= n {
+                        continue;
+                    }
+                    let blk = &bytes[(row * kb + b) * bb..][..bb];
+                    scales[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+                    if scheme == IntScheme::Q4_1 {
+                        scales[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                    }
+                    let q = &blk[qo..];
+                    for e in 0..BLOCK_ELEMS {
+                        let (g, i) = (e / 4, e % 4);
+                        match scheme {
+                            IntScheme::Q8_0 => quants[g * 32 + 4 * r + i] = q[e] ^ 0x80,
+                            IntScheme::Q4_0 | IntScheme::Q4_1 => {
+                                let nib = if e < 16 { q[e] & 0xF } else { q[e - 16] >> 4 };
+                                let shift = if g < 4 { 0 } else { 4 };
+                                quants[(g % 4) * 32 + 4 * r + i] |= nib << shift;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Packed {
+            scheme,
+            n,
+            kb,
+            data,
+            src: src.clone(),
+        }
+    }
+
+    /// The repacked form of `src`, shared by every plan of the process that reads the same
+    /// blocks the same way (a model's decode and prompt plans repack each weight once): a cache
+    /// of weak references keyed by the blocks' address, kept alive by the packed form itself.
+    pub fn shared(
+        scheme: IntScheme,
+        src: &crate::ir::QuantTensor,
+        n: usize,
+        kb: usize,
+    ) -> std::sync::Arc<Packed> {
+        use std::sync::{Arc, Mutex, Weak};
+        static CACHE: Mutex<Vec<Weak<Packed>>> = Mutex::new(Vec::new());
+        let same = |p: &Packed| {
+            p.scheme == scheme && p.n == n && p.kb == kb && std::ptr::eq(p.src.bytes(), src.bytes())
+        };
+        // A poisoned cache (a panic while it was held) is still a list of weak references.
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|w| w.strong_count() > 0);
+        if let Some(p) = cache.iter().filter_map(Weak::upgrade).find(|p| same(p)) {
+            return p;
+        }
+        let p = Arc::new(Packed::new(scheme, src, n, kb));
+        cache.push(Arc::downgrade(&p));
+        p
+    }
+
+    pub fn scheme(&self) -> IntScheme {
+        self.scheme
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn blocks_per_row(&self) -> usize {
+        self.kb
+    }
+
+    pub fn groups(&self) -> usize {
+        self.n.div_ceil(GROUP)
+    }
+
+    /// The source blocks of row `row`.
+    pub fn src_row(&self, row: usize) -> &[u8] {
+        let rb = self.kb * self.scheme.block_bytes();
+        &self.src.bytes()[row * rb..(row + 1) * rb]
+    }
+}
+
+impl Kernel {
+    /// Rows `group·8 .. group·8+8` of `w` dotted with `out.len()` ≤ [`TILE`] activation rows of
+    /// `kb` blocks each (one after the other in `a`): `out[t][r]` is row `group·8 + r` with
+    /// activation row `t` (rows past the weight's last are 0). The x86 kernels read the
+    /// repacked records; the portable one the source blocks, row by row.
+    ///
+    /// # Panics
+    /// When `group` is past the last, `a` holds fewer than `out.len()·kb` blocks, or `out` is
+    /// longer than [`TILE`] (callers size them from the plan: a bug, not user input).
+    pub fn dot_group(self, w: &Packed, group: usize, a: &[Q8Block], out: &mut [[f32; GROUP]]) {
+        let kb = w.kb;
+        assert!(out.len() <= TILE, "a tile is at most {TILE} rows");
+        assert!(group < w.groups() && a.len() >= kb * out.len());
+        let rec = Packed::record_bytes(w.scheme);
+        let recs = &w.data[group * kb * rec..(group + 1) * kb * rec];
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            Kernel::Portable => {}
+            // SAFETY: as in `dot_tile`: the kernel's features were checked by `supported()`
+            // before it was made; `recs` holds the group's `kb` records and `a` `out.len()·kb`
+            // blocks (asserted).
+            Kernel::Avx2 => return unsafe { x86::group_avx2(w.scheme, recs, a, kb, out) },
+            // SAFETY: as above.
+            Kernel::AvxVnni => return unsafe { x86::group_avxvnni(w.scheme, recs, a, kb, out) },
+            // SAFETY: as above.
+            Kernel::Avx512Vnni => {
+                return unsafe { x86::group_avx512vnni(w.scheme, recs, a, kb, out) }
+            }
+        }
+        // Only the x86 kernels read the records (unused elsewhere).
+        let _ = recs;
+        for (t, o) in out.iter_mut().enumerate() {
+            for (r, v) in o.iter_mut().enumerate() {
+                let row = group * GROUP + r;
+                *v = if row < w.n {
+                    dot_portable(w.scheme, w.src_row(row), &a[t * kb..(t + 1) * kb])
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
 /// The reference: integer sums per block, one f32 product per block, summed in order.
 pub fn dot_portable(scheme: IntScheme, w: &[u8], a: &[Q8Block]) -> f32 {
     let bb = scheme.block_bytes();
@@ -345,6 +527,180 @@ mod x86 {
                 out[t] = hsum(acc[t]) + off[t];
             }
         }
+    }
+
+    /// `acc + Σ` over each group of 4 bytes of `v`·`x` for a repacked vector `v` (Q8_0: the
+    /// weight plus 128 for the VNNI kernels, which subtract 128·Σx after; `maddubs` would
+    /// saturate on that, so the AVX2 kernel moves the signs as `tile` does).
+    #[inline(always)]
+    unsafe fn dp_packed<const DP: u8, const S: u8>(
+        acc: __m256i,
+        v: __m256i,
+        x: __m256i,
+    ) -> __m256i {
+        // SAFETY: each entry point enables the features of its `DP`.
+        unsafe {
+            match DP {
+                MADD => {
+                    let (u, s) = if S == Q8_0 {
+                        let w = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+                        (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                    } else {
+                        (v, x)
+                    };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+                    _mm256_add_epi32(acc, p)
+                }
+                AVXVNNI => _mm256_dpbusd_avx_epi32(acc, v, x),
+                _ => _mm256_dpbusd_epi32(acc, v, x),
+            }
+        }
+    }
+
+    /// One group of 8 repacked rows with `T` activation rows (`Packed`'s layout).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // `t` indexes the activation rows and `acc` alike
+    unsafe fn group<const DP: u8, const S: u8, const T: usize>(
+        recs: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [[f32; 8]],
+    ) {
+        let (rec, head) = match S {
+            Q8_0 => (8 * 34, 16),
+            Q4_0 => (8 * 18, 16),
+            _ => (8 * 20, 32),
+        };
+        // SAFETY: the entry points enable AVX2/FMA/F16C (and DP's features); the caller
+        // asserted `recs` holds `kb` records and `a` `T·kb` blocks, so every pointer below is
+        // inside them; loads are unaligned; `out` has `T` rows of 8.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); T];
+            let rp = recs.as_ptr();
+            for b in 0..kb {
+                let r = rp.add(b * rec);
+                let dv = _mm256_cvtph_ps(_mm_loadu_si128(r as *const __m128i));
+                let mv = if S == Q4_1 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(r.add(16) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let q = r.add(head) as *const __m256i;
+                let mut v = [_mm256_setzero_si256(); 8];
+                if S == Q8_0 {
+                    for (g, vg) in v.iter_mut().enumerate() {
+                        *vg = _mm256_loadu_si256(q.add(g));
+                    }
+                } else {
+                    for h in 0..4 {
+                        let p = _mm256_loadu_si256(q.add(h));
+                        v[h] = _mm256_and_si256(p, low);
+                        v[h + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                    }
+                }
+                for t in 0..T {
+                    let act = &*a.as_ptr().add(t * kb + b);
+                    let xp = act.qs.as_ptr() as *const i32;
+                    // Two chains of 4, so that vpdpbusd's latency overlaps.
+                    let mut s0 = _mm256_setzero_si256();
+                    let mut s1 = _mm256_setzero_si256();
+                    for g in (0..8).step_by(2) {
+                        let x0 = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                        let x1 = _mm256_set1_epi32(xp.add(g + 1).read_unaligned());
+                        s0 = dp_packed::<DP, S>(s0, v[g], x0);
+                        s1 = dp_packed::<DP, S>(s1, v[g + 1], x1);
+                    }
+                    let mut isum = _mm256_add_epi32(s0, s1);
+                    if S == Q8_0 && DP != MADD {
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(128 * act.sum));
+                    } else if S == Q4_0 {
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * act.sum));
+                    }
+                    let scale = _mm256_mul_ps(dv, _mm256_set1_ps(act.d));
+                    acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
+                    if S == Q4_1 {
+                        let ms = _mm256_set1_ps(act.d * act.sum as f32);
+                        acc[t] = _mm256_fmadd_ps(mv, ms, acc[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dispatch_group<const DP: u8>(
+        scheme: IntScheme,
+        recs: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [[f32; 8]],
+    ) {
+        macro_rules! rows {
+            ($s:expr) => {
+                match out.len() {
+                    0 => {}
+                    1 => group::<DP, $s, 1>(recs, a, kb, out),
+                    2 => group::<DP, $s, 2>(recs, a, kb, out),
+                    3 => group::<DP, $s, 3>(recs, a, kb, out),
+                    _ => group::<DP, $s, 4>(recs, a, kb, out),
+                }
+            };
+        }
+        // SAFETY: forwarded from the entry point's contract.
+        unsafe {
+            match scheme {
+                IntScheme::Q8_0 => rows!(Q8_0),
+                IntScheme::Q4_0 => rows!(Q4_0),
+                IntScheme::Q4_1 => rows!(Q4_1),
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `recs` holds `kb` records of `scheme`, `a` holds
+    /// `out.len()·kb` blocks, `out.len()` ≤ 4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn group_avx2(
+        scheme: IntScheme,
+        recs: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [[f32; 8]],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch_group::<MADD>(scheme, recs, a, kb, out) }
+    }
+
+    /// # Safety
+    /// As [`group_avx2`], and the CPU has AVX-VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn group_avxvnni(
+        scheme: IntScheme,
+        recs: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [[f32; 8]],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch_group::<AVXVNNI>(scheme, recs, a, kb, out) }
+    }
+
+    /// # Safety
+    /// As [`group_avx2`], and the CPU has AVX-512 F, VL and VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub unsafe fn group_avx512vnni(
+        scheme: IntScheme,
+        recs: &[u8],
+        a: &[Q8Block],
+        kb: usize,
+        out: &mut [[f32; 8]],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { dispatch_group::<AVX512VNNI>(scheme, recs, a, kb, out) }
     }
 
     #[inline(always)]
