@@ -9,7 +9,7 @@ mod tiny_gguf;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rocmforge::frontend::LlamaModel;
@@ -57,13 +57,85 @@ fn reference(prompt: &str, max_tokens: usize) -> (String, usize, usize, Stop) {
     (text, ids.len(), out.ids.len(), out.stats.stop)
 }
 
-/// The generator with a pause after every token, so a test can act while a request runs.
-struct Slow {
-    gen: Generator,
-    delay: Duration,
+/// What the test lets the gated engine do: how many more tokens it may hand out (`None`:
+/// without limit); whether the engine waits for a permit; whether the server has stopped
+/// taking tokens.
+struct GateState {
+    permits: Option<usize>,
+    waiting: bool,
+    refused: bool,
 }
 
-impl Engine for Slow {
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+impl Gate {
+    fn new(permits: Option<usize>) -> Arc<Gate> {
+        Arc::new(Gate {
+            state: Mutex::new(GateState {
+                permits,
+                waiting: false,
+                refused: false,
+            }),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// Blocks until a token may go, and takes its permit.
+    fn pass(&self) {
+        let mut g = self.state.lock().unwrap();
+        while g.permits == Some(0) {
+            g.waiting = true;
+            self.changed.notify_all();
+            g = self.changed.wait(g).unwrap();
+        }
+        g.waiting = false;
+        if let Some(n) = g.permits.as_mut() {
+            *n -= 1;
+        }
+    }
+
+    /// Notes that the server's callback refused a token (it stops generation).
+    fn note_refused(&self) {
+        self.state.lock().unwrap().refused = true;
+        self.changed.notify_all();
+    }
+
+    /// Lets one more token go.
+    fn give(&self) {
+        if let Some(n) = self.state.lock().unwrap().permits.as_mut() {
+            *n += 1;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until `done` holds of the state, or `timeout` passes; whether it does.
+    fn wait(&self, timeout: Duration, done: impl Fn(&GateState) -> bool) -> bool {
+        let g = self.state.lock().unwrap();
+        let (g, _) = self
+            .changed
+            .wait_timeout_while(g, timeout, |g| !done(g))
+            .unwrap();
+        done(&g)
+    }
+
+    /// Lets every further token go.
+    fn open(&self) {
+        self.state.lock().unwrap().permits = None;
+        self.changed.notify_all();
+    }
+}
+
+/// The generator behind a gate the test holds, so a test can act while a request runs: each
+/// token waits for a permit before it is handed out.
+struct Gated {
+    gen: Generator,
+    gate: Arc<Gate>,
+}
+
+impl Engine for Gated {
     fn generate(
         &mut self,
         prompt: &[u32],
@@ -71,12 +143,16 @@ impl Engine for Slow {
         sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String> {
-        let delay = self.delay;
-        let mut slow = |t| {
-            std::thread::sleep(delay);
-            on_token(t)
+        let gate = self.gate.clone();
+        let mut gated = |t| {
+            gate.pass();
+            let more = on_token(t);
+            if !more {
+                gate.note_refused();
+            }
+            more
         };
-        Engine::generate(&mut self.gen, prompt, max_tokens, sampler, &mut slow)
+        Engine::generate(&mut self.gen, prompt, max_tokens, sampler, &mut gated)
     }
 
     fn decoder(&self) -> Decoder {
@@ -104,7 +180,7 @@ impl Drop for Server {
     }
 }
 
-fn start(max_queue: usize, api_key: Option<&str>, delay: Duration) -> Server {
+fn start(max_queue: usize, api_key: Option<&str>, gate: Arc<Gate>) -> Server {
     let (scheduler, info) = Scheduler::start(max_queue, move || {
         let m = LlamaModel::load(tiny_path()).map_err(|e| e.to_string())?;
         let gen = Generator::new(m, &Device::cpu(), options(true)).map_err(|e| e.to_string())?;
@@ -115,7 +191,7 @@ fn start(max_queue: usize, api_key: Option<&str>, delay: Duration) -> Server {
             max_context: CONTEXT,
             logits: true,
         };
-        Ok((Slow { gen, delay }, info))
+        Ok((Gated { gen, gate }, info))
     })
     .unwrap();
     let state = Arc::new(AppState::new(info, scheduler, api_key.map(String::from)));
@@ -146,10 +222,10 @@ fn start(max_queue: usize, api_key: Option<&str>, delay: Duration) -> Server {
     }
 }
 
-/// The shared plain server (no key, no delay, queue 16).
+/// The shared plain server (no key, an open gate, queue 16).
 fn plain() -> &'static Server {
     static S: OnceLock<Server> = OnceLock::new();
-    S.get_or_init(|| start(16, None, Duration::ZERO))
+    S.get_or_init(|| start(16, None, Gate::new(None)))
 }
 
 struct Reply {
@@ -593,20 +669,29 @@ fn long_running_prompt(n: usize) -> &'static str {
 
 #[test]
 fn a_full_queue_is_429_and_a_disconnect_frees_the_worker() {
-    // 100 ms per token: the long request would hold the worker for about 5 s.
-    let s = start(1, None, Duration::from_millis(100));
+    // No permits: A's first token waits at the gate, holding the worker until the test lets
+    // tokens go.
+    let gate = Gate::new(Some(0));
+    let s = start(1, None, gate.clone());
     let p = long_running_prompt(50);
     let mut body = completion(p, 50);
     body["stream"] = json!(true);
     let mut a = TcpStream::connect(s.addr).unwrap();
     send(&mut a, "POST", "/v1/completions", &[], &body.to_string());
-    // Read until the first chunk: A is generating.
+    // Read the response head: A's stream has begun ...
     let mut reader = BufReader::new(a.try_clone().unwrap());
     let mut line = String::new();
-    while !line.contains("data: ") {
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("200"), "{line}");
+    while line != "\r\n" {
         line.clear();
         reader.read_line(&mut line).unwrap();
     }
+    // ... and the worker is generating it.
+    assert!(
+        gate.wait(Duration::from_secs(10), |g| g.waiting),
+        "A never reached its first token"
+    );
     // B waits in the queue (its limit is 1) ...
     let addr = s.addr;
     let want_b = reference("abc", 3).0;
@@ -614,28 +699,40 @@ fn a_full_queue_is_429_and_a_disconnect_frees_the_worker() {
         let r = post(addr, "/v1/completions", &completion("abc", 3));
         (r, Instant::now())
     });
-    let t0 = Instant::now();
-    while metric(s.addr, "rocmforge_queue_depth") < 1.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "B never queued: {}",
-            http(s.addr, "GET", "/metrics", &[], "").body
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        s.state
+            .scheduler
+            .stats
+            .wait_queue(Duration::from_secs(10), |q| q == 1),
+        "B never queued: {}",
+        http(s.addr, "GET", "/metrics", &[], "").body
+    );
+    assert_eq!(metric(s.addr, "rocmforge_queue_depth"), 1.0);
     // ... so C is refused.
     let c = post(s.addr, "/v1/completions", &completion("abc", 3));
     assert_eq!(c.status, 429, "{}", c.body);
     assert_eq!(c.header("retry-after"), Some("1"));
     assert_eq!(c.json()["error"]["code"], "rate_limit_exceeded");
-    // A hangs up mid-stream: the worker stops it at its next token and serves B.
+    // A hangs up, its stream begun but no token sent: the server notices, and the worker stops
+    // A at the next token it hands out. Tokens go one at a time until one is refused (in
+    // practice the first: each wait ends as soon as it is); 45 stays an upper bound.
     let hung_up = Instant::now();
     drop(reader);
     drop(a);
+    let mut given = 0;
+    while given < 45 {
+        gate.give();
+        given += 1;
+        if gate.wait(Duration::from_millis(100), |g| g.refused) {
+            break;
+        }
+    }
+    // ... and B's 3 tokens go through an open gate.
+    gate.open();
     let (rb, done) = b.join().unwrap();
     assert_eq!(rb.status, 200, "{}", rb.body);
     assert_eq!(rb.json()["choices"][0]["text"], want_b.as_str());
-    // B's 3 tokens take 0.3 s; A's remaining 45-odd would take over 4 s.
+    // B's turn came within a few tokens of A's hang-up, not after A's remaining 45-odd.
     assert!(
         done - hung_up < Duration::from_secs(2),
         "B was served {:?} after A hung up",
@@ -652,7 +749,7 @@ fn a_full_queue_is_429_and_a_disconnect_frees_the_worker() {
 
 #[test]
 fn an_api_key_guards_every_route_but_health() {
-    let s = start(4, Some("sekrit"), Duration::ZERO);
+    let s = start(4, Some("sekrit"), Gate::new(None));
     let good = [("Authorization", "Bearer sekrit")];
     let bad = [("Authorization", "Bearer wrong")];
     assert_eq!(http(s.addr, "GET", "/health", &[], "").status, 200);

@@ -12,9 +12,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::sync::mpsc::UnboundedSender;
@@ -134,6 +134,36 @@ pub struct WorkerStats {
     pub failed: AtomicU64,
     /// The last finished job's generated tokens per second, as f64 bits.
     pub last_tokens_per_s: AtomicU64,
+    /// Signalled whenever `queued` changes (see [`WorkerStats::wait_queue`]).
+    queue_lock: Mutex<()>,
+    queue_changed: Condvar,
+}
+
+impl WorkerStats {
+    /// Counts a job into (`up`) or out of the queue and wakes whoever waits on the count.
+    fn add_queued(&self, up: bool) {
+        if up {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        // Taken after the change: a waiter checks and sleeps under this lock, so it cannot
+        // miss the wake-up.
+        let _g = self.queue_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.queue_changed.notify_all();
+    }
+
+    /// Waits until `done` holds of the number of queued jobs, or `timeout` passes; whether
+    /// it does.
+    pub fn wait_queue(&self, timeout: Duration, done: impl Fn(usize) -> bool) -> bool {
+        let queued = || self.queued.load(Ordering::SeqCst);
+        let g = self.queue_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self
+            .queue_changed
+            .wait_timeout_while(g, timeout, |_| !done(queued()))
+            .unwrap_or_else(|p| p.into_inner());
+        done(queued())
+    }
 }
 
 /// The submitting side; shared by the HTTP handlers.
@@ -199,11 +229,11 @@ impl Scheduler {
             return Err(SubmitError::ShuttingDown);
         };
         // Counted before sending so that the worker's decrement never goes below zero.
-        self.stats.queued.fetch_add(1, Ordering::SeqCst);
+        self.stats.add_queued(true);
         match tx.try_send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                self.stats.add_queued(false);
                 match e {
                     TrySendError::Full(_) => Err(SubmitError::QueueFull {
                         waiting: self.stats.queued.load(Ordering::SeqCst),
@@ -239,7 +269,7 @@ impl Scheduler {
 fn work<E: Engine>(mut engine: E, rx: Receiver<Job>, cancel: &AtomicBool, stats: &WorkerStats) {
     let decode = engine.decoder();
     while let Ok(job) = rx.recv() {
-        stats.queued.fetch_sub(1, Ordering::SeqCst);
+        stats.add_queued(false);
         if job.events.is_closed() || cancel.load(Ordering::SeqCst) {
             stats.cancelled.fetch_add(1, Ordering::Relaxed);
             let _ = job.events.send(Event::Done(Finish {
@@ -531,9 +561,7 @@ mod tests {
         // The first job runs (held at its first token), the second waits, the third is refused.
         let (a, mut rx_a) = job(10, 50, &[]);
         s.submit(a).unwrap();
-        while s.stats.running.load(Ordering::SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert!(s.stats.wait_queue(Duration::from_secs(10), |q| q == 0));
         let (b, rx_b) = job(30, 2, &[]);
         s.submit(b).unwrap();
         let (c, _rx_c) = job(40, 2, &[]);
