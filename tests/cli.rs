@@ -252,21 +252,27 @@ fn show_fused_marks_fused_nodes_in_dot() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[test]
-fn compile_for_a_target_emits_sources_and_names_bad_arches() {
-    let dir = std::env::temp_dir().join(format!("rocmforge-emit-{}", std::process::id()));
+/// `rocmforge compile GRAPH --target TARGET --emit hip --out DIR`, which must succeed: the
+/// plan listing it wrote, and its stderr.
+fn emit_hip(graph: &str, target: &str, dir: &std::path::Path) -> (String, String) {
     let (ok, _, err) = rocmforge(&[
         "compile",
-        "graphs/llama_block.json",
+        graph,
         "--target",
-        "gfx1030",
+        target,
         "--emit",
         "hip",
         "--out",
         dir.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let plan = std::fs::read_to_string(dir.join("plan.txt")).unwrap();
+    (std::fs::read_to_string(dir.join("plan.txt")).unwrap(), err)
+}
+
+#[test]
+fn compile_for_a_target_emits_sources_and_names_bad_arches() {
+    let dir = std::env::temp_dir().join(format!("rocmforge-emit-{}", std::process::id()));
+    let (plan, _) = emit_hip("graphs/llama_block.json", "gfx1030", &dir);
     assert!(
         plan.contains("target gfx1030 (wave 32)") && plan.contains("rf_flash_attention_"),
         "{plan}"
@@ -295,18 +301,7 @@ fn compile_for_a_target_emits_sources_and_names_bad_arches() {
 #[test]
 fn compile_for_sm_90a_emits_sources() {
     let dir = std::env::temp_dir().join(format!("rocmforge-sm90a-{}", std::process::id()));
-    let (ok, _, err) = rocmforge(&[
-        "compile",
-        "graphs/bert_layer.json",
-        "--target",
-        "sm_90a",
-        "--emit",
-        "hip",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let plan = std::fs::read_to_string(dir.join("plan.txt")).unwrap();
+    let (plan, _) = emit_hip("graphs/bert_layer.json", "sm_90a", &dir);
     assert!(plan.contains("target sm_90a (wave 32)"), "{plan}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -338,19 +333,8 @@ fn identical_kernels_are_emitted_and_reported_once() {
     let file = dir.join("chain.json");
     std::fs::write(&file, graph.to_string()).unwrap();
     let out = dir.join("emit");
-    let (ok, _, err) = rocmforge(&[
-        "compile",
-        file.to_str().unwrap(),
-        "--target",
-        "gfx90a",
-        "--emit",
-        "hip",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
     // The plan's distinct entries, read from its listing, against the files written.
-    let plan = std::fs::read_to_string(out.join("plan.txt")).unwrap();
+    let (plan, err) = emit_hip(file.to_str().unwrap(), "gfx90a", &out);
     // Each kernel's header: `// ---- kernel N: ENTRY for %node`.
     let entries: std::collections::BTreeSet<String> = plan
         .lines()

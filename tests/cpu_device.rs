@@ -8,6 +8,8 @@
 #[path = "common/accuracy.rs"]
 mod accuracy;
 mod common;
+#[path = "common/glu_cases.rs"]
+mod glu_cases;
 #[path = "common/norm_cases.rs"]
 mod norm_cases;
 
@@ -16,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use accuracy::{rel_l2, tolerance};
+use glu_cases::GluCase;
 use rocmforge::compile::{CompileError, CompileOptions, Executable, SessionOptions};
 use rocmforge::cpu::{CpuOptions, CpuPlan, Precision};
 use rocmforge::interp::{self, Bindings};
@@ -215,13 +218,11 @@ fn folded_norms_match_the_interpreter_on_the_unfused_graph() {
     }
 }
 
-/// Decoding step by step keeps the KV cache in the session as the interpreter's
-/// `run_with_state` does.
-#[test]
-fn decode_steps_carry_the_cache_like_run_with_state() {
-    let _serial = serial();
-    let g = fused(&example("decode_step"));
-    let plan = CpuPlan::new(&g, &Bindings::random(&g, 1), exact(2)).unwrap();
+/// Runs `steps` decode steps of `g` on the CPU device (one session: the caches stay in it)
+/// and the same steps of `reference` through the interpreter's `run_with_state`: the
+/// outputs and every state after every step must agree.
+fn decode_steps_match(g: &Graph, reference: &Graph, steps: i64, seed: u64) {
+    let plan = CpuPlan::new(g, &Bindings::random(g, 1), exact(2)).unwrap();
     let mut s = plan.session().unwrap();
     let mut states: HashMap<String, Tensor> = HashMap::new();
     for id in g.node_ids() {
@@ -229,8 +230,8 @@ fn decode_steps_carry_the_cache_like_run_with_state() {
             states.insert(g.node(id).name.clone(), Tensor::zeros(g.ty(id)));
         }
     }
-    for step in 0..6i64 {
-        let mut b = Bindings::random(&g, 100 + step as u64);
+    for step in 0..steps {
+        let mut b = Bindings::random(g, seed + step as u64);
         b.seed = 1;
         for (name, t) in b.inputs.iter_mut() {
             if name == "pos" {
@@ -239,7 +240,7 @@ fn decode_steps_carry_the_cache_like_run_with_state() {
                 *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step + 1]).unwrap();
             }
         }
-        let (want, next) = interp::run_with_state(&g, &b, &HashMap::new(), &states).unwrap();
+        let (want, next) = interp::run_with_state(reference, &b, &HashMap::new(), &states).unwrap();
         s.set_inputs(&b).unwrap();
         s.run().unwrap();
         check(&format!("step {step}"), &s.outputs().unwrap(), &want, 1.0);
@@ -249,6 +250,15 @@ fn decode_steps_carry_the_cache_like_run_with_state() {
         }
         states = next;
     }
+}
+
+/// Decoding step by step keeps the KV cache in the session as the interpreter's
+/// `run_with_state` does.
+#[test]
+fn decode_steps_carry_the_cache_like_run_with_state() {
+    let _serial = serial();
+    let g = fused(&example("decode_step"));
+    decode_steps_match(&g, &g, 6, 100);
 }
 
 /// The append form (`passes::DecodeAppend` in the default pipeline: q's rope and the step's
@@ -264,34 +274,7 @@ fn decode_steps_in_the_append_form_match_the_unfused_step() {
         .filter(|&id| matches!(g.op(id), Op::FlashAttention(a) if a.append.is_some()))
         .count();
     assert_eq!(appending, 1);
-    let plan = CpuPlan::new(&g, &Bindings::random(&g, 1), exact(2)).unwrap();
-    let mut s = plan.session().unwrap();
-    let mut states: HashMap<String, Tensor> = HashMap::new();
-    for id in g.node_ids() {
-        if let Op::State { .. } = g.op(id) {
-            states.insert(g.node(id).name.clone(), Tensor::zeros(g.ty(id)));
-        }
-    }
-    for step in 0..5i64 {
-        let mut b = Bindings::random(&g, 300 + step as u64);
-        b.seed = 1;
-        for (name, t) in b.inputs.iter_mut() {
-            if name == "pos" {
-                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step]).unwrap();
-            } else if name == "kv_len" {
-                *t = Tensor::from_i64(t.dtype(), t.shape().clone(), vec![step + 1]).unwrap();
-            }
-        }
-        let (want, next) = interp::run_with_state(&plain, &b, &HashMap::new(), &states).unwrap();
-        s.set_inputs(&b).unwrap();
-        s.run().unwrap();
-        check(&format!("step {step}"), &s.outputs().unwrap(), &want, 1.0);
-        for (name, t) in &next {
-            let e = rel_l2(&s.state(name).unwrap(), t).unwrap();
-            assert!(e <= 1e-5, "state {name} after step {step}: {e}");
-        }
-        states = next;
-    }
+    decode_steps_match(&g, &plain, 5, 300);
 }
 
 #[test]
@@ -779,24 +762,16 @@ fn paired_gate_up_matches_the_interpreter_on_the_unfused_graph() {
         (DType::F32, Some(QuantScheme::Q4_1), 2, 37, 64),
         (DType::F16, Some(QuantScheme::Q8_0), 1, 9, 96),
     ] {
-        let what = format!("glu {dtype} {scheme:?} m{m} n{n} k{k}");
-        let mut g = Graph::new("glu");
-        let x = g.input("x", dtype, &[1, m, k]).unwrap();
-        let nw = g.weight("norm_w", dtype, &[k]).unwrap();
-        let h = g.rms_norm(x, nw, 1e-5).unwrap();
-        let lin = |g: &mut Graph, name: &str| {
-            let w = match scheme {
-                Some(s) => g.weight_quant(name, dtype, &[n, k], s).unwrap(),
-                None => g.weight(name, dtype, &[n, k]).unwrap(),
-            };
-            let wt = g.transpose_last(w).unwrap();
-            g.matmul(h, wt).unwrap()
+        let case = GluCase {
+            dtype,
+            scheme,
+            m,
+            n,
+            k,
+            norm: true,
         };
-        let gate = lin(&mut g, "w_gate");
-        let up = lin(&mut g, "w_up");
-        let s = g.silu(gate).unwrap();
-        let y = g.mul(s, up).unwrap();
-        g.add_output(y).unwrap();
+        let what = case.name();
+        let g = case.graph();
         let (f, folds) = rocmforge::compile::optimise_folded(&g, true).unwrap();
         let gemms: Vec<bool> = f
             .node_ids()

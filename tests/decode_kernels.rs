@@ -206,12 +206,7 @@ fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
-    let tol = tolerance(c.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
+    row_error::within(&c.name(), &got, &want, tolerance(c.dtype))?;
     if c.mask == Mask::EmptyRow && !batch0_zero(&got, c) {
         return Err(format!("{}: rows with no visible key are not zeros", c.name()).into());
     }
@@ -371,12 +366,7 @@ fn kv_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Faile
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
-    let tol = tolerance(c.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
+    row_error::within(&c.name(), &got, &want, tolerance(c.dtype))?;
     Ok(())
 }
 
@@ -431,12 +421,7 @@ fn split_host_run(cxx: &Path, c: &kv_cases::KvCase, arch: &str) -> Result<(), Fa
     let out = &plan.outputs[0];
     let n = out.ty.shape.numel() * out.ty.dtype.size_bytes();
     let got = Tensor::from_bytes(&out.ty, &buffers[out.buffer][..n]).map_err(|e| e.to_string())?;
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", c.name()))?;
-    let tol = tolerance(c.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", c.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", c.name()))?;
+    row_error::within(&c.name(), &got, &want, tolerance(c.dtype))?;
     Ok(())
 }
 
@@ -731,11 +716,7 @@ fn append_host_run(cxx: &Path, c: &AppendCase, arch: &str) -> Result<(), Failed>
             host_kernels::run_plan_with_states_buffers(cxx, &fused, &plan, &b, &host_states)?;
         let (got, got_states) = got.map_err(|e| e.to_string())?;
         let what = format!("{name} step {step}");
-        let err = rel_l2(&got[0], &want[0]).map_err(|e| format!("{what}: {e}"))?;
-        if err > tol {
-            return Err(format!("{what}: relative L2 {err:e} > {tol:e}").into());
-        }
-        row_error::rows_within(&got[0], &want[0], tol).map_err(|e| format!("{what}: {e}"))?;
+        row_error::within(&what, &got[0], &want[0], tol)?;
         for name in ["k_cache", "v_cache"] {
             let (h, r) = (
                 got_states[name].to_f64_vec(),

@@ -22,6 +22,8 @@ mod files;
 mod gemm_cases;
 #[path = "common/gemm_small_cases.rs"]
 mod gemm_small_cases;
+#[path = "common/glu_cases.rs"]
+mod glu_cases;
 #[path = "common/host_kernels.rs"]
 mod host_kernels;
 #[path = "common/int8_gemv.rs"]
@@ -42,6 +44,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use gemm_small_cases::Case;
+use glu_cases::GluCase;
 use int8_gemv::{Epilogue, Int8Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
@@ -50,7 +53,7 @@ use rocmforge::codegen::{generate_with, CodegenOptions, Kernel};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, QuantScheme};
 
-use accuracy::{rel_l2, tolerance};
+use accuracy::tolerance;
 
 /// The Gemm kernel of `case`'s graph for `arch` (the graph is one Gemm node).
 fn gemm_kernel(case: &Case, arch: &str) -> Result<(Kernel, String), Failed> {
@@ -74,12 +77,7 @@ fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
     let got = host_kernels::run_plan(cxx, &g, &plan, &b)?
         .map_err(|e| e.to_string())?
         .remove(0);
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
-    let tol = tolerance(case.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+    row_error::within(&case.name(), &got, &want, tolerance(case.dtype))?;
     Ok(())
 }
 
@@ -156,12 +154,7 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
         };
         return Ok(int8_gemv::check(&c, &b, &got, &want)?);
     }
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
-    let tol = tolerance(case.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+    row_error::within(&case.name(), &got, &want, tolerance(case.dtype))?;
     Ok(())
 }
 
@@ -197,66 +190,9 @@ fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<
         tolerance(case.dtype)
     };
     for (got, want) in got.iter().zip(&want) {
-        let err = rel_l2(got, want).map_err(|e| format!("{}: {e}", case.name()))?;
-        if err > tol {
-            return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
-        }
-        row_error::rows_within(got, want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+        row_error::within(&case.name(), got, want, tol)?;
     }
     Ok(())
-}
-
-/// A GLU case: `silu(h·W_gateᵀ) · (h·W_upᵀ)`, `h` = x or RMSNorm(x), weights `[n, k]`.
-#[derive(Clone, Copy, Debug)]
-struct GluCase {
-    dtype: DType,
-    scheme: Option<QuantScheme>,
-    m: usize,
-    n: usize,
-    k: usize,
-    norm: bool,
-}
-
-impl GluCase {
-    fn name(&self) -> String {
-        format!(
-            "glu_{}_{}_m{}_n{}_k{}{}",
-            self.dtype,
-            self.scheme.map_or("dense".to_string(), |s| s.to_string()),
-            self.m,
-            self.n,
-            self.k,
-            if self.norm { "_rms" } else { "" }
-        )
-    }
-
-    /// The unfused graph, as a model writes it.
-    fn graph(&self) -> rocmforge::ir::Graph {
-        let mut g = rocmforge::ir::Graph::new(self.name());
-        let x = g.input("x", self.dtype, &[1, self.m, self.k]).unwrap();
-        let h = if self.norm {
-            let w = g.weight("norm_w", self.dtype, &[self.k]).unwrap();
-            g.rms_norm(x, w, 1e-5).unwrap()
-        } else {
-            x
-        };
-        let lin = |g: &mut rocmforge::ir::Graph, name: &str| {
-            let w = match self.scheme {
-                Some(s) => g
-                    .weight_quant(name, self.dtype, &[self.n, self.k], s)
-                    .unwrap(),
-                None => g.weight(name, self.dtype, &[self.n, self.k]).unwrap(),
-            };
-            let wt = g.transpose_last(w).unwrap();
-            g.matmul(h, wt).unwrap()
-        };
-        let gate = lin(&mut g, "w_gate");
-        let up = lin(&mut g, "w_up");
-        let s = g.silu(gate).unwrap();
-        let y = g.mul(s, up).unwrap();
-        g.add_output(y).unwrap();
-        g
-    }
 }
 
 fn glu_cases() -> Vec<GluCase> {
@@ -312,12 +248,7 @@ fn glu_host_run(cxx: &Path, case: &GluCase, arch: &str) -> Result<(), Failed> {
     let got = host_kernels::run_plan(cxx, &fused, &plan, &bf)?
         .map_err(|e| e.to_string())?
         .remove(0);
-    let err = rel_l2(&got, &want).map_err(|e| format!("{}: {e}", case.name()))?;
-    let tol = tolerance(case.dtype);
-    if err > tol {
-        return Err(format!("{}: relative L2 {err:e} > {tol:e}", case.name()).into());
-    }
-    row_error::rows_within(&got, &want, tol).map_err(|e| format!("{}: {e}", case.name()))?;
+    row_error::within(&case.name(), &got, &want, tolerance(case.dtype))?;
     Ok(())
 }
 

@@ -631,149 +631,85 @@ mod x86 {
         }
     }
 
-    #[inline(always)]
-    unsafe fn dispatch_group<const DP: u8>(
-        scheme: IntScheme,
-        recs: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [[f32; 8]],
-    ) {
-        macro_rules! rows {
-            ($s:expr) => {
-                match out.len() {
-                    0 => {}
-                    1 => group::<DP, $s, 1>(recs, a, kb, out),
-                    2 => group::<DP, $s, 2>(recs, a, kb, out),
-                    3 => group::<DP, $s, 3>(recs, a, kb, out),
-                    _ => group::<DP, $s, 4>(recs, a, kb, out),
-                }
-            };
-        }
-        // SAFETY: forwarded from the entry point's contract.
-        unsafe {
-            match scheme {
-                IntScheme::Q8_0 => rows!(Q8_0),
-                IntScheme::Q4_0 => rows!(Q4_0),
-                IntScheme::Q4_1 => rows!(Q4_1),
+    /// `$f::<$dp, scheme, rows>(args)` for a run-time scheme and row count (0 does nothing,
+    /// more than 4 is 4): each combination is its own branch-free loop.
+    macro_rules! monomorphised {
+        ($f:ident::<$dp:ident>($scheme:expr, $rows:expr; $($arg:expr),*)) => {
+            match $scheme {
+                IntScheme::Q8_0 => monomorphised!(@rows $f, $dp, Q8_0, $rows; $($arg),*),
+                IntScheme::Q4_0 => monomorphised!(@rows $f, $dp, Q4_0, $rows; $($arg),*),
+                IntScheme::Q4_1 => monomorphised!(@rows $f, $dp, Q4_1, $rows; $($arg),*),
             }
-        }
-    }
-
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `recs` holds `kb` records of `scheme`, `a` holds
-    /// `out.len()·kb` blocks, `out.len()` ≤ 4.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn group_avx2(
-        scheme: IntScheme,
-        recs: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [[f32; 8]],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch_group::<MADD>(scheme, recs, a, kb, out) }
-    }
-
-    /// # Safety
-    /// As [`group_avx2`], and the CPU has AVX-VNNI.
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    pub unsafe fn group_avxvnni(
-        scheme: IntScheme,
-        recs: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [[f32; 8]],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch_group::<AVXVNNI>(scheme, recs, a, kb, out) }
-    }
-
-    /// # Safety
-    /// As [`group_avx2`], and the CPU has AVX-512 F, VL and VNNI.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-    pub unsafe fn group_avx512vnni(
-        scheme: IntScheme,
-        recs: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [[f32; 8]],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch_group::<AVX512VNNI>(scheme, recs, a, kb, out) }
-    }
-
-    #[inline(always)]
-    unsafe fn dispatch<const DP: u8>(
-        scheme: IntScheme,
-        w: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [f32],
-    ) {
-        macro_rules! rows {
-            ($s:expr) => {
-                match out.len() {
-                    0 => {}
-                    1 => tile::<DP, $s, 1>(w, a, kb, out),
-                    2 => tile::<DP, $s, 2>(w, a, kb, out),
-                    3 => tile::<DP, $s, 3>(w, a, kb, out),
-                    _ => tile::<DP, $s, 4>(w, a, kb, out),
-                }
-            };
-        }
-        // SAFETY: forwarded from the entry point's contract.
-        unsafe {
-            match scheme {
-                IntScheme::Q8_0 => rows!(Q8_0),
-                IntScheme::Q4_0 => rows!(Q4_0),
-                IntScheme::Q4_1 => rows!(Q4_1),
+        };
+        (@rows $f:ident, $dp:ident, $s:ident, $rows:expr; $($arg:expr),*) => {
+            match $rows {
+                0 => {}
+                1 => $f::<$dp, $s, 1>($($arg),*),
+                2 => $f::<$dp, $s, 2>($($arg),*),
+                3 => $f::<$dp, $s, 3>($($arg),*),
+                _ => $f::<$dp, $s, 4>($($arg),*),
             }
-        }
+        };
     }
 
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `w` holds `kb` blocks, `a` holds `out.len()·kb`
-    /// blocks, `out.len()` ≤ 4.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_avx2(
-        scheme: IntScheme,
-        w: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [f32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch::<MADD>(scheme, w, a, kb, out) }
+    /// The two entry points of one instruction set (`tile`: rows of blocks; `group`: the
+    /// 8-row repacked records), compiled with `$features` and the dot product `$dp`.
+    macro_rules! entry_points {
+        ($tile:ident, $group:ident, $features:literal, $dp:ident, $needs:literal) => {
+            /// # Safety
+            #[doc = $needs]
+            /// `w` holds `kb` blocks, `a` holds `out.len()·kb` blocks, `out.len()` ≤ 4.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $tile(
+                scheme: IntScheme,
+                w: &[u8],
+                a: &[Q8Block],
+                kb: usize,
+                out: &mut [f32],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { monomorphised!(tile::<$dp>(scheme, out.len(); w, a, kb, out)) }
+            }
+
+            /// # Safety
+            #[doc = $needs]
+            /// `recs` holds `kb` records of `scheme`, `a` holds `out.len()·kb` blocks,
+            /// `out.len()` ≤ 4.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $group(
+                scheme: IntScheme,
+                recs: &[u8],
+                a: &[Q8Block],
+                kb: usize,
+                out: &mut [[f32; 8]],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { monomorphised!(group::<$dp>(scheme, out.len(); recs, a, kb, out)) }
+            }
+        };
     }
 
-    /// # Safety
-    /// As [`tile_avx2`], and the CPU has AVX-VNNI.
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    pub unsafe fn tile_avxvnni(
-        scheme: IntScheme,
-        w: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [f32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch::<AVXVNNI>(scheme, w, a, kb, out) }
-    }
-
-    /// # Safety
-    /// As [`tile_avx2`], and the CPU has AVX-512 F, VL and VNNI.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-    pub unsafe fn tile_avx512vnni(
-        scheme: IntScheme,
-        w: &[u8],
-        a: &[Q8Block],
-        kb: usize,
-        out: &mut [f32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { dispatch::<AVX512VNNI>(scheme, w, a, kb, out) }
-    }
+    entry_points!(
+        tile_avx2,
+        group_avx2,
+        "avx2,fma,f16c",
+        MADD,
+        "The CPU has AVX2, FMA and F16C."
+    );
+    entry_points!(
+        tile_avxvnni,
+        group_avxvnni,
+        "avx2,fma,f16c,avxvnni",
+        AVXVNNI,
+        "The CPU has AVX2, FMA, F16C and AVX-VNNI."
+    );
+    entry_points!(
+        tile_avx512vnni,
+        group_avx512vnni,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        AVX512VNNI,
+        "The CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI."
+    );
 }
 
 #[cfg(test)]

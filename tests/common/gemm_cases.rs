@@ -64,6 +64,33 @@ fn graph(name: String, dt: DType, gemm: Gemm, inputs: &[&[usize]]) -> Graph {
 }
 
 /// A plain `[M, K] · B` with B stored `[N, K]` (`nk`) or `[K, N]`.
+/// A residual added to the product: `[m, k] · [n, k]ᵀ + R[m, n]`.
+fn residual_case(name: String, dt: DType, m: usize, n: usize, k: usize) -> Graph {
+    let d = dims(&[], &[m], &[n], &[k]);
+    let mut res = plain(d.clone(), b_nk(k), &[m, n]);
+    res.extras = vec![View::contiguous(&d, Operand::Out)];
+    res.epilogue = Some(Expr::Binary(
+        BinaryOp::Add,
+        Box::new(Expr::Input(0)),
+        Box::new(Expr::Input(1)),
+    ));
+    graph(name, dt, res, &[&[m, k], &[n, k], &[m, n]])
+}
+
+/// A batch of 3 `[m, k]` products with one B shared by every batch (batch stride 0), stored
+/// `[N, K]` (`nk`) or `[K, N]`.
+fn batched_shared_b_case(name: String, dt: DType, m: usize, n: usize, k: usize, nk: bool) -> Graph {
+    let d = dims(&[3], &[m], &[n], &[k]);
+    let (b, b_shape) = if nk {
+        (b_nk(k), [n, k])
+    } else {
+        (b_kn(n), [k, n])
+    };
+    let mut bat = plain(d, b, &[3, m, n]);
+    bat.b.batch = vec![0];
+    graph(name, dt, bat, &[&[3, m, k], &b_shape])
+}
+
 pub fn plain_case(dt: DType, m: usize, n: usize, k: usize, nk: bool) -> Graph {
     let (b, b_shape) = if nk {
         (b_nk(k), [n, k])
@@ -116,30 +143,15 @@ pub fn cases(dt: DType, large: bool) -> Vec<Graph> {
         gelu,
         &[&[b, h, s, d], &[nn, k], &[nn]],
     ));
-    // A residual added to the product.
-    let rd = dims(&[], &[130], &[96], &[72]);
-    let mut res = plain(rd.clone(), b_nk(72), &[130, 96]);
-    res.extras = vec![View::contiguous(&rd, Operand::Out)];
-    res.epilogue = Some(Expr::Binary(
-        BinaryOp::Add,
-        Box::new(Expr::Input(0)),
-        Box::new(Expr::Input(1)),
-    ));
-    v.push(graph(
-        n("residual"),
-        dt,
-        res,
-        &[&[130, 72], &[96, 72], &[130, 96]],
-    ));
-    // Batched, B [K, N] shared by every batch (batch stride 0).
-    let bd = dims(&[3], &[50], &[40], &[48]);
-    let mut bat = plain(bd, b_kn(40), &[3, 50, 40]);
-    bat.b.batch = vec![0];
-    v.push(graph(
+    v.push(residual_case(n("residual"), dt, 130, 96, 72));
+    // B [K, N] shared by every batch.
+    v.push(batched_shared_b_case(
         n("batched_shared_b"),
         dt,
-        bat,
-        &[&[3, 50, 48], &[48, 40]],
+        50,
+        40,
+        48,
+        false,
     ));
     if large {
         v.push(plain_case(dt, 4096, 384, 384, true));
@@ -212,30 +224,22 @@ pub fn wgmma_cases(dt: DType) -> Vec<Graph> {
         heads_bias_gelu(b, h, s, d, h2, d2),
         &[&[b, h, s, d], &[nn, k], &[nn]],
     ));
-    // A residual added to the product, SmolLM2-like K and N, M one past a tile multiple.
-    let rd = dims(&[], &[4097], &[576], &[576]);
-    let mut res = plain(rd.clone(), b_nk(576), &[4097, 576]);
-    res.extras = vec![View::contiguous(&rd, Operand::Out)];
-    res.epilogue = Some(Expr::Binary(
-        BinaryOp::Add,
-        Box::new(Expr::Input(0)),
-        Box::new(Expr::Input(1)),
-    ));
-    v.push(graph(
+    // SmolLM2-like K and N, M one past a tile multiple.
+    v.push(residual_case(
         n("residual_4097x576x576"),
         dt,
-        res,
-        &[&[4097, 576], &[576, 576], &[4097, 576]],
+        4097,
+        576,
+        576,
     ));
-    // Batched, B [N, K] shared by every batch (batch stride 0).
-    let bd = dims(&[3], &[200], &[136], &[72]);
-    let mut bat = plain(bd, b_nk(72), &[3, 200, 136]);
-    bat.b.batch = vec![0];
-    v.push(graph(
+    // B [N, K] shared by every batch.
+    v.push(batched_shared_b_case(
         n("batched_shared_b"),
         dt,
-        bat,
-        &[&[3, 200, 72], &[136, 72]],
+        200,
+        136,
+        72,
+        true,
     ));
     v
 }

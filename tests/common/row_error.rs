@@ -4,13 +4,27 @@
 //! pass. A row is the last axis (an attention output's head vector, a GEMM output row, a logits
 //! row).
 
+#![allow(dead_code)]
+
 use rocmforge::ir::{DType, Tensor};
+
+use super::accuracy::rel_l2;
 
 /// How far one row may be off, as a multiple of the tensor's tolerance. Correct kernels round
 /// each element to f16/bf16 (half an ulp: 2^-11 / 2^-8 of its magnitude) after f32 accumulation,
 /// so a row's error sits near the tensor's; 10x leaves room for rows whose values cancel
 /// without admitting a wrong row.
 pub const ROW_FACTOR: f64 = 10.0;
+
+/// `got` against `want` within `tol`: the tensor's relative L2 error, then every row
+/// ([`rows_within`]); the message names `what`.
+pub fn within(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> Result<(), String> {
+    let err = rel_l2(got, want).map_err(|e| format!("{what}: {e}"))?;
+    if err > tol {
+        return Err(format!("{what}: relative L2 {err:e} > {tol:e}"));
+    }
+    rows_within(got, want, tol).map_err(|e| format!("{what}: {e}"))
+}
 
 /// Every row of `got` (the last axis) within `ROW_FACTOR * tol` of `want`, both taken as f32:
 /// its relative L2 error, and its largest element error relative to the row's largest

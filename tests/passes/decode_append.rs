@@ -26,6 +26,19 @@ struct Step {
 }
 
 impl Step {
+    /// One decode step: 9 query heads over 3 K/V heads of 64, a cache of 32 rows, f32.
+    fn decode(factors: Vec<f64>) -> Step {
+        Step {
+            hq: 9,
+            hkv: 3,
+            s: 1,
+            d: 64,
+            max: 32,
+            dt: DType::F32,
+            factors,
+        }
+    }
+
     fn graph(&self) -> Graph {
         self.graph_with(|g, _q, k, pos, start| {
             let theta = THETA;
@@ -196,16 +209,7 @@ fn a_decode_step_becomes_the_append_form() {
 
 #[test]
 fn the_append_form_survives_the_graph_file() {
-    let step = Step {
-        hq: 9,
-        hkv: 3,
-        s: 1,
-        d: 64,
-        max: 32,
-        dt: DType::F32,
-        factors: llama3_factors(64),
-    };
-    let g = step.graph();
+    let g = Step::decode(llama3_factors(64)).graph();
     let (fused, _) = fuse(&g);
     let text = rocmforge::ir::format::to_json_string(&fused).unwrap();
     assert!(text.contains("append_theta") && text.contains("append_factors"));
@@ -228,15 +232,7 @@ fn refused(g: &Graph) -> Vec<&'static str> {
 
 #[test]
 fn other_forms_are_left_alone_with_their_reason() {
-    let base = Step {
-        hq: 9,
-        hkv: 3,
-        s: 1,
-        d: 64,
-        max: 32,
-        dt: DType::F32,
-        factors: Vec::new(),
-    };
+    let base = Step::decode(Vec::new());
     // Prefill: 3 heads × 6 positions = 18 query rows per K/V head.
     let prefill = Step {
         s: 6,
@@ -280,11 +276,7 @@ fn other_forms_are_left_alone_with_their_reason() {
     g.add_output(kw).unwrap();
     assert_eq!(refused(&g), ["cache_has_other_readers"]);
     // Llama 3's factors on q but none on k.
-    let g = Step {
-        factors: llama3_factors(64),
-        ..base.clone()
-    }
-    .graph_with(|g, _, k, pos, start| {
+    let g = Step::decode(llama3_factors(64)).graph_with(|g, _, k, pos, start| {
         let kr = g.rope_at(k, pos, THETA).unwrap();
         let kc = g.find("k_cache").unwrap();
         (g.cache_write(kc, kr, start, 2).unwrap(), None)

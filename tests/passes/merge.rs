@@ -197,13 +197,24 @@ fn skipped(reports: &[PassReport]) -> Vec<(String, &'static str)> {
 
 /// `silu(x·W_gateᵀ) · (x·W_upᵀ)` at `m` rows, weights `[n, k]` of `dtype` (or `scheme`).
 fn glu(dtype: DType, m: usize, n: usize, k: usize, scheme: Option<QuantScheme>) -> Graph {
+    glu_with(dtype, m, n, k, [scheme, scheme])
+}
+
+/// [`glu`] with the gate's and the up projection's own schemes.
+fn glu_with(
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    schemes: [Option<QuantScheme>; 2],
+) -> Graph {
     let mut g = Graph::new("mlp");
     let x = g.input("x", dtype, &[1, m, k]).unwrap();
-    let w = |g: &mut Graph, name: &str| match scheme {
+    let w = |g: &mut Graph, name: &str, scheme: Option<QuantScheme>| match scheme {
         Some(s) => g.weight_quant(name, dtype, &[n, k], s).unwrap(),
         None => g.weight(name, dtype, &[n, k]).unwrap(),
     };
-    let (wg, wu) = (w(&mut g, "wg"), w(&mut g, "wu"));
+    let (wg, wu) = (w(&mut g, "wg", schemes[0]), w(&mut g, "wu", schemes[1]));
     let (tg, tu) = (g.transpose_last(wg).unwrap(), g.transpose_last(wu).unwrap());
     let gate = g.matmul(x, tg).unwrap();
     let up = g.matmul(x, tu).unwrap();
@@ -272,20 +283,13 @@ fn gate_and_up_refusals_are_named() {
     assert_same_values(&g, &merged, 1, "prefill");
 
     // Different schemes.
-    let mut g = Graph::new("schemes");
-    let x = g.input("x", DType::F16, &[1, 1, 64]).unwrap();
-    let wg = g
-        .weight_quant("wg", DType::F16, &[8, 64], QuantScheme::Q4_1)
-        .unwrap();
-    let wu = g
-        .weight_quant("wu", DType::F16, &[8, 64], QuantScheme::Q8_0)
-        .unwrap();
-    let (tg, tu) = (g.transpose_last(wg).unwrap(), g.transpose_last(wu).unwrap());
-    let gate = g.matmul(x, tg).unwrap();
-    let up = g.matmul(x, tu).unwrap();
-    let s = g.silu(gate).unwrap();
-    let h = g.mul(s, up).unwrap();
-    g.add_output(h).unwrap();
+    let g = glu_with(
+        DType::F16,
+        1,
+        8,
+        64,
+        [Some(QuantScheme::Q4_1), Some(QuantScheme::Q8_0)],
+    );
     let (merged, reports) = optimize(&g).unwrap();
     assert_eq!(gemm_count(&merged), 2);
     let codes = skipped(&reports);
