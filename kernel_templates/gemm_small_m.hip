@@ -38,7 +38,7 @@ RF_INLINE void rf_load_b(const {{ p.b_t }}* __restrict__ B, long long bz, long l
 {% else %}    for (int i = 0; i < RF_VEC; ++i) f[i] = k0 + i < RF_K ? {{ p.b_pre }}B[rf_b_at(bz, k0 + i, n)]{{ p.b_post }} : 0.0f;
 {% endif %}}
 }  // namespace {{ entry }}_ns
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ parts.norm_params(p) }}{{ p.c_t }}* __restrict__ C{% if argmax %}, float* __restrict__ ws, unsigned int* __restrict__ counters, int* __restrict__ token{% endif %}) {
     using namespace {{ entry }}_ns;
 {% if not c.along_n and p.m <= 4 %}    // The block's columns of B (decode sizes; a weight: read by no kernel before this one) stream into L2, a
     // line per 16-byte chunk, while the previous kernel finishes; then the wait on it.
@@ -121,5 +121,63 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
         float acc_v = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
 {{ parts.store(p, "        ") }}
+    }
+{% endif %}{% if argmax %}    // Argmax of the one result row, fused (argmax_split's protocol, one launch fewer): thread 0 reads back
+    // the block's stored columns (the values the unfused argmax would read, in C's dtype) keeping the first of
+    // the largest, writes the block's (value, index) and counts the block (release fence first). The last block
+    // to count (acquire fence) merges the {{ argmax.blocks }} partials, its threads each a strided share, then thread 0 the
+    // threads' in order; `better` orders by (NaN first, value, lower index), so the result is the first index of
+    // the maximum whatever block finished last. It puts the counter back to 0 for the next launch (and replay).
+    auto better = [](float v, int j, float b, int bj) {
+        if (bj < 0) return true;
+        const bool vn = v != v, bn = b != b;
+        if (vn != bn) return vn;
+        if (!vn && v != b) return v > b;
+        return j < bj;
+    };
+    // The block's stores of C, visible to its thread 0.
+    __syncthreads();
+    __shared__ unsigned int rf_is_last;
+    if (threadIdx.x == 0) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int j = 0; j < RF_COLS; ++j) {
+            const long long col = n0 + j;
+            if (col >= RF_N) break;
+            const float v = {{ argmax.c_pre }}C[rf_c_at(bz, 0, col)]{{ argmax.c_post }};
+            if (better(v, (int)col, bv, bi)) { bv = v; bi = (int)col; }
+        }
+        ws[blockIdx.x * 2LL] = bv;
+        ws[blockIdx.x * 2LL + 1] = __uint_as_float((unsigned)bi);
+        // Release: the partial is visible to every block before this one is counted.
+        __threadfence();
+        const unsigned int before = atomicAdd(&counters[0], 1u);
+        rf_is_last = before == {{ argmax.blocks - 1 }}u ? 1u : 0u;
+        if (rf_is_last) counters[0] = 0u;
+    }
+    __syncthreads();
+    if (!rf_is_last) return;
+    // Acquire: the other blocks' partials, read from L2 (rf_ld_l2) so that no L1 line serves them.
+    __threadfence();
+    __shared__ float rf_best_v[RF_THREADS];
+    __shared__ int rf_best_i[RF_THREADS];
+    {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int s = threadIdx.x; s < {{ argmax.blocks }}; s += RF_THREADS) {
+            const float v = rf_ld_l2(ws + s * 2LL);
+            const int j = (int)__float_as_uint(rf_ld_l2(ws + s * 2LL + 1));
+            if (better(v, j, bv, bi)) { bv = v; bi = j; }
+        }
+        rf_best_v[threadIdx.x] = bv;
+        rf_best_i[threadIdx.x] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int t = 0; t < RF_THREADS; ++t)
+            if (rf_best_i[t] >= 0 && better(rf_best_v[t], rf_best_i[t], bv, bi)) { bv = rf_best_v[t]; bi = rf_best_i[t]; }
+        token[0] = bi;
     }
 {% endif %}}

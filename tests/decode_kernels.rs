@@ -322,6 +322,25 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         g.set_outputs(&[r]).map_err(|e| e.to_string())?;
         graphs.push((format!("argmax_split_{dtype}"), g));
     }
+    // The LM head with its argmax fused (SmolLM2's sizes: vocabulary 49152, hidden 576).
+    for dtype in [DType::F32, DType::F16] {
+        let mut g = Graph::new("lm_head_argmax");
+        let x = g.input("x", dtype, &[1, 576]).map_err(|e| e.to_string())?;
+        let w = g
+            .input("w", dtype, &[49152, 576])
+            .map_err(|e| e.to_string())?;
+        let wt = g.permute(w, &[1, 0]).map_err(|e| e.to_string())?;
+        let mut logits = g.matmul(x, wt).map_err(|e| e.to_string())?;
+        if dtype != DType::F32 {
+            logits = g.cast(logits, DType::F32).map_err(|e| e.to_string())?;
+        }
+        let r = g.argmax(logits, -1).map_err(|e| e.to_string())?;
+        g.set_outputs(&[r]).map_err(|e| e.to_string())?;
+        PassManager::default_pipeline()
+            .run(&mut g)
+            .map_err(|e| e.to_string())?;
+        graphs.push((format!("lm_head_argmax_{dtype}"), g));
+    }
     // The appending decode kernel (q rotated on load, the step's rows from the inputs).
     for c in append_cases() {
         let mut g = c.graph();
@@ -912,6 +931,110 @@ fn argmax_split_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The LM head's GEMV with the argmax fused into its kernel (the last block merges the blocks'
+/// partials): the token against the interpreter on the unfused graph, with the maximum tied
+/// between a late and an early column, NaN columns (the first wins), an odd vocabulary and K,
+/// f32 and f16 (the f16 product cast to f32 logits, the cast the GEMM's epilogue), with and
+/// without the logits asked for (then they are still written, and checked too).
+fn lm_head_argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
+    const V: usize = 1031;
+    for (dtype, k, with_logits) in [
+        (DType::F32, 67, false),
+        (DType::F16, 64, true),
+        (DType::F16, 67, false),
+    ] {
+        let mut g = Graph::new("lm_head_argmax");
+        let x = g.input("x", dtype, &[1, k]).map_err(|e| e.to_string())?;
+        let w = g.input("w", dtype, &[V, k]).map_err(|e| e.to_string())?;
+        let wt = g.permute(w, &[1, 0]).map_err(|e| e.to_string())?;
+        let mut logits = g.matmul(x, wt).map_err(|e| e.to_string())?;
+        if dtype != DType::F32 {
+            logits = g.cast(logits, DType::F32).map_err(|e| e.to_string())?;
+        }
+        let token = g.argmax(logits, -1).map_err(|e| e.to_string())?;
+        let outs = if with_logits {
+            vec![token, logits]
+        } else {
+            vec![token]
+        };
+        g.set_outputs(&outs).map_err(|e| e.to_string())?;
+        let xv: Vec<f64> = (0..k).map(|i| ((i * 7) % 5) as f64 * 0.25 - 0.5).collect();
+        let mut cases: Vec<(Vec<f64>, f64)> = Vec::new();
+        let base: Vec<f64> = (0..V * k)
+            .map(|i| ((i * 37) % 101) as f64 / 64.0 - 0.75)
+            .collect();
+        // Ties: columns 1000 and 40 hold the same large row; the first index wins.
+        let mut tied = base.clone();
+        for c in [1000, 40] {
+            for (j, v) in tied[c * k..(c + 1) * k].iter_mut().enumerate() {
+                *v = if xv[j] > 0.0 { 4.0 } else { -4.0 };
+            }
+        }
+        cases.push((tied, 40.0));
+        // NaN logits at columns 900 and 300 (a NaN weight): the first NaN wins.
+        let mut nan = base.clone();
+        nan[900 * k + 3] = f64::NAN;
+        nan[300 * k + 5] = f64::NAN;
+        cases.push((nan, 300.0));
+        // The last column largest.
+        let mut last = base;
+        for (j, v) in last[(V - 1) * k..].iter_mut().enumerate() {
+            *v = if xv[j] > 0.0 { 8.0 } else { -8.0 };
+        }
+        cases.push((last, (V - 1) as f64));
+        let target = Target::parse(arch).map_err(|e| e.to_string())?;
+        let mut fused = g.clone();
+        PassManager::default_pipeline()
+            .run(&mut fused)
+            .map_err(|e| e.to_string())?;
+        let plan = generate_with(&fused, &target, &CodegenOptions::default())
+            .map_err(|e| e.to_string())?;
+        let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+        if families != ["gemm_small_m"] || !plan.kernels[0].body.contains("counters") {
+            return Err(format!(
+                "{dtype} k {k}: kernels {families:?}, want one fused gemm_small_m"
+            )
+            .into());
+        }
+        for (wv, at) in cases {
+            let b = Bindings::default()
+                .with_input(
+                    "x",
+                    Tensor::from_f64(dtype, vec![1, k], &xv).map_err(|e| e.to_string())?,
+                )
+                .with_input(
+                    "w",
+                    Tensor::from_f64(dtype, vec![V, k], &wv).map_err(|e| e.to_string())?,
+                );
+            let want = interp::run(&g, &b).map_err(|e| e.to_string())?;
+            if want[0].to_f64_vec() != [at] {
+                return Err(
+                    format!("the interpreter's reference: {:?}, want {at}", want[0]).into(),
+                );
+            }
+            // Twice: the counter the last block put back serves the next launch.
+            for run in 0..2 {
+                let got =
+                    host_kernels::run_plan(cxx, &fused, &plan, &b)?.map_err(|e| e.to_string())?;
+                if got[0] != want[0] {
+                    return Err(format!(
+                        "{dtype} k {k} run {run}: host {:?}, interpreter {:?}",
+                        got[0], want[0]
+                    )
+                    .into());
+                }
+                if with_logits && !wv.iter().any(|v| v.is_nan()) {
+                    let e = rel_l2(&got[1], &want[1])?;
+                    if e.is_nan() || e > tolerance(dtype) {
+                        return Err(format!("{dtype}: logits rel L2 {e}").into());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
@@ -989,6 +1112,12 @@ fn main() {
             "ROCMFORGE_REQUIRE_HOST_CXX",
             format!("state::argmax_split::{arch}"),
             move |cxx| argmax_split_host(&cxx, arch),
+        ));
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            format!("state::lm_head_argmax::{arch}"),
+            move |cxx| lm_head_argmax_host(&cxx, arch),
         ));
     }
     for (i, c) in append_cases().into_iter().enumerate() {

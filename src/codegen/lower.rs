@@ -37,6 +37,17 @@ pub(crate) fn generate(
     // the workspace each was dequantized into for the readers that cannot read blocks.
     let mut blocks: HashMap<BufferId, QuantScheme> = HashMap::new();
     let mut dequantized: HashMap<BufferId, BufferId> = HashMap::new();
+    // ArgMaxes computed by the kernel of the GEMM they read, and those GEMMs (their kernel is
+    // emitted at the argmax, `argmax::gemv_argmax`).
+    let mut argmax_folds: HashMap<NodeId, NodeId> = HashMap::new();
+    for &id in &order {
+        if let Op::ArgMax { axis } = g.node(id).op {
+            if let Ok(src) = gemm_kernels::small_m::argmax_fold(g, id, axis) {
+                argmax_folds.insert(id, src);
+            }
+        }
+    }
+    let folded_gemms: std::collections::HashSet<NodeId> = argmax_folds.values().copied().collect();
     for id in order {
         let node = g.node(id);
         if let Op::Reshape { .. } = node.op {
@@ -118,6 +129,19 @@ pub(crate) fn generate(
         };
         let mut ops = g.operands(id);
         ops.retain(|&o| blocks.contains_key(&buf[&o]) && Some(o) != fused);
+        if let Some(&src) = argmax_folds.get(&id) {
+            let gemm_ops = g.operands(src);
+            if gemm_ops.iter().all(|o| !blocks.contains_key(&buf[o])) {
+                argmax::gemv_argmax(g, id, src, &buf, target, &mut plan)?;
+                continue;
+            }
+        }
+        if folded_gemms.contains(&id)
+            && g.operands(id).iter().all(|o| !blocks.contains_key(&buf[o]))
+        {
+            // Its kernel is the argmax's (above).
+            continue;
+        }
         if ops.is_empty() {
             lower_node(g, id, &buf, target, options, &mut plan)?;
         } else {

@@ -42,10 +42,6 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/argmax_split.hip"),
     ),
     (
-        "gather_check.hip",
-        include_str!("../../kernel_templates/gather_check.hip"),
-    ),
-    (
         "causal_mask.hip",
         include_str!("../../kernel_templates/causal_mask.hip"),
     ),

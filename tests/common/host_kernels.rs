@@ -1,5 +1,5 @@
 //! Runs a kernel plan on the CPU. Pointwise kernels (threads that never share memory, shuffle
-//! or wait at a barrier: elementwise, copy, gather and its check, reduce, causal mask, rope) run
+//! or wait at a barrier: elementwise, copy, gather (with its index check), reduce, causal mask, rope) run
 //! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
 //! shuffles within a wave) run with one OS thread per GPU thread of a block, block after
 //! block, meeting at a barrier; a shuffle is a store, a barrier, a load and a barrier. The
@@ -20,13 +20,12 @@ use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 9] = [
+pub const POINTWISE: [&str; 8] = [
     "elementwise",
     "cache_write",
     "dequantize",
     "copy",
     "gather",
-    "gather_check",
     "reduce",
     "causal_mask",
     "rope",

@@ -124,6 +124,83 @@ pub fn check_argmax(device: &Device) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The LM head's GEMV with its argmax fused (one kernel; the last block merges the partials
+/// and resets the counter): SmolLM2's hidden size, an odd vocabulary, the maximum tied between
+/// a late and an early column, then NaN columns; three runs each (replayed: the counter must be
+/// back at 0), the token exactly the interpreter's on the unfused graph, the logits (asked for
+/// in f16) within tolerance.
+pub fn check_lm_head_argmax(device: &Device) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    const V: usize = 49157;
+    const K: usize = 576;
+    for dtype in [DType::F32, DType::F16] {
+        let mut g = Graph::new(format!("lm_head_argmax_{dtype}"));
+        let x = g.input("x", dtype, &[1, K]).map_err(|e| e.to_string())?;
+        let w = g.input("w", dtype, &[V, K]).map_err(|e| e.to_string())?;
+        let wt = g.permute(w, &[1, 0]).map_err(|e| e.to_string())?;
+        let mut logits = g.matmul(x, wt).map_err(|e| e.to_string())?;
+        if dtype != DType::F32 {
+            logits = g.cast(logits, DType::F32).map_err(|e| e.to_string())?;
+        }
+        let token = g.argmax(logits, -1).map_err(|e| e.to_string())?;
+        let with_logits = dtype == DType::F16;
+        let outs = if with_logits {
+            vec![token, logits]
+        } else {
+            vec![token]
+        };
+        g.set_outputs(&outs).map_err(|e| e.to_string())?;
+        let xv: Vec<f64> = (0..K).map(|i| ((i * 7) % 5) as f64 * 0.25 - 0.5).collect();
+        let base: Vec<f64> = (0..V * K)
+            .map(|i| ((i * 37) % 101) as f64 / 64.0 - 0.75)
+            .collect();
+        let mut tied = base.clone();
+        for c in [45000, 7000] {
+            for (j, v) in tied[c * K..(c + 1) * K].iter_mut().enumerate() {
+                *v = if xv[j] > 0.0 { 4.0 } else { -4.0 };
+            }
+        }
+        let mut nan = base;
+        nan[40000 * K + 3] = f64::NAN;
+        nan[9000 * K + 5] = f64::NAN;
+        let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+        for (wv, at) in [(tied, 7000.0), (nan, 9000.0)] {
+            let b = Bindings::default()
+                .with_input(
+                    "x",
+                    Tensor::from_f64(dtype, vec![1, K], &xv).map_err(|e| e.to_string())?,
+                )
+                .with_input(
+                    "w",
+                    Tensor::from_f64(dtype, vec![V, K], &wv).map_err(|e| e.to_string())?,
+                );
+            let want = run(&g, &b).map_err(|e| e.to_string())?;
+            if want[0].to_f64_vec() != [at] {
+                return Err(
+                    format!("{dtype}: the interpreter gives {:?}, want {at}", want[0]).into(),
+                );
+            }
+            for r in 0..3 {
+                let got = c.run(&b).map_err(|e| e.to_string())?;
+                if got[0] != want[0] {
+                    return Err(format!(
+                        "{dtype} run {r}: device {:?}, interpreter {:?}",
+                        got[0], want[0]
+                    )
+                    .into());
+                }
+                if with_logits && !wv.iter().any(|v| v.is_nan()) {
+                    let e = crate::common::accuracy::rel_l2(&got[1], &want[1])?;
+                    if e.is_nan() || e > dtype.tolerance() {
+                        return Err(format!("{dtype}: logits rel L2 {e}").into());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Decode attention, KV caches, cache write bounds and argmax.
 pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
     for (i, case) in decode_cases::gpu_cases().into_iter().enumerate() {
@@ -157,5 +234,12 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
         ignored,
         "decops::argmax".into(),
         Box::new(move || check_argmax(&d)),
+    );
+    let d = device.clone();
+    push(
+        trials,
+        ignored,
+        "decops::lm_head_argmax".into(),
+        Box::new(move || check_lm_head_argmax(&d)),
     );
 }

@@ -2,19 +2,21 @@
 //! whatever the schedule (deterministic, as the interpreter). A row longer than [`CHUNK`] (an LM
 //! head's logits) is split over several blocks whose (value, index) partials the last block to
 //! finish merges in split order (`argmax_split.hip`, flash_decode's counter protocol): one block
-//! scanning 49152 logits took 32 us on an H100, latency-bound.
+//! scanning 49152 logits took 32 us on an H100, latency-bound. The argmax of a small-M GEMM's one
+//! result row (an LM head's) is done by that GEMM's kernel instead ([`gemv_argmax`]).
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::gemm::{small_m, Problem};
 use crate::arch::Target;
 use crate::codegen::ctype::ctype;
 use crate::codegen::kernel::finish;
 use crate::codegen::limits::{int_index, launch, BLOCK_1D};
 use crate::codegen::plan::{BufferId, KernelPlan};
 use crate::codegen::CodegenError;
-use crate::ir::{Graph, NodeId};
+use crate::ir::{Graph, NodeId, Op};
 
 #[derive(Serialize)]
 struct Context {
@@ -93,5 +95,47 @@ pub(crate) fn argmax(
         args,
         name,
     )?);
+    Ok(())
+}
+
+/// ArgMax `id` computed by the kernel of the small-M GEMM `src` it reads
+/// (`gemm::small_m::argmax_fold` said yes): one launch for the LM head and the token instead of
+/// two. The GEMM's kernel is emitted here, at the argmax, in its place (nothing between them
+/// reads the GEMM's result: the fold checked it); it still writes the result.
+pub(crate) fn gemv_argmax(
+    g: &Graph,
+    id: NodeId,
+    src: NodeId,
+    buf: &HashMap<NodeId, BufferId>,
+    target: &Target,
+    plan: &mut KernelPlan,
+) -> Result<(), CodegenError> {
+    let name = &g.node(id).name;
+    let Op::Gemm(gemm) = &g.node(src).op else {
+        return Err(CodegenError::Unsupported {
+            node: name.clone(),
+            reason: "the argmax fold's operand is not a gemm".into(),
+        });
+    };
+    let p = Problem::new(g, src, gemm)?;
+    // Indices are i32 results and loop counters.
+    int_index(name, "the argmax axis length", p.n)?;
+    let dtype = g.ty(g.operands(src)[0]).dtype;
+    let blocks = small_m::blocks(&p, gemm, dtype, target);
+    // Two f32 per block: its value and its index's bits.
+    let ws = plan.add_workspace(name, 2 * blocks);
+    let counters = plan.add_counters(name, 1);
+    let mut args: Vec<BufferId> = g.operands(src).iter().map(|o| buf[o]).collect();
+    args.extend([buf[&src], ws, counters, buf[&id]]);
+    let k = small_m::kernel_with_argmax(
+        &p,
+        gemm,
+        dtype,
+        g.ty(src).dtype,
+        &g.node(src).name,
+        args,
+        target,
+    )?;
+    plan.kernels.push(k);
     Ok(())
 }

@@ -6,7 +6,7 @@ mod mma;
 pub(crate) mod quant;
 mod quant_dot;
 mod scalar;
-mod small_m;
+pub(crate) mod small_m;
 #[cfg(test)]
 mod tests;
 mod vectors;

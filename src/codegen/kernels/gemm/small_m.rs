@@ -10,12 +10,13 @@ use serde::Serialize;
 use super::super::super::limits::launch as checked_launch;
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
+use super::quant;
 use super::vectors::{vectorizes, Along};
 use super::Problem;
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
 use crate::ir::gemm::Operand;
-use crate::ir::{DType, Gemm};
+use crate::ir::{DType, Gemm, Graph, NodeId, Op};
 
 /// The most rows this kernel takes: each thread keeps M × `cols` sums in registers. It is
 /// `ir::gemm::GEMV_MAX_M`, which passes read (they may not import codegen).
@@ -128,6 +129,16 @@ struct Context<'a> {
     c: &'a Config,
     chunks: usize,
     threads: usize,
+    /// The fused argmax of the one result row (`kernel_with_argmax`); `None` for a plain GEMM.
+    argmax: Option<ArgmaxTail>,
+}
+
+/// What the argmax tail reads: C's elements as floats, and how many blocks leave a partial.
+#[derive(Serialize)]
+struct ArgmaxTail {
+    c_pre: &'static str,
+    c_post: &'static str,
+    blocks: usize,
 }
 
 pub(crate) fn kernel(
@@ -145,6 +156,103 @@ pub(crate) fn kernel(
         c: &c,
         chunks: p.k.div_ceil(c.vec),
         threads: launch.block[0] as usize,
+        argmax: None,
     };
     finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
+}
+
+/// How many blocks the kernel of `p` runs: the argmax tail's partials (its workspace holds two
+/// f32 per block).
+pub(crate) fn blocks(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> usize {
+    let c = config(p, gemm, dtype, target);
+    p.batch * p.n.div_ceil(c.cols)
+}
+
+/// The kernel of a one-row problem (batch 1, M 1, unpaired) that also writes the argmax of its
+/// result row to `token` (`args`: the GEMM's, then the workspace of [`blocks`] partials, the
+/// counter and the token). C is still written, so logits asked for stay available; the argmax
+/// reads C back as stored (`c`: its dtype), the values the unfused ArgMax reads.
+pub(crate) fn kernel_with_argmax(
+    p: &Problem,
+    gemm: &Gemm,
+    dtype: DType,
+    c_dtype: DType,
+    node: &str,
+    args: Vec<BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
+    let c = config(p, gemm, dtype, target);
+    let launch = launch(&c, p, node, target)?;
+    let ct = crate::codegen::ctype::ctype(c_dtype);
+    let ctx = Context {
+        p,
+        c: &c,
+        chunks: p.k.div_ceil(c.vec),
+        threads: launch.block[0] as usize,
+        argmax: Some(ArgmaxTail {
+            c_pre: ct.load_pre,
+            c_post: ct.load_post,
+            blocks: p.batch * p.n.div_ceil(c.cols),
+        }),
+    };
+    finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
+}
+
+/// Why an ArgMax is not folded into the small-M GEMM that computes its operand (the GEMM then
+/// has its own kernel and the argmax `argmax_split`'s, as before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ArgmaxRefusal {
+    /// The operand is not a Gemm node.
+    NotGemm,
+    /// The GEMM reads quantized blocks: its kernel is the quantized GEMV, which has no tail.
+    Quantized,
+    /// Paired columns (a GLU): the result columns are combined in pairs.
+    Paired,
+    /// The argmax reduces more than the GEMM's one result row (batch · M > 1, or its axis is
+    /// not the whole result).
+    Rows,
+    /// The result's column n is not stored at offset n (a transposed or scattered view).
+    Layout,
+    /// Another node reads the GEMM's result: it would be computed after that reader.
+    OtherReader,
+}
+
+/// Whether ArgMax `id` (over `axis`) is computed by the kernel of the GEMM it reads (see
+/// [`kernel_with_argmax`]); that GEMM, or why not. Graph outputs do not count as readers: the
+/// fused kernel still writes the result (the logits a caller asks for).
+pub(crate) fn argmax_fold(g: &Graph, id: NodeId, axis: i64) -> Result<NodeId, ArgmaxRefusal> {
+    let src = g.operands(id)[0];
+    let Op::Gemm(gemm) = &g.node(src).op else {
+        return Err(ArgmaxRefusal::NotGemm);
+    };
+    if quant::reads_blocks(g, src, gemm).is_some() {
+        return Err(ArgmaxRefusal::Quantized);
+    }
+    if gemm.paired {
+        return Err(ArgmaxRefusal::Paired);
+    }
+    let ty = g.ty(src);
+    let n: usize = gemm.dims.n.iter().product();
+    let rows = gemm
+        .dims
+        .batch
+        .iter()
+        .chain(&gemm.dims.m)
+        .product::<usize>();
+    let len = ty.shape.axis(axis).map(|a| ty.shape.dims()[a]);
+    if rows != 1 || len != Some(n) || ty.shape.numel() != n || n == 0 {
+        return Err(ArgmaxRefusal::Rows);
+    }
+    // Row-major over N's sub-axes (size-1 sub-axes move nothing).
+    let mut expect = 1;
+    for (size, stride) in gemm.dims.n.iter().zip(&gemm.out.cols).rev() {
+        if *size > 1 && *stride != expect {
+            return Err(ArgmaxRefusal::Layout);
+        }
+        expect *= size;
+    }
+    if g.consumers(src).iter().any(|&c| c != id) {
+        return Err(ArgmaxRefusal::OtherReader);
+    }
+    Ok(src)
 }
