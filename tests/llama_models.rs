@@ -185,3 +185,55 @@ fn mistral_tiny() {
 fn phi3_tiny() {
     check("phi3-tiny", Family::Phi3);
 }
+
+/// Llama 3 at hidden 256, ffn 512 (`llama3-kquant`): every matrix of its Q4_K_M file is in real
+/// Q4_K or Q6_K blocks (at hidden 64 llama-quantize falls back to Q5_0/Q8_0), checked here with
+/// our GGUF reader; its last-position logits on the interpreter against transformers' f32 logits
+/// within Q4_K_M's tolerance. Only the Q4_K_M file and the reference are committed (the f32 file
+/// is 6 MB), so there is no f32 check here.
+#[test]
+fn llama3_kquant() {
+    use rocmforge::frontend::gguf::Gguf;
+    use rocmforge::ir::QuantScheme;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/models/llama3-kquant");
+    let file = dir.join("Q4_K_M.gguf");
+    assert!(
+        file.exists() && dir.join("reference.json").exists(),
+        "no model at {} (scripts/make-test-models makes it)",
+        dir.display()
+    );
+    let gguf = Gguf::open(&file).unwrap();
+    let mut counts = std::collections::BTreeMap::new();
+    for name in gguf.tensor_names() {
+        let t = gguf.tensor_info(name).unwrap();
+        if t.dims.len() != 2 {
+            continue;
+        }
+        let scheme = t.ggml_type.quant_scheme();
+        assert!(
+            matches!(scheme, Some(QuantScheme::Q4K | QuantScheme::Q6K)),
+            "{name} is {:?}, not Q4_K/Q6_K",
+            t.ggml_type
+        );
+        *counts.entry(format!("{scheme:?}")).or_insert(0) += 1;
+    }
+    eprintln!("llama3-kquant Q4_K_M: {counts:?}");
+    assert_eq!(counts.len(), 2, "both Q4_K and Q6_K: {counts:?}");
+
+    let r = reference(&dir);
+    let prompt = ids(&r["ids"]);
+    let want = floats(&r["last_logits"]);
+    let m = LlamaModel::load(&file).unwrap();
+    assert_eq!(m.config.family, Family::Llama);
+    assert_eq!(m.config.hidden_size, 256);
+    let text = r["prompt"].as_str().unwrap();
+    assert_eq!(m.tokenizer.encode(text).unwrap(), prompt, "token ids");
+    let tol = QUANT_TOLERANCE
+        .iter()
+        .find(|(t, _)| *t == "Q4_K_M")
+        .unwrap()
+        .1;
+    let err = rel_l2(&last_logits(&file, &prompt), &want);
+    eprintln!("llama3-kquant Q4_K_M: rel L2 {err:.2e} (tolerance {tol})");
+    assert!(err <= tol, "last-position logits rel L2 {err} > {tol}");
+}
