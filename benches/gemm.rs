@@ -7,7 +7,9 @@
 //! weights (Q4_1 576 → 1536 and 1536 → 576, Q4_0 576 → 1536, the Q8_0 LM head 576 → 49152) at
 //! M 1, 8 and 16 in f16 and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks; up to M 8 the
 //! GEMV with 8-bit activations and int8 dot products reads it, at 16 the small-M kernel
-//! dequantizes it in registers). Throughput counts 2·M·N·K FLOPs; the table also gives the
+//! dequantizes it in registers); and Q4_K/Q6_K (Q4_K_M files) at SmolLM2's down projection
+//! and Llama-3.2-1B's projections, M 1 and 4, f16 (`_q4_k`, `_q6_k`: the K-quant GEMV with
+//! 8-bit activations). Throughput counts 2·M·N·K FLOPs; the table also gives the
 //! bytes a run moves at least (W, A and the result once) and bytes / time in GB/s, which a
 //! decode GEMV should bring near the device's DRAM bandwidth.
 //!
@@ -225,6 +227,33 @@ fn cases(gpu: bool) -> Vec<Case> {
                         n,
                         k,
                         dtype,
+                        bias_gelu: false,
+                        quant: Some(scheme),
+                    });
+                }
+            }
+        }
+        // Q4_K_M files: Q4_K and Q6_K (the K-quant GEMV with 8-bit activations up to M 4).
+        // SmolLM2's down projection (its other matrices have K 576, not whole super-blocks:
+        // llama-quantize falls back to Q5_0/Q8_0 there) and Llama-3.2-1B's projections.
+        let kquant = [
+            ("smollm2", "down", 576, 1536),
+            ("llama-1b", "qo", 2048, 2048),
+            ("llama-1b", "kv", 512, 2048),
+            ("llama-1b", "gate_up", 8192, 2048),
+            ("llama-1b", "down", 2048, 8192),
+            ("llama-1b", "lm_head", 128256, 2048),
+        ];
+        for (model, layer, n, k) in kquant {
+            for scheme in [QuantScheme::Q4K, QuantScheme::Q6K] {
+                for m in [1, 4] {
+                    out.push(Case {
+                        model,
+                        layer,
+                        m,
+                        n,
+                        k,
+                        dtype: DType::F16,
                         bias_gelu: false,
                         quant: Some(scheme),
                     });

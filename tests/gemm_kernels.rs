@@ -289,16 +289,24 @@ fn int8_options() -> CodegenOptions {
     }
 }
 
+/// The largest M at which the decode GEMV with int8 activations computes a `scheme` weight
+/// under the default options: the K-quants up to M 4 always; the legacy schemes up to M 8 only
+/// where `CodegenOptions::int8_gemv` is on (off by default). The shapes of the tests fit its
+/// shared memory everywhere.
+fn int8_max_m(scheme: QuantScheme) -> Option<usize> {
+    match scheme {
+        QuantScheme::Q4K | QuantScheme::Q5K | QuantScheme::Q6K => Some(4),
+        QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0 => {
+            CodegenOptions::default().int8_gemv.then_some(8)
+        }
+        _ => None,
+    }
+}
+
 /// Whether the decode GEMV with int8 activations computes a `scheme` weight at M `m` under the
-/// default options: only where `CodegenOptions::int8_gemv` is on (off by default), the legacy
-/// schemes up to M 8 (the shapes of the tests fit its shared memory everywhere).
+/// default options (see [`int8_max_m`]).
 fn takes_int8(scheme: QuantScheme, m: usize) -> bool {
-    CodegenOptions::default().int8_gemv
-        && matches!(
-            scheme,
-            QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
-        )
-        && (1..=8).contains(&m)
+    int8_max_m(scheme).is_some_and(|max| (1..=max).contains(&m))
 }
 
 /// Runs `case` on the host for `arch`'s plan: one kernel, the int8 GEMV, within its bound.
@@ -370,9 +378,9 @@ fn quant_compile_cases() -> Vec<QuantCase> {
                 bias: false,
             };
             v.extend([case(1, 1536, 576), case(16, 576, 1536)]);
-            if takes_int8(scheme, 8) {
+            if let Some(m) = int8_max_m(scheme) {
                 // The int8 GEMV at its largest M.
-                v.extend([case(8, 1536, 576), case(8, 576, 1536)]);
+                v.extend([case(m, 1536, 576), case(m, 576, 1536)]);
             }
             if dtype != DType::BF16 {
                 v.push(case(130, 1536, 576));
@@ -630,7 +638,7 @@ fn main() {
         k: 96,
         bias: true,
     };
-    // Q4_1 at M 3 with the int8 GEMV asked for; Q4_K the f32 reader (the default for all).
+    // Q4_1 at M 3 with the int8 GEMV asked for; Q3_K the f32 reader (the default for it).
     trials.push(Trial::test("snapshot::gemm_quant", move || {
         quant_snapshot(
             "kernels__gemm_quant__q4_1_f16__sm_90",
@@ -639,17 +647,38 @@ fn main() {
             &int8_options(),
         )
     }));
+    // The f32 reader on a scheme of 256-value blocks (Q3_K: read value by value).
     trials.push(Trial::test("snapshot::gemm_quant_f32", move || {
         quant_snapshot(
-            "kernels__gemm_quant__q4_k_f16__sm_90",
+            "kernels__gemm_quant__q3_k_f16__sm_90",
             QuantCase {
                 k: 256,
-                ..quant(QuantScheme::Q4K, DType::F16, 3)
+                ..quant(QuantScheme::Q3K, DType::F16, 3)
             },
             "gemm_quant",
             &CodegenOptions::default(),
         )
     }));
+    // The int8 GEMV on the K-quants (chosen by default).
+    for (scheme, name) in [
+        (QuantScheme::Q4K, "kernels__gemm_quant__q4_k_f16__sm_90"),
+        (QuantScheme::Q6K, "kernels__gemm_quant__q6_k_f16__sm_90"),
+    ] {
+        trials.push(Trial::test(
+            format!("snapshot::gemm_quant_kq::{scheme}"),
+            move || {
+                quant_snapshot(
+                    name,
+                    QuantCase {
+                        k: 512,
+                        ..quant(scheme, DType::F16, 3)
+                    },
+                    "gemm_quant",
+                    &CodegenOptions::default(),
+                )
+            },
+        ));
+    }
     for (scheme, name) in [
         (QuantScheme::Q8_0, "kernels__dequantize__q8_0_f16__sm_90"),
         (QuantScheme::Q4_0, "kernels__dequantize__q4_0_f16__sm_90"),

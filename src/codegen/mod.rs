@@ -97,7 +97,8 @@ pub struct CodegenOptions {
     /// (`kernels/gemm/quant_dot.rs`) instead of the f32 reader. Off by default: on the H100 at
     /// SmolLM2's sizes it measured 9.7 µs a GEMV against 6.5 µs for the f16 small-M kernel
     /// (decode step kernel by kernel, docs/performance.md): its per-block activation pass and
-    /// reductions are latency the f32 reader does not pay.
+    /// reductions are latency the f32 reader does not pay. The K-quants (Q4_K, Q5_K, Q6_K) take
+    /// that kernel whatever this says: their f32 reader decodes value by value.
     pub int8_gemv: bool,
     /// f16/bf16 GEMMs on the sm_90a warpgroup kernel (`kernels/gemm/wgmma.rs`) where the target
     /// has wgmma and the problem fills its tiles. Off by default: its first version (cp.async

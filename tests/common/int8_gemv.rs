@@ -1,5 +1,5 @@
 //! The decode GEMV with 8-bit activations (`codegen/kernels/gemm/quant_dot.rs`): its cases
-//! (`x · Wᵀ` on a Q4_0/Q4_1/Q8_0 weight, M 1..=8, odd N, K whole blocks, with the epilogues a
+//! (`x · Wᵀ` on a Q4_0/Q4_1/Q8_0 weight, M 1..=8, or a Q4_K/Q5_K/Q6_K one, M 1..=4; odd N, K whole blocks, with the epilogues a
 //! decoder fuses into it) and the bound its result is held to against the interpreter.
 //!
 //! The bound, per element (m, n), before the epilogue: the activations' rounding to 8 bits moves
@@ -78,9 +78,9 @@ impl Int8Case {
     }
 }
 
-/// The cases run on the host: each scheme at M 1..=8 on an odd N, K of 5 blocks (fewer pieces
-/// than a wave has lanes) and of 33 (more than a round of every lane: the last one partial), in
-/// f16 and f32, with each epilogue.
+/// The cases run on the host: each legacy scheme at M 1..=8 on an odd N, K of 5 blocks (fewer
+/// pieces than a wave has lanes) and of 33 (more than a round of every lane: the last one
+/// partial), in f16 and f32, with each epilogue; the K-quants at M 1..=4 likewise.
 pub fn host_cases() -> Vec<Int8Case> {
     let mut v = Vec::new();
     for scheme in [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0] {
@@ -90,6 +90,26 @@ pub fn host_cases() -> Vec<Int8Case> {
                 1 => (DType::F16, 37, 160, Epilogue::Residual),
                 2 => (DType::F16, 9, 1056, Epilogue::SiluMul),
                 _ => (DType::BF16, 45, 160, Epilogue::None),
+            };
+            v.push(Int8Case {
+                scheme,
+                dtype,
+                m,
+                n,
+                k,
+                epilogue,
+            });
+        }
+    }
+    // The K-quants (chosen by default, M up to 4): K of 1 super-block (fewer pieces than a wave
+    // has lanes) and of 5 (more than a round of 32 lanes; on wave64 a partial round).
+    for scheme in [QuantScheme::Q4K, QuantScheme::Q5K, QuantScheme::Q6K] {
+        for m in 1..=4 {
+            let (dtype, n, k, epilogue) = match m {
+                1 => (DType::F16, 37, 256, Epilogue::Residual),
+                2 => (DType::F16, 9, 1280, Epilogue::SiluMul),
+                3 => (DType::BF16, 45, 256, Epilogue::None),
+                _ => (DType::F32, 13, 1280, Epilogue::Bias),
             };
             v.push(Int8Case {
                 scheme,

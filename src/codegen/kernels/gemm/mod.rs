@@ -306,10 +306,10 @@ pub(crate) fn lower(
     let node = &g.node(id).name;
     let dtype = g.ty(g.operands(id)[0]).dtype;
     if let Some(scheme) = quant::reads_blocks(g, id, gemm) {
-        // Int8 activations and 4-way dot products where asked for and that kernel takes the
-        // problem (`CodegenOptions::int8_gemv`).
-        // The int8 kernel does not combine column pairs: the float one does.
-        if int8_gemv && !gemm.paired {
+        // Int8 activations and 4-way dot products where asked for (`CodegenOptions::int8_gemv`)
+        // or by default for the K-quants (`quant_dot::by_default`), where that kernel takes the
+        // problem. The int8 kernel does not combine column pairs: the float one does.
+        if (int8_gemv || quant_dot::by_default(scheme)) && !gemm.paired {
             if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
                 return Ok(k);
             }

@@ -1,4 +1,4 @@
-//! The decode GEMV on Q4_0, Q4_1 and Q8_0 weights with 8-bit activations
+//! The decode GEMV on Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K with 8-bit activations
 //! (`gemm_quant_dot.hip`): A's rows are quantized once per block into shared memory (an int8
 //! per value, a scale and the exact sum per 32), then W's quants meet them in 4-way int8 dot
 //! products (`rf_dot4_i8`: the arch row's [`crate::arch::Dot4`]), scaled per block in f32.
@@ -16,6 +16,15 @@
 //! Σ over K's groups of d/2 · Σ|w| (d = max|x|/127 of the group), which the tests hold it to.
 //! The offset (Q4_0's −8) and min (Q4_1) terms take the sum of the rounded values, not of A's:
 //! the product is then exactly Σ w·(d·q), so the bound holds with W's values as they are.
+//!
+//! K-quants (256-value super-blocks of 8 sub-blocks of 32, each with its 6-bit scale and min,
+//! Q6_K 16 sub-blocks of 16 with 8-bit scales): a lane takes 32 values of a super-block per
+//! piece, 16 bytes of quants in one load (Q4_K/Q5_K; Q6_K's 210-byte blocks are only 2-byte
+//! aligned: 2-byte loads), unpacks the two sub-block scales the piece spans once, and runs 8 dot
+//! products per row of A. The activation groups of 32 are the sub-blocks: Q4_K/Q5_K's min terms
+//! take half a sub-block's d·Σq per piece (the two pieces of a sub-block add up to it); Q6_K's
+//! −32 offset is taken off the quant bytes before the dot products (values −32..31 fit an int8).
+//! These are chosen by default ([`by_default`]): the f32 reader decodes them value by value.
 
 use serde::Serialize;
 
@@ -30,6 +39,8 @@ use crate::ir::QuantScheme;
 
 /// The most rows of A the kernel takes (see the module comment).
 pub const MAX_M: usize = 8;
+/// The most rows of A the kernel takes on K-quant weights.
+const MAX_M_SUPER: usize = 4;
 /// Waves per block: each takes its own rows of W.
 const WAVES: usize = 4;
 /// Rows of W per wave at most.
@@ -37,23 +48,47 @@ const MAX_COLS: usize = 2;
 /// Blocks that keep a large GPU busy: one row per wave while the grid is smaller.
 const FILL_BLOCKS: usize = 512;
 
-/// Pieces (8 bytes of quants each) per block of `scheme`, when the kernel reads it.
-fn pieces_per_block(scheme: QuantScheme) -> Option<usize> {
+/// How the kernel reads a scheme's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reader {
+    /// A legacy 32-value block in this many pieces of 8 bytes of quants.
+    Legacy(usize),
+    /// A 256-value K-quant super-block in 8 pieces of 32 values (16 bytes of quants each, the
+    /// sub-block scales unpacked per piece).
+    Super,
+}
+
+/// The reader of `scheme`'s blocks, when the kernel reads them.
+fn reader(scheme: QuantScheme) -> Option<Reader> {
     match scheme {
-        QuantScheme::Q4_0 | QuantScheme::Q4_1 => Some(2),
-        QuantScheme::Q8_0 => Some(4),
+        QuantScheme::Q4_0 | QuantScheme::Q4_1 => Some(Reader::Legacy(2)),
+        QuantScheme::Q8_0 => Some(Reader::Legacy(4)),
+        QuantScheme::Q4K | QuantScheme::Q5K | QuantScheme::Q6K => Some(Reader::Super),
         QuantScheme::Q5_0
         | QuantScheme::Q5_1
         | QuantScheme::Iq4Nl
         | QuantScheme::Q2K
         | QuantScheme::Q3K
-        | QuantScheme::Q4K
-        | QuantScheme::Q5K
-        | QuantScheme::Q6K
         | QuantScheme::Q8K
         | QuantScheme::Mxfp4
         | QuantScheme::Mxfp6E2m3
         | QuantScheme::Mxfp6E3m2 => None,
+    }
+}
+
+/// Whether this kernel is chosen for `scheme` whatever `CodegenOptions::int8_gemv` says: the
+/// K-quants, whose alternative is the f32 reader's element-by-element decoding (each value's
+/// 6-bit scale and min unpacked again, the quants read byte by byte).
+pub(crate) fn by_default(scheme: QuantScheme) -> bool {
+    reader(scheme) == Some(Reader::Super)
+}
+
+/// The most rows of A the kernel takes on `scheme`: [`MAX_M`] for the legacy schemes, 4 for the
+/// K-quants (decode sizes; past them the f32 reader, whose spills are known, as before).
+fn max_m(scheme: QuantScheme) -> usize {
+    match reader(scheme) {
+        Some(Reader::Super) => MAX_M_SUPER,
+        Some(Reader::Legacy(_)) | None => MAX_M,
     }
 }
 
@@ -70,11 +105,12 @@ fn shared_bytes(p: &Problem) -> usize {
 }
 
 /// Whether this kernel computes the Gemm `p` on a `scheme` weight that the fused kernels read
-/// (`quant::reads_blocks` said so): a legacy scheme, M ≤ [`MAX_M`], the tile fits.
+/// (`quant::reads_blocks` said so): a scheme it reads, M within its bound, K whole blocks,
+/// the tile fits.
 pub(crate) fn takes(p: &Problem, scheme: QuantScheme, target: &Target) -> bool {
-    pieces_per_block(scheme).is_some()
-        && (1..=MAX_M).contains(&p.m)
-        && p.k.is_multiple_of(BLOCK_ELEMS)
+    reader(scheme).is_some()
+        && (1..=max_m(scheme)).contains(&p.m)
+        && p.k.is_multiple_of(scheme.block_elems())
         && shared_bytes(p) <= target.caps.static_shared_bytes as usize
 }
 
@@ -101,7 +137,11 @@ struct Context<'a> {
     c: &'a Config,
     scheme: &'static str,
     threads: usize,
+    /// Pieces per 32 values: 8 bytes of quants each for the legacy schemes, 1 (32 values) for
+    /// the K-quants.
     ppb: usize,
+    /// A K-quant super-block reader.
+    kq: bool,
     block_bytes: usize,
     weight_bytes: usize,
     dense_bytes: usize,
@@ -115,8 +155,12 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
 ) -> Result<Option<Kernel>, CodegenError> {
-    let Some(ppb) = pieces_per_block(scheme).filter(|_| takes(p, scheme, target)) else {
+    let Some(r) = reader(scheme).filter(|_| takes(p, scheme, target)) else {
         return Ok(None);
+    };
+    let (ppb, kq) = match r {
+        Reader::Legacy(ppb) => (ppb, false),
+        Reader::Super => (1, true),
     };
     let c = config(p);
     let threads = c.waves * target.wave_size as usize;
@@ -128,6 +172,7 @@ pub(crate) fn kernel(
         scheme: scheme.name(),
         threads,
         ppb,
+        kq,
         block_bytes: scheme.block_bytes(),
         weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
         dense_bytes: p.n * p.k * p.input.size_bytes(),
