@@ -401,3 +401,215 @@ fn the_cpu_device_runs_paged_steps_as_the_interpreter() {
     let e = s.run().unwrap_err().to_string();
     assert!(e.contains("slot 1000"), "{e}");
 }
+
+mod kv_blocks {
+    //! The block pool (`serve::kv_blocks`): seeded random sequences of starts (half of them on
+    //! a live sequence's prefix), appends, forks and frees over a small pool, with the pool's
+    //! rows simulated: every slot an append gives is written with its token, every copy it asks
+    //! for performed. After each operation the invariants hold (no block held and free, counts
+    //! equal to the table entries holding each block) and every live sequence reads its own
+    //! tokens back through its table — a block shared, copied or recycled wrongly shows there.
+
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rocmforge::serve::kv_blocks::{Appended, BlockPool, KvBlockError, SeqId};
+    use std::collections::HashMap;
+
+    struct Sim {
+        pool: BlockPool,
+        rows: Vec<Option<u32>>,
+        want: HashMap<SeqId, Vec<u32>>,
+    }
+
+    impl Sim {
+        fn apply(&mut self, a: &Appended, tokens: &[u32]) {
+            let bs = self.pool.block_size();
+            if let Some(c) = a.copy {
+                for r in 0..c.rows {
+                    self.rows[c.to as usize * bs + r] = self.rows[c.from as usize * bs + r];
+                }
+            }
+            assert_eq!(a.slots.len(), tokens.len());
+            for (&s, &t) in a.slots.iter().zip(tokens) {
+                self.rows[s as usize] = Some(t);
+            }
+        }
+
+        fn verify(&self) {
+            self.pool.check().unwrap();
+            let bs = self.pool.block_size();
+            for (seq, want) in &self.want {
+                let table = self.pool.table(*seq).unwrap();
+                let got: Vec<Option<u32>> = (0..want.len())
+                    .map(|j| self.rows[table[j / bs] as usize * bs + j % bs])
+                    .collect();
+                let want_rows: Vec<Option<u32>> = want.iter().map(|&t| Some(t)).collect();
+                assert_eq!(got, want_rows, "sequence {seq}");
+                assert_eq!(self.pool.tokens(*seq).unwrap(), want.as_slice());
+            }
+        }
+    }
+
+    fn run(seed: u64, num_blocks: usize, bs: usize) -> (usize, usize, usize) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut sim = Sim {
+            pool: BlockPool::new(num_blocks, bs).unwrap(),
+            rows: vec![None; num_blocks * bs],
+            want: HashMap::new(),
+        };
+        let (mut shared, mut copies, mut preempted) = (0, 0, 0);
+        let mut next: SeqId = 0;
+        for _ in 0..400 {
+            let live: Vec<SeqId> = {
+                let mut v: Vec<SeqId> = sim.want.keys().copied().collect();
+                v.sort_unstable();
+                v
+            };
+            let pick = |rng: &mut ChaCha8Rng| live[rng.random_range(0..live.len())];
+            let op = if live.is_empty() {
+                0
+            } else {
+                rng.random_range(0..10)
+            };
+            let before = sim.pool.clone();
+            let result = match op {
+                0..=2 => {
+                    let mut prompt: Vec<u32> = if !live.is_empty() && rng.random_bool(0.5) {
+                        let p = &sim.want[&pick(&mut rng)];
+                        p[..rng.random_range(0..=p.len())].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    for _ in 0..rng.random_range(1..3 * bs) {
+                        prompt.push(rng.random_range(0..50));
+                    }
+                    let seq = next;
+                    next += 1;
+                    sim.pool.start(seq, &prompt).map(|(cached, a)| {
+                        shared += cached;
+                        copies += usize::from(a.copy.is_some());
+                        // The cached tokens are in the shared blocks already.
+                        sim.want.insert(seq, prompt[..cached].to_vec());
+                        sim.verify();
+                        sim.apply(&a, &prompt[cached..]);
+                        sim.want.insert(seq, prompt);
+                    })
+                }
+                3..=6 => {
+                    let seq = pick(&mut rng);
+                    let tokens: Vec<u32> = (0..rng.random_range(1..=bs + 2))
+                        .map(|_| rng.random_range(0..50))
+                        .collect();
+                    sim.pool.append(seq, &tokens).map(|a| {
+                        copies += usize::from(a.copy.is_some());
+                        sim.apply(&a, &tokens);
+                        sim.want.get_mut(&seq).unwrap().extend(&tokens);
+                    })
+                }
+                7 => {
+                    let parent = pick(&mut rng);
+                    let child = next;
+                    next += 1;
+                    sim.pool.fork(parent, child).map(|()| {
+                        let t = sim.want[&parent].clone();
+                        sim.want.insert(child, t);
+                    })
+                }
+                _ => {
+                    let seq = pick(&mut rng);
+                    sim.pool.free(seq).map(|()| {
+                        sim.want.remove(&seq);
+                    })
+                }
+            };
+            match result {
+                Ok(()) => {}
+                Err(KvBlockError::OutOfBlocks { needed, free }) => {
+                    assert!(needed > free);
+                    // Nothing changed: then the scheduler's preemption frees a sequence.
+                    assert_eq!(format!("{:?}", sim.pool), format!("{before:?}"));
+                    let victim = pick(&mut rng);
+                    sim.pool.free(victim).unwrap();
+                    sim.want.remove(&victim);
+                    preempted += 1;
+                }
+                Err(e) => panic!("seed {seed}: {e}"),
+            }
+            sim.verify();
+        }
+        let live: Vec<SeqId> = sim.want.keys().copied().collect();
+        for seq in live {
+            sim.pool.free(seq).unwrap();
+            sim.want.remove(&seq);
+            sim.verify();
+        }
+        assert_eq!(sim.pool.free_blocks(), num_blocks, "seed {seed}");
+        (shared, copies, preempted)
+    }
+
+    /// Many seeds and pool shapes; across them prefixes were shared, partial blocks copied and
+    /// sequences preempted (so each path ran).
+    #[test]
+    fn random_operations_keep_the_pool_consistent() {
+        let (mut shared, mut copies, mut preempted) = (0, 0, 0);
+        for seed in 0..40 {
+            let (bs, n) = [(1, 23), (4, 17), (16, 9), (3, 31)][seed as usize % 4];
+            let (s, c, p) = run(seed, n, bs);
+            shared += s;
+            copies += c;
+            preempted += p;
+        }
+        assert!(
+            shared > 0 && copies > 0 && preempted > 0,
+            "{shared} {copies} {preempted}"
+        );
+    }
+
+    /// By hand: two prompts with two full blocks in common share them; the block with the last
+    /// prompt token is never taken from the cache; a fork copies the partial block on its first
+    /// append, and the original keeps writing into its own.
+    #[test]
+    fn prefix_sharing_and_copy_on_write_by_hand() {
+        let mut p = BlockPool::new(10, 4).unwrap();
+        let prompt: Vec<u32> = (0..10).collect();
+        let (cached, a) = p.start(1, &prompt).unwrap();
+        assert_eq!((cached, a.slots.len(), a.copy), (0, 10, None));
+        let t1 = p.table(1).unwrap().to_vec();
+        let mut other = prompt[..8].to_vec();
+        other.extend([77, 78]);
+        let (cached, a) = p.start(2, &other).unwrap();
+        assert_eq!(cached, 8);
+        assert_eq!(a.slots.len(), 2);
+        let t2 = p.table(2).unwrap().to_vec();
+        assert_eq!(t2[..2], t1[..2]);
+        assert_ne!(t2[2], t1[2]);
+        assert_eq!((p.refcount(t1[0]), p.refcount(t1[2])), (2, 1));
+        // Exactly two full blocks: the second holds the last token, so only one is shared.
+        let (cached, _) = p.start(3, &prompt[..8]).unwrap();
+        assert_eq!(cached, 4);
+        // Fork 1 (10 tokens: the third block holds 2) and append to the child.
+        p.fork(1, 4).unwrap();
+        assert_eq!(p.refcount(t1[2]), 2);
+        let a = p.append(4, &[5]).unwrap();
+        let copy = a.copy.unwrap();
+        assert_eq!((copy.from, copy.rows), (t1[2], 2));
+        assert_eq!(a.slots, vec![(copy.to * 4 + 2) as i32]);
+        assert_eq!(p.refcount(t1[2]), 1);
+        // The parent's own block is no longer shared: no copy.
+        assert_eq!(p.append(1, &[6]).unwrap().copy, None);
+        for s in [1, 2, 3, 4] {
+            p.free(s).unwrap();
+            p.check().unwrap();
+        }
+        assert_eq!(p.free_blocks(), 10);
+        assert_eq!(p.free(1), Err(KvBlockError::UnknownSequence(1)));
+        assert_eq!(
+            p.start(5, &[0; 41]).unwrap_err(),
+            KvBlockError::OutOfBlocks {
+                needed: 11,
+                free: 10
+            }
+        );
+        assert!(p.table(5).is_none());
+    }
+}
