@@ -285,6 +285,8 @@ pub(crate) fn op_expr(op: &Op, arity: usize) -> Option<Cow<'_, Expr>> {
         | Op::Gemm(_)
         | Op::State { .. }
         | Op::CacheWrite { .. }
+        | Op::PagedCacheWrite
+        | Op::PagedAttention { .. }
         | Op::ArgMax { .. } => return None,
     })
 }

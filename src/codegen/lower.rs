@@ -74,6 +74,12 @@ pub(crate) fn generate(
                 continue;
             }
         }
+        if let Op::PagedCacheWrite = node.op {
+            // In place, as a cache write below: the pool's buffer holds the written value.
+            buf.insert(id, buf[&g.operands(id)[0]]);
+            lower_node(g, id, &buf, target, options, &mut plan)?;
+            continue;
+        }
         if let Op::CacheWrite { .. } = node.op {
             // In place: the state is read by nothing else (checked above), so its buffer holds
             // the written value from here on.
@@ -317,6 +323,12 @@ fn lower_node(
             return cache_write::cache_write(g, id, (*axis, *rope), &ops, buf, target, plan)
         }
         Op::ArgMax { axis } => return argmax::argmax(g, id, *axis, &ops, buf, target, plan),
+        Op::PagedCacheWrite => {
+            return attention::paged::paged_write(g, id, &ops, buf, target, plan)
+        }
+        Op::PagedAttention { scale } => {
+            return attention::paged::paged_attention(g, id, *scale, buf, target, plan)
+        }
         Op::CausalMask { sq, sk, offset } => causal_mask::kernel(
             (*sq, *sk, *offset),
             ty.shape.numel(),

@@ -34,6 +34,14 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/cache_write.hip"),
     ),
     (
+        "paged_write.hip",
+        include_str!("../../kernel_templates/paged_write.hip"),
+    ),
+    (
+        "paged_decode.hip",
+        include_str!("../../kernel_templates/paged_decode.hip"),
+    ),
+    (
         "argmax.hip",
         include_str!("../../kernel_templates/argmax.hip"),
     ),

@@ -241,6 +241,8 @@ enum Kind {
     },
     /// In place; with a folded rope (at the positions of operand 3), the values rotated first.
     CacheWrite(kernels::Window, Option<Box<attention::RopeStep>>),
+    /// In place: a paged pool's rows written at the slots of operand 2 (`Op::PagedCacheWrite`).
+    PagedWrite(session::PagedRows),
     ArgMax {
         len: usize,
         inner: usize,
@@ -269,6 +271,7 @@ impl Step {
             Kind::Gather { .. } => "gather".into(),
             Kind::Slice { .. } => "slice".into(),
             Kind::CacheWrite(..) => "cache_write".into(),
+            Kind::PagedWrite(_) => "paged_cache_write".into(),
             Kind::ArgMax { .. } => "argmax".into(),
             Kind::Fallback(f) => format!("interp fallback {}", f.op),
         }
@@ -585,6 +588,20 @@ impl CpuPlan {
                     });
                     (args[0], Kind::CacheWrite(w, r))
                 }
+                Op::PagedCacheWrite => {
+                    // In place, as a cache write: the value is the pool's buffer.
+                    let p = arg_ty[0].shape.dims();
+                    let rows = session::PagedRows {
+                        heads: p[1],
+                        block_size: p[2],
+                        d: p[3],
+                        capacity: p[0] * p[2],
+                        new_rows: arg_ty[1].shape.dims()[2],
+                    };
+                    (args[0], Kind::PagedWrite(rows))
+                }
+                // The interpreter's, which reads through the block tables.
+                Op::PagedAttention { .. } => (new_slot(&mut plan, None), fallback(&mut plan)?),
                 Op::ArgMax { axis: a } => {
                     let dims = arg_ty[0].shape.dims();
                     let ax = axis(*a);
@@ -700,6 +717,7 @@ impl CpuPlan {
                 | Kind::Gather { .. }
                 | Kind::Slice { .. }
                 | Kind::CacheWrite(_, None)
+                | Kind::PagedWrite(_)
                 | Kind::ArgMax { .. }
                 | Kind::Fallback(_) => Scratch::default(),
             })

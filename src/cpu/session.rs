@@ -347,6 +347,12 @@ fn run_into(
                 Buf::I(o) => w.write(&step.node, o, arg(1).i(), start),
             }
         }
+        Kind::PagedWrite(rows) => {
+            let Buf::F(o) = out else {
+                unreachable!("pools are float (shape inference)")
+            };
+            rows.write(&step.node, o, arg(1).f(), arg(2).i())
+        }
         Kind::ArgMax { len, inner } => {
             let Buf::I(o) = out else {
                 unreachable!("argmax gives i32")
@@ -367,6 +373,56 @@ fn run_into(
             out.copy_from(&r[0]);
             Ok(())
         }
+    }
+}
+
+/// The sizes of a paged cache write (`Op::PagedCacheWrite`) on a pool of `capacity` rows.
+#[derive(Clone, Debug)]
+pub(crate) struct PagedRows {
+    pub heads: usize,
+    pub block_size: usize,
+    pub d: usize,
+    pub capacity: usize,
+    /// New rows per sequence (the values' axis 2).
+    pub new_rows: usize,
+}
+
+impl PagedRows {
+    /// Writes `values` (`[B, heads, new_rows, d]`) into `pool` at `slots` (`[B, new_rows]`),
+    /// as the interpreter does: negative slots skipped, every slot checked before any row is
+    /// written, later rows winning.
+    fn write(
+        &self,
+        node: &str,
+        pool: &mut [f32],
+        values: &[f32],
+        slots: &[i64],
+    ) -> Result<(), CpuError> {
+        if let Some(&slot) = slots
+            .iter()
+            .find(|&&s| s >= 0 && s as usize >= self.capacity)
+        {
+            return Err(InterpError::PagedSlotOutOfRange {
+                node: node.to_string(),
+                slot,
+                slots: self.capacity,
+            }
+            .into());
+        }
+        let (h, bs, d, s) = (self.heads, self.block_size, self.d, self.new_rows);
+        for (r, &slot) in slots.iter().enumerate() {
+            let Ok(slot) = usize::try_from(slot) else {
+                continue;
+            };
+            let (bi, si) = (r / s, r % s);
+            let (block, row) = (slot / bs, slot % bs);
+            for head in 0..h {
+                let dst = ((block * h + head) * bs + row) * d;
+                let from = ((bi * h + head) * s + si) * d;
+                pool[dst..dst + d].copy_from_slice(&values[from..from + d]);
+            }
+        }
+        Ok(())
     }
 }
 

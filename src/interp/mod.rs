@@ -7,6 +7,7 @@ mod elementwise;
 mod gemm;
 mod layout;
 mod matmul;
+mod paged;
 mod reduce;
 mod state;
 mod strided;
@@ -62,6 +63,28 @@ pub enum InterpError {
         node: String,
         kv_len: i64,
         keys: usize,
+    },
+
+    /// A paged cache write's slot at or past the pool's `slots` rows (blocks × block size).
+    #[error("node `{node}`: slot {slot} is outside a pool of {slots} rows")]
+    PagedSlotOutOfRange {
+        node: String,
+        slot: i64,
+        slots: usize,
+    },
+
+    /// A block table entry, among those a sequence's kv_len reads, that names no block of the
+    /// pool.
+    #[error(
+        "node `{node}`: sequence {sequence}'s block table entry {slot} is block {block}, \
+         outside a pool of {blocks} blocks"
+    )]
+    PagedBlockOutOfRange {
+        node: String,
+        sequence: usize,
+        slot: usize,
+        block: i64,
+        blocks: usize,
     },
 
     #[error("no value given for state `{name}` ({ty})")]
@@ -245,7 +268,7 @@ pub fn run_with_state_data(
         let args: Vec<&Tensor> = operands.iter().map(|o| &values[o]).collect();
         let value = eval(node, &args, bindings, (weights, quantized), states)?;
         debug_assert_eq!(value.ty(), node.ty, "node {}", node.name);
-        if let Op::CacheWrite { .. } = node.op {
+        if let Op::CacheWrite { .. } | Op::PagedCacheWrite = node.op {
             // Checked above: the first operand is a state.
             let state = graph.node(operands[0]).name.clone();
             next_states.insert(state, value.clone());
@@ -333,9 +356,14 @@ fn quantized_weight(
 
 /// Whether `op` computes its value from its operands (so an empty value needs no computing).
 /// Sources produce data from bindings or attributes; a gather checks its indices even when the
-/// rows it picks are empty, and a cache write checks where it writes.
+/// rows it picks are empty, a cache write checks where it writes (paged ones too), and a paged
+/// attention checks its lengths and block tables.
 fn computes(op: &Op) -> bool {
-    !op.is_source() && !matches!(op, Op::Gather | Op::CacheWrite { .. })
+    !op.is_source()
+        && !matches!(
+            op,
+            Op::Gather | Op::CacheWrite { .. } | Op::PagedCacheWrite | Op::PagedAttention { .. }
+        )
 }
 
 /// Evaluates one node on its operand values.
@@ -414,6 +442,18 @@ fn eval(
             };
             let values = rotated.as_ref().unwrap_or(args[1]);
             return state::cache_write(&node.name, args[0], values, args[2], axis(*a));
+        }
+        Op::PagedCacheWrite => {
+            return paged::paged_cache_write(&node.name, args[0], args[1], args[2]);
+        }
+        Op::PagedAttention { scale } => {
+            return paged::paged_attention(
+                &node.name,
+                *scale,
+                (args[0], args[1], args[2]),
+                (args[3], args[4]),
+                ty,
+            );
         }
         Op::ArgMax { axis: a } => reduce::argmax(args[0], axis(*a), ty),
         Op::Constant { values, .. } => Tensor::constant(ty, values),

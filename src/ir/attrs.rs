@@ -88,7 +88,13 @@ impl Op {
                 a.push(("start", json(start)));
                 a.push(("end", json(end)));
             }
-            Op::Gather | Op::Binary(_) | Op::Where | Op::Unary(_) | Op::MatMul => {}
+            Op::Gather
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Unary(_)
+            | Op::MatMul
+            | Op::PagedCacheWrite => {}
+            Op::PagedAttention { scale } => a.push(("scale", json(scale))),
             Op::Cast { to } => a.push(("to", json(to))),
             Op::Reduce { axes, keepdim, .. } => {
                 a.push(("axes", json(axes)));
@@ -252,6 +258,10 @@ impl Op {
             OpKind::CacheWrite => Op::CacheWrite {
                 axis: a.req("axis")?,
                 rope: a.opt("rope_theta")?,
+            },
+            OpKind::PagedCacheWrite => Op::PagedCacheWrite,
+            OpKind::PagedAttention => Op::PagedAttention {
+                scale: a.req("scale")?,
             },
             OpKind::ArgMax => Op::ArgMax {
                 axis: a.req("axis")?,

@@ -373,6 +373,33 @@ impl Graph {
         };
         self.add_op(Op::FlashAttention(att), &[q, k, v, kv_len])
     }
+
+    /// The paged pool `pool` (`[blocks, Hkv, block_size, D]`, a state) with `values`
+    /// (`[B, Hkv, s, D]`) written at `slots` (i32 `[B, s]`, `block·block_size + offset`,
+    /// negative = padding); the pool's next value ([`Op::PagedCacheWrite`]).
+    pub fn paged_cache_write(
+        &mut self,
+        pool: NodeId,
+        values: NodeId,
+        slots: NodeId,
+    ) -> Result<NodeId, GraphError> {
+        self.add_op(Op::PagedCacheWrite, &[pool, values, slots])
+    }
+
+    /// Decode attention of q (`[B, Hq, s, D]`) over the K/V pools through `table` (i32
+    /// `[B, max_blocks]`) and `kv_len` (i32 `[B]`) ([`Op::PagedAttention`]).
+    pub fn paged_attention(
+        &mut self,
+        (q, k_pool, v_pool): (NodeId, NodeId, NodeId),
+        table: NodeId,
+        kv_len: NodeId,
+        scale: f64,
+    ) -> Result<NodeId, GraphError> {
+        self.add_op(
+            Op::PagedAttention { scale },
+            &[q, k_pool, v_pool, table, kv_len],
+        )
+    }
 }
 
 macro_rules! binary_builders {

@@ -297,13 +297,14 @@ impl Graph {
         self.check_state_writes()
     }
 
-    /// Every cache write writes a state that nothing else reads (so writing it in place is
-    /// sound: no other reader can see the state before or after the write).
+    /// Every cache write (contiguous or paged) writes a state that nothing else reads (so
+    /// writing it in place is sound: no other reader can see the state before or after the
+    /// write).
     pub fn check_state_writes(&self) -> Result<(), GraphError> {
         for id in self.node_ids() {
-            let Op::CacheWrite { .. } = self.op(id) else {
+            if !matches!(self.op(id), Op::CacheWrite { .. } | Op::PagedCacheWrite) {
                 continue;
-            };
+            }
             let state = self.g[id].operands[0];
             let reason = if !matches!(self.op(state), Op::State { .. }) {
                 format!(

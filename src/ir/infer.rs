@@ -282,6 +282,8 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             }
             cache_write(*axis, &ins[..3])
         }
+        Op::PagedCacheWrite => paged_cache_write(ins),
+        Op::PagedAttention { scale } => paged_attention(*scale, ins),
         Op::ArgMax { axis } => {
             let x = ins[0];
             require_float(x)?;
@@ -364,6 +366,99 @@ fn cache_write(axis: i64, ins: &[&TensorType]) -> Result<TensorType, InferError>
         ));
     }
     Ok(state.clone())
+}
+
+/// A paged cache write (`Op::PagedCacheWrite`): pool `[N, Hkv, BS, D]`, values `[B, Hkv, s, D]`
+/// of the pool's dtype, slots i32 `[B, s]`. Where the rows land is data, checked when run.
+fn paged_cache_write(ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let (pool, values, slots) = (ins[0], ins[1], ins[2]);
+    // A KV cache: float rows (so the kernels and the CPU device move one kind of element).
+    require_float(pool)?;
+    if values.dtype != pool.dtype {
+        return dtype_err(format!(
+            "values ({}) must have the pool's dtype ({})",
+            values.dtype, pool.dtype
+        ));
+    }
+    if slots.dtype != DType::I32 {
+        return dtype_err(format!("slots must be i32, got {}", slots.dtype));
+    }
+    if pool.shape.rank() != 4 || values.shape.rank() != 4 {
+        return shape_err(format!(
+            "the pool must be [blocks, Hkv, block_size, D] and the values [B, Hkv, s, D], got {} \
+             and {}",
+            pool.shape, values.shape
+        ));
+    }
+    let [_, hkv, _, d] = dims4(pool);
+    let [b, vh, s, vd] = dims4(values);
+    if vh != hkv || vd != d {
+        return shape_err(format!(
+            "values {} must have the pool's heads and row size ({hkv}, {d})",
+            values.shape
+        ));
+    }
+    if slots.shape.0 != [b, s] {
+        return shape_err(format!(
+            "slots {} must be [{b}, {s}], one per new row",
+            slots.shape
+        ));
+    }
+    Ok(pool.clone())
+}
+
+/// Paged decode attention (`Op::PagedAttention`): q `[B, Hq, s, D]`, pools `[N, Hkv, BS, D]`
+/// and `[N, Hkv, BS, Dv]` of q's dtype, block table i32 `[B, max_blocks]`, kv_len i32 `[B]`.
+fn paged_attention(scale: f64, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let (q, k, v, table, kv_len) = (ins[0], ins[1], ins[2], ins[3], ins[4]);
+    for t in [q, k, v] {
+        require_float(t)?;
+        if t.shape.rank() != 4 {
+            return shape_err(format!(
+                "q must be [B, Hq, s, D] and the pools [blocks, Hkv, block_size, D], got {}",
+                t.shape
+            ));
+        }
+    }
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return dtype_err(format!("q, k, v mix {}, {}, {}", q.dtype, k.dtype, v.dtype));
+    }
+    if !(scale as f32).is_finite() {
+        return attr_err(format!("scale must be finite as an f32, got {scale}"));
+    }
+    let [b, hq, s, d] = dims4(q);
+    let [n, hkv, bs, dk] = dims4(k);
+    let [nv, hv, bsv, dv] = dims4(v);
+    let grouped = if hkv == 0 { hq == 0 } else { hq % hkv == 0 };
+    if hkv != hv || !grouped {
+        return shape_err(format!(
+            "query heads ({hq}) must be a multiple of key/value heads ({hkv}, {hv})"
+        ));
+    }
+    if n != nv || bs != bsv || d != dk {
+        return shape_err(format!(
+            "the k pool {} and v pool {} must share blocks and block size, and q {} and k share D",
+            k.shape, v.shape, q.shape
+        ));
+    }
+    for (what, t) in [("block table", table), ("kv_len", kv_len)] {
+        if t.dtype != DType::I32 {
+            return dtype_err(format!("the {what} must be i32, got {}", t.dtype));
+        }
+    }
+    if table.shape.rank() != 2 || table.shape.0[0] != b {
+        return shape_err(format!(
+            "the block table {} must be [{b}, max_blocks]",
+            table.shape
+        ));
+    }
+    if kv_len.shape.0 != [b] {
+        return shape_err(format!(
+            "kv_len {} must be [{b}], one per sequence",
+            kv_len.shape
+        ));
+    }
+    Ok(TensorType::new(q.dtype, vec![b, hq, s, dv]))
 }
 
 fn require_float(t: &TensorType) -> Result<(), InferError> {

@@ -141,6 +141,26 @@ pub enum Op {
         axis: i64,
         rope: Option<f64>,
     },
+    /// Operands (pool, values, slots): a paged K or V cache, pool `[num_blocks, Hkv, block_size,
+    /// D]` (an [`Op::State`] read by nothing else, as a cache write's), with the new rows
+    /// `values` `[B, Hkv, s, D]` written where `slots` (i32 `[B, s]`) says: slot
+    /// `block·block_size + offset` is row `offset` of block `block`, for every head. A negative
+    /// slot is padding and is not written; a slot past the pool is a run-time error in the
+    /// interpreter (the kernels skip it: they cannot report). Two new rows that name the same
+    /// slot leave the later one (in `(b, s)` order). The block size is the pool's axis 2.
+    PagedCacheWrite,
+    /// Decode attention through block tables: q `[B, Hq, s, D]`, k pool `[num_blocks, Hkv,
+    /// block_size, D]`, v pool `[num_blocks, Hkv, block_size, Dv]`, block table i32
+    /// `[B, max_blocks]`, kv_len i32 `[B]` → `[B, Hq, s, Dv]`. Sequence b's key j (j < kv_len[b])
+    /// is row `j % block_size` of block `table[b][j / block_size]`; its queries are the last s
+    /// of its kv_len positions (query i sees keys `j ≤ kv_len[b] − s + i`; one that sees none
+    /// gives zeros, as the safe softmax). GQA: query head h reads K/V head `h / (Hq/Hkv)`.
+    /// A kv_len outside `0..=max_blocks·block_size`, or a block id outside the pool among the
+    /// blocks it reads, is a run-time error in the interpreter; the kernels clamp kv_len and
+    /// skip such blocks.
+    PagedAttention {
+        scale: f64,
+    },
 
     // Index reductions.
     /// Index (i32) of the largest element along `axis`, the axis removed; ties go to the first
@@ -246,6 +266,8 @@ op_kinds! {
     Gemm => ["gemm"],
     FusedElementwise => ["fused_elementwise"],
     CacheWrite => ["cache_write"],
+    PagedCacheWrite => ["paged_cache_write"],
+    PagedAttention => ["paged_attention"],
     ArgMax => ["argmax"],
 }
 
@@ -292,6 +314,8 @@ impl Op {
             Op::Gemm(_) => OpKind::Gemm,
             Op::FusedElementwise(_) => OpKind::FusedElementwise,
             Op::CacheWrite { .. } => OpKind::CacheWrite,
+            Op::PagedCacheWrite => OpKind::PagedCacheWrite,
+            Op::PagedAttention { .. } => OpKind::PagedAttention,
             Op::ArgMax { .. } => OpKind::ArgMax,
         }
     }
@@ -323,6 +347,8 @@ impl Op {
             Op::Gemm(_) => "gemm",
             Op::FusedElementwise(_) => "fused_elementwise",
             Op::CacheWrite { .. } => "cache_write",
+            Op::PagedCacheWrite => "paged_cache_write",
+            Op::PagedAttention { .. } => "paged_attention",
             Op::ArgMax { .. } => "argmax",
         }
     }
@@ -347,7 +373,8 @@ impl Op {
             Op::Concat { .. } | Op::FusedElementwise(_) => Arity::AtLeast(1),
             Op::Gemm(_) => Arity::AtLeast(2),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
-            Op::Where | Op::LayerNorm { .. } => Arity::Exact(3),
+            Op::Where | Op::LayerNorm { .. } | Op::PagedCacheWrite => Arity::Exact(3),
+            Op::PagedAttention { .. } => Arity::Exact(5),
             Op::CacheWrite { rope, .. } => Arity::Exact(3 + usize::from(rope.is_some())),
             Op::FlashAttention(a) => Arity::Exact(
                 a.base_operands()

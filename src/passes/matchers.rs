@@ -57,11 +57,12 @@ pub(crate) struct Live(NodeSet);
 impl Live {
     pub(crate) fn of(g: &Graph) -> Live {
         let mut live = NodeSet::default();
-        // A cache write is live even when no output reads it: it gives its state's next value.
+        // A cache write (contiguous or paged) is live even when no output reads it: it gives
+        // its state's next value.
         let mut stack: Vec<NodeId> = g.outputs().to_vec();
         stack.extend(
             g.node_ids()
-                .filter(|&id| matches!(g.op(id), Op::CacheWrite { .. })),
+                .filter(|&id| matches!(g.op(id), Op::CacheWrite { .. } | Op::PagedCacheWrite)),
         );
         while let Some(id) = stack.pop() {
             if live.insert(id) {

@@ -17,6 +17,7 @@
 pub mod api;
 pub mod chat;
 pub mod http;
+pub mod kv_blocks;
 pub mod metrics;
 pub mod sample;
 pub mod scheduler;

@@ -20,9 +20,10 @@ use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 8] = [
+pub const POINTWISE: [&str; 9] = [
     "elementwise",
     "cache_write",
+    "paged_cache_write",
     "dequantize",
     "copy",
     "gather",
@@ -33,13 +34,14 @@ pub const POINTWISE: [&str; 8] = [
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
 /// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 6] = [
+pub const COOPERATIVE: [&str; 7] = [
     "argmax",
     "gemm",
     "gemm_small_m",
     "gemm_quant",
     "flash_attention",
     "flash_decode",
+    "paged_decode",
 ];
 
 /// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices

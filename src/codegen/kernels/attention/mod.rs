@@ -10,6 +10,7 @@
 
 pub(crate) mod decode;
 mod mma;
+pub(crate) mod paged;
 mod scalar;
 mod simt;
 

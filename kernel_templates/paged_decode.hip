@@ -1,0 +1,278 @@
+// Paged flash-decoding (split K, combined by the last block): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], K/V pools [{{ num_blocks }}, {{ hkv }}, {{ block_size }}, {{ d }}/{{ dv }}],
+// block table [{{ b }}, {{ max_blocks }}], kv_len [{{ b }}], scale {{ scale }}, causal with the queries the last {{ sq }} of each sequence's kv_len keys.
+// The structure and tiling are flash_decode.hip's (a block serves all {{ rows }} query rows ({{ group }} heads x {{ sq }}) of one
+// K/V head of one sequence over split blockIdx.y of its keys ({{ splits }} splits of {{ keys_per_split }} for a full table of {{ sk }});
+// {{ lanes_per_key }} lanes hold a key's row in pieces of {{ vec }} element(s); online softmax in f32, base 2; the waves merge in one
+// step; the last block of a K/V head combines the splits in split order). What differs is where a key's row lies:
+// key j of sequence b is row j % {{ block_size }} of block table[b][j / {{ block_size }}] of the pool, at
+// ((block * {{ hkv }} + kv head) * {{ block_size }} + j % {{ block_size }}) rows from the pool's start. kv_len is clamped to 0..{{ sk }}, and
+// a key whose block id lies outside 0..{{ num_blocks }} is invisible (never read), so no load leaves the pools.
+{% if splits > 1 %}// Per (row, split) it writes the unnormalised output and (m, l) into the workspace and counts itself in its K/V head's
+// counter; a block past the splits kv_len reaches returns at once, and the last active block to count combines and puts
+// the counter back to 0 (zeroed once, when allocated, never poisoned).
+{% else %}// One split: the block normalises its merged rows and writes the output itself.
+{% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, const int* __restrict__ table, const int* __restrict__ kv_len, {% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
+    RF_GRID_ENTER();
+    constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
+    constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
+    constexpr int VEC = {{ vec }};  // elements per load
+    constexpr int NK = {{ d // vec }}, NV = {{ dv // vec }};  // pieces of a K row, of a V row
+    constexpr int PK = {{ pieces_k }}, PV = {{ pieces_v }};  // pieces a lane holds of each
+    constexpr int U = {{ unroll }};  // keys per lane group whose loads are in flight together
+    constexpr int STEP = {{ waves }} * KPW * U;  // keys per round of the block
+    struct alignas({{ vec * elem }}) Piece { {{ ctype }} e[VEC]; };
+    __shared__ float O[{{ waves }}][{{ rows }}][{{ dv }}];
+    __shared__ float wave_m[{{ waves }}][{{ rows }}], wave_l[{{ waves }}][{{ rows }}];
+    const int tid = threadIdx.x;
+    const int wave = tid / RF_WAVE, lane = tid % RF_WAVE;
+    const int kl = lane % LPK, kg = lane / LPK;  // the lane's place in its key's row; its key of the wave's KPW
+    const int bkv = blockIdx.x, split = blockIdx.y;
+    const int bi = bkv / {{ hkv }}, kvh = bkv % {{ hkv }};
+    // Row r of the block is query head kvh * {{ group }} + r / {{ sq }}, position r % {{ sq }}: in q's and out's
+    // order the group's rows are consecutive from row0.
+    const long long row0 = ((long long)bi * {{ hq }} + (long long)kvh * {{ group }}) * {{ sq }};
+    const int* const blocks = table + (long long)bi * {{ max_blocks }};  // this sequence's block table
+    const int key_begin = (int)((long long)split * {{ keys_per_split }});
+    const long long split_end = (long long)key_begin + {{ keys_per_split }};
+    const int key_end_static = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
+    // Keys from kv_len on hold no value (an unwritten cache tail): never read, so a split past kv_len does no work and
+    // writes the empty split the combine weighs 0. The queries are the last Sq of the kv_len positions (causal offset
+    // kv_len - Sq).
+    const int kv_given = kv_len[bi];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the table
+    const long long kv_off = (long long)kvn - {{ sq }};
+    (void)kv_off;
+    const int key_end = key_end_static < kvn ? key_end_static : kvn;
+{% if splits > 1 %}    const int visible = kvn < {{ valid_keys }} ? kvn : {{ valid_keys }};
+    const int wanted = (visible + {{ keys_per_split - 1 }}) / {{ keys_per_split }};
+    const int active = wanted < 1 ? 1 : (wanted > {{ splits }} ? {{ splits }} : wanted);
+    // Uniform over the block (blockIdx and kv_len only), before any barrier.
+    if (split >= active) return;
+{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
+    float qr[{{ rows }}][PK * VEC];
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        const Piece* qp = reinterpret_cast<const Piece*>(q + (row0 + r) * {{ d }});
+#pragma unroll
+        for (int i = 0; i < PK; ++i) {
+            const int c = kl + i * LPK;
+            Piece x;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) x.e[e] = 0;
+            if (c < NK) x = qp[c];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+        }
+    }
+    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int x = 0; x < PV * VEC; ++x) acc[r][x] = 0.0f;
+    }
+    // Every wave runs the same rounds (a key past key_end is neither read nor counted), so the shuffles never diverge.
+    const int rounds = key_end > key_begin ? (key_end - key_begin + STEP - 1) / STEP : 0;
+#pragma unroll 1
+    for (int round = 0; round < rounds; ++round) {
+        // The lane group's U keys, and all their K and V pieces requested before any is used.
+        int key[U];
+        bool okk[U];
+        Piece kr[U][PK], vr[U][PV];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            key[u] = key_begin + round * STEP + (u * {{ waves }} + wave) * KPW + kg;
+            // The key's block through the table; a block outside the pool makes the key invisible.
+            const int blk = key[u] < key_end ? blocks[key[u] / {{ block_size }}] : -1;
+            const bool ok = blk >= 0 && blk < {{ num_blocks }};
+            okk[u] = ok;
+            const long long prow = ok ? ((long long)blk * {{ hkv }} + kvh) * {{ block_size }} + key[u] % {{ block_size }} : 0;
+            const Piece* kp = reinterpret_cast<const Piece*>(k + prow * {{ d }});
+            const Piece* vp = reinterpret_cast<const Piece*>(v + prow * {{ dv }});
+#pragma unroll
+            for (int i = 0; i < PK; ++i) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = 0;
+                if (ok && kl + i * LPK < NK) kr[u][i] = kp[kl + i * LPK];
+            }
+#pragma unroll
+            for (int i = 0; i < PV; ++i) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) vr[u][i].e[e] = 0;
+                if (ok && kl + i * LPK < NV) vr[u][i] = vp[kl + i * LPK];
+            }
+        }
+        // Scores, base 2, summed over the LPK lanes of a key; keys past key_end, in a block outside the pool or
+        // after the row's causal end (kv_len - Sq + its position) are -inf.
+        float s[U][{{ rows }}];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int r = 0; r < {{ rows }}; ++r) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PK; ++i)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) dot += qr[r][i * VEC + e] * {{ load_pre }}kr[u][i].e[e]{{ load_post }};
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) dot += rf_shfl_xor(dot, o);
+                const int j = key[u];
+                const int qi = r % {{ sq }};
+                float x = -INFINITY;
+                if (okk[u]) {
+                    x = dot;
+                    if ((long long)j > (long long)qi + {{ offset }}) x = -INFINITY;
+                }
+                s[u][r] = x;
+            }
+        }
+        // Online softmax over the U keys at once: one rescale of the accumulators per round.
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][r]);
+            // No visible key yet: every p is exp2(-inf) = 0 and the accumulators stay 0.
+            const float base = mx == -INFINITY ? 0.0f : mx;
+            const float corr = exp2f(m[r] - base);
+            float sum = l[r] * corr;
+#pragma unroll
+            for (int x = 0; x < PV * VEC; ++x) acc[r][x] *= corr;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float p = exp2f(s[u][r] - base);
+                sum += p;
+#pragma unroll
+                for (int i = 0; i < PV; ++i)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[r][i * VEC + e] += p * {{ load_pre }}vr[u][i].e[e]{{ load_post }};
+            }
+            l[r] = sum;
+            m[r] = mx;
+        }
+    }
+    // The wave's KPW lane groups merge: each rescaled to the wave's maximum, summed by shuffles.
+#pragma unroll
+    for (int r = 0; r < {{ rows }}; ++r) {
+        float mw = m[r];
+#pragma unroll
+        for (int o = LPK; o < RF_WAVE; o <<= 1) mw = fmaxf(mw, rf_shfl_xor(mw, o));
+        const float f = mw == -INFINITY ? 0.0f : exp2f(m[r] - mw);
+        float lw = l[r] * f;
+#pragma unroll
+        for (int o = LPK; o < RF_WAVE; o <<= 1) lw += rf_shfl_xor(lw, o);
+#pragma unroll
+        for (int x = 0; x < PV * VEC; ++x) {
+            float a = acc[r][x] * f;
+#pragma unroll
+            for (int o = LPK; o < RF_WAVE; o <<= 1) a += rf_shfl_xor(a, o);
+            acc[r][x] = a;
+        }
+        m[r] = mw;
+        l[r] = lw;
+    }
+    // Each wave's rows, relative to the wave's maximum, into its own slice: no wave waits for another.
+    if (kg == 0) {
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r)
+#pragma unroll
+            for (int i = 0; i < PV; ++i) {
+                const int c = kl + i * LPK;
+                if (c < NV)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) O[wave][r][c * VEC + e] = acc[r][i * VEC + e];
+            }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < {{ rows }}; ++r) {
+            wave_m[wave][r] = m[r];
+            wave_l[wave][r] = l[r];
+        }
+    }
+    __syncthreads();
+    // The block's (m, l) of row r from its waves', and element (r, c) of its output: the waves' slices rescaled to the
+    // block's maximum and summed in wave order (a fixed order: the result does not depend on timing).
+    auto block_ml = [&](int r, float& mb, float& lb) {
+        mb = -INFINITY;
+        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][r]);
+        lb = 0.0f;
+        if (mb != -INFINITY)
+            for (int w = 0; w < {{ waves }}; ++w) lb += wave_l[w][r] * exp2f(wave_m[w][r] - mb);
+    };
+    auto block_o = [&](int r, int c) {
+        float mb = -INFINITY;
+        for (int w = 0; w < {{ waves }}; ++w) mb = fmaxf(mb, wave_m[w][r]);
+        float o = 0.0f;
+        if (mb != -INFINITY)
+            for (int w = 0; w < {{ waves }}; ++w) o += O[w][r][c] * exp2f(wave_m[w][r] - mb);
+        return o;
+    };
+{% if splits > 1 %}    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        ws[((row0 + r) * {{ splits }} + split) * {{ dv }} + c] = block_o(r, c);
+    }
+    if (tid < {{ rows }}) {
+        float mb, lb;
+        block_ml(tid, mb, lb);
+        const long long at = {{ stats_at }}LL + ((row0 + tid) * {{ splits }} + split) * 2;
+        ws[at] = mb;
+        ws[at + 1] = lb;
+    }
+    // Release: this block's partials are visible to every block before it is counted.
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned int is_last;
+    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}];
+    if (tid == 0) {
+        const unsigned int before = atomicAdd(&counters[bkv], 1u);
+        is_last = before == (unsigned int)(active - 1) ? 1u : 0u;
+        // Every block of this K/V head has counted: back to 0 for the next launch (and a replay).
+        if (is_last) counters[bkv] = 0u;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    // Acquire: the other blocks' partials, read from L2 (rf_ld_l2) so that no L1 line serves them; independent loads,
+    // eight splits in flight (volatile loads, one at a time, made the combine ~30 us on an H100).
+    __threadfence();
+    const float* part = ws;
+    // Per row, m = max of the active splits' maxima and l = sum of l_s * exp2(m_s - m), in split order.
+    if (tid < {{ rows }}) {
+        const long long at = {{ stats_at }}LL + (row0 + tid) * {{ splits * 2 }};
+        float mr = -INFINITY;
+#pragma unroll 8
+        for (int s = 0; s < active; ++s) mr = fmaxf(mr, rf_ld_l2(part + at + 2 * s));
+        float lr = 0.0f;
+        if (mr != -INFINITY) {
+#pragma unroll 8
+            for (int s = 0; s < active; ++s) lr += rf_ld_l2(part + at + 2 * s + 1) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
+        }
+        row_m[tid] = mr;
+        row_l[tid] = lr;
+    }
+    __syncthreads();
+    // The output is sum of O_s * exp2(m_s - m) / l, in split order; a row no split saw a key of (m = -inf) writes zeros,
+    // as the other attention kernels do.
+    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        const float mr = row_m[r], lr = row_l[r];
+        const long long at = {{ stats_at }}LL + (row0 + r) * {{ splits * 2 }};
+        const long long po = (row0 + r) * {{ splits * dv }} + c;
+        float o = 0.0f;
+        if (mr != -INFINITY) {
+#pragma unroll 8
+            for (int s = 0; s < active; ++s) o += rf_ld_l2(part + po + (long long)s * {{ dv }}) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
+        }
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(o * inv){{ store_post }};
+    }
+{% else %}    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+        const int r = t / {{ dv }}, c = t % {{ dv }};
+        float mb, lr;
+        block_ml(r, mb, lr);
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(block_o(r, c) * inv){{ store_post }};
+    }
+{% endif %}}
