@@ -45,6 +45,18 @@ pub fn check_kv(device: &Device, case: kv_cases::KvCase, seed: u64) -> Result<()
     Ok(())
 }
 
+/// Paged decode attention (`Op::PagedAttention`: keys read through block tables, a prefix block
+/// shared by two sequences, every unread pool row NaN) on the device, against FlashAttention over
+/// the same pools gathered into contiguous caches, run by the interpreter.
+pub fn check_paged(device: &Device, case: paged_cases::PagedCase, seed: u64) -> Result<(), Failed> {
+    let data = case.data(seed);
+    let g = case.attention_graph(case.dtype);
+    let b = case.attention_bindings(&data);
+    let want = case.reference(&data, case.dtype);
+    first_output_within_tolerance(device, &g, &b, &want, &case.name(), case.dtype)?;
+    Ok(())
+}
+
 /// The example decode step with its position at the last row of the cache (runs) and one past
 /// it: the run fails with the interpreter's `CacheWriteOutOfRange`, not a write past the state.
 pub fn check_cache_write_bounds(device: &Device) -> Result<(), Failed> {
@@ -219,6 +231,15 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
             ignored,
             format!("decops::kv::{}", case.name()),
             Box::new(move || check_kv(&d, case, 500 + i as u64)),
+        );
+    }
+    for (i, case) in paged_cases::cases().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("decops::paged::{}", case.name()),
+            Box::new(move || check_paged(&d, case, 700 + i as u64)),
         );
     }
     let d = device.clone();

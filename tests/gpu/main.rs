@@ -46,6 +46,7 @@ mod common {
     pub mod linear_graphs;
     pub mod nan_max;
     pub mod op_zoo;
+    pub mod paged_cases;
     pub mod quant_cases;
     pub mod row_error;
     pub mod smollm2;
