@@ -267,6 +267,10 @@ def main():
                 one_request(target, {"model": model, "prompt": prompt_of(16), "max_tokens": 8,
                                      "temperature": 0, "stream": True}, a.timeout, a.api_key)
             for p in prompts:
+                # The server's first request at a prompt length may compile a plan for it (our
+                # prompt buckets): outside the levels.
+                one_request(target, {"model": model, "prompt": prompt_of(p), "max_tokens": 8,
+                                     "temperature": 0, "stream": True}, a.timeout, a.api_key)
                 for c in levels:
                     n = a.requests or max(4, 2 * c)
                     r = run_level(target, c, p, a.max_tokens, n, a.level_seconds, a.timeout,
