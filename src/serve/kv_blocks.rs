@@ -236,14 +236,14 @@ impl BlockPool {
         }
         for &t in tokens {
             let pos = s.tokens.len();
-            if pos % bs == 0 {
+            if pos.is_multiple_of(bs) {
                 let b = self.take();
                 s.blocks.push(b);
             }
             let block = s.blocks[pos / bs];
             out.slots.push((block as usize * bs + pos % bs) as i32);
             s.tokens.push(t);
-            if s.tokens.len() % bs == 0 {
+            if s.tokens.len().is_multiple_of(bs) {
                 self.register(&mut s, block);
             }
         }
