@@ -42,7 +42,7 @@ pub(crate) fn generate(
     let mut argmax_folds: HashMap<NodeId, NodeId> = HashMap::new();
     for &id in &order {
         if let Op::ArgMax { axis } = g.node(id).op {
-            if let Ok(src) = gemm_kernels::small_m::argmax_fold(g, id, axis) {
+            if let Ok(src) = gemm_kernels::argmax_fold::argmax_fold(g, id, axis) {
                 argmax_folds.insert(id, src);
             }
         }

@@ -99,7 +99,7 @@ pub(crate) fn argmax(
 }
 
 /// ArgMax `id` computed by the kernel of the small-M GEMM `src` it reads
-/// (`gemm::small_m::argmax_fold` said yes): one launch for the LM head and the token instead of
+/// (`gemm::argmax_fold::argmax_fold` said yes): one launch for the LM head and the token instead of
 /// two. The GEMM's kernel is emitted here, at the argmax, in its place (nothing between them
 /// reads the GEMM's result: the fold checked it); it still writes the result.
 pub(crate) fn gemv_argmax(

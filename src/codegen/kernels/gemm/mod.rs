@@ -2,6 +2,7 @@
 //! reads from the node: sizes, dtypes, each view's address arithmetic as C, and the epilogue as
 //! C statements. `lower` picks the kernel; the views are read in place by all of them.
 
+pub(crate) mod argmax_fold;
 mod mma;
 pub(crate) mod quant;
 mod quant_dot;
