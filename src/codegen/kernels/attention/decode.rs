@@ -233,6 +233,28 @@ fn workspace(p: &Problem, c: &Config) -> Option<(usize, usize)> {
     Some((partials, partials.checked_add(pairs.checked_mul(2)?)?))
 }
 
+/// Where the keys split, appends the workspace and the arrival counters to `args` (the paged
+/// kernel shares this); the offset of the (m, l) pairs in the workspace.
+pub(crate) fn split_buffers(
+    p: &Problem,
+    c: &Config,
+    node: &str,
+    args: &mut Vec<BufferId>,
+    plan: &mut KernelPlan,
+) -> Result<usize, CodegenError> {
+    let (stats_at, elems) = workspace(p, c).ok_or_else(|| CodegenError::Unsupported {
+        node: node.to_string(),
+        reason: "its split-K workspace is too large to address".into(),
+    })?;
+    if c.splits > 1 {
+        args.push(plan.add_workspace(node, elems));
+        // One arrival counter per block row of the grid (batch × K/V head); `launch` refuses
+        // a grid whose row count overflows, so the product holds where it runs.
+        args.push(plan.add_counters(node, p.b.saturating_mul(p.hkv)));
+    }
+    Ok(stats_at)
+}
+
 #[derive(Serialize)]
 struct SplitContext<'a> {
     #[serde(flatten)]
@@ -279,16 +301,7 @@ pub(crate) fn kernels(
         return Ok(false);
     };
     let rows = rows(p).expect("checked by choose");
-    let (stats_at, elems) = workspace(p, &c).ok_or_else(|| CodegenError::Unsupported {
-        node: node.to_string(),
-        reason: "its split-K workspace is too large to address".into(),
-    })?;
-    if c.splits > 1 {
-        args.push(plan.add_workspace(node, elems));
-        // One arrival counter per block row of the grid (batch × K/V head); `launch` below
-        // refuses a grid whose row count overflows, so the product holds here.
-        args.push(plan.add_counters(node, p.b.saturating_mul(p.hkv)));
-    }
+    let stats_at = split_buffers(p, &c, node, &mut args, plan)?;
     args.push(out);
     let split = SplitContext {
         p,

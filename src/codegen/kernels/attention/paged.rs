@@ -196,24 +196,8 @@ pub(crate) fn paged_attention(
         ),
     })?;
     let rows = p.group * p.sq;
-    // Workspace: per output row and split Dv partial outputs, then the (m, l) pairs.
-    let too_big = || CodegenError::Unsupported {
-        node: name.clone(),
-        reason: "its split-K workspace is too large to address".into(),
-    };
-    let pairs = (p.b * p.hq * p.sq)
-        .checked_mul(c.splits)
-        .ok_or_else(too_big)?;
-    let stats_at = pairs.checked_mul(p.dv).ok_or_else(too_big)?;
-    let elems = stats_at
-        .checked_add(pairs.checked_mul(2).ok_or_else(too_big)?)
-        .ok_or_else(too_big)?;
-    let ops = g.operands(id);
-    let mut args: Vec<BufferId> = ops.iter().map(|o| buf[o]).collect();
-    if c.splits > 1 {
-        args.push(plan.add_workspace(name, elems));
-        args.push(plan.add_counters(name, p.b.saturating_mul(p.hkv)));
-    }
+    let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
+    let stats_at = decode::split_buffers(&p, &c, name, &mut args, plan)?;
     args.push(buf[&id]);
     let ctx = DecodeContext {
         p: &p,

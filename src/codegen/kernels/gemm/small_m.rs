@@ -148,16 +148,7 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
 ) -> Result<Kernel, CodegenError> {
-    let c = config(p, gemm, dtype, target);
-    let launch = launch(&c, p, node, target)?;
-    let ctx = Context {
-        p,
-        c: &c,
-        chunks: p.k.div_ceil(c.vec),
-        threads: launch.block[0] as usize,
-        argmax: None,
-    };
-    finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
+    build(p, gemm, dtype, None, node, args, target)
 }
 
 /// How many blocks the kernel of `p` runs: the argmax tail's partials (its workspace holds two
@@ -180,19 +171,35 @@ pub(crate) fn kernel_with_argmax(
     args: Vec<BufferId>,
     target: &Target,
 ) -> Result<Kernel, CodegenError> {
+    build(p, gemm, dtype, Some(c_dtype), node, args, target)
+}
+
+/// The kernel, with the argmax tail reading C as `argmax` (its dtype) where given.
+fn build(
+    p: &Problem,
+    gemm: &Gemm,
+    dtype: DType,
+    argmax: Option<DType>,
+    node: &str,
+    args: Vec<BufferId>,
+    target: &Target,
+) -> Result<Kernel, CodegenError> {
     let c = config(p, gemm, dtype, target);
     let launch = launch(&c, p, node, target)?;
-    let ct = crate::codegen::ctype::ctype(c_dtype);
+    let argmax = argmax.map(|c_dtype| {
+        let ct = crate::codegen::ctype::ctype(c_dtype);
+        ArgmaxTail {
+            c_pre: ct.load_pre,
+            c_post: ct.load_post,
+            blocks: blocks(p, gemm, dtype, target),
+        }
+    });
     let ctx = Context {
         p,
         c: &c,
         chunks: p.k.div_ceil(c.vec),
         threads: launch.block[0] as usize,
-        argmax: Some(ArgmaxTail {
-            c_pre: ct.load_pre,
-            c_post: ct.load_post,
-            blocks: p.batch * p.n.div_ceil(c.cols),
-        }),
+        argmax,
     };
     finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
 }
