@@ -15,6 +15,7 @@
 //! loop later; the routes and the job's event channel stay.
 
 pub mod api;
+pub mod batched;
 pub mod chat;
 pub mod http;
 pub mod kv_blocks;

@@ -13,6 +13,9 @@ pub(super) enum Head {
     Last,
     /// The row a graph input (i32 `[1]`) names.
     Row(NodeId),
+    /// The last of each `seqs` runs of equal length the rows split into (each sequence's
+    /// last token, in a [`Paged`] step), with their argmaxes.
+    LastOfEach(usize),
 }
 
 /// The names of a KV-cache graph's inputs and outputs.
@@ -40,6 +43,245 @@ pub mod io {
     /// The V cache of layer `l`.
     pub fn cache_v(l: usize) -> String {
         format!("cache.v.{l}")
+    }
+}
+
+/// The names of a paged graph's inputs and outputs besides [`io`]'s (`input_ids` `[1, b·s]`,
+/// `positions` `[b·s]`, `kv_len` `[b]`, `token` `[b]`, `logits` `[b, vocab]`).
+pub mod paged_io {
+    /// i32 `[1, b·s]`: the pool slot each new token's K/V row goes to (negative: padding, not
+    /// written).
+    pub const SLOTS: &str = "slots";
+    /// i32 `[b, max_blocks]`: each sequence's blocks, in order.
+    pub const BLOCK_TABLE: &str = "block_table";
+
+    /// The K pool of layer `l`.
+    pub fn pool_k(l: usize) -> String {
+        format!("pool.k.{l}")
+    }
+
+    /// The V pool of layer `l`.
+    pub fn pool_v(l: usize) -> String {
+        format!("pool.v.{l}")
+    }
+}
+
+/// The shape of a paged KV cache: every layer's K and V pools are `[num_blocks, Hkv,
+/// block_size, D]`; a sequence holds at most `max_blocks` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolShape {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub max_blocks: usize,
+}
+
+/// A step of `seqs` sequences of `s` new tokens each through a paged KV cache: the tokens are
+/// the rows of the step, sequence-major; each layer writes their K/V rows to the pool slots
+/// `slots` names and attends, per sequence, over the first `kv_len[b]` keys its block table
+/// reaches, the sequence's `s` queries being the last `s` of them. A decode step of `b`
+/// sequences is `(b, 1)`; a prefill of one prompt left-padded to `s` rows is `(1, s)` with
+/// padding slots negative (not written), so each real row sees exactly its causal prefix and
+/// the last row is the prompt's last token.
+pub struct Paged {
+    pub seqs: usize,
+    pub s: usize,
+    pub pool: PoolShape,
+    inputs: Option<(NodeId, NodeId, NodeId, NodeId)>,
+}
+
+impl Paged {
+    pub fn new(seqs: usize, s: usize, pool: PoolShape) -> Paged {
+        Paged {
+            seqs,
+            s,
+            pool,
+            inputs: None,
+        }
+    }
+
+    /// `positions`, `slots`, `block_table` and `kv_len`, made on first use.
+    fn inputs(&mut self, g: &mut Graph) -> Result<(NodeId, NodeId, NodeId, NodeId), GraphError> {
+        if let Some(i) = self.inputs {
+            return Ok(i);
+        }
+        let PoolShape {
+            num_blocks,
+            block_size,
+            max_blocks,
+        } = self.pool;
+        let rows = self.seqs * self.s;
+        let reach = (max_blocks * block_size) as i64;
+        let positions = g.input_sampled(
+            io::POSITIONS,
+            DType::I32,
+            &[rows],
+            Sample::Range {
+                low: 0,
+                high: reach.max(1),
+            },
+        )?;
+        let slots = g.input_sampled(
+            paged_io::SLOTS,
+            DType::I32,
+            &[1, rows],
+            Sample::Range {
+                low: -1,
+                high: (num_blocks * block_size) as i64,
+            },
+        )?;
+        let table = g.input_sampled(
+            paged_io::BLOCK_TABLE,
+            DType::I32,
+            &[self.seqs, max_blocks],
+            Sample::Range {
+                low: 0,
+                high: num_blocks as i64,
+            },
+        )?;
+        let kv_len = g.input_sampled(
+            io::KV_LEN,
+            DType::I32,
+            &[self.seqs],
+            Sample::Range {
+                low: self.s as i64,
+                high: reach + 1,
+            },
+        )?;
+        self.inputs = Some((positions, slots, table, kv_len));
+        Ok((positions, slots, table, kv_len))
+    }
+
+    /// `[1, H, b·s, D]` (rows sequence-major) as `[b, H, s, D]`, or back (`back`).
+    fn per_sequence(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        heads: usize,
+        d: usize,
+        back: bool,
+    ) -> Result<NodeId, GraphError> {
+        let (b, s) = (self.seqs as i64, self.s as i64);
+        if b == 1 {
+            return Ok(x);
+        }
+        if s == 1 {
+            // Swapping the two axes of which one has a single element moves no data.
+            return g.permute(x, &[2, 1, 0, 3]);
+        }
+        let (h, d) = (heads as i64, d as i64);
+        if back {
+            let p = g.permute(x, &[1, 0, 2, 3])?;
+            g.reshape(p, &[1, h, b * s, d])
+        } else {
+            let r = g.reshape(x, &[h, b, s, d])?;
+            g.permute(r, &[1, 0, 2, 3])
+        }
+    }
+}
+
+impl AttentionStep for Paged {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError> {
+        let (positions, _, _, _) = self.inputs(g)?;
+        nn::rope(g, x, Some(positions), spec)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        _window: Option<usize>,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        // A sliding window is refused before a paged graph is built (`LlamaModel::paged_graph`).
+        let (_, slots, table, kv_len) = self.inputs(g)?;
+        let shape = [
+            self.pool.num_blocks,
+            heads.kv,
+            self.pool.block_size,
+            heads.dim,
+        ];
+        let kp = g.state(&paged_io::pool_k(layer), dt, &shape)?;
+        let vp = g.state(&paged_io::pool_v(layer), dt, &shape)?;
+        // The rows go to their slots as they come: [1, Hkv, b·s, D] with slots [1, b·s].
+        let kp = g.paged_cache_write(kp, k, slots)?;
+        let vp = g.paged_cache_write(vp, v, slots)?;
+        let q = self.per_sequence(g, q, heads.q, heads.dim, false)?;
+        let scale = 1.0 / (heads.dim as f64).sqrt();
+        let ctx = g.paged_attention((q, kp, vp), table, kv_len, scale)?;
+        let ctx = self.per_sequence(g, ctx, heads.q, heads.dim, true)?;
+        nn::merge_heads(g, ctx, 1, self.seqs * self.s, heads.q, heads.dim)
+    }
+}
+
+/// A prompt of `s` tokens (right-padded) at positions `0..s`, attending causally over itself
+/// as [`Prefill`] does, whose K/V rows also go to the paged pools at `slots` (i32 `[1, s]`;
+/// negative: not written: padding, or rows a shared prefix already holds). The prompt is
+/// computed whole even where its prefix is shared: the paged attention kernels serve a few
+/// query rows per K/V head (decode), and the prefill's own attention needs no pool.
+pub struct PagedPrefill {
+    pub s: usize,
+    pub pool: PoolShape,
+    slots: Option<NodeId>,
+}
+
+impl PagedPrefill {
+    pub fn new(s: usize, pool: PoolShape) -> PagedPrefill {
+        PagedPrefill {
+            s,
+            pool,
+            slots: None,
+        }
+    }
+}
+
+impl AttentionStep for PagedPrefill {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError> {
+        nn::rope(g, x, None, spec)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        window: Option<usize>,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        let slots = match self.slots {
+            Some(s) => s,
+            None => {
+                let s = g.input_sampled(
+                    paged_io::SLOTS,
+                    DType::I32,
+                    &[1, self.s],
+                    Sample::Range {
+                        low: -1,
+                        high: (self.pool.num_blocks * self.pool.block_size) as i64,
+                    },
+                )?;
+                self.slots = Some(s);
+                s
+            }
+        };
+        let shape = [
+            self.pool.num_blocks,
+            heads.kv,
+            self.pool.block_size,
+            heads.dim,
+        ];
+        let kp = g.state(&paged_io::pool_k(layer), dt, &shape)?;
+        let vp = g.state(&paged_io::pool_v(layer), dt, &shape)?;
+        // Nothing in this graph reads the pools back: the writes are live as state updates.
+        g.paged_cache_write(kp, k, slots)?;
+        g.paged_cache_write(vp, v, slots)?;
+        nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, window, dt)
     }
 }
 
@@ -247,6 +489,77 @@ impl LlamaModel {
         Ok(g)
     }
 
+    /// A step of `seqs` sequences of `s` new tokens each through a paged KV cache of `pool`'s
+    /// shape (see [`Paged`] and [`paged_io`]): inputs `input_ids` `[1, seqs·s]`, `positions`,
+    /// `slots`, `block_table` and `kv_len`; outputs `token` (i32 `[seqs]`, the argmax of each
+    /// sequence's last row) and, when `with_logits`, `logits` `[seqs, vocab]`. The pools are
+    /// states named `pool.k.{l}` / `pool.v.{l}`, shared by every plan of the same pool.
+    pub fn paged_graph(
+        &self,
+        seqs: usize,
+        s: usize,
+        pool: PoolShape,
+        precision: Precision,
+        with_logits: bool,
+    ) -> Result<Graph, GraphError> {
+        if seqs == 0 || s == 0 || pool.num_blocks == 0 || pool.block_size == 0 {
+            return Err(GraphError::BadAttribute {
+                node: "llama_paged".into(),
+                op: "paged_graph".into(),
+                reason: format!(
+                    "a paged step needs at least one sequence, token, block and block row \
+                     (got {seqs} sequences of {s} tokens, {pool:?})"
+                ),
+            });
+        }
+        let mut step = Paged::new(seqs, s, pool);
+        let g = Graph::new("llama_paged");
+        let mut g = self.build_into(
+            g,
+            seqs * s,
+            Head::LastOfEach(seqs),
+            precision,
+            with_logits,
+            &mut step,
+        )?;
+        g.name = format!(
+            "llama_{}{}_paged_b{seqs}_s{s}",
+            precision.dtype,
+            if precision.quantized { "_quant" } else { "" }
+        );
+        Ok(g)
+    }
+
+    /// A prompt of `s` tokens (right-padded) through [`PagedPrefill`]: inputs `input_ids`
+    /// `[1, s]`, `slots` `[1, s]` and `last` (the row whose logits are computed); outputs
+    /// `token` and, when `with_logits`, `logits` `[1, vocab]`, as [`LlamaModel::kv_graph`].
+    pub fn paged_prefill_graph(
+        &self,
+        s: usize,
+        pool: PoolShape,
+        precision: Precision,
+        with_logits: bool,
+    ) -> Result<Graph, GraphError> {
+        let mut step = PagedPrefill::new(s, pool);
+        let mut g = Graph::new("llama_paged_prefill");
+        let last = g.input_sampled(
+            io::LAST,
+            DType::I32,
+            &[1],
+            Sample::Range {
+                low: 0,
+                high: s as i64,
+            },
+        )?;
+        let mut g = self.build_into(g, s, Head::Row(last), precision, with_logits, &mut step)?;
+        g.name = format!(
+            "llama_{}{}_paged_prefill_s{s}",
+            precision.dtype,
+            if precision.quantized { "_quant" } else { "" }
+        );
+        Ok(g)
+    }
+
     pub(super) fn build(
         &self,
         s: usize,
@@ -264,8 +577,8 @@ impl LlamaModel {
         self.build_into(g, s, head, p, with_logits, step)
     }
 
-    /// The forward pass into `g`. `with_logits` only matters for [`Head::Row`], whose graphs
-    /// end in the argmax `token` (the other heads give the logits alone, as they always did).
+    /// The forward pass into `g`. `with_logits` only matters for [`Head::Row`] and
+    /// [`Head::LastOfEach`], whose graphs end in the argmax `token` (the other heads give the logits alone, as they always did).
     pub(super) fn build_into(
         &self,
         mut g: Graph,
@@ -309,6 +622,12 @@ impl LlamaModel {
                 let rows = g.reshape(x, &[s as i64, h as i64])?;
                 x = g.gather(rows, row)?;
             }
+            Head::LastOfEach(seqs) => {
+                let per = (s / seqs) as i64;
+                let runs = g.reshape(x, &[seqs as i64, per, h as i64])?;
+                let last = g.slice(runs, 1, per - 1, per)?;
+                x = g.reshape(last, &[seqs as i64, h as i64])?;
+            }
         }
         let x = nn::rms_norm(&mut g, x, "output_norm.weight", h, c.rms_norm_eps, dt)?;
         let head_w = if p.quantized && self.scheme_of(lm_head(c)).is_some() {
@@ -330,7 +649,7 @@ impl LlamaModel {
             out = g.cast(out, DType::F32)?;
         }
         g.rename(out, io::LOGITS)?;
-        if let Head::Row(_) = head {
+        if let Head::Row(_) | Head::LastOfEach(_) = head {
             let token = g.argmax(out, -1)?;
             g.rename(token, io::TOKEN)?;
             if with_logits {

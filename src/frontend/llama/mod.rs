@@ -28,7 +28,7 @@ use crate::ir::{DType, Op};
 use config::config_error;
 
 pub use config::{Family, LlamaConfig};
-pub use lower::{io, AttentionStep, KvCache, Prefill};
+pub use lower::{io, paged_io, AttentionStep, KvCache, Paged, PagedPrefill, PoolShape, Prefill};
 pub use weights::unpermute_rows;
 
 /// Where the logits are computed.

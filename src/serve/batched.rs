@@ -1,0 +1,501 @@
+//! The batched generator (issue 26): many sequences in one paged KV cache, decoded together.
+//! Each sequence holds blocks of the pools ([`BlockPool`]: its block table and the slots its
+//! next rows go to); a prompt runs alone through a prefill plan (its bucket, as `generate`'s)
+//! that also writes its K/V rows into its blocks; then every running sequence advances one
+//! token per [`BatchedGenerator::step`], through the decode plan of the smallest batch bucket
+//! (1, 2, 4, … `max_batch`) that holds them, the unused rows padded (no slot written, no key
+//! read). One plan per bucket, compiled on first use and kept (captured once on a GPU, then
+//! replayed); every plan shares the same pools.
+//!
+//! Every sequence reads only its own blocks: the table a row reads is its own sequence's, and
+//! a shared prefix block is one its own prompt computed the same rows of.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use super::kv_blocks::{BlockPool, KvBlockError, SeqId};
+use crate::compile::{CompileOptions, Session, SessionOptions};
+use crate::frontend::llama::{io, paged_io, PoolShape, Precision};
+use crate::frontend::LlamaModel;
+use crate::generate::{prompt_bucket, GenerateError};
+use crate::ir::{DType, Graph, Shape, Tensor};
+use crate::runtime::Device;
+
+/// What a [`BatchedGenerator`] is built for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOptions {
+    pub precision: Precision,
+    /// A sequence's longest context (prompt and generated tokens).
+    pub max_context: usize,
+    /// Tokens per pool block.
+    pub block_size: usize,
+    /// Bytes of K/V pools (every layer's K and V): how many blocks there are.
+    pub kv_memory: usize,
+    /// The largest decode batch (its bucket; rounded up to a power of two).
+    pub max_batch: usize,
+    /// Replay the decode plans' captured launches (GPU).
+    pub replay: bool,
+    /// Compile the plans with the `logits` output, for sampling on the host.
+    pub logits: bool,
+}
+
+#[derive(Debug, Error)]
+pub enum BatchError {
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Blocks(#[from] KvBlockError),
+    #[error(
+        "the model attends in a sliding window of {window} tokens, which the paged attention \
+         does not do: it runs one request at a time (--max-batch 1)"
+    )]
+    SlidingWindow { window: usize },
+    #[error(
+        "--kv-memory {bytes} bytes holds {blocks} blocks of {block_bytes} bytes; one sequence \
+         of the maximum context {max_context} needs {needed}"
+    )]
+    PoolTooSmall {
+        bytes: usize,
+        blocks: usize,
+        block_bytes: usize,
+        max_context: usize,
+        needed: usize,
+    },
+    #[error("the block size and the largest batch must be at least 1 (got {block_size} and {max_batch})")]
+    Options { block_size: usize, max_batch: usize },
+    #[error("a step of {got} sequences is past the largest batch, {max}")]
+    BatchTooLarge { got: usize, max: usize },
+    #[error("sequence {0} is not running")]
+    UnknownSequence(SeqId),
+    #[error("sequence {seq} is at the maximum context {max_context}")]
+    ContextFull { seq: SeqId, max_context: usize },
+    #[error("the paged pools' size overflows: {0}")]
+    Overflow(String),
+}
+
+/// What a prefill or a decode step gives per sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Next {
+    /// The argmax of the sequence's last row.
+    pub token: u32,
+    /// That row's logits (`[vocab]`), where the plans have them.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// A model compiled for batched generation on one device, with its pools.
+pub struct BatchedGenerator {
+    pub model: LlamaModel,
+    options: BatchOptions,
+    pool_shape: PoolShape,
+    device: Device,
+    compile: CompileOptions,
+    blocks: BlockPool,
+    /// Tokens whose K/V rows each running sequence holds.
+    lens: HashMap<SeqId, usize>,
+    /// The batch-1 decode plan's session: it owns the pools every other session shares.
+    owner: Session<'static>,
+    decodes: BTreeMap<usize, Session<'static>>,
+    prefills: BTreeMap<usize, Session<'static>>,
+}
+
+/// Bytes of every layer's K and V rows of one pool block.
+fn block_bytes(model: &LlamaModel, block_size: usize, dtype: DType) -> Option<usize> {
+    let c = &model.config;
+    let heads = c.heads();
+    c.num_hidden_layers
+        .checked_mul(2)?
+        .checked_mul(heads.kv)?
+        .checked_mul(heads.dim)?
+        .checked_mul(block_size)?
+        .checked_mul(dtype.size_bytes())
+}
+
+impl BatchedGenerator {
+    pub fn load(path: &Path, device: &Device, options: BatchOptions) -> Result<Self, BatchError> {
+        let model = LlamaModel::load(path).map_err(GenerateError::from)?;
+        BatchedGenerator::new(model, device, options, crate::cpu::Precision::Exact)
+    }
+
+    /// Sizes the pools from `options.kv_memory`, compiles the batch-1 decode plan and makes
+    /// the session that owns the pools.
+    pub fn new(
+        model: LlamaModel,
+        device: &Device,
+        options: BatchOptions,
+        cpu_precision: crate::cpu::Precision,
+    ) -> Result<Self, BatchError> {
+        let limit = model.config.max_position_embeddings;
+        if options.max_context == 0 || options.max_context > limit {
+            return Err(GenerateError::MaxContext {
+                max_context: options.max_context,
+                limit,
+            }
+            .into());
+        }
+        if options.block_size == 0 || options.max_batch == 0 {
+            return Err(BatchError::Options {
+                block_size: options.block_size,
+                max_batch: options.max_batch,
+            });
+        }
+        if let Some(w) = model.config.sliding_window {
+            if w < options.max_context {
+                return Err(BatchError::SlidingWindow { window: w });
+            }
+        }
+        let bytes = block_bytes(&model, options.block_size, options.precision.dtype)
+            .ok_or_else(|| BatchError::Overflow("bytes per block".into()))?;
+        let num_blocks = options.kv_memory / bytes.max(1);
+        let max_blocks = options.max_context.div_ceil(options.block_size);
+        if num_blocks < max_blocks || num_blocks > i32::MAX as usize / options.block_size {
+            return Err(BatchError::PoolTooSmall {
+                bytes: options.kv_memory,
+                blocks: num_blocks,
+                block_bytes: bytes,
+                max_context: options.max_context,
+                needed: max_blocks,
+            });
+        }
+        let pool_shape = PoolShape {
+            num_blocks,
+            block_size: options.block_size,
+            max_blocks,
+        };
+        let graph = model
+            .paged_graph(1, 1, pool_shape, options.precision, options.logits)
+            .map_err(GenerateError::from)?;
+        let compile = CompileOptions {
+            weights: model.weights_for(&graph).map_err(GenerateError::from)?,
+            quantized: model.quantized_for(&graph).map_err(GenerateError::from)?,
+            progress: false,
+            cpu_precision,
+            ..CompileOptions::default()
+        };
+        let exe =
+            Arc::new(Graph::compile_with(graph, device, &compile).map_err(GenerateError::from)?);
+        let owner = Session::new_with(
+            exe,
+            &SessionOptions {
+                replay: options.replay,
+            },
+        )
+        .map_err(GenerateError::from)?;
+        Ok(BatchedGenerator {
+            blocks: BlockPool::new(num_blocks, options.block_size)?,
+            model,
+            options,
+            pool_shape,
+            device: device.clone(),
+            compile,
+            lens: HashMap::new(),
+            owner,
+            decodes: BTreeMap::new(),
+            prefills: BTreeMap::new(),
+        })
+    }
+
+    pub fn options(&self) -> &BatchOptions {
+        &self.options
+    }
+
+    pub fn pool_shape(&self) -> PoolShape {
+        self.pool_shape
+    }
+
+    /// Blocks no sequence holds.
+    pub fn free_blocks(&self) -> usize {
+        self.blocks.free_blocks()
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    /// Sequences holding blocks.
+    pub fn running(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// The decode bucket a step of `n` sequences runs in.
+    pub fn batch_bucket(&self, n: usize) -> usize {
+        n.max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .min(self.options.max_batch.max(1).next_power_of_two())
+    }
+
+    /// Blocks a prompt of `n` tokens takes (what [`BatchedGenerator::start`] needs free).
+    pub fn blocks_for(&self, n: usize) -> usize {
+        n.div_ceil(self.options.block_size)
+    }
+
+    /// Kernel launches of the decode plan of `bucket`, once compiled (`None` on the CPU
+    /// devices or before).
+    pub fn kernels_per_step(&self, bucket: usize) -> Option<usize> {
+        let s = if bucket == 1 {
+            &self.owner
+        } else {
+            self.decodes.get(&bucket)?
+        };
+        s.executable().plan().map(|p| p.kernels.len())
+    }
+
+    /// Compiles the decode plans of every bucket up to `max_batch` and the prefill plan of
+    /// every prompt bucket up to `max_prompt` tokens (so no request waits on a compile).
+    pub fn warm(&mut self, max_prompt: usize) -> Result<(), BatchError> {
+        let mut b = 2;
+        while b <= self.batch_bucket(self.options.max_batch) {
+            self.decode_session(b)?;
+            b *= 2;
+        }
+        let mut n = 1;
+        let top = prompt_bucket(max_prompt.max(1), self.options.max_context);
+        loop {
+            let bucket = prompt_bucket(n, self.options.max_context);
+            self.prefill_session(bucket)?;
+            if bucket >= top {
+                break;
+            }
+            n = bucket + 1;
+        }
+        Ok(())
+    }
+
+    fn decode_session(&mut self, bucket: usize) -> Result<&mut Session<'static>, BatchError> {
+        if bucket == 1 {
+            return Ok(&mut self.owner);
+        }
+        if !self.decodes.contains_key(&bucket) {
+            let o = &self.options;
+            let graph = self
+                .model
+                .paged_graph(bucket, 1, self.pool_shape, o.precision, o.logits)
+                .map_err(GenerateError::from)?;
+            let exe = Arc::new(
+                Graph::compile_with(graph, &self.device, &self.compile)
+                    .map_err(GenerateError::from)?,
+            );
+            let session =
+                Session::new_sharing(exe, &SessionOptions { replay: o.replay }, &self.owner)
+                    .map_err(GenerateError::from)?;
+            self.decodes.insert(bucket, session);
+        }
+        Ok(self.decodes.get_mut(&bucket).expect("inserted above"))
+    }
+
+    fn prefill_session(&mut self, bucket: usize) -> Result<&mut Session<'static>, BatchError> {
+        if !self.prefills.contains_key(&bucket) {
+            let o = &self.options;
+            let graph = self
+                .model
+                .paged_prefill_graph(bucket, self.pool_shape, o.precision, o.logits)
+                .map_err(GenerateError::from)?;
+            let exe = Arc::new(
+                Graph::compile_with(graph, &self.device, &self.compile)
+                    .map_err(GenerateError::from)?,
+            );
+            // A prefill runs once per prompt: capturing it would cost more than it saves.
+            let session = Session::new_sharing(exe, &SessionOptions { replay: false }, &self.owner)
+                .map_err(GenerateError::from)?;
+            self.prefills.insert(bucket, session);
+        }
+        Ok(self.prefills.get_mut(&bucket).expect("inserted above"))
+    }
+
+    /// Starts sequence `seq` on `prompt`: takes its blocks (a full leading block another
+    /// sequence computed from the same tokens is shared) and runs its prefill, which writes the
+    /// K/V rows of the blocks it does not share. Gives the token after the prompt. Out of
+    /// blocks ([`KvBlockError::OutOfBlocks`]) changes nothing: the caller waits for blocks.
+    pub fn start(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Next, BatchError> {
+        let n = prompt.len();
+        if n == 0 {
+            return Err(GenerateError::EmptyPrompt.into());
+        }
+        let max_context = self.options.max_context;
+        if n > max_context {
+            return Err(GenerateError::ContextExceeded {
+                prompt: n,
+                new: 0,
+                needed: n,
+                max_context,
+            }
+            .into());
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::TokenId { id, vocab }.into());
+        }
+        let bucket = prompt_bucket(n, max_context);
+        // Compiled before any block is taken: a failed compile leaves the pool as it was.
+        self.prefill_session(bucket)?;
+        let (cached, appended) = self.blocks.start(seq, prompt)?;
+        let mut slots = vec![-1i64; bucket];
+        for (r, &slot) in appended.slots.iter().enumerate() {
+            slots[cached + r] = i64::from(slot);
+        }
+        let mut ids: Vec<i64> = prompt.iter().map(|&i| i64::from(i)).collect();
+        ids.resize(bucket, 0);
+        let run = (|| -> Result<Next, BatchError> {
+            let s = self.prefill_session(bucket)?;
+            s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, bucket], ids))
+                .map_err(GenerateError::from)?;
+            s.set_input(paged_io::SLOTS, &int(DType::I32, &[1, bucket], slots))
+                .map_err(GenerateError::from)?;
+            s.set_input(io::LAST, &int(DType::I32, &[1], vec![n as i64 - 1]))
+                .map_err(GenerateError::from)?;
+            s.run().map_err(GenerateError::from)?;
+            Ok(read_rows(s, 1, vocab)?.remove(0))
+        })();
+        match run {
+            Ok(next) => {
+                self.lens.insert(seq, n);
+                Ok(next)
+            }
+            Err(e) => {
+                // The blocks go back: the sequence never started.
+                self.blocks.free(seq)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Advances every sequence of `batch` by one token: `(seq, token)` is the token to append
+    /// (the one the last step or the prefill gave). Gives each sequence's next token, in
+    /// order. Blocks are taken for all of them or none ([`KvBlockError::OutOfBlocks`]: the
+    /// caller preempts a sequence and steps again).
+    pub fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Next>, BatchError> {
+        let b = batch.len();
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        let bucket = self.batch_bucket(b);
+        if b > bucket {
+            return Err(BatchError::BatchTooLarge {
+                got: b,
+                max: bucket,
+            });
+        }
+        let bs = self.options.block_size;
+        let max_context = self.options.max_context;
+        let vocab = self.model.config.vocab_size;
+        let mut new_blocks = 0;
+        for &(seq, t) in batch {
+            let len = *self
+                .lens
+                .get(&seq)
+                .ok_or(BatchError::UnknownSequence(seq))?;
+            if len >= max_context {
+                return Err(BatchError::ContextFull { seq, max_context });
+            }
+            if t as usize >= vocab {
+                return Err(GenerateError::TokenId { id: t, vocab }.into());
+            }
+            if len.is_multiple_of(bs) {
+                new_blocks += 1;
+            }
+        }
+        let free = self.blocks.free_blocks();
+        if new_blocks > free {
+            return Err(KvBlockError::OutOfBlocks {
+                needed: new_blocks,
+                free,
+            }
+            .into());
+        }
+        self.decode_session(bucket)?;
+        let max_blocks = self.pool_shape.max_blocks;
+        let mut ids = vec![0i64; bucket];
+        let mut positions = vec![0i64; bucket];
+        let mut slots = vec![-1i64; bucket];
+        let mut table = vec![0i64; bucket * max_blocks];
+        let mut kv_len = vec![0i64; bucket];
+        for (i, &(seq, t)) in batch.iter().enumerate() {
+            let len = self.lens[&seq];
+            // Cannot run out: the blocks were counted above, and no sequence is forked.
+            let appended = self.blocks.append(seq, &[t])?;
+            ids[i] = i64::from(t);
+            positions[i] = len as i64;
+            slots[i] = i64::from(appended.slots[0]);
+            kv_len[i] = len as i64 + 1;
+            let blocks = self
+                .blocks
+                .table(seq)
+                .ok_or(BatchError::UnknownSequence(seq))?;
+            for (j, &blk) in blocks.iter().enumerate() {
+                table[i * max_blocks + j] = i64::from(blk);
+            }
+            *self.lens.get_mut(&seq).expect("looked up above") += 1;
+        }
+        let s = self.decode_session(bucket)?;
+        let set = |s: &mut Session<'static>, name: &str, dims: &[usize], v: Vec<i64>| {
+            let dtype = if name == io::INPUT_IDS {
+                DType::I64
+            } else {
+                DType::I32
+            };
+            s.set_input(name, &int(dtype, dims, v))
+                .map_err(GenerateError::from)
+        };
+        set(s, io::INPUT_IDS, &[1, bucket], ids)?;
+        set(s, io::POSITIONS, &[bucket], positions)?;
+        set(s, paged_io::SLOTS, &[1, bucket], slots)?;
+        set(s, paged_io::BLOCK_TABLE, &[bucket, max_blocks], table)?;
+        set(s, io::KV_LEN, &[bucket], kv_len)?;
+        s.run().map_err(GenerateError::from)?;
+        let mut rows = read_rows(s, bucket, vocab)?;
+        rows.truncate(b);
+        Ok(rows)
+    }
+
+    /// Ends `seq`: its blocks go back to the pool (those another sequence shares stay).
+    pub fn finish(&mut self, seq: SeqId) -> Result<(), BatchError> {
+        self.lens
+            .remove(&seq)
+            .ok_or(BatchError::UnknownSequence(seq))?;
+        self.blocks.free(seq)?;
+        Ok(())
+    }
+
+    /// The pool's bookkeeping is consistent (tests).
+    pub fn check(&self) -> Result<(), String> {
+        self.blocks.check()
+    }
+}
+
+fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
+    Tensor::from_i64(dtype, Shape::new(dims.to_vec()), values).expect("sized by the caller")
+}
+
+/// The `rows` tokens (and logits rows, where the plan has them) of a run.
+fn read_rows(s: &Session<'_>, rows: usize, vocab: usize) -> Result<Vec<Next>, BatchError> {
+    let t = s.output(io::TOKEN).map_err(GenerateError::from)?;
+    let tokens = t.as_i64().unwrap_or_default();
+    let logits = if s
+        .executable()
+        .output_names()
+        .iter()
+        .any(|n| n == io::LOGITS)
+    {
+        let l = s.output(io::LOGITS).map_err(GenerateError::from)?;
+        // The LM head casts to f32 before the output (frontend::llama::lower).
+        Some(l.as_f32().ok_or(GenerateError::LogitsType)?.to_vec())
+    } else {
+        None
+    };
+    (0..rows)
+        .map(|i| {
+            let value = tokens.get(i).copied().unwrap_or(-1);
+            let token = match u32::try_from(value) {
+                Ok(id) if (id as usize) < vocab => id,
+                _ => return Err(GenerateError::BadToken { value }.into()),
+            };
+            let logits = logits
+                .as_ref()
+                .map(|l| l[i * vocab..(i + 1) * vocab].to_vec());
+            Ok(Next { token, logits })
+        })
+        .collect()
+}
