@@ -96,7 +96,7 @@ fn block_bytes(file: &Path, block_size: usize) -> usize {
 fn prompts(vocab: usize) -> Vec<Vec<u32>> {
     let mut rng = StdRng::seed_from_u64(26);
     let mut draw =
-        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.gen_range(2..vocab as u32)).collect() };
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(2..vocab as u32)).collect() };
     let a = draw(9);
     // b shares a's first two full blocks (8 tokens) and goes on differently.
     let mut b = a[..8].to_vec();
@@ -158,7 +158,11 @@ fn batch_matches_alone(name: &str, device: &Device) {
     }
     for (s, (ids, rows)) in lone.iter().enumerate() {
         // A lone run that met EOS stopped there (its sampler saw that step's logits).
-        assert!(rows.len() >= 2, "{name}: sequence {s} ran {} steps", rows.len());
+        assert!(
+            rows.len() >= 2,
+            "{name}: sequence {s} ran {} steps",
+            rows.len()
+        );
         assert_eq!(got[s].len(), rows.len(), "{name}: sequence {s} steps");
         let scale = rows[0].iter().fold(0.0f32, |a, b| a.max(b.abs()));
         for (k, (g, w)) in got[s].iter().zip(rows).enumerate() {
