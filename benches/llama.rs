@@ -6,6 +6,10 @@
 //!   filled the cache to N (two 1024-token chunks for 2048), each step as `rocmforge generate`
 //!   runs it: inputs written, the replayed plan, the token read back.
 //!
+//! - `batched_bB` (B = 1, 8, 32, 64): ms per decode step of B sequences at once through the
+//!   paged KV cache (`serve::batched`, what `rocmforge serve` runs), each after a 128-token
+//!   prompt of its own; tokens/s = B / step time (`tokens_per_s` in the JSON).
+//!
 //! Each row also carries the plan's launches (`kernels`) and `kernels_per_token` (launches over
 //! the tokens a run computes), which benches/llamacpp_compare.py prints beside llama.cpp.
 //!
@@ -25,8 +29,12 @@ use rocmforge::frontend::llama::{io, Precision};
 use rocmforge::frontend::{self, LlamaModel};
 use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
+use rocmforge::serve::batched::{BatchOptions, BatchedGenerator};
 
 const PREFILL: usize = 1024;
+const BATCHES: [usize; 4] = [1, 8, 32, 64];
+/// The prompt each sequence of a batched row starts from.
+const BATCH_PROMPT: usize = 128;
 const CONTEXTS: [usize; 3] = [128, 512, 2048];
 /// Room for a decode step at position 2048.
 const MAX_CONTEXT: usize = 2048 + 64;
@@ -176,5 +184,85 @@ fn main() {
             }
         }
     }
+    for (suffix, p) in [
+        ("", Precision::F16),
+        ("_q4", Precision::quantized(DType::F16)),
+    ] {
+        batched(&path, &device, p, suffix, &mut rows);
+    }
     summary::write_json(&device, rows);
+}
+
+/// The `batched_bB` rows of precision `p`.
+fn batched(
+    path: &std::path::Path,
+    device: &Device,
+    p: Precision,
+    suffix: &str,
+    rows: &mut Vec<serde_json::Value>,
+) {
+    let selected: Vec<usize> = BATCHES
+        .into_iter()
+        .filter(|b| summary::selected(&format!("batched_b{b}{suffix}")))
+        .collect();
+    let Some(&most) = selected.iter().max() else {
+        return;
+    };
+    let steps = 50;
+    let max_context = 512;
+    let m = LlamaModel::load(path).unwrap();
+    let h = m.config.heads();
+    let block_size = 16;
+    let block_bytes = m.config.num_hidden_layers * 2 * h.kv * h.dim * block_size * 2;
+    let options = BatchOptions {
+        precision: p,
+        max_context,
+        block_size,
+        kv_memory: most * max_context.div_ceil(block_size) * block_bytes,
+        max_batch: most,
+        replay: true,
+        logits: false,
+    };
+    let t0 = Instant::now();
+    let vocab = m.config.vocab_size as u64;
+    let mut bg =
+        BatchedGenerator::new(m, device, options, rocmforge::cpu::Precision::Exact).unwrap();
+    bg.warm(BATCH_PROMPT).unwrap();
+    eprintln!(
+        "{p:?}: batched plans compiled in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    for b in selected {
+        // b distinct prompts, each started alone (the prefill), then decoded together.
+        let mut batch: Vec<(u64, u32)> = (0..b as u64)
+            .map(|seq| {
+                let prompt: Vec<u32> = (0..BATCH_PROMPT as u64)
+                    .map(|i| ((seq * 131 + i * 7919 + 13) % vocab) as u32)
+                    .collect();
+                (seq, bg.start(seq, &prompt).unwrap().token)
+            })
+            .collect();
+        let ms = time_ms(steps, || {
+            let next = bg.step(&batch).unwrap();
+            for (slot, n) in batch.iter_mut().zip(next) {
+                slot.1 = n.token;
+            }
+        });
+        for &(seq, _) in &batch {
+            bg.finish(seq).unwrap();
+        }
+        let case = format!("batched_b{b}{suffix}");
+        let kernels = bg.kernels_per_step(bg.batch_bucket(b));
+        println!("{case:<22} {ms:>10.3}   {:>8.0} tok/s", b as f64 * 1e3 / ms);
+        rows.push(serde_json::json!({
+            "case": case,
+            "ms": ms,
+            "dtype": p.dtype.to_string(),
+            "quantized": p.quantized,
+            "batch": b,
+            "tokens_per_s": b as f64 * 1e3 / ms,
+            "kernels": kernels,
+            "kernels_per_token": kernels.map(|k| k as f64 / b as f64),
+        }));
+    }
 }

@@ -25,7 +25,8 @@
 //!   the CUDA driver and NVRTC); a selection of the trials above runs on that device. This
 //!   checks our HIP plumbing (loading, entry points, marshalling, streams, memory, events), not
 //!   AMD hardware or ISA.
-//! - `models.rs`, `llama.rs`: all-MiniLM-L6-v2 and SmolLM2 against PyTorch, the tiny llama.
+//! - `models.rs`, `llama.rs`: all-MiniLM-L6-v2 and SmolLM2 against PyTorch, the tiny llama;
+//!   the batched generator over the paged KV cache against lone runs (`serve::`).
 //! - `bundle.rs`, `tune.rs`, `device.rs`: replay bundles, tuning, and the device itself
 //!   (stress, poisoning, memory, the disk cache, matrix atoms, profiling).
 
@@ -34,6 +35,7 @@
 mod common {
     pub mod accuracy;
     pub mod attention_graphs;
+    pub mod batched_cases;
     pub mod decode_cases;
     pub mod decode_step;
     pub mod edge_cases;

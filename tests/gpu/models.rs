@@ -90,6 +90,20 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
             Box::new(move || crate::llama::tiny(&d)),
         );
     }
+    // The batched generator (paged KV cache, sequences joining mid-way) against lone runs
+    // through the contiguous caches, on this device (tests/common/batched_cases.rs).
+    for name in ["llama3-tiny", "qwen3-tiny"] {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("serve::batched_matches_alone_{}", name.replace('-', "_")),
+            Box::new(move || {
+                crate::common::batched_cases::batch_matches_alone(name, &d, 1e-3);
+                Ok(())
+            }),
+        );
+    }
     // SmolLM2 generation against the PyTorch reference, where the model file is here.
     {
         let missing = crate::llama::missing();
