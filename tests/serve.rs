@@ -1,7 +1,9 @@
 //! `rocmforge serve` end to end on the CPU device, no GPU: the server on 127.0.0.1 (an
 //! ephemeral port) over the tiny LLaMA of tests/common/tiny_gguf.rs, spoken to by the small
 //! HTTP/1.1 client below. The reference for every text is the library's `Generator` run
-//! directly, one prompt at a time, and the tokenizer's decoding of its ids.
+//! directly, one prompt at a time, and the tokenizer's decoding of its ids. The shared server
+//! batches (the paged KV cache, up to 4 requests a step, as `rocmforge serve` runs by default);
+//! the gated ones run version 1 (one at a time), and the completions are checked on both.
 
 #[path = "common/tiny_gguf.rs"]
 mod tiny_gguf;
@@ -12,9 +14,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use rocmforge::frontend::llama::Precision;
 use rocmforge::frontend::LlamaModel;
 use rocmforge::generate::{GenerateOptions, Generator, SampleFn, Stop};
 use rocmforge::runtime::Device;
+use rocmforge::serve::batched::{BatchOptions, BatchedGenerator, BLOCK_SIZE};
 use rocmforge::serve::sample::{Sampler, SamplingParams};
 use rocmforge::serve::scheduler::Decoder;
 use rocmforge::serve::{AppState, Engine, ModelInfo, Scheduler};
@@ -194,6 +198,42 @@ fn start(max_queue: usize, api_key: Option<&str>, gate: Arc<Gate>) -> Server {
         Ok((Gated { gen, gate }, info))
     })
     .unwrap();
+    serving(scheduler, info, api_key)
+}
+
+/// A batching server (version 2) of up to 4 requests a step over a pool of `blocks` blocks.
+fn start_batched(max_queue: usize, blocks: usize) -> Server {
+    let (scheduler, info) = Scheduler::start_batched(max_queue, move || {
+        let m = LlamaModel::load(tiny_path()).map_err(|e| e.to_string())?;
+        let h = m.config.heads();
+        let block_bytes = m.config.num_hidden_layers * 2 * h.kv * h.dim * BLOCK_SIZE * 4;
+        let options = BatchOptions {
+            precision: Precision::F32,
+            max_context: CONTEXT,
+            block_size: BLOCK_SIZE,
+            kv_memory: blocks * block_bytes,
+            max_batch: 4,
+            replay: false,
+            logits: true,
+        };
+        let info = ModelInfo {
+            id: MODEL_ID.into(),
+            tokenizer: m.tokenizer.clone(),
+            vocab: m.config.vocab_size,
+            max_context: CONTEXT,
+            logits: true,
+        };
+        let gen =
+            BatchedGenerator::new(m, &Device::cpu(), options, rocmforge::cpu::Precision::Exact)
+                .map_err(|e| e.to_string())?;
+        Ok((gen, info))
+    })
+    .unwrap();
+    serving(scheduler, info, None)
+}
+
+/// The HTTP side over `scheduler`, on a thread of its own.
+fn serving(scheduler: Scheduler, info: ModelInfo, api_key: Option<&str>) -> Server {
     let state = Arc::new(AppState::new(info, scheduler, api_key.map(String::from)));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -222,8 +262,15 @@ fn start(max_queue: usize, api_key: Option<&str>, gate: Arc<Gate>) -> Server {
     }
 }
 
-/// The shared plain server (no key, an open gate, queue 16).
+/// The shared plain server: batching, no key, queue 16, room for 4 sequences of the whole
+/// context.
 fn plain() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| start_batched(16, 4 * CONTEXT.div_ceil(BLOCK_SIZE)))
+}
+
+/// The shared version-1 server (one request at a time, an open gate, queue 16).
+fn plain_v1() -> &'static Server {
     static S: OnceLock<Server> = OnceLock::new();
     S.get_or_init(|| start(16, None, Gate::new(None)))
 }
@@ -350,7 +397,11 @@ const PROMPTS: &[&str] = &["hello world", "The cat sat", "well, well", "abc"];
 
 #[test]
 fn greedy_completions_equal_the_generator() {
-    let s = plain();
+    greedy_completions_on(plain());
+    greedy_completions_on(plain_v1());
+}
+
+fn greedy_completions_on(s: &Server) {
     for &p in PROMPTS {
         let (want, prompt_tokens, n, stop) = reference(p, 12);
         let r = post(s.addr, "/v1/completions", &completion(p, 12));
@@ -465,12 +516,32 @@ fn streamed_chunks_concatenate_to_the_whole_text() {
 
 #[test]
 fn concurrent_requests_each_equal_their_one_at_a_time_result() {
-    let s = plain();
-    let want: Vec<String> = PROMPTS.iter().map(|p| reference(p, 10).0).collect();
+    concurrent_on(plain(), 10);
+    concurrent_on(plain_v1(), 10);
+}
+
+/// A pool of 5 blocks (80 tokens) for 4 requests of up to 3 blocks each: steps run out of
+/// blocks, the request that joined last is preempted and started again later from its prompt
+/// and the tokens it had; every text is still the one-at-a-time text, and every block comes
+/// back.
+#[test]
+fn preempted_requests_finish_with_the_same_text_and_free_their_blocks() {
+    let s = start_batched(16, 5);
+    concurrent_on(&s, 30);
+    assert!(metric(s.addr, "rocmforge_preemptions_total") >= 1.0);
+    assert_eq!(metric(s.addr, "rocmforge_kv_blocks_used"), 0.0);
+    assert_eq!(metric(s.addr, "rocmforge_kv_blocks_total"), 5.0);
+    assert_eq!(metric(s.addr, "rocmforge_requests_running"), 0.0);
+}
+
+fn concurrent_on(s: &Server, max_tokens: usize) {
+    let want: Vec<String> = PROMPTS.iter().map(|p| reference(p, max_tokens).0).collect();
     let addr = s.addr;
     let threads: Vec<_> = PROMPTS
         .iter()
-        .map(|&p| std::thread::spawn(move || post(addr, "/v1/completions", &completion(p, 10))))
+        .map(|&p| {
+            std::thread::spawn(move || post(addr, "/v1/completions", &completion(p, max_tokens)))
+        })
         .collect();
     for (t, want) in threads.into_iter().zip(want) {
         let r = t.join().unwrap();

@@ -24,6 +24,9 @@ use crate::generate::{prompt_bucket, GenerateError};
 use crate::ir::{DType, Graph, Shape, Tensor};
 use crate::runtime::Device;
 
+/// The block size `rocmforge serve` uses (tokens per pool block), as vLLM's default.
+pub const BLOCK_SIZE: usize = 16;
+
 /// What a [`BatchedGenerator`] is built for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchOptions {

@@ -126,8 +126,26 @@ impl HttpMetrics {
         metric(
             "rocmforge_requests_running",
             "gauge",
-            "Requests generating now (one at a time in this version).",
+            "Requests generating now (the batch, with --max-batch above 1).",
             one(w.running.load(Ordering::SeqCst) as f64),
+        );
+        metric(
+            "rocmforge_preemptions_total",
+            "counter",
+            "Requests whose KV blocks were freed when a step ran out, to be started again.",
+            one(w.preempted.load(Ordering::Relaxed) as f64),
+        );
+        metric(
+            "rocmforge_kv_blocks_used",
+            "gauge",
+            "Paged KV-cache blocks that running requests hold (0 at rest).",
+            one(w.kv_blocks_used.load(Ordering::Relaxed) as f64),
+        );
+        metric(
+            "rocmforge_kv_blocks_total",
+            "gauge",
+            "Paged KV-cache blocks in the pool (0 without the paged cache: --max-batch 1).",
+            one(w.kv_blocks_total.load(Ordering::Relaxed) as f64),
         );
         out
     }
@@ -149,6 +167,8 @@ mod tests {
         w.generated_tokens.store(30, Ordering::Relaxed);
         w.generate_micros.store(2_000_000, Ordering::Relaxed);
         w.queued.store(3, Ordering::SeqCst);
+        w.kv_blocks_used.store(5, Ordering::Relaxed);
+        w.kv_blocks_total.store(64, Ordering::Relaxed);
         let text = m.render(&w, 8);
         for line in [
             "rocmforge_requests_total{route=\"/health\",status=\"200\"} 2",
@@ -158,6 +178,8 @@ mod tests {
             "rocmforge_tokens_per_second 15",
             "rocmforge_queue_depth 3",
             "rocmforge_queue_limit 8",
+            "rocmforge_kv_blocks_used 5",
+            "rocmforge_kv_blocks_total 64",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -7,14 +7,16 @@
 //!   the step's logits;
 //! - [`text`]: ids to text as they arrive, stop strings, never half a character or half a stop
 //!   string sent;
-//! - [`scheduler`]: version 1, one worker thread owning the generator, one request at a time
-//!   from a bounded queue; cancellation at the next token;
+//! - [`scheduler`]: the bounded queue and the worker thread that owns the model; version 1
+//!   runs one request at a time; [`batch_worker`] (version 2) batches them continuously over
+//!   the paged KV cache of [`batched`] ([`kv_blocks`]: the block pool);
 //! - [`http`]: the thin axum layer (routes, bearer key, SSE), and [`metrics`] (Prometheus).
 //!
-//! The paged KV cache and continuous batching (issue 26's first two parts) replace the worker
-//! loop later; the routes and the job's event channel stay.
+//! Both workers take the same jobs and send the same events: the routes do not know which
+//! one runs.
 
 pub mod api;
+pub mod batch_worker;
 pub mod batched;
 pub mod chat;
 pub mod http;
@@ -24,5 +26,6 @@ pub mod sample;
 pub mod scheduler;
 pub mod text;
 
+pub use batch_worker::BatchEngine;
 pub use http::{router, serve, AppState, ModelInfo};
 pub use scheduler::{Engine, Scheduler};

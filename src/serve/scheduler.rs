@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::batch_worker::{work_batched, BatchEngine};
 use super::sample::{Sampler, SamplingParams};
 use super::text::{Piece, TextStream};
 use crate::generate::{Generator, SampleFn, Stop};
@@ -123,7 +124,7 @@ pub enum SubmitError {
 pub struct WorkerStats {
     /// Jobs waiting in the queue (not the one running).
     pub queued: AtomicUsize,
-    /// 1 while a job runs.
+    /// Jobs generating (version 1: 0 or 1; the batching worker: the batch).
     pub running: AtomicUsize,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
@@ -134,6 +135,11 @@ pub struct WorkerStats {
     pub failed: AtomicU64,
     /// The last finished job's generated tokens per second, as f64 bits.
     pub last_tokens_per_s: AtomicU64,
+    /// Requests preempted (blocks freed, started again later) by the batching worker.
+    pub preempted: AtomicU64,
+    /// KV-cache blocks in use and in all (the batching worker's pool; 0 for version 1).
+    pub kv_blocks_used: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
     /// Signalled whenever `queued` changes (see [`WorkerStats::wait_queue`]).
     queue_lock: Mutex<()>,
     queue_changed: Condvar,
@@ -141,7 +147,7 @@ pub struct WorkerStats {
 
 impl WorkerStats {
     /// Counts a job into (`up`) or out of the queue and wakes whoever waits on the count.
-    fn add_queued(&self, up: bool) {
+    pub(super) fn add_queued(&self, up: bool) {
         if up {
             self.queued.fetch_add(1, Ordering::SeqCst);
         } else {
@@ -166,6 +172,9 @@ impl WorkerStats {
     }
 }
 
+/// A worker loop: the engine, the queue, the cancel flag, the counters.
+type Worker<E> = fn(E, Receiver<Job>, &AtomicBool, &WorkerStats);
+
 /// The submitting side; shared by the HTTP handlers.
 pub struct Scheduler {
     queue: Mutex<Option<SyncSender<Job>>>,
@@ -187,6 +196,26 @@ impl Scheduler {
         T: Send + 'static,
         F: FnOnce() -> Result<(E, T), String> + Send + 'static,
     {
+        Scheduler::spawn(max_queue, make, work::<E>)
+    }
+
+    /// As [`Scheduler::start`], with the batching worker (version 2,
+    /// [`super::batch_worker`]): up to the engine's largest batch of jobs generate at once.
+    pub fn start_batched<E, T, F>(max_queue: usize, make: F) -> Result<(Scheduler, T), String>
+    where
+        E: BatchEngine + 'static,
+        T: Send + 'static,
+        F: FnOnce() -> Result<(E, T), String> + Send + 'static,
+    {
+        Scheduler::spawn(max_queue, make, work_batched::<E>)
+    }
+
+    fn spawn<E, T, F>(max_queue: usize, make: F, run: Worker<E>) -> Result<(Scheduler, T), String>
+    where
+        E: 'static,
+        T: Send + 'static,
+        F: FnOnce() -> Result<(E, T), String> + Send + 'static,
+    {
         let (tx, rx) = sync_channel::<Job>(max_queue);
         let (ready_tx, ready_rx) = sync_channel::<Result<T, String>>(1);
         let cancel = Arc::new(AtomicBool::new(false));
@@ -199,7 +228,7 @@ impl Scheduler {
                     // The receiver waits for this message; if it went away there is no one
                     // to serve.
                     if ready_tx.send(Ok(info)).is_ok() {
-                        work(engine, rx, &c, &s);
+                        run(engine, rx, &c, &s);
                     }
                 }
                 Err(e) => {
@@ -340,6 +369,36 @@ fn run_job<E: Engine>(
     };
     let result = engine.generate(&job.prompt, job.max_tokens, sampler, &mut on_token);
     let micros = t0.elapsed().as_micros() as u64;
+    let outcome = match (result, failure, ended) {
+        (Err(e), _, _) | (Ok(_), Some(e), _) => Err(e),
+        (Ok(_), None, Some(reason)) => Ok(reason),
+        (Ok(Stop::Eos), None, None) => Ok(FinishReason::Stop),
+        (Ok(Stop::Length), None, None) => Ok(FinishReason::Length),
+        // Only this callback stops generation, and it says why when it does.
+        (Ok(Stop::Callback), None, None) => Ok(FinishReason::Cancelled),
+    };
+    // After EOS or the budget, the held-back text is sent; after a stop string the text ends
+    // before it.
+    let flush = ended.is_none();
+    conclude(
+        &job, &mut text, outcome, flush, generated, micros, stats, decode,
+    );
+}
+
+/// Counts a finished job (`generated` tokens in `micros`) and sends its last events: the
+/// held-back text where `flush` says, then [`Event::Done`]; or [`Event::Failed`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn conclude(
+    job: &Job,
+    text: &mut TextStream,
+    outcome: Result<FinishReason, String>,
+    flush: bool,
+    generated: usize,
+    micros: u64,
+    stats: &WorkerStats,
+    decode: &Decoder,
+) {
+    let events = &job.events;
     stats
         .prompt_tokens
         .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
@@ -353,14 +412,6 @@ fn run_job<E: Engine>(
             .last_tokens_per_s
             .store(rate.to_bits(), Ordering::Relaxed);
     }
-    let outcome = match (result, failure, ended) {
-        (Err(e), _, _) | (Ok(_), Some(e), _) => Err(e),
-        (Ok(_), None, Some(reason)) => Ok(reason),
-        (Ok(Stop::Eos), None, None) => Ok(FinishReason::Stop),
-        (Ok(Stop::Length), None, None) => Ok(FinishReason::Length),
-        // Only this callback stops generation, and it says why when it does.
-        (Ok(Stop::Callback), None, None) => Ok(FinishReason::Cancelled),
-    };
     let finish = |reason| {
         Event::Done(Finish {
             reason,
@@ -378,12 +429,10 @@ fn run_job<E: Engine>(
             let _ = events.send(finish(FinishReason::Cancelled));
         }
         Ok(reason) => {
-            // After EOS or the budget, the held-back text is sent; after a stop string the
-            // text ends before it.
-            let rest = if ended.is_some() {
-                Ok(String::new())
-            } else {
+            let rest = if flush {
                 text.finish(|ids| decode(ids))
+            } else {
+                Ok(String::new())
             };
             match rest {
                 Ok(rest) => {

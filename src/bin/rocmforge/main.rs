@@ -178,9 +178,10 @@ enum Command {
     /// Serve a LLaMA-class GGUF model over an OpenAI-compatible HTTP API.
     ///
     /// POST /v1/completions and /v1/chat/completions (the model's chat template; `stream: true`
-    /// for server-sent events), GET /v1/models, /health and /metrics (Prometheus text). One
-    /// request generates at a time; up to --max-queue more wait, further ones are answered 429
-    /// with Retry-After. Greedy at temperature 0, else temperature/top-k/top-p with the
+    /// for server-sent events), GET /v1/models, /health and /metrics (Prometheus text). Up to
+    /// --max-batch requests generate at once, decoded together through a paged KV cache
+    /// (continuous batching: a request joins the batch when it arrives and leaves when it ends);
+    /// up to --max-queue more wait, further ones are answered 429 with Retry-After. Greedy at temperature 0, else temperature/top-k/top-p with the
     /// request's seed; stop strings, EOS and max_tokens end a completion. Binds loopback by
     /// default. Ctrl-C or SIGTERM stops accepting, lets in-flight requests finish (at most
     /// --shutdown-grace seconds, then cancels them) and exits 0.
@@ -207,9 +208,18 @@ enum Command {
         /// it. Default: 2048 on a GPU, 512 on the CPU devices.
         #[arg(long, value_name = "N")]
         max_context: Option<usize>,
-        /// The most requests waiting besides the one generating; more are answered 429.
+        /// The most requests waiting besides those generating; more are answered 429.
         #[arg(long, value_name = "N", default_value_t = 16)]
         max_queue: usize,
+        /// The most requests generating at once (one decode step advances them all). 1: one
+        /// at a time through a contiguous cache, as models with a sliding window always run.
+        /// Default: 64 on a GPU, 8 on the CPU devices.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        max_batch: Option<u16>,
+        /// Bytes of the paged KV cache (every layer's K and V blocks of 16 tokens). Default:
+        /// room for --max-batch requests of the full --max-context; said at start.
+        #[arg(long, value_name = "BYTES")]
+        kv_memory: Option<usize>,
         /// Require `Authorization: Bearer KEY` on every route but /health.
         #[arg(long, value_name = "KEY")]
         api_key: Option<String>,
@@ -451,6 +461,8 @@ fn main() -> ExitCode {
             dtype,
             max_context,
             max_queue,
+            max_batch,
+            kv_memory,
             api_key,
             greedy,
             no_replay,
@@ -463,6 +475,8 @@ fn main() -> ExitCode {
             dtype,
             max_context: *max_context,
             max_queue: *max_queue,
+            max_batch: max_batch.map(usize::from),
+            kv_memory: *kv_memory,
             api_key: api_key.as_deref(),
             greedy: *greedy,
             replay: !*no_replay,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rocmforge::frontend::llama::Precision;
 use rocmforge::generate::{GenerateOptions, Generator};
 use rocmforge::ir::DType;
+use rocmforge::serve::batched::{BatchOptions, BatchedGenerator, BLOCK_SIZE};
 use rocmforge::serve::{AppState, ModelInfo, Scheduler};
 
 use crate::common::{file_name, pick_device};
@@ -21,6 +22,8 @@ pub(crate) struct ServeArgs<'a> {
     pub(crate) dtype: &'a str,
     pub(crate) max_context: Option<usize>,
     pub(crate) max_queue: usize,
+    pub(crate) max_batch: Option<usize>,
+    pub(crate) kv_memory: Option<usize>,
     pub(crate) api_key: Option<&'a str>,
     pub(crate) greedy: bool,
     pub(crate) replay: bool,
@@ -59,23 +62,70 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
     let max_context = options.max_context;
     let logits = options.logits;
     let model_id = id.clone();
-    // The worker thread loads and compiles the model and keeps it: device sessions stay on the
-    // thread that made them.
-    let (scheduler, info) = Scheduler::start(a.max_queue, move || {
-        let model = rocmforge::frontend::LlamaModel::load(&path).map_err(|e| e.to_string())?;
-        let gen = Generator::new_with_cpu_precision(model, &device, options, cpu_precision)
-            .map_err(|e| e.to_string())?;
-        let info = ModelInfo {
-            id: model_id,
-            tokenizer: gen.model.tokenizer.clone(),
-            vocab: gen.model.config.vocab_size,
+    let max_batch = a.max_batch.unwrap_or(if device.is_gpu() { 64 } else { 8 });
+    let model = rocmforge::frontend::LlamaModel::load(&path).map_err(|e| e.to_string())?;
+    // Sliding-window attention is not the paged kernels': such a model runs one at a time.
+    let window = model.config.sliding_window.filter(|&w| w < max_context);
+    let batched = max_batch > 1 && window.is_none();
+    if let (Some(w), true) = (window, max_batch > 1) {
+        eprintln!(
+            "note: the model attends in a sliding window of {w} tokens, which the paged KV cache \
+             does not do: one request generates at a time"
+        );
+    }
+    let info_of = move |model: &rocmforge::frontend::LlamaModel| ModelInfo {
+        id: model_id,
+        tokenizer: model.tokenizer.clone(),
+        vocab: model.config.vocab_size,
+        max_context,
+        logits,
+    };
+    let mut batch_note = String::new();
+    // The worker thread compiles the model and keeps it: device sessions stay on the thread
+    // that made them.
+    let (scheduler, info) = if batched {
+        let h = model.config.heads();
+        let block_bytes = model.config.num_hidden_layers
+            * 2
+            * h.kv
+            * h.dim
+            * BLOCK_SIZE
+            * precision.dtype.size_bytes();
+        let kv_memory = a.kv_memory.unwrap_or_else(|| {
+            max_batch.saturating_mul(max_context.div_ceil(BLOCK_SIZE)) * block_bytes
+        });
+        let blocks = kv_memory / block_bytes.max(1);
+        batch_note = format!(
+            ", up to {max_batch} requests at once, KV cache {:.1} MiB = {blocks} blocks of \
+             {BLOCK_SIZE} tokens",
+            kv_memory as f64 / (1u64 << 20) as f64
+        );
+        let options = BatchOptions {
+            precision,
             max_context,
+            block_size: BLOCK_SIZE,
+            kv_memory,
+            max_batch,
+            replay: a.replay,
             logits,
         };
-        Ok((gen, info))
-    })?;
+        Scheduler::start_batched(a.max_queue, move || {
+            let info = info_of(&model);
+            let gen = BatchedGenerator::new(model, &device, options, cpu_precision)
+                .map_err(|e| e.to_string())?;
+            Ok((gen, info))
+        })?
+    } else {
+        Scheduler::start(a.max_queue, move || {
+            let info = info_of(&model);
+            let gen = Generator::new_with_cpu_precision(model, &device, options, cpu_precision)
+                .map_err(|e| e.to_string())?;
+            Ok((gen, info))
+        })?
+    };
     eprintln!(
-        "{id} on {label} ({}{}, context {max_context}{}), loaded and compiled in {:.2} s",
+        "{id} on {label} ({}{}, context {max_context}{}{batch_note}), loaded and compiled in \
+         {:.2} s",
         precision.dtype,
         if precision.quantized {
             ", quantized blocks"
