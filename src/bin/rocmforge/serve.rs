@@ -111,8 +111,11 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
         };
         Scheduler::start_batched(a.max_queue, move || {
             let info = info_of(&model);
-            let gen = BatchedGenerator::new(model, &device, options, cpu_precision)
+            let mut gen = BatchedGenerator::new(model, &device, options, cpu_precision)
                 .map_err(|e| e.to_string())?;
+            // Every batch size's decode plan now, so no step waits on a compile (prompt
+            // plans are compiled per length bucket when a prompt first needs one).
+            gen.warm(1).map_err(|e| e.to_string())?;
             Ok((gen, info))
         })?
     } else {
