@@ -239,11 +239,11 @@ fn batched(
                 let prompt: Vec<u32> = (0..BATCH_PROMPT as u64)
                     .map(|i| ((seq * 131 + i * 7919 + 13) % vocab) as u32)
                     .collect();
-                (seq, bg.start(seq, &prompt).unwrap().token)
+                (seq, bg.start(seq, &prompt, false).unwrap().token)
             })
             .collect();
         let ms = time_ms(steps, || {
-            let next = bg.step(&batch).unwrap();
+            let next = bg.step(&batch, false).unwrap();
             for (slot, n) in batch.iter_mut().zip(next) {
                 slot.1 = n.token;
             }

@@ -53,10 +53,10 @@ fn out_of_blocks_changes_nothing_and_blocks_come_back() {
     .unwrap();
     assert_eq!(bg.num_blocks(), 16);
     let long: Vec<u32> = (0..60).map(|i| 2 + i % 50).collect();
-    let first = bg.start(1, &long).unwrap();
+    let first = bg.start(1, &long, true).unwrap();
     assert_eq!(bg.free_blocks(), 1);
     // A second prompt of two blocks does not fit: refused, nothing taken.
-    let e = bg.start(2, &[3, 4, 5, 6, 7]).unwrap_err();
+    let e = bg.start(2, &[3, 4, 5, 6, 7], true).unwrap_err();
     assert!(
         matches!(
             e,
@@ -68,9 +68,9 @@ fn out_of_blocks_changes_nothing_and_blocks_come_back() {
     assert_eq!(bg.running(), 1);
     // A prompt of one block fits; then both need a block at the next step and one is left:
     // the step is refused whole.
-    let mut t2 = bg.start(2, &[3, 4, 5, 6]).unwrap().token;
+    let mut t2 = bg.start(2, &[3, 4, 5, 6], true).unwrap().token;
     assert_eq!(bg.free_blocks(), 0);
-    let e = bg.step(&[(1, first.token), (2, t2)]).unwrap_err();
+    let e = bg.step(&[(1, first.token), (2, t2)], true).unwrap_err();
     assert!(
         matches!(e, BatchError::Blocks(KvBlockError::OutOfBlocks { .. })),
         "{e}"
@@ -78,20 +78,20 @@ fn out_of_blocks_changes_nothing_and_blocks_come_back() {
     // Preempting sequence 1 frees its blocks; sequence 2 goes on.
     bg.finish(1).unwrap();
     for _ in 0..5 {
-        t2 = bg.step(&[(2, t2)]).unwrap()[0].token;
+        t2 = bg.step(&[(2, t2)], true).unwrap()[0].token;
     }
     bg.finish(2).unwrap();
     assert_eq!(bg.free_blocks(), 16);
     bg.check().unwrap();
     // Unknown sequences and oversized batches are typed errors.
     assert!(matches!(
-        bg.step(&[(9, 3)]),
+        bg.step(&[(9, 3)], false),
         Err(BatchError::UnknownSequence(9))
     ));
     assert!(matches!(bg.finish(9), Err(BatchError::UnknownSequence(9))));
     let many: Vec<(u64, u32)> = (0..5).map(|i| (i, 3)).collect();
     assert!(matches!(
-        bg.step(&many),
+        bg.step(&many, false),
         Err(BatchError::BatchTooLarge { got: 5, max: 4 })
     ));
 }
@@ -136,9 +136,9 @@ fn bad_options_are_typed_errors() {
     // Bad prompts: empty, past the context, ids outside the vocabulary; nothing taken.
     let mut bg = BatchedGenerator::new(load(), &device, options(small * 2, 4), x).unwrap();
     let free = bg.free_blocks();
-    assert!(bg.start(1, &[]).is_err());
-    assert!(bg.start(1, &vec![3; 65]).is_err());
-    assert!(bg.start(1, &[3, 1 << 30]).is_err());
+    assert!(bg.start(1, &[], true).is_err());
+    assert!(bg.start(1, &vec![3; 65], false).is_err());
+    assert!(bg.start(1, &[3, 1 << 30], true).is_err());
     assert_eq!(bg.free_blocks(), free);
     assert_eq!(bg.running(), 0);
 }

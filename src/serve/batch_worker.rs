@@ -26,10 +26,12 @@ use super::text::{Piece, TextStream};
 pub trait BatchEngine {
     /// The most sequences one step advances.
     fn max_batch(&self) -> usize;
-    /// Starts `seq` on `prompt` (its prefill) and gives the next token's argmax and logits.
-    fn start(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Next, BatchError>;
-    /// Appends each `(seq, token)` and gives each sequence's next.
-    fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Next>, BatchError>;
+    /// Starts `seq` on `prompt` (its prefill) and gives the next token's argmax, and its
+    /// logits where `logits` asks.
+    fn start(&mut self, seq: SeqId, prompt: &[u32], logits: bool) -> Result<Next, BatchError>;
+    /// Appends each `(seq, token)` and gives each sequence's next (the logits where `logits`
+    /// asks: some request of the batch samples).
+    fn step(&mut self, batch: &[(SeqId, u32)], logits: bool) -> Result<Vec<Next>, BatchError>;
     /// Ends `seq`, its blocks back in the pool.
     fn finish(&mut self, seq: SeqId);
     /// (blocks in use, blocks in all).
@@ -43,12 +45,12 @@ impl BatchEngine for BatchedGenerator {
         self.options().max_batch
     }
 
-    fn start(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Next, BatchError> {
-        BatchedGenerator::start(self, seq, prompt)
+    fn start(&mut self, seq: SeqId, prompt: &[u32], logits: bool) -> Result<Next, BatchError> {
+        BatchedGenerator::start(self, seq, prompt, logits)
     }
 
-    fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Next>, BatchError> {
-        BatchedGenerator::step(self, batch)
+    fn step(&mut self, batch: &[(SeqId, u32)], logits: bool) -> Result<Vec<Next>, BatchError> {
+        BatchedGenerator::step(self, batch, logits)
     }
 
     fn finish(&mut self, seq: SeqId) {
@@ -169,8 +171,9 @@ pub(super) fn work_batched<E: BatchEngine>(
             }
             let mut prompt = a.job.prompt.clone();
             prompt.extend_from_slice(&a.ids);
+            let sampled = !a.job.sampling.is_greedy();
             let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                engine.start(a.seq, &prompt)
+                engine.start(a.seq, &prompt, sampled)
             }));
             match started {
                 Ok(Ok(next)) => match take(&mut a, next, eos, cancel, &decode) {
@@ -217,8 +220,11 @@ pub(super) fn work_batched<E: BatchEngine>(
             continue;
         }
         let batch: Vec<(SeqId, u32)> = running.iter().map(|a| (a.seq, a.last)).collect();
-        let stepped =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step(&batch)));
+        // Logits rows only where a request of the batch samples.
+        let sampled = running.iter().any(|a| !a.job.sampling.is_greedy());
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.step(&batch, sampled)
+        }));
         match stepped {
             Ok(Ok(nexts)) => {
                 let mut kept = Vec::with_capacity(running.len());

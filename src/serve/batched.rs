@@ -312,7 +312,8 @@ impl BatchedGenerator {
     /// sequence computed from the same tokens is shared) and runs its prefill, which writes the
     /// K/V rows of the blocks it does not share. Gives the token after the prompt. Out of
     /// blocks ([`KvBlockError::OutOfBlocks`]) changes nothing: the caller waits for blocks.
-    pub fn start(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Next, BatchError> {
+    /// The logits row comes back where `logits` asks and the plans have it.
+    pub fn start(&mut self, seq: SeqId, prompt: &[u32], logits: bool) -> Result<Next, BatchError> {
         let n = prompt.len();
         if n == 0 {
             return Err(GenerateError::EmptyPrompt.into());
@@ -350,7 +351,7 @@ impl BatchedGenerator {
             s.set_input(io::LAST, &int(DType::I32, &[1], vec![n as i64 - 1]))
                 .map_err(GenerateError::from)?;
             s.run().map_err(GenerateError::from)?;
-            Ok(read_rows(s, 1, vocab)?.remove(0))
+            Ok(read_rows(s, 1, vocab, logits)?.remove(0))
         })();
         match run {
             Ok(next) => {
@@ -368,8 +369,10 @@ impl BatchedGenerator {
     /// Advances every sequence of `batch` by one token: `(seq, token)` is the token to append
     /// (the one the last step or the prefill gave). Gives each sequence's next token, in
     /// order. Blocks are taken for all of them or none ([`KvBlockError::OutOfBlocks`]: the
-    /// caller preempts a sequence and steps again).
-    pub fn step(&mut self, batch: &[(SeqId, u32)]) -> Result<Vec<Next>, BatchError> {
+    /// caller preempts a sequence and steps again). The logits rows come back where `logits`
+    /// asks (a sampled request in the batch) and the plans have them: reading them costs a
+    /// vocabulary row a sequence, which a greedy batch does not pay.
+    pub fn step(&mut self, batch: &[(SeqId, u32)], logits: bool) -> Result<Vec<Next>, BatchError> {
         let b = batch.len();
         if b == 0 {
             return Ok(Vec::new());
@@ -448,9 +451,7 @@ impl BatchedGenerator {
         set(s, paged_io::BLOCK_TABLE, &[bucket, max_blocks], table)?;
         set(s, io::KV_LEN, &[bucket], kv_len)?;
         s.run().map_err(GenerateError::from)?;
-        let mut rows = read_rows(s, bucket, vocab)?;
-        rows.truncate(b);
-        Ok(rows)
+        read_rows(s, b, vocab, logits)
     }
 
     /// Ends `seq`: its blocks go back to the pool (those another sequence shares stay).
@@ -472,16 +473,22 @@ fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
     Tensor::from_i64(dtype, Shape::new(dims.to_vec()), values).expect("sized by the caller")
 }
 
-/// The `rows` tokens (and logits rows, where the plan has them) of a run.
-fn read_rows(s: &Session<'_>, rows: usize, vocab: usize) -> Result<Vec<Next>, BatchError> {
+/// The first `rows` tokens of a run, and their logits rows where `logits` asks and the plan
+/// has them.
+fn read_rows(
+    s: &Session<'_>,
+    rows: usize,
+    vocab: usize,
+    logits: bool,
+) -> Result<Vec<Next>, BatchError> {
     let t = s.output(io::TOKEN).map_err(GenerateError::from)?;
     let tokens = t.as_i64().unwrap_or_default();
-    let logits = if s
+    let has = s
         .executable()
         .output_names()
         .iter()
-        .any(|n| n == io::LOGITS)
-    {
+        .any(|n| n == io::LOGITS);
+    let logits = if logits && has {
         let l = s.output(io::LOGITS).map_err(GenerateError::from)?;
         // The LM head casts to f32 before the output (frontend::llama::lower).
         Some(l.as_f32().ok_or(GenerateError::LogitsType)?.to_vec())

@@ -134,13 +134,13 @@ pub fn batch_matches_alone(name: &str, device: &Device, tol: f64) {
             .filter(|&s| joins[s] < round && got[s].len() < lone[s].1.len())
             .map(|s| (s as u64, lone[s].0[got[s].len() - 1]))
             .collect();
-        let next = bg.step(&batch).unwrap();
+        let next = bg.step(&batch, true).unwrap();
         for (&(seq, _), n) in batch.iter().zip(next) {
             got[seq as usize].push(n.logits.expect("logits asked for"));
         }
         for s in 0..prompts.len() {
             if joins[s] == round {
-                let n = bg.start(s as u64, &prompts[s]).unwrap();
+                let n = bg.start(s as u64, &prompts[s], true).unwrap();
                 assert_eq!(
                     n.token,
                     argmax(n.logits.as_ref().unwrap()),
