@@ -172,9 +172,12 @@ pub(super) fn work_batched<E: BatchEngine>(
             let mut prompt = a.job.prompt.clone();
             prompt.extend_from_slice(&a.ids);
             let sampled = !a.job.sampling.is_greedy();
+            let t = Instant::now();
             let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 engine.start(a.seq, &prompt, sampled)
             }));
+            stats.prefills.fetch_add(1, Ordering::Relaxed);
+            add_micros(&stats.prefill_micros, t);
             match started {
                 Ok(Ok(next)) => match take(&mut a, next, eos, cancel, &decode) {
                     After::Continue => running.push(a),
@@ -222,9 +225,18 @@ pub(super) fn work_batched<E: BatchEngine>(
         let batch: Vec<(SeqId, u32)> = running.iter().map(|a| (a.seq, a.last)).collect();
         // Logits rows only where a request of the batch samples.
         let sampled = running.iter().any(|a| !a.job.sampling.is_greedy());
+        let t = Instant::now();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             engine.step(&batch, sampled)
         }));
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        add_micros(&stats.step_micros, t);
+        let size = batch.len().max(1).next_power_of_two().trailing_zeros() as usize;
+        stats.step_sizes[size.min(7)].fetch_add(1, Ordering::Relaxed);
+        stats
+            .step_rows
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let t = Instant::now();
         match stepped {
             Ok(Ok(nexts)) => {
                 let mut kept = Vec::with_capacity(running.len());
@@ -271,10 +283,15 @@ pub(super) fn work_batched<E: BatchEngine>(
                 }
             }
         }
+        add_micros(&stats.host_micros, t);
         stats.running.store(running.len(), Ordering::SeqCst);
         publish_blocks(&engine, stats);
     }
     stats.running.store(0, Ordering::SeqCst);
+}
+
+fn add_micros(to: &std::sync::atomic::AtomicU64, since: Instant) {
+    to.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
 }
 
 fn publish_blocks<E: BatchEngine>(engine: &E, stats: &WorkerStats) {

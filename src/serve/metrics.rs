@@ -130,6 +130,51 @@ impl HttpMetrics {
             one(w.running.load(Ordering::SeqCst) as f64),
         );
         metric(
+            "rocmforge_prefills_total",
+            "counter",
+            "Prompts run through a prefill by the batching worker (preempted ones again).",
+            one(get(&w.prefills)),
+        );
+        metric(
+            "rocmforge_prefill_seconds_total",
+            "counter",
+            "Time the batching worker spent in prefills (the batch waits meanwhile).",
+            one(get(&w.prefill_micros) * 1e-6),
+        );
+        metric(
+            "rocmforge_decode_step_seconds_total",
+            "counter",
+            "Time the batching worker spent in decode steps (inputs, the plan, tokens back).",
+            one(get(&w.step_micros) * 1e-6),
+        );
+        metric(
+            "rocmforge_host_seconds_total",
+            "counter",
+            "Time the batching worker spent between steps on the steps' tokens (sampling, \
+             text, stop strings, events).",
+            one(get(&w.host_micros) * 1e-6),
+        );
+        // Requests a decode step advanced, as a Prometheus histogram (cumulative buckets).
+        let mut sizes = Vec::new();
+        let mut cumulative = 0.0;
+        for (i, c) in w.step_sizes.iter().enumerate() {
+            cumulative += get(c);
+            let le = if i < 7 {
+                format!("{}", 1u32 << i)
+            } else {
+                "+Inf".to_string()
+            };
+            sizes.push((format!("_bucket{{le=\"{le}\"}}"), cumulative));
+        }
+        sizes.push(("_sum".to_string(), get(&w.step_rows)));
+        sizes.push(("_count".to_string(), get(&w.steps)));
+        metric(
+            "rocmforge_batch_size",
+            "histogram",
+            "Requests each decode step advanced.",
+            sizes,
+        );
+        metric(
             "rocmforge_preemptions_total",
             "counter",
             "Requests whose KV blocks were freed when a step ran out, to be started again.",
@@ -169,6 +214,11 @@ mod tests {
         w.queued.store(3, Ordering::SeqCst);
         w.kv_blocks_used.store(5, Ordering::Relaxed);
         w.kv_blocks_total.store(64, Ordering::Relaxed);
+        // Steps of 1, 3, 4 and 200 requests.
+        for (i, n) in [(0, 1), (2, 2), (7, 1)] {
+            w.step_sizes[i].store(n, Ordering::Relaxed);
+        }
+        w.steps.store(4, Ordering::Relaxed);
         let text = m.render(&w, 8);
         for line in [
             "rocmforge_requests_total{route=\"/health\",status=\"200\"} 2",
@@ -180,6 +230,9 @@ mod tests {
             "rocmforge_queue_limit 8",
             "rocmforge_kv_blocks_used 5",
             "rocmforge_kv_blocks_total 64",
+            "rocmforge_batch_size_bucket{le=\"4\"} 3",
+            "rocmforge_batch_size_bucket{le=\"+Inf\"} 4",
+            "rocmforge_batch_size_count 4",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

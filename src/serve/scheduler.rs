@@ -137,6 +137,17 @@ pub struct WorkerStats {
     pub last_tokens_per_s: AtomicU64,
     /// Requests preempted (blocks freed, started again later) by the batching worker.
     pub preempted: AtomicU64,
+    /// The batching worker's time: prefills (count, µs), decode steps (count, µs, and the
+    /// batch size histogram: steps of at most 2^i requests, i < 7, then more), and the host
+    /// work between steps (sampling, text, events; µs).
+    pub prefills: AtomicU64,
+    pub prefill_micros: AtomicU64,
+    pub steps: AtomicU64,
+    pub step_micros: AtomicU64,
+    pub step_sizes: [AtomicU64; 8],
+    /// Requests advanced, over every step (the histogram's sum).
+    pub step_rows: AtomicU64,
+    pub host_micros: AtomicU64,
     /// KV-cache blocks in use and in all (the batching worker's pool; 0 for version 1).
     pub kv_blocks_used: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
