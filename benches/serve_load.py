@@ -126,9 +126,14 @@ def one_request(target, body, timeout, api_key):
     }
 
 
-def run_level(target, conc, prompt_words, max_tokens, requests, seconds, timeout, api_key, model):
+def run_level(target, conc, prompt_words, max_tokens, requests, seconds, timeout, api_key, model,
+              ignore_eos=True):
     body = {"prompt": prompt_of(prompt_words), "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        # Every request generates max_tokens (vLLM's and llama-server's `ignore_eos`): the
+        # output length is the bench's, not where the model's greedy text happens to end.
+        body["ignore_eos"] = True
     if model:
         body["model"] = model
     lock = threading.Lock()
@@ -170,6 +175,7 @@ def run_level(target, conc, prompt_words, max_tokens, requests, seconds, timeout
         "failed": len(failures),
         "failures": failures[:3],
         "tokens": tokens,
+        "tokens_per_request": tokens / len(results) if results else 0.0,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "ttft_p50_ms": 1e3 * percentile(ttft, 50),
@@ -225,6 +231,9 @@ def main():
     ap.add_argument("--prompt-words", default="128,512",
                     help="prompt lengths in words (~tokens); the table prints the token count")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="let requests end at EOS (default: ignore_eos, every request generates "
+                         "--max-tokens; a server without ignore_eos shows fewer tokens/req)")
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per level (default: 2 x concurrency, at least 4)")
     ap.add_argument("--level-seconds", type=float, default=120.0,
@@ -274,7 +283,7 @@ def main():
                 for c in levels:
                     n = a.requests or max(4, 2 * c)
                     r = run_level(target, c, p, a.max_tokens, n, a.level_seconds, a.timeout,
-                                  a.api_key, model)
+                                  a.api_key, model, ignore_eos=not a.stop_at_eos)
                     r["server"] = name
                     rows.append(r)
                     print(f"{name:>10} P~{p:<4} C={c:<3} {r['tokens_per_s']:9.1f} tok/s  "
@@ -290,12 +299,13 @@ def main():
                     os.killpg(proc.pid, signal.SIGKILL)
 
     names = [j[0] for j in jobs]
-    print("| server | prompt tokens | concurrency | tokens/s | TTFT p50 / p99 ms | "
+    print("| server | prompt tokens | concurrency | tokens/req | tokens/s | TTFT p50 / p99 ms | "
           "TPOT p50 / p99 ms | ITL p50 / p99 ms | ok / failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['server']} | {r['prompt_tokens'] or '~' + str(r['prompt_words'])} | "
-              f"{r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.1f} / "
+              f"{r['concurrency']} | {r['tokens_per_request']:.0f} | "
+              f"{r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.1f} / "
               f"{r['ttft_p99_ms']:.1f} | {r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f} | "
               f"{r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | "
               f"{r['requests']} / {r['failed']} |")

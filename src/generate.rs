@@ -274,7 +274,21 @@ impl Generator {
         &mut self,
         prompt: &[u32],
         max_new_tokens: usize,
+        sampler: Option<SampleFn<'_>>,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Generation, GenerateError> {
+        self.generate_until(prompt, max_new_tokens, sampler, true, on_token)
+    }
+
+    /// As [`Generator::generate_with`]; with `stop_at_eos` false the end-of-sequence token is
+    /// a token like any other (passed on, generation goes on to the budget), as serving
+    /// benchmarks' `ignore_eos` asks.
+    pub fn generate_until(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
         mut sampler: Option<SampleFn<'_>>,
+        stop_at_eos: bool,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation, GenerateError> {
         if sampler.is_some() && !self.options.logits {
@@ -298,7 +312,7 @@ impl Generator {
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
             return Err(GenerateError::TokenId { id, vocab });
         }
-        let eos = self.model.tokenizer.eos;
+        let eos = self.model.tokenizer.eos.filter(|_| stop_at_eos);
         let bucket = self.bucket(n);
         let mut ids = Vec::new();
         let mut stop = Stop::Length;

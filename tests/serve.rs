@@ -144,6 +144,7 @@ impl Engine for Gated {
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
+        stop_at_eos: bool,
         sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String> {
@@ -156,7 +157,14 @@ impl Engine for Gated {
             }
             more
         };
-        Engine::generate(&mut self.gen, prompt, max_tokens, sampler, &mut gated)
+        Engine::generate(
+            &mut self.gen,
+            prompt,
+            max_tokens,
+            stop_at_eos,
+            sampler,
+            &mut gated,
+        )
     }
 
     fn decoder(&self) -> Decoder {

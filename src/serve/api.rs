@@ -73,6 +73,9 @@ pub struct Request {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub stream_usage: bool,
+    /// `ignore_eos` (vLLM's and llama.cpp's extension): generate past the end-of-sequence
+    /// token up to `max_tokens`, as serving benchmarks ask for fixed output lengths.
+    pub ignore_eos: bool,
 }
 
 fn type_error(param: &str, want: &str, got: &Value) -> ApiError {
@@ -212,6 +215,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<Request, ApiError> {
         Some(v) => return Err(type_error("stop", "a string or an array of strings", v)),
     };
     let stream = boolean(o, "stream")?;
+    let ignore_eos = boolean(o, "ignore_eos")?;
     let stream_usage = match field(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => boolean(so, "include_usage")?,
@@ -232,6 +236,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<Request, ApiError> {
         stop,
         stream,
         stream_usage,
+        ignore_eos,
     })
     .map(|mut r| {
         if seed.is_none() {
@@ -344,7 +349,8 @@ mod tests {
     fn reads_a_completion_and_a_chat() {
         let r = parse(
             br#"{"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"stop":"x","seed":-1,
-                 "stream":true,"stream_options":{"include_usage":true},"user":"u","n":1}"#,
+                 "stream":true,"stream_options":{"include_usage":true},"user":"u","n":1,
+                 "ignore_eos":true}"#,
             false,
         )
         .unwrap();
@@ -353,7 +359,7 @@ mod tests {
         assert!(r.sampling.is_greedy() && r.temperature_given);
         assert_eq!(r.sampling.seed, u64::MAX);
         assert_eq!(r.stop, ["x"]);
-        assert!(r.stream && r.stream_usage);
+        assert!(r.stream && r.stream_usage && r.ignore_eos);
         let r = parse(
             br#"{"model":"m","messages":[{"role":"system","content":"s"},
                  {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
@@ -426,6 +432,11 @@ mod tests {
                 "stop",
             ),
             (r#"{"model":"m","prompt":"x","seed":"s"}"#, false, "seed"),
+            (
+                r#"{"model":"m","prompt":"x","ignore_eos":1}"#,
+                false,
+                "ignore_eos",
+            ),
             (r#"{"model":"m","prompt":"x","echo":true}"#, false, "echo"),
             (
                 r#"{"model":"m","prompt":"x","logprobs":2}"#,

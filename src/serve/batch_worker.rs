@@ -330,7 +330,7 @@ fn take(
         (Some(l), false) => a.sampler.sample(l),
         _ => next.token,
     };
-    if Some(token) == eos {
+    if Some(token) == eos && !a.job.ignore_eos {
         return After::Finished(Ok(FinishReason::Stop), true);
     }
     a.ids.push(token);
@@ -375,4 +375,203 @@ fn end(
         stats,
         decode,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::serve::sample::SamplingParams;
+    use crate::serve::scheduler::tests::{collect, done, job};
+    use crate::serve::scheduler::Scheduler;
+
+    /// A paged engine that counts up from each sequence's last token (EOS at 100), with a pool
+    /// of `blocks` one-token blocks, and records the batch sizes it stepped.
+    struct Counting {
+        /// The first start waits here until the test has queued its jobs.
+        hold: Option<std::sync::mpsc::Receiver<()>>,
+        blocks: usize,
+        held: HashMap<SeqId, usize>,
+        steps: Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl Counting {
+        fn take(&mut self, seq: SeqId, n: usize) -> Result<(), BatchError> {
+            let used: usize = self.held.values().sum();
+            if used + n > self.blocks {
+                return Err(KvBlockError::OutOfBlocks {
+                    needed: n,
+                    free: self.blocks - used,
+                }
+                .into());
+            }
+            *self.held.entry(seq).or_default() += n;
+            Ok(())
+        }
+    }
+
+    fn next(t: u32) -> Next {
+        Next {
+            token: t + 1,
+            logits: None,
+        }
+    }
+
+    impl BatchEngine for Counting {
+        fn max_batch(&self) -> usize {
+            4
+        }
+
+        fn start(&mut self, seq: SeqId, prompt: &[u32], _: bool) -> Result<Next, BatchError> {
+            if let Some(h) = self.hold.take() {
+                let _ = h.recv_timeout(std::time::Duration::from_secs(10));
+            }
+            self.take(seq, prompt.len())?;
+            Ok(next(*prompt.last().unwrap()))
+        }
+
+        fn step(&mut self, batch: &[(SeqId, u32)], _: bool) -> Result<Vec<Next>, BatchError> {
+            let free = self.blocks - self.held.values().sum::<usize>();
+            if batch.len() > free {
+                return Err(KvBlockError::OutOfBlocks {
+                    needed: batch.len(),
+                    free,
+                }
+                .into());
+            }
+            for &(seq, _) in batch {
+                self.take(seq, 1)?;
+            }
+            self.steps.lock().unwrap().push(batch.len());
+            Ok(batch.iter().map(|&(_, t)| next(t)).collect())
+        }
+
+        fn finish(&mut self, seq: SeqId) {
+            self.held.remove(&seq);
+        }
+
+        fn blocks(&self) -> (usize, usize) {
+            (self.held.values().sum(), self.blocks)
+        }
+
+        fn decoder(&self) -> Decoder {
+            Arc::new(|ids: &[u32]| Ok(ids.iter().map(|i| format!("<{i}>")).collect()))
+        }
+
+        fn eos(&self) -> Option<u32> {
+            Some(100)
+        }
+    }
+
+    type Steps = Arc<std::sync::Mutex<Vec<usize>>>;
+
+    /// The scheduler over a counting engine of `blocks`, its first prefill held until the
+    /// returned sender sends.
+    fn start(blocks: usize) -> (Scheduler, Steps, std::sync::mpsc::Sender<()>) {
+        let steps = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = steps.clone();
+        let (go, hold) = std::sync::mpsc::channel();
+        let (s, ()) = Scheduler::start_batched(16, move || {
+            Ok((
+                Counting {
+                    hold: Some(hold),
+                    blocks,
+                    held: HashMap::new(),
+                    steps: s2,
+                },
+                (),
+            ))
+        })
+        .unwrap();
+        (s, steps, go)
+    }
+
+    #[test]
+    fn jobs_end_as_on_version_one_and_run_together() {
+        let (s, steps, go) = start(1000);
+        let (a, ra) = job(10, 3, &[]);
+        let (b, rb) = job(97, 10, &[]);
+        let (mut c, rc) = job(97, 5, &[]);
+        c.ignore_eos = true;
+        let (d, rd) = job(10, 10, &["<13>"]);
+        let (mut e, re) = job(20, 2, &[]);
+        // Sampled without logits from this engine: the argmax stands.
+        e.sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 0.9,
+            seed: 1,
+        };
+        let (f, rf) = job(5, 0, &[]);
+        for j in [a, b, c, d, e, f] {
+            s.submit(j).unwrap();
+        }
+        go.send(()).unwrap();
+        assert_eq!(
+            collect(ra),
+            ("<11><12><13>".into(), done(FinishReason::Length, 3))
+        );
+        assert_eq!(
+            collect(rb),
+            ("<98><99>".into(), done(FinishReason::Stop, 2))
+        );
+        assert_eq!(
+            collect(rc),
+            (
+                "<98><99><100><101><102>".into(),
+                done(FinishReason::Length, 5)
+            )
+        );
+        assert_eq!(
+            collect(rd),
+            ("<11><12>".into(), done(FinishReason::Stop, 3))
+        );
+        assert_eq!(
+            collect(re),
+            ("<21><22>".into(), done(FinishReason::Length, 2))
+        );
+        assert_eq!(collect(rf), (String::new(), done(FinishReason::Length, 0)));
+        // More than one request advanced in a step, never more than the largest batch.
+        let steps = steps.lock().unwrap().clone();
+        assert!(steps.iter().any(|&n| n > 1), "{steps:?}");
+        assert!(steps.iter().all(|&n| n <= 4), "{steps:?}");
+        assert_eq!(s.stats.completed.load(Ordering::Relaxed), 6);
+        s.shutdown();
+    }
+
+    #[test]
+    fn out_of_blocks_preempts_the_last_and_every_text_is_whole() {
+        // 12 blocks: three prompts of 2 take 6; their steps run out after two tokens each,
+        // the last-joined request is preempted and started again from prompt + its tokens.
+        let (s, _, go) = start(12);
+        let rx: Vec<_> = [10, 30, 50]
+            .into_iter()
+            .map(|last| {
+                let (j, rx) = job(last, 6, &[]);
+                s.submit(j).unwrap();
+                rx
+            })
+            .collect();
+        go.send(()).unwrap();
+        for (last, rx) in [10u32, 30, 50].into_iter().zip(rx) {
+            let want: String = (1..=6).map(|i| format!("<{}>", last + i)).collect();
+            assert_eq!(collect(rx), (want, done(FinishReason::Length, 6)));
+        }
+        assert!(s.stats.preempted.load(Ordering::Relaxed) >= 1);
+        assert_eq!(s.stats.kv_blocks_used.load(Ordering::Relaxed), 0);
+        // A prompt larger than the whole pool fails alone; the worker goes on.
+        let (big, rb) = job(1, 2, &[]);
+        let big = Job {
+            prompt: vec![1; 13],
+            ..big
+        };
+        s.submit(big).unwrap();
+        assert!(matches!(collect(rb).1, Event::Failed(m) if m.contains("out of blocks")));
+        let (j, r) = job(1, 1, &[]);
+        s.submit(j).unwrap();
+        assert_eq!(collect(r), ("<2>".into(), done(FinishReason::Length, 1)));
+        s.shutdown();
+    }
 }

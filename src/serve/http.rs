@@ -345,6 +345,7 @@ async fn handle(s: Arc<AppState>, body: &[u8], chat: bool) -> Response {
         max_tokens,
         sampling: r.sampling.clone(),
         stop: r.stop.clone(),
+        ignore_eos: r.ignore_eos,
         events: tx,
     };
     match s.scheduler.submit(job) {

@@ -27,12 +27,14 @@ use crate::generate::{Generator, SampleFn, Stop};
 /// What runs a job: the model behind the worker.
 pub trait Engine {
     /// Generates up to `max_tokens` after `prompt` (ids already checked against the context),
-    /// each token from `sampler` when given, else the argmax; calls `on_token` with each new
-    /// token (false stops). Returns why it stopped.
+    /// each token from `sampler` when given, else the argmax, stopping at the model's EOS
+    /// where `stop_at_eos`; calls `on_token` with each new token (false stops). Returns why it
+    /// stopped.
     fn generate(
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
+        stop_at_eos: bool,
         sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String>;
@@ -50,10 +52,11 @@ impl Engine for Generator {
         &mut self,
         prompt: &[u32],
         max_tokens: usize,
+        stop_at_eos: bool,
         sampler: Option<SampleFn<'_>>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Stop, String> {
-        self.generate_with(prompt, max_tokens, sampler, on_token)
+        self.generate_until(prompt, max_tokens, sampler, stop_at_eos, on_token)
             .map(|g| g.stats.stop)
             .map_err(|e| e.to_string())
     }
@@ -71,6 +74,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    /// Generate past EOS up to `max_tokens` (the request's `ignore_eos`).
+    pub ignore_eos: bool,
     /// Where the text goes; dropping the receiver cancels the job at its next token.
     pub events: UnboundedSender<Event>,
 }
@@ -378,7 +383,13 @@ fn run_job<E: Engine>(
         }
         more
     };
-    let result = engine.generate(&job.prompt, job.max_tokens, sampler, &mut on_token);
+    let result = engine.generate(
+        &job.prompt,
+        job.max_tokens,
+        !job.ignore_eos,
+        sampler,
+        &mut on_token,
+    );
     let micros = t0.elapsed().as_micros() as u64;
     let outcome = match (result, failure, ended) {
         (Err(e), _, _) | (Ok(_), Some(e), _) => Err(e),
@@ -463,7 +474,7 @@ pub(super) fn conclude(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::mpsc::channel;
     use std::time::Duration;
 
@@ -482,6 +493,7 @@ mod tests {
             &mut self,
             prompt: &[u32],
             max_tokens: usize,
+            stop_at_eos: bool,
             mut sampler: Option<SampleFn<'_>>,
             on_token: &mut dyn FnMut(u32) -> bool,
         ) -> Result<Stop, String> {
@@ -497,7 +509,7 @@ mod tests {
                 match t {
                     66 => return Err("device fault".into()),
                     77 => panic!("engine bug"),
-                    100 => return Ok(Stop::Eos),
+                    100 if stop_at_eos => return Ok(Stop::Eos),
                     _ => {}
                 }
                 if let Some(g) = &self.gate {
@@ -515,7 +527,8 @@ mod tests {
         }
     }
 
-    fn job(
+    /// A greedy job whose prompt ends in `last`.
+    pub(in crate::serve) fn job(
         last: u32,
         max_tokens: usize,
         stop: &[&str],
@@ -526,12 +539,16 @@ mod tests {
             max_tokens,
             sampling: SamplingParams::greedy(),
             stop: stop.iter().map(|s| s.to_string()).collect(),
+            ignore_eos: false,
             events: tx,
         };
         (j, rx)
     }
 
-    fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (String, Event) {
+    /// The job's text and its last event.
+    pub(in crate::serve) fn collect(
+        mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) -> (String, Event) {
         let mut text = String::new();
         loop {
             match rx
@@ -544,7 +561,7 @@ mod tests {
         }
     }
 
-    fn done(reason: FinishReason, completion_tokens: usize) -> Event {
+    pub(in crate::serve) fn done(reason: FinishReason, completion_tokens: usize) -> Event {
         Event::Done(Finish {
             reason,
             prompt_tokens: 2,
@@ -566,6 +583,17 @@ mod tests {
         assert_eq!(
             collect(rx),
             ("<98><99>".into(), done(FinishReason::Stop, 2))
+        );
+        // With ignore_eos the EOS token (100) is text like any other, up to the budget.
+        let (mut j, rx) = job(97, 5, &[]);
+        j.ignore_eos = true;
+        s.submit(j).unwrap();
+        assert_eq!(
+            collect(rx),
+            (
+                "<98><99><100><101><102>".into(),
+                done(FinishReason::Length, 5)
+            )
         );
         let (j, rx) = job(10, 10, &["<13>"]);
         s.submit(j).unwrap();
@@ -600,7 +628,7 @@ mod tests {
         s.submit(j).unwrap();
         assert_eq!(collect(rx), ("<2>".into(), done(FinishReason::Length, 1)));
         assert_eq!(s.stats.failed.load(Ordering::Relaxed), 2);
-        assert_eq!(s.stats.completed.load(Ordering::Relaxed), 5);
+        assert_eq!(s.stats.completed.load(Ordering::Relaxed), 6);
         s.shutdown();
         let (j, _rx) = job(1, 1, &[]);
         assert_eq!(s.submit(j), Err(SubmitError::ShuttingDown));
