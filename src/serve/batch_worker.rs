@@ -1,8 +1,7 @@
 //! The scheduler's worker, version 2: continuous batching over a paged KV cache
 //! ([`super::batched`]). Each iteration admits queued requests while the batch has room and
 //! the pool has blocks (a request's prompt runs as its own prefill, which gives its first
-//! token; while others are decoding, only up to [`PREFILL_BUDGET`] prompt tokens an
-//! iteration), then advances every running request by one token in one decode step. A request
+//! token), then advances every running request by one token in one decode step. A request
 //! leaves the batch the step it ends (EOS, a stop string, its budget, its client gone), and its
 //! blocks go back at once. When a step needs a block the pool does not have, the request that
 //! joined last is preempted: its blocks are freed and it waits at the head of the queue, to be
@@ -21,10 +20,6 @@ use super::kv_blocks::{KvBlockError, SeqId};
 use super::sample::Sampler;
 use super::scheduler::{conclude, Decoder, Event, FinishReason, Job, WorkerStats};
 use super::text::{Piece, TextStream};
-
-/// Prompt tokens admitted per iteration while requests are decoding (at least one prompt
-/// always is): about two 256-token prefills between two decode steps.
-const PREFILL_BUDGET: usize = 512;
 
 /// What the batching worker drives: a model that starts sequences in a paged cache and
 /// advances many at once. [`BatchedGenerator`] is the real one; tests use a fake.
@@ -148,14 +143,8 @@ pub(super) fn work_batched<E: BatchEngine>(
                 Err(TryRecvError::Disconnected) => open = false,
             }
         }
-        // Admit while the batch has room and the pool has blocks, and, while requests are
-        // decoding, at most PREFILL_BUDGET prompt tokens an iteration: a burst of arrivals
-        // then delays the running requests by a few prefills a step, not by all of them.
-        let mut prefilled = 0usize;
+        // Admit while the batch has room and the pool has blocks.
         while running.len() < max_batch {
-            if !running.is_empty() && prefilled >= PREFILL_BUDGET {
-                break;
-            }
             let Some(w) = waiting.pop_front() else { break };
             if gone(w.job(), cancel) {
                 let a = match w {
@@ -182,7 +171,6 @@ pub(super) fn work_batched<E: BatchEngine>(
             }
             let mut prompt = a.job.prompt.clone();
             prompt.extend_from_slice(&a.ids);
-            prefilled += prompt.len();
             let sampled = !a.job.sampling.is_greedy();
             let t = Instant::now();
             let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
