@@ -23,6 +23,7 @@ attention, SDPA under torch.compile (default mode), and under torch.compile(mode
 the warm session replaying its captured graph.
 
     python3 benches/torch_compare.py --models --bench .gpu/bin/models-bench --model DIR
+    python3 benches/torch_compare.py --models --cpu --threads 2 --model DIR      # no GPU: CPU vs CPU
 
 With --gemm, the GEMM bench (benches/gemm.rs: linear layers x @ W^T of MiniLM and SmolLM2 at
 M = 1, 16, 128, 4096) against torch.matmul (cuBLAS) on the same shapes and dtypes, the weight
@@ -159,20 +160,39 @@ def torch_backends(torch, row, graphed=False):
     return out
 
 
-def bert_variants(torch, model_dir, case):
-    """BertModel + pooling in eager, SDPA and compiled SDPA form, timed on `case`'s shape."""
+def time_cpu(fn, iters=20):
+    """Median ms of `fn` on the CPU (five rounds of `iters` calls after three warm-ups)."""
+    import time
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - t) * 1e3 / iters)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bert_variants(torch, model_dir, case, device="cuda"):
+    """BertModel + pooling in eager, SDPA and compiled SDPA form, timed on `case`'s shape (on
+    the CPU: eager and SDPA, wall-clock medians)."""
     from transformers import BertModel
 
     m = re.match(r"minilm_B(\d+)_S(\d+)_(\w+)$", case)
     b, s = int(m.group(1)), int(m.group(2))
     dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[m.group(3)]
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     out = {}
-    for name, attn, compiled in [("eager", "eager", None), ("sdpa", "sdpa", None), ("compile", "sdpa", "default"),
-                                 ("compile-ro", "sdpa", "reduce-overhead")]:
-        model = BertModel.from_pretrained(model_dir, attn_implementation=attn).to(device="cuda", dtype=dtype).eval()
-        ids = torch.randint(0, model.config.vocab_size, (b, s), device="cuda", generator=gen)
-        mask = torch.ones(b, s, device="cuda", dtype=torch.long)
+    variants = [("eager", "eager", None), ("sdpa", "sdpa", None), ("compile", "sdpa", "default"),
+                ("compile-ro", "sdpa", "reduce-overhead")]
+    if device == "cpu":
+        variants = variants[:2]
+    for name, attn, compiled in variants:
+        model = BertModel.from_pretrained(model_dir, attn_implementation=attn).to(device=device, dtype=dtype).eval()
+        ids = torch.randint(0, model.config.vocab_size, (b, s), device=device, generator=gen)
+        mask = torch.ones(b, s, device=device, dtype=torch.long)
 
         def embed(ids=ids, mask=mask, model=model):
             h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
@@ -185,13 +205,32 @@ def bert_variants(torch, model_dir, case):
         fn = torch.compile(embed, mode=compiled) if compiled else embed
         with torch.inference_mode():
             try:
-                out[name] = time_torch(torch, fn)
+                out[name] = time_cpu(fn) if device == "cpu" else time_torch(torch, fn)
             except Exception as e:  # a backend that cannot run here is reported, not fatal
                 print(f"{case} {name}: {type(e).__name__}: {e}", file=sys.stderr)
                 out[name] = None
         del model
-        torch.cuda.empty_cache()
+        if device != "cpu":
+            torch.cuda.empty_cache()
     return out
+
+
+def models_cpu_table(torch, args):
+    """--models --cpu: our models bench on the CPU (the fast CPU device, what `Device::best()`
+    gives without a GPU) against BertModel on the CPU, both with `--threads` threads."""
+    torch.set_num_threads(args.threads)
+    os.environ["ROCMFORGE_THREADS"] = str(args.threads)
+    ours = run_ours(args.bench, "models")
+    print(f"rocmforge device: {ours['device']}; torch {torch.__version__} on the CPU, "
+          f"{args.threads} threads each")
+    print(f"{'case':<22} {'ours ms':>9} {'eager ms':>9} {'sdpa ms':>9} {'ours / best torch':>18}")
+    for row in ours["rows"]:
+        if not row["case"].startswith("minilm_"):
+            continue
+        t = bert_variants(torch, args.model, row["case"], device="cpu")
+        best = min(x for x in t.values() if x is not None)
+        print(f"{row['case']:<22} {row['fused_ms']:9.2f} {t['eager']:9.2f} {t['sdpa']:9.2f} "
+              f"{row['fused_ms'] / best:17.2f}x")
 
 
 def models_table(torch, args):
@@ -340,6 +379,10 @@ def main():
     ap.add_argument("--json", help="with --gemm or attention: also write the table to this file")
     ap.add_argument("--ours-json", help="attention: read our rows from this file (the bench's ROCMFORGE_BENCH_JSON) "
                     "instead of running the bench")
+    ap.add_argument("--cpu", action="store_true",
+                    help="with --models: both sides on the CPU (torch with --threads threads, ours "
+                         "the fast CPU device with ROCMFORGE_THREADS)")
+    ap.add_argument("--threads", type=int, default=2, help="--cpu: threads on both sides")
     ap.add_argument("--no-torch", action="store_true",
                     help="attention: no torch (its columns n/a): checks the bench's JSON and the tables without a GPU")
     ap.add_argument("--model", help="the all-MiniLM-L6-v2 directory (with --models)",
@@ -356,7 +399,7 @@ def main():
     import torch
 
     if args.models:
-        return models_table(torch, args)
+        return models_cpu_table(torch, args) if args.cpu else models_table(torch, args)
     if args.gemm:
         return gemm_table(torch, args)
     return attention_tables(torch, args)
