@@ -423,6 +423,12 @@ impl AttentionStep for Prefill {
     }
 }
 
+/// `llama_{dtype}[_quant]_{what}`: a step graph's name, which says its plan's precision.
+fn graph_name(p: Precision, what: &str) -> String {
+    let quant = if p.quantized { "_quant" } else { "" };
+    format!("llama_{}{quant}_{what}", p.dtype)
+}
+
 impl LlamaModel {
     /// The forward pass over a prompt of `s` tokens (batch 1) in f32: input `input_ids` (i64
     /// `[1, s]`), output `logits` (f32).
@@ -469,8 +475,22 @@ impl LlamaModel {
         precision: Precision,
         with_logits: bool,
     ) -> Result<Graph, GraphError> {
-        let mut step = KvCache::new(s, max_context);
-        let mut g = Graph::new("llama_step");
+        let name = graph_name(precision, &format!("s{s}_ctx{max_context}"));
+        let step = &mut KvCache::new(s, max_context);
+        self.row_graph(s, precision, with_logits, step, name)
+    }
+
+    /// The forward pass of `s` rows through `step` whose logits are computed at the row the
+    /// input `last` names (i32 `[1]`), ending in their argmax `token`; the graph named `name`.
+    fn row_graph(
+        &self,
+        s: usize,
+        precision: Precision,
+        with_logits: bool,
+        step: &mut dyn AttentionStep,
+        name: String,
+    ) -> Result<Graph, GraphError> {
+        let mut g = Graph::new(&name);
         let last = g.input_sampled(
             io::LAST,
             DType::I32,
@@ -480,12 +500,8 @@ impl LlamaModel {
                 high: s as i64,
             },
         )?;
-        let mut g = self.build_into(g, s, Head::Row(last), precision, with_logits, &mut step)?;
-        g.name = format!(
-            "llama_{}{}_s{s}_ctx{max_context}",
-            precision.dtype,
-            if precision.quantized { "_quant" } else { "" }
-        );
+        let mut g = self.build_into(g, s, Head::Row(last), precision, with_logits, step)?;
+        g.name = name;
         Ok(g)
     }
 
@@ -522,11 +538,7 @@ impl LlamaModel {
             with_logits,
             &mut step,
         )?;
-        g.name = format!(
-            "llama_{}{}_paged_b{seqs}_s{s}",
-            precision.dtype,
-            if precision.quantized { "_quant" } else { "" }
-        );
+        g.name = graph_name(precision, &format!("paged_b{seqs}_s{s}"));
         Ok(g)
     }
 
@@ -540,24 +552,9 @@ impl LlamaModel {
         precision: Precision,
         with_logits: bool,
     ) -> Result<Graph, GraphError> {
-        let mut step = PagedPrefill::new(s, pool);
-        let mut g = Graph::new("llama_paged_prefill");
-        let last = g.input_sampled(
-            io::LAST,
-            DType::I32,
-            &[1],
-            Sample::Range {
-                low: 0,
-                high: s as i64,
-            },
-        )?;
-        let mut g = self.build_into(g, s, Head::Row(last), precision, with_logits, &mut step)?;
-        g.name = format!(
-            "llama_{}{}_paged_prefill_s{s}",
-            precision.dtype,
-            if precision.quantized { "_quant" } else { "" }
-        );
-        Ok(g)
+        let name = graph_name(precision, &format!("paged_prefill_s{s}"));
+        let step = &mut PagedPrefill::new(s, pool);
+        self.row_graph(s, precision, with_logits, step, name)
     }
 
     pub(super) fn build(
