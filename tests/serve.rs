@@ -10,7 +10,7 @@ mod tiny_gguf;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -849,6 +849,52 @@ fn an_api_key_guards_every_route_but_health() {
     );
 }
 
+/// OpenAI's Python client (tests/openai_client.py: models, a completion whole and streamed, a
+/// chat, three bad requests as typed errors) and curl against the server at `addr`, their texts
+/// the generator's. Where no Python with `openai` is found (ROCMFORGE_PYTHON, else python3) the
+/// client part is skipped with a note, or fails under ROCMFORGE_REQUIRE_OPENAI=1 (CI sets it);
+/// curl's part is skipped where there is no curl.
+fn openai_client_and_curl(addr: SocketAddr) {
+    use std::process::Command;
+    let (want, ..) = reference("hello world", 12);
+    let url = format!("http://{addr}");
+    let python = std::env::var("ROCMFORGE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_openai = Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_openai {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+        let out = Command::new(&python)
+            .arg(script)
+            .args([url.as_str(), MODEL_ID, "hello world", "12", want.as_str()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the openai client: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else if std::env::var("ROCMFORGE_REQUIRE_OPENAI").is_ok_and(|v| v == "1") {
+        panic!("no `openai` module for {python} (ROCMFORGE_REQUIRE_OPENAI=1)");
+    } else {
+        eprintln!("note: no `openai` module for {python}: the client check is skipped");
+    }
+    let body = completion("hello world", 12).to_string();
+    match Command::new("curl")
+        .args(["-s", "-H", "Content-Type: application/json", "-d", &body])
+        .arg(format!("{url}/v1/completions"))
+        .output()
+    {
+        Ok(out) => {
+            assert!(out.status.success(), "curl: {out:?}");
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["choices"][0]["text"], want.as_str(), "curl");
+        }
+        Err(e) => eprintln!("note: no curl ({e}): the curl check is skipped"),
+    }
+}
+
 /// The command itself: loopback by default and said so, a port of 0 picks one, and SIGTERM
 /// ends it with status 0.
 #[cfg(unix)]
@@ -891,6 +937,7 @@ fn the_command_serves_and_exits_cleanly_on_sigterm() {
         r.json()["choices"][0]["text"],
         reference("abc", 4).0.as_str()
     );
+    openai_client_and_curl(addr);
     // SAFETY: kill(2) on our own child's pid, which has not been waited for, so it is ours.
     let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(rc, 0);
