@@ -36,6 +36,8 @@ pub trait BatchEngine {
     fn finish(&mut self, seq: SeqId);
     /// (blocks in use, blocks in all).
     fn blocks(&self) -> (usize, usize);
+    /// Blocks a prompt of `tokens` tokens takes at most (prefix sharing may take fewer).
+    fn blocks_for(&self, tokens: usize) -> usize;
     fn decoder(&self) -> Decoder;
     fn eos(&self) -> Option<u32>;
 }
@@ -60,6 +62,10 @@ impl BatchEngine for BatchedGenerator {
 
     fn blocks(&self) -> (usize, usize) {
         (self.num_blocks() - self.free_blocks(), self.num_blocks())
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        BatchedGenerator::blocks_for(self, tokens)
     }
 
     fn decoder(&self) -> Decoder {
@@ -171,6 +177,16 @@ pub(super) fn work_batched<E: BatchEngine>(
             }
             let mut prompt = a.job.prompt.clone();
             prompt.extend_from_slice(&a.ids);
+            // Admit only with a block of headroom per running request (their next step):
+            // admitting into a pool the running requests are about to fill would preempt one
+            // of them at once, and a preempted request let straight back in thrashes.
+            let (used, total) = engine.blocks();
+            if !running.is_empty()
+                && total - used < engine.blocks_for(prompt.len()) + running.len() + 1
+            {
+                waiting.push_front(Waiting::Preempted(Box::new(a)));
+                break;
+            }
             let sampled = !a.job.sampling.is_greedy();
             let t = Instant::now();
             let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -454,6 +470,10 @@ mod tests {
 
         fn blocks(&self) -> (usize, usize) {
             (self.held.values().sum(), self.blocks)
+        }
+
+        fn blocks_for(&self, tokens: usize) -> usize {
+            tokens
         }
 
         fn decoder(&self) -> Decoder {

@@ -336,6 +336,11 @@ impl BatchedGenerator {
         // Compiled before any block is taken: a failed compile leaves the pool as it was.
         self.prefill_session(bucket)?;
         let (cached, appended) = self.blocks.start(seq, prompt)?;
+        // `start` shares full blocks only: nothing to copy.
+        debug_assert!(
+            appended.copy.is_none(),
+            "a new sequence shares full blocks only"
+        );
         let mut slots = vec![-1i64; bucket];
         for (r, &slot) in appended.slots.iter().enumerate() {
             slots[cached + r] = i64::from(slot);
@@ -422,6 +427,9 @@ impl BatchedGenerator {
             let len = self.lens[&seq];
             // Cannot run out: the blocks were counted above, and no sequence is forked.
             let appended = self.blocks.append(seq, &[t])?;
+            // Copy-on-write comes from forks only (a shared partial block), which this
+            // generator never makes: there is no copy to perform.
+            debug_assert!(appended.copy.is_none(), "no sequence is forked");
             ids[i] = i64::from(t);
             positions[i] = len as i64;
             slots[i] = i64::from(appended.slots[0]);
