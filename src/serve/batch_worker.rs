@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::batched::{BatchError, BatchedGenerator, Next};
 use super::kv_blocks::{KvBlockError, SeqId};
 use super::sample::Sampler;
-use super::scheduler::{conclude, Decoder, Event, FinishReason, Job, WorkerStats};
+use super::scheduler::{conclude, Decoder, Event, FinishReason, Job, Scheduler, WorkerStats};
 use super::text::{Piece, TextStream};
 
 /// What the batching worker drives: a model that starts sequences in a paged cache and
@@ -78,6 +78,19 @@ impl BatchEngine for BatchedGenerator {
     }
 }
 
+impl Scheduler {
+    /// As [`Scheduler::start`], with this batching worker (version 2): up to the engine's
+    /// largest batch of jobs generate at once.
+    pub fn start_batched<E, T, F>(max_queue: usize, make: F) -> Result<(Scheduler, T), String>
+    where
+        E: BatchEngine + 'static,
+        T: Send + 'static,
+        F: FnOnce() -> Result<(E, T), String> + Send + 'static,
+    {
+        Scheduler::spawn(max_queue, make, work_batched::<E>)
+    }
+}
+
 /// A request in the batch (or preempted, waiting to be started again).
 struct Active {
     job: Job,
@@ -112,7 +125,7 @@ enum After {
     Finished(Result<FinishReason, String>, bool),
 }
 
-pub(super) fn work_batched<E: BatchEngine>(
+fn work_batched<E: BatchEngine>(
     mut engine: E,
     rx: Receiver<Job>,
     cancel: &AtomicBool,
@@ -401,7 +414,6 @@ mod tests {
     use super::*;
     use crate::serve::sample::SamplingParams;
     use crate::serve::scheduler::tests::{collect, done, job};
-    use crate::serve::scheduler::Scheduler;
 
     /// A paged engine that counts up from each sequence's last token (EOS at 100), with a pool
     /// of `blocks` one-token blocks, and records the batch sizes it stepped.

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch_worker::{work_batched, BatchEngine};
 use super::sample::{Sampler, SamplingParams};
 use super::text::{Piece, TextStream};
 use crate::generate::{Generator, SampleFn, Stop};
@@ -189,7 +188,7 @@ impl WorkerStats {
 }
 
 /// A worker loop: the engine, the queue, the cancel flag, the counters.
-type Worker<E> = fn(E, Receiver<Job>, &AtomicBool, &WorkerStats);
+pub(super) type Worker<E> = fn(E, Receiver<Job>, &AtomicBool, &WorkerStats);
 
 /// The submitting side; shared by the HTTP handlers.
 pub struct Scheduler {
@@ -215,18 +214,14 @@ impl Scheduler {
         Scheduler::spawn(max_queue, make, work::<E>)
     }
 
-    /// As [`Scheduler::start`], with the batching worker (version 2,
-    /// [`super::batch_worker`]): up to the engine's largest batch of jobs generate at once.
-    pub fn start_batched<E, T, F>(max_queue: usize, make: F) -> Result<(Scheduler, T), String>
-    where
-        E: BatchEngine + 'static,
-        T: Send + 'static,
-        F: FnOnce() -> Result<(E, T), String> + Send + 'static,
-    {
-        Scheduler::spawn(max_queue, make, work_batched::<E>)
-    }
-
-    fn spawn<E, T, F>(max_queue: usize, make: F, run: Worker<E>) -> Result<(Scheduler, T), String>
+    /// The worker thread running `run` over the engine `make` builds (see
+    /// [`Scheduler::start`]; the batching worker's `Scheduler::start_batched` is in
+    /// [`super::batch_worker`]).
+    pub(super) fn spawn<E, T, F>(
+        max_queue: usize,
+        make: F,
+        run: Worker<E>,
+    ) -> Result<(Scheduler, T), String>
     where
         E: 'static,
         T: Send + 'static,
