@@ -29,7 +29,7 @@ use rocmforge::frontend::llama::{io, Precision};
 use rocmforge::frontend::{self, LlamaModel};
 use rocmforge::ir::{DType, Graph, Tensor};
 use rocmforge::runtime::Device;
-use rocmforge::serve::batched::{BatchOptions, BatchedGenerator};
+use rocmforge::serve::batched::{kv_block_bytes, BatchOptions, BatchedGenerator};
 
 const PREFILL: usize = 1024;
 const BATCHES: [usize; 4] = [1, 8, 32, 64];
@@ -211,9 +211,8 @@ fn batched(
     let steps = 50;
     let max_context = 512;
     let m = LlamaModel::load(path).unwrap();
-    let h = m.config.heads();
     let block_size = 16;
-    let block_bytes = m.config.num_hidden_layers * 2 * h.kv * h.dim * block_size * 2;
+    let block_bytes = kv_block_bytes(&m, block_size, p.dtype).unwrap();
     let options = BatchOptions {
         precision: p,
         max_context,

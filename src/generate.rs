@@ -183,22 +183,9 @@ impl Generator {
         options: GenerateOptions,
         cpu_precision: crate::cpu::Precision,
     ) -> Result<Generator, GenerateError> {
-        let limit = model.config.max_position_embeddings;
-        if options.max_context == 0 || options.max_context > limit {
-            return Err(GenerateError::MaxContext {
-                max_context: options.max_context,
-                limit,
-            });
-        }
+        check_max_context(&model, options.max_context)?;
         let graph = model.kv_graph(1, options.max_context, options.precision, options.logits)?;
-        // Every step reads the same weights: read them once, for every plan.
-        let compile = CompileOptions {
-            weights: model.weights_for(&graph)?,
-            quantized: model.quantized_for(&graph)?,
-            progress: false,
-            cpu_precision,
-            ..CompileOptions::default()
-        };
+        let compile = step_compile_options(&model, &graph, cpu_precision)?;
         let exe = Arc::new(Graph::compile_with(graph, device, &compile)?);
         let decode = Session::new_with(
             exe,
@@ -381,6 +368,34 @@ impl Generator {
             },
         })
     }
+}
+
+/// `max_context` is within `1..=` the model's positions.
+pub(crate) fn check_max_context(
+    model: &LlamaModel,
+    max_context: usize,
+) -> Result<(), GenerateError> {
+    let limit = model.config.max_position_embeddings;
+    if max_context == 0 || max_context > limit {
+        return Err(GenerateError::MaxContext { max_context, limit });
+    }
+    Ok(())
+}
+
+/// The compile options every step plan of `model` shares: the weights `graph` (one step of
+/// them) reads, read once for every plan.
+pub(crate) fn step_compile_options(
+    model: &LlamaModel,
+    graph: &Graph,
+    cpu_precision: crate::cpu::Precision,
+) -> Result<CompileOptions, GenerateError> {
+    Ok(CompileOptions {
+        weights: model.weights_for(graph)?,
+        quantized: model.quantized_for(graph)?,
+        progress: false,
+        cpu_precision,
+        ..CompileOptions::default()
+    })
 }
 
 fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {

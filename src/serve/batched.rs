@@ -20,7 +20,7 @@ use super::kv_blocks::{BlockPool, KvBlockError, SeqId};
 use crate::compile::{CompileOptions, Session, SessionOptions};
 use crate::frontend::llama::{io, paged_io, PoolShape, Precision};
 use crate::frontend::LlamaModel;
-use crate::generate::{prompt_bucket, GenerateError};
+use crate::generate::{check_max_context, prompt_bucket, step_compile_options, GenerateError};
 use crate::ir::{DType, Graph, Shape, Tensor};
 use crate::runtime::Device;
 
@@ -104,8 +104,9 @@ pub struct BatchedGenerator {
     prefills: BTreeMap<usize, Session<'static>>,
 }
 
-/// Bytes of every layer's K and V rows of one pool block.
-fn block_bytes(model: &LlamaModel, block_size: usize, dtype: DType) -> Option<usize> {
+/// Bytes of every layer's K and V rows of one pool block of `block_size` tokens in `dtype`
+/// (what `--kv-memory` buys a block of); `None` past `usize`.
+pub fn kv_block_bytes(model: &LlamaModel, block_size: usize, dtype: DType) -> Option<usize> {
     let c = &model.config;
     let heads = c.heads();
     c.num_hidden_layers
@@ -130,14 +131,7 @@ impl BatchedGenerator {
         options: BatchOptions,
         cpu_precision: crate::cpu::Precision,
     ) -> Result<Self, BatchError> {
-        let limit = model.config.max_position_embeddings;
-        if options.max_context == 0 || options.max_context > limit {
-            return Err(GenerateError::MaxContext {
-                max_context: options.max_context,
-                limit,
-            }
-            .into());
-        }
+        check_max_context(&model, options.max_context)?;
         if options.block_size == 0 || options.max_batch == 0 {
             return Err(BatchError::Options {
                 block_size: options.block_size,
@@ -149,7 +143,7 @@ impl BatchedGenerator {
                 return Err(BatchError::SlidingWindow { window: w });
             }
         }
-        let bytes = block_bytes(&model, options.block_size, options.precision.dtype)
+        let bytes = kv_block_bytes(&model, options.block_size, options.precision.dtype)
             .ok_or_else(|| BatchError::Overflow("bytes per block".into()))?;
         let num_blocks = options.kv_memory / bytes.max(1);
         let max_blocks = options.max_context.div_ceil(options.block_size);
@@ -170,13 +164,7 @@ impl BatchedGenerator {
         let graph = model
             .paged_graph(1, 1, pool_shape, options.precision, options.logits)
             .map_err(GenerateError::from)?;
-        let compile = CompileOptions {
-            weights: model.weights_for(&graph).map_err(GenerateError::from)?,
-            quantized: model.quantized_for(&graph).map_err(GenerateError::from)?,
-            progress: false,
-            cpu_precision,
-            ..CompileOptions::default()
-        };
+        let compile = step_compile_options(&model, &graph, cpu_precision)?;
         let exe =
             Arc::new(Graph::compile_with(graph, device, &compile).map_err(GenerateError::from)?);
         let owner = Session::new_with(
@@ -347,6 +335,7 @@ impl BatchedGenerator {
         }
         let mut ids: Vec<i64> = prompt.iter().map(|&i| i64::from(i)).collect();
         ids.resize(bucket, 0);
+        let has_logits = self.options.logits;
         let run = (|| -> Result<Next, BatchError> {
             let s = self.prefill_session(bucket)?;
             s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, bucket], ids))
@@ -356,7 +345,7 @@ impl BatchedGenerator {
             s.set_input(io::LAST, &int(DType::I32, &[1], vec![n as i64 - 1]))
                 .map_err(GenerateError::from)?;
             s.run().map_err(GenerateError::from)?;
-            Ok(read_rows(s, 1, vocab, logits)?.remove(0))
+            Ok(read_rows(s, 1, vocab, logits && has_logits)?.remove(0))
         })();
         match run {
             Ok(next) => {
@@ -443,6 +432,7 @@ impl BatchedGenerator {
             }
             *self.lens.get_mut(&seq).expect("looked up above") += 1;
         }
+        let has_logits = self.options.logits;
         let s = self.decode_session(bucket)?;
         let set = |s: &mut Session<'static>, name: &str, dims: &[usize], v: Vec<i64>| {
             let dtype = if name == io::INPUT_IDS {
@@ -459,7 +449,7 @@ impl BatchedGenerator {
         set(s, paged_io::BLOCK_TABLE, &[bucket, max_blocks], table)?;
         set(s, io::KV_LEN, &[bucket], kv_len)?;
         s.run().map_err(GenerateError::from)?;
-        read_rows(s, b, vocab, logits)
+        read_rows(s, b, vocab, logits && has_logits)
     }
 
     /// Ends `seq`: its blocks go back to the pool (those another sequence shares stay).
@@ -481,8 +471,8 @@ fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
     Tensor::from_i64(dtype, Shape::new(dims.to_vec()), values).expect("sized by the caller")
 }
 
-/// The first `rows` tokens of a run, and their logits rows where `logits` asks and the plan
-/// has them.
+/// The first `rows` tokens of a run, and their logits rows where `logits` asks (the caller
+/// asks only of plans that have them).
 fn read_rows(
     s: &Session<'_>,
     rows: usize,
@@ -491,12 +481,7 @@ fn read_rows(
 ) -> Result<Vec<Next>, BatchError> {
     let t = s.output(io::TOKEN).map_err(GenerateError::from)?;
     let tokens = t.as_i64().unwrap_or_default();
-    let has = s
-        .executable()
-        .output_names()
-        .iter()
-        .any(|n| n == io::LOGITS);
-    let logits = if logits && has {
+    let logits = if logits {
         let l = s.output(io::LOGITS).map_err(GenerateError::from)?;
         // The LM head casts to f32 before the output (frontend::llama::lower).
         Some(l.as_f32().ok_or(GenerateError::LogitsType)?.to_vec())

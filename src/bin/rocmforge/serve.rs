@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rocmforge::frontend::llama::Precision;
 use rocmforge::generate::{GenerateOptions, Generator};
 use rocmforge::ir::DType;
-use rocmforge::serve::batched::{BatchOptions, BatchedGenerator, BLOCK_SIZE};
+use rocmforge::serve::batched::{kv_block_bytes, BatchOptions, BatchedGenerator, BLOCK_SIZE};
 use rocmforge::serve::{AppState, ModelInfo, Scheduler};
 
 use crate::common::{file_name, pick_device};
@@ -84,13 +84,8 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
     // The worker thread compiles the model and keeps it: device sessions stay on the thread
     // that made them.
     let (scheduler, info) = if batched {
-        let h = model.config.heads();
-        let block_bytes = model.config.num_hidden_layers
-            * 2
-            * h.kv
-            * h.dim
-            * BLOCK_SIZE
-            * precision.dtype.size_bytes();
+        let block_bytes = kv_block_bytes(&model, BLOCK_SIZE, precision.dtype)
+            .ok_or("the model's KV block size overflows")?;
         let kv_memory = a.kv_memory.unwrap_or_else(|| {
             max_batch.saturating_mul(max_context.div_ceil(BLOCK_SIZE)) * block_bytes
         });

@@ -75,6 +75,41 @@ pub struct PoolShape {
     pub max_blocks: usize,
 }
 
+impl PoolShape {
+    /// The `slots` input of a step of `rows` new rows (i32 `[1, rows]`).
+    fn slots(&self, g: &mut Graph, rows: usize) -> Result<NodeId, GraphError> {
+        g.input_sampled(
+            paged_io::SLOTS,
+            DType::I32,
+            &[1, rows],
+            Sample::Range {
+                low: -1,
+                high: (self.num_blocks * self.block_size) as i64,
+            },
+        )
+    }
+
+    /// Layer `layer`'s K and V pools with this step's rows `k`, `v` (`[1, Hkv, rows, D]`)
+    /// written at `slots`: the pools' next values.
+    fn write(
+        &self,
+        g: &mut Graph,
+        layer: usize,
+        (k, v): (NodeId, NodeId),
+        slots: NodeId,
+        heads: Heads,
+        dt: DType,
+    ) -> Result<(NodeId, NodeId), GraphError> {
+        let shape = [self.num_blocks, heads.kv, self.block_size, heads.dim];
+        let kp = g.state(&paged_io::pool_k(layer), dt, &shape)?;
+        let vp = g.state(&paged_io::pool_v(layer), dt, &shape)?;
+        Ok((
+            g.paged_cache_write(kp, k, slots)?,
+            g.paged_cache_write(vp, v, slots)?,
+        ))
+    }
+}
+
 /// A step of `seqs` sequences of `s` new tokens each through a paged KV cache: the tokens are
 /// the rows of the step, sequence-major; each layer writes their K/V rows to the pool slots
 /// `slots` names and attends, per sequence, over the first `kv_len[b]` keys its block table
@@ -120,15 +155,7 @@ impl Paged {
                 high: reach.max(1),
             },
         )?;
-        let slots = g.input_sampled(
-            paged_io::SLOTS,
-            DType::I32,
-            &[1, rows],
-            Sample::Range {
-                low: -1,
-                high: (num_blocks * block_size) as i64,
-            },
-        )?;
+        let slots = self.pool.slots(g, rows)?;
         let table = g.input_sampled(
             paged_io::BLOCK_TABLE,
             DType::I32,
@@ -198,17 +225,8 @@ impl AttentionStep for Paged {
     ) -> Result<NodeId, GraphError> {
         // A sliding window is refused before a paged graph is built (`LlamaModel::paged_graph`).
         let (_, slots, table, kv_len) = self.inputs(g)?;
-        let shape = [
-            self.pool.num_blocks,
-            heads.kv,
-            self.pool.block_size,
-            heads.dim,
-        ];
-        let kp = g.state(&paged_io::pool_k(layer), dt, &shape)?;
-        let vp = g.state(&paged_io::pool_v(layer), dt, &shape)?;
         // The rows go to their slots as they come: [1, Hkv, b·s, D] with slots [1, b·s].
-        let kp = g.paged_cache_write(kp, k, slots)?;
-        let vp = g.paged_cache_write(vp, v, slots)?;
+        let (kp, vp) = self.pool.write(g, layer, (k, v), slots, heads, dt)?;
         let q = self.per_sequence(g, q, heads.q, heads.dim, false)?;
         let scale = 1.0 / (heads.dim as f64).sqrt();
         let ctx = g.paged_attention((q, kp, vp), table, kv_len, scale)?;
@@ -256,31 +274,10 @@ impl AttentionStep for PagedPrefill {
     ) -> Result<NodeId, GraphError> {
         let slots = match self.slots {
             Some(s) => s,
-            None => {
-                let s = g.input_sampled(
-                    paged_io::SLOTS,
-                    DType::I32,
-                    &[1, self.s],
-                    Sample::Range {
-                        low: -1,
-                        high: (self.pool.num_blocks * self.pool.block_size) as i64,
-                    },
-                )?;
-                self.slots = Some(s);
-                s
-            }
+            None => *self.slots.insert(self.pool.slots(g, self.s)?),
         };
-        let shape = [
-            self.pool.num_blocks,
-            heads.kv,
-            self.pool.block_size,
-            heads.dim,
-        ];
-        let kp = g.state(&paged_io::pool_k(layer), dt, &shape)?;
-        let vp = g.state(&paged_io::pool_v(layer), dt, &shape)?;
         // Nothing in this graph reads the pools back: the writes are live as state updates.
-        g.paged_cache_write(kp, k, slots)?;
-        g.paged_cache_write(vp, v, slots)?;
+        self.pool.write(g, layer, (k, v), slots, heads, dt)?;
         nn::causal_attention(g, q, k, v, heads, 1, self.s, self.s, 0, window, dt)
     }
 }
