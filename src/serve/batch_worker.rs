@@ -104,17 +104,17 @@ struct Active {
     t0: Instant,
 }
 
-/// A queued request, or a preempted one.
+/// A queued request, or one already started: preempted, or put back until the pool has room.
 enum Waiting {
     New(Job),
-    Preempted(Box<Active>),
+    Started(Box<Active>),
 }
 
 impl Waiting {
     fn job(&self) -> &Job {
         match self {
             Waiting::New(j) => j,
-            Waiting::Preempted(a) => &a.job,
+            Waiting::Started(a) => &a.job,
         }
     }
 }
@@ -168,7 +168,7 @@ fn work_batched<E: BatchEngine>(
             if gone(w.job(), cancel) {
                 let a = match w {
                     Waiting::New(job) => activate(job, next_seq),
-                    Waiting::Preempted(a) => *a,
+                    Waiting::Started(a) => *a,
                 };
                 end(a, Ok(FinishReason::Cancelled), false, stats, &decode);
                 continue;
@@ -178,7 +178,7 @@ fn work_batched<E: BatchEngine>(
                     next_seq += 1;
                     activate(job, next_seq)
                 }
-                Waiting::Preempted(mut a) => {
+                Waiting::Started(mut a) => {
                     next_seq += 1;
                     a.seq = next_seq;
                     *a
@@ -197,7 +197,7 @@ fn work_batched<E: BatchEngine>(
             if !running.is_empty()
                 && total - used < engine.blocks_for(prompt.len()) + running.len() + 1
             {
-                waiting.push_front(Waiting::Preempted(Box::new(a)));
+                waiting.push_front(Waiting::Started(Box::new(a)));
                 break;
             }
             let sampled = !a.job.sampling.is_greedy();
@@ -219,7 +219,7 @@ fn work_batched<E: BatchEngine>(
                     if !running.is_empty() =>
                 {
                     // Blocks come back as the running requests end: wait at the head.
-                    waiting.push_front(Waiting::Preempted(Box::new(a)));
+                    waiting.push_front(Waiting::Started(Box::new(a)));
                     break;
                 }
                 Ok(Err(e)) => end(a, Err(e.to_string()), false, stats, &decode),
@@ -285,7 +285,7 @@ fn work_batched<E: BatchEngine>(
                 let a = running.pop().expect("more than one");
                 engine.finish(a.seq);
                 stats.preempted.fetch_add(1, Ordering::Relaxed);
-                waiting.push_front(Waiting::Preempted(Box::new(a)));
+                waiting.push_front(Waiting::Started(Box::new(a)));
             }
             Ok(Err(BatchError::ContextFull { seq, .. })) => {
                 // The HTTP layer keeps prompt + max_tokens within the context, so this is a
