@@ -314,7 +314,8 @@ fn a_warm_run_allocates_nothing() {
         r.unwrap();
         let n = ALLOCS.load(Ordering::SeqCst);
         // The only allocations left are matrixmultiply's packing buffers, at most two per
-        // dense sgemm call (one call per thread per batch of each f32 Gemm); a graph whose
+        // dense sgemm call (one call per thread per batch of each f32 Gemm, two per block of
+        // query rows of each prefill attention head); a graph whose
         // products are all Q8 GEMVs on blocks allocates nothing but, now and then, one block
         // of rayon's job queue (crossbeam's injector grows a block every 63 jobs injected
         // from outside the pool).
@@ -327,6 +328,12 @@ fn a_warm_run_allocates_nothing() {
                         .iter()
                         .any(|&o| matches!(g.op(o), Op::Weight { quant: Some(_), .. }));
                     (!q).then(|| gm.dims.sizes().unwrap()[0] * plan.threads())
+                }
+                // Prefill attention (8 query rows or more, `cpu::attention`) runs two
+                // products per block of up to 128 query rows of each (batch, head).
+                Op::FlashAttention(_) => {
+                    let q = g.ty(g.operands(id)[0]).shape.dims().to_vec();
+                    (q[2] >= 8).then(|| q[0] * q[1] * q[2].div_ceil(128) * 2)
                 }
                 _ => None,
             })

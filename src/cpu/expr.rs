@@ -3,7 +3,9 @@
 //!
 //! Every register holds f32 values; bools are 0/1 (exactly what `ir::scalar` gives a
 //! comparison), and each op rounds to its own dtype as `ir::scalar` does, so a compiled program
-//! computes the interpreter's bits for the same expression. Integer values (i32, i64) are not
+//! computes the interpreter's bits for the same expression — except f32 exp, sigmoid, SiLU and
+//! GELU, which take [`super::fastmath`]'s vectorised forms (within a few ulp; a call per
+//! element cost more than the GEMM it followed). Integer values (i32, i64) are not
 //! held exactly by f32: an expression that touches one is not compiled ([`Program::compile`]
 //! returns `None`) and its node runs on the interpreter instead.
 
@@ -92,11 +94,7 @@ impl Program {
             match *instr {
                 Instr::Load(i) => dst.copy_from_slice(&inputs[i][..n]),
                 Instr::Const(v) => dst.fill(v),
-                Instr::Unary(op, dt, a) => {
-                    for (d, &x) in dst.iter_mut().zip(&done[a][..n]) {
-                        *d = fit(dt, unary_f32(op, x));
-                    }
-                }
+                Instr::Unary(op, dt, a) => unary_chunk(op, dt, &done[a][..n], dst),
                 Instr::Binary(op, dt, a, b) => {
                     let (xa, xb) = (&done[a][..n], &done[b][..n]);
                     binary_chunk(op, dt, xa, xb, dst);
@@ -148,6 +146,36 @@ fn fit(dt: DType, v: f32) -> f32 {
     match dt {
         DType::Bool => f32::from(u8::from(v != 0.0)),
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => round_float(dt, v),
+    }
+}
+
+/// One unary op over a chunk: the f32 transcendentals through [`super::fastmath`]'s
+/// vectorised forms, everything else as the interpreter computes it.
+fn unary_chunk(op: UnaryOp, dt: DType, a: &[f32], dst: &mut [f32]) {
+    use super::fastmath;
+    match op {
+        UnaryOp::Exp if dt == DType::F32 => fastmath::exp(a, dst),
+        UnaryOp::Sigmoid if dt == DType::F32 => fastmath::sigmoid(a, dst),
+        UnaryOp::Silu if dt == DType::F32 => fastmath::silu(a, dst),
+        UnaryOp::Gelu if dt == DType::F32 => fastmath::gelu(a, dst),
+        UnaryOp::Neg
+        | UnaryOp::Abs
+        | UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Recip
+        | UnaryOp::Tanh
+        | UnaryOp::Erf
+        | UnaryOp::Sigmoid
+        | UnaryOp::Silu
+        | UnaryOp::Gelu
+        | UnaryOp::GeluTanh
+        | UnaryOp::Softplus => {
+            for (d, &x) in dst.iter_mut().zip(a) {
+                *d = fit(dt, unary_f32(op, x));
+            }
+        }
     }
 }
 

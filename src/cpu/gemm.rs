@@ -99,6 +99,8 @@ pub struct GemmStep {
     b: Offs,
     out: Offs,
     extras: Vec<Offs>,
+    /// Per extra: whether its columns are contiguous (a row of it is one slice).
+    extra_unit: Vec<bool>,
     epilogue: Option<Program>,
     a_dtype: DType,
     out_dtype: DType,
@@ -111,6 +113,8 @@ pub struct GemmStep {
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
     out_contiguous: bool,
+    /// The out view's columns are unit-strided (a result row's columns are one slice).
+    out_cols_unit: bool,
     /// A's rows normalised over K (then A is always packed), and the slot of its weight.
     prologue: Option<(Prologue, usize)>,
     /// Product columns 2j, 2j + 1 combined by the epilogue into result column j.
@@ -148,6 +152,12 @@ impl GemmStep {
             let refs: Vec<&TensorType> = scalar.iter().collect();
             Program::compile(e, &refs)
         });
+        let out_cols_unit = out_contiguous || arith(&o.cols) == Some(1);
+        let extras: Vec<Offs> = g
+            .extras
+            .iter()
+            .map(|v| Offs::new(v, g, Operand::Out))
+            .collect();
         GemmStep {
             nb,
             m,
@@ -156,11 +166,8 @@ impl GemmStep {
             a,
             b,
             out: o,
-            extras: g
-                .extras
-                .iter()
-                .map(|v| Offs::new(v, g, Operand::Out))
-                .collect(),
+            extra_unit: extras.iter().map(|e| arith(&e.cols) == Some(1)).collect(),
+            extras,
             // An epilogue that cannot be compiled (integer values) is refused at plan time by
             // `compilable`; here it is always Some(program).
             epilogue: epilogue.flatten(),
@@ -174,6 +181,7 @@ impl GemmStep {
                 Some(Packed::shared(s, &q, n, k / BLOCK_ELEMS))
             }),
             out_contiguous,
+            out_cols_unit,
             prologue: g.prologue.map(|p| (p, g.prologue_slots().start)),
             paired: g.paired,
         }
@@ -266,6 +274,12 @@ impl GemmStep {
         let (nb, m, n, k) = (self.nb, self.m, self.n, self.k);
         let a_src = val(fixed, bufs, args[0]).f();
         let b_src = val(fixed, bufs, args[1]).f();
+        // Paired: result column j combines product columns 2j and 2j + 1.
+        let (n_out, pair) = if self.paired { (n / 2, 2) } else { (n, 1) };
+        let out_ptr = match out {
+            Buf::F(v) => OutPtr::new(v),
+            Buf::I(_) => unreachable!("a gemm's result is float"),
+        };
         let (c, rest) = scr.f.split_at_mut(nb * m * n);
         let (pack_a, rest) = rest.split_at_mut(if self.packs_a() { nb * m * k } else { 0 });
         let pack_b_len = if self.b_strides.is_none() && self.quant.is_none() {
@@ -369,9 +383,9 @@ impl GemmStep {
             let threads = rayon::current_num_threads().max(1);
             for bi in 0..nb {
                 let (ao, bo) = (a_off(bi), b_off(bi));
+                let cb = &mut c[bi * m * n..(bi + 1) * m * n];
                 if self.transposed {
                     // Cᵀ[n][m] = Bᵀ·Aᵀ, split over N.
-                    let cb = &mut c[bi * m * n..(bi + 1) * m * n];
                     let cols = n.div_ceil(threads).max(1);
                     cb.par_chunks_mut(cols * m).enumerate().for_each(|(t, ct)| {
                         let j0 = t * cols;
@@ -399,15 +413,61 @@ impl GemmStep {
                             );
                         }
                     });
+                } else if n >= m {
+                    // Split over N: each task packs a slice of B (the larger operand) and all
+                    // of A, where a split over M would pack all of B in every task. The task
+                    // then finishes its columns of every row while they are in cache.
+                    let cp = SharedMut::new(cb);
+                    let step = n.div_ceil(threads).next_multiple_of(COLUMN_ALIGN).max(1);
+                    (0..n.div_ceil(step)).into_par_iter().for_each(|t| {
+                        let j0 = t * step;
+                        let nn = step.min(n - j0);
+                        // SAFETY: A's M×K and B's columns j0..j0+nn lie in their buffers
+                        // (views checked by shape inference, packs sized to hold them); the
+                        // task writes C's columns j0..j0+nn of its m rows (row stride n), which
+                        // no other task touches.
+                        unsafe {
+                            matrixmultiply::sgemm(
+                                m,
+                                k,
+                                nn,
+                                1.0,
+                                a.as_ptr().add(ao),
+                                a_rs as isize,
+                                a_cs as isize,
+                                b.as_ptr().add(bo + j0 * b_cs),
+                                b_rs as isize,
+                                b_cs as isize,
+                                0.0,
+                                cp.at(j0),
+                                n as isize,
+                                1,
+                            );
+                        }
+                        let band = Product::new(cp, bi * m * n, m * n, n, 1);
+                        let cols = j0 / pair..(j0 + nn) / pair;
+                        self.finish(
+                            &band,
+                            bi * m..(bi + 1) * m,
+                            cols,
+                            args,
+                            fixed,
+                            bufs,
+                            out_ptr,
+                        );
+                    });
                 } else {
-                    let cb = &mut c[bi * m * n..(bi + 1) * m * n];
+                    // Split over M (many rows, few columns): each task multiplies a band of
+                    // rows and finishes it at once, while its products are still in cache.
                     let rows = m.div_ceil(threads).max(1);
-                    cb.par_chunks_mut(rows * n).enumerate().for_each(|(t, ct)| {
+                    let cp = SharedMut::new(cb);
+                    (0..m.div_ceil(rows)).into_par_iter().for_each(|t| {
                         let i0 = t * rows;
-                        let mm = ct.len() / n.max(1);
+                        let mm = rows.min(m - i0);
                         // SAFETY: A's rows i0..i0+mm and its K columns, and B's K×N, lie in
                         // their buffers (views checked by shape inference, packs sized to
-                        // hold them); `ct` holds exactly mm×n elements written at (n, 1).
+                        // hold them); the task writes C's rows i0..i0+mm (mm×n at (n, 1)),
+                        // which no other task touches.
                         unsafe {
                             matrixmultiply::sgemm(
                                 mm,
@@ -421,87 +481,276 @@ impl GemmStep {
                                 b_rs as isize,
                                 b_cs as isize,
                                 0.0,
-                                ct.as_mut_ptr(),
+                                cp.at(i0 * n),
                                 n as isize,
                                 1,
                             );
                         }
+                        let band = Product::new(cp, bi * m * n, m * n, n, 1);
+                        let r0 = bi * m + i0;
+                        self.finish(&band, r0..r0 + mm, 0..n_out, args, fixed, bufs, out_ptr);
                     });
                 }
             }
         }
-        // The product in C: element (bi, i, j) at bi·m·n + these strides.
-        // Quantized products are [N][batch·M] over all batches at once.
-        let (crs, ccs) = if self.quant.is_some() {
-            (1, nb * m)
-        } else if self.transposed {
-            (1, m)
+        if self.quant.is_none() && !self.transposed {
+            return; // every band finished itself
+        }
+        // The product in C: quantized products are [N][batch·M] over all batches at once,
+        // transposed ones [batch][N][M].
+        let cp = SharedMut::new(c);
+        let product = if self.quant.is_some() {
+            Product::new(cp, 0, m, 1, nb * m)
         } else {
-            (n, 1)
+            Product::new(cp, 0, m * n, 1, m)
         };
-        let batch_stride = if self.quant.is_some() { m } else { m * n };
-        let c = &*c;
-        let o = match out {
-            Buf::F(v) => v,
-            Buf::I(_) => unreachable!("a gemm's result is float"),
+        // Rows finished in parallel bands when there is enough work to pay for the fork.
+        let rows = nb * m;
+        let band = if rows * n <= SERIAL_ELEMS {
+            rows.max(1)
+        } else {
+            rows.div_ceil(rayon::current_num_threads().max(1)).max(1)
         };
-        let ex: [Option<&Buf>; crate::ir::expr::MAX_INPUTS] =
-            std::array::from_fn(|i| args.get(i + 2).map(|&s| val(fixed, bufs, s)));
+        if band >= rows {
+            self.finish(&product, 0..rows, 0..n_out, args, fixed, bufs, out_ptr);
+        } else {
+            (0..rows.div_ceil(band)).into_par_iter().for_each(|t| {
+                let r = t * band..((t + 1) * band).min(rows);
+                self.finish(&product, r, 0..n_out, args, fixed, bufs, out_ptr);
+            });
+        }
+    }
+
+    /// Rows `rows` (batch·M + row), result columns `cols`, of the result from `c`: each
+    /// product rounded to A's dtype, then the epilogue with the extras (or, without one,
+    /// rounded to the result's dtype), and written through the out view.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        c: &Product,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        args: &[usize],
+        fixed: &[Option<Buf>],
+        bufs: &[Buf],
+        out: OutPtr,
+    ) {
+        let (m, n) = (self.m.max(1), self.n);
         // Paired: result column j combines product columns 2j ($0) and 2j + 1 ($1).
         let (n_out, pair) = if self.paired { (n / 2, 2) } else { (n, 1) };
-        let first = pair;
-        let row = |r: usize, dst: &mut dyn FnMut(usize, f32)| {
-            let (bi, i) = (r / m.max(1), r % m.max(1));
-            let base = bi * batch_stride + i * crs;
-            match &self.epilogue {
-                None => {
-                    for j in 0..n {
-                        dst(j, round_float(self.out_dtype, c[base + j * ccs]));
-                    }
-                }
-                Some(p) => {
-                    let mut regs = Regs::new();
-                    let mut ins = [[0.0f32; CHUNK]; crate::ir::expr::MAX_INPUTS];
-                    let mut res = [0.0f32; CHUNK];
-                    let mut j0 = 0;
-                    while j0 < n_out {
-                        let cn = CHUNK.min(n_out - j0);
-                        for (p, input) in ins.iter_mut().take(pair).enumerate() {
-                            for t in 0..cn {
-                                let col = pair * (j0 + t) + p;
-                                input[t] = round_float(self.a_dtype, c[base + col * ccs]);
-                            }
-                        }
-                        for (e, offs) in self.extras.iter().enumerate() {
-                            let src = ex[e].expect("one buffer per extra");
-                            let eb = offs.batch[bi] + offs.rows[i];
-                            for t in 0..cn {
-                                ins[e + first][t] = src.get(eb + offs.cols[j0 + t]);
-                            }
-                        }
-                        p.eval(&mut regs, &ins, cn, &mut res);
-                        for t in 0..cn {
-                            dst(j0 + t, res[t]);
-                        }
-                        j0 += cn;
-                    }
-                }
+        let ex: [Option<&Buf>; crate::ir::expr::MAX_INPUTS] =
+            std::array::from_fn(|i| args.get(i + 2).map(|&s| val(fixed, bufs, s)));
+        // Where result (bi, i, j) goes: a row base plus the column's offset.
+        let out_base = |bi: usize, i: usize, r: usize| {
+            if self.out_contiguous {
+                r * n_out
+            } else {
+                self.out.batch[bi] + self.out.rows[i]
             }
         };
-        if self.out_contiguous {
-            o.par_chunks_mut(n_out.max(1))
-                .enumerate()
-                .for_each(|(r, d)| {
-                    row(r, &mut |j, v| d[j] = v);
-                });
-        } else {
-            for r in 0..nb * m {
-                let (bi, i) = (r / m.max(1), r % m.max(1));
-                let base = self.out.batch[bi] + self.out.rows[i];
-                let cols = &self.out.cols;
-                row(r, &mut |j, v| o[base + cols[j]] = v);
+        let out_col = |j: usize| {
+            if self.out_contiguous {
+                j
+            } else {
+                self.out.cols[j]
+            }
+        };
+        let Some(p) = &self.epilogue else {
+            for r in rows {
+                let (bi, i) = (r / m, r % m);
+                let base = out_base(bi, i, r);
+                if self.out_cols_unit && c.col == 1 && self.out_dtype == DType::F32 {
+                    // SAFETY: see `OutPtr::row`; this task owns these rows and columns.
+                    let dst = unsafe { out.row(base + out_col(cols.start), cols.len()) };
+                    dst.copy_from_slice(c.row(bi, i, cols.start, cols.len()));
+                    continue;
+                }
+                for j in cols.clone() {
+                    let v = round_float(self.out_dtype, c.at(bi, i, j));
+                    // SAFETY: see `OutPtr::write`; this task owns these rows and columns.
+                    unsafe { out.write(base + out_col(j), v) };
+                }
+            }
+            return;
+        };
+        // A band's product row is one slice where columns are unit-strided and unpaired.
+        let slices = c.col == 1 && pair == 1;
+        let mut regs = Regs::new();
+        let mut ins = [[0.0f32; CHUNK]; crate::ir::expr::MAX_INPUTS];
+        let mut res = [0.0f32; CHUNK];
+        for r in rows {
+            let (bi, i) = (r / m, r % m);
+            let base = out_base(bi, i, r);
+            let mut j0 = cols.start;
+            while j0 < cols.end {
+                let cn = CHUNK.min(cols.end - j0);
+                if slices {
+                    let dst = &mut ins[0][..cn];
+                    dst.copy_from_slice(c.row(bi, i, j0, cn));
+                    if self.a_dtype != DType::F32 {
+                        dst.iter_mut()
+                            .for_each(|x| *x = round_float(self.a_dtype, *x));
+                    }
+                } else {
+                    for (p, input) in ins.iter_mut().take(pair).enumerate() {
+                        for (t, x) in input[..cn].iter_mut().enumerate() {
+                            *x = round_float(self.a_dtype, c.at(bi, i, pair * (j0 + t) + p));
+                        }
+                    }
+                }
+                for (e, offs) in self.extras.iter().enumerate() {
+                    let src = ex[e].expect("one buffer per extra");
+                    let eb = offs.batch[bi] + offs.rows[i];
+                    let dst = &mut ins[e + pair][..cn];
+                    match src {
+                        // A row of a contiguous extra (a bias, a residual) is one copy.
+                        Buf::F(v) if self.extra_unit[e] => {
+                            let at = eb + offs.cols[j0];
+                            dst.copy_from_slice(&v[at..at + cn]);
+                        }
+                        _ => {
+                            for (t, x) in dst.iter_mut().enumerate() {
+                                *x = src.get(eb + offs.cols[j0 + t]);
+                            }
+                        }
+                    }
+                }
+                p.eval(&mut regs, &ins, cn, &mut res);
+                if self.out_cols_unit {
+                    // SAFETY: see `OutPtr::row`; this task owns these rows and columns.
+                    let dst = unsafe { out.row(base + out_col(j0), cn) };
+                    dst.copy_from_slice(&res[..cn]);
+                } else {
+                    for (t, &v) in res[..cn].iter().enumerate() {
+                        // SAFETY: see `OutPtr::write`; this task owns these rows and columns.
+                        unsafe { out.write(base + out_col(j0 + t), v) };
+                    }
+                }
+                j0 += cn;
             }
         }
+    }
+}
+
+/// Columns per task of a split over N: whole SIMD registers of results (and even, so a
+/// paired product's column pairs stay in one task).
+const COLUMN_ALIGN: usize = 16;
+
+/// Products of a GEMM step as computed: element (bi, i, j) of the problem at
+/// `bi·batch + i·row + j·col − origin` of `c` (a task's band starts at `origin`). Read through
+/// a pointer because other tasks write other elements of the same scratch meanwhile.
+struct Product {
+    c: SharedMut,
+    origin: usize,
+    batch: usize,
+    row: usize,
+    col: usize,
+}
+
+impl Product {
+    fn new(c: SharedMut, origin: usize, batch: usize, row: usize, col: usize) -> Product {
+        Product {
+            c,
+            origin,
+            batch,
+            row,
+            col,
+        }
+    }
+
+    fn index(&self, bi: usize, i: usize, j: usize) -> usize {
+        bi * self.batch + i * self.row + j * self.col - self.origin
+    }
+
+    /// Element (bi, i, j). Callers read only products their own task wrote, or any once
+    /// every task has finished (the fork-join orders those writes before the reads).
+    #[inline]
+    fn at(&self, bi: usize, i: usize, j: usize) -> f32 {
+        let at = self.index(bi, i, j);
+        assert!(at < self.c.len, "product {at} past {}", self.c.len);
+        // SAFETY: inside the scratch (checked above); no task writes an element another
+        // task reads (the callers' contract above).
+        unsafe { *self.c.ptr.add(at) }
+    }
+
+    /// Columns j0..j0 + len of row (bi, i), for unit-strided columns (`col == 1`); the same
+    /// contract as [`Product::at`].
+    fn row(&self, bi: usize, i: usize, j0: usize, len: usize) -> &[f32] {
+        assert_eq!(
+            self.col, 1,
+            "a product row is a slice only with unit column stride"
+        );
+        let at = self.index(bi, i, j0);
+        assert!(
+            at + len <= self.c.len,
+            "product row {at}+{len} past {}",
+            self.c.len
+        );
+        // SAFETY: as for `at`, for each element of the range.
+        unsafe { std::slice::from_raw_parts(self.c.ptr.add(at), len) }
+    }
+}
+
+/// A buffer several tasks write at once, each its own elements: the products' scratch, and
+/// (as [`OutPtr`]) the result through the out view.
+#[derive(Clone, Copy)]
+struct SharedMut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: a `SharedMut` is only accessed at elements its task owns (see `OutPtr::write` and
+// `Product::at`); the buffer outlives every task (the step holds `&mut` to it across the
+// fork-join).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+type OutPtr = SharedMut;
+
+impl SharedMut {
+    fn new(v: &mut [f32]) -> SharedMut {
+        SharedMut {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        }
+    }
+
+    /// The address of element `at`, for a product to write from there.
+    fn at(&self, at: usize) -> *mut f32 {
+        assert!(at <= self.len, "offset {at} past {}", self.len);
+        // SAFETY: at most one past the end (checked above).
+        unsafe { self.ptr.add(at) }
+    }
+
+    /// Elements `at..at + len` as a slice.
+    ///
+    /// # Safety
+    /// As for [`SharedMut::write`], for every element of the range: they are one result
+    /// row's columns where the out view's columns are unit-strided.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, at: usize, len: usize) -> &mut [f32] {
+        assert!(
+            at + len <= self.len,
+            "out view row {at}+{len} past {}",
+            self.len
+        );
+        // SAFETY: inside the buffer (checked above); exclusivity is the caller's.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
+
+    /// Writes element `at`.
+    ///
+    /// # Safety
+    /// No other task may access element `at` meanwhile. Holds for `finish`'s callers: tasks
+    /// own disjoint result rows or columns, and the out view writes each (batch, row,
+    /// column) to its own element (shape inference refuses a view that is not a bijection
+    /// onto the result).
+    #[inline]
+    unsafe fn write(self, at: usize, v: f32) {
+        assert!(at < self.len, "out view offset {at} past {}", self.len);
+        // SAFETY: `at` is inside the buffer (checked above); exclusivity is the caller's.
+        unsafe { *self.ptr.add(at) = v };
     }
 }
 

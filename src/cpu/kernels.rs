@@ -125,16 +125,8 @@ pub fn norm(
         .for_each(|(o, x)| {
             for (row, dst) in x.chunks(d).zip(o.chunks_mut(d)) {
                 let n = d as f64;
-                let mean = if rms {
-                    0.0
-                } else {
-                    row.iter().map(|&v| f64::from(v)).sum::<f64>() / n
-                };
-                let var = row
-                    .iter()
-                    .map(|&v| (f64::from(v) - mean).powi(2))
-                    .sum::<f64>()
-                    / n;
+                let mean = if rms { 0.0 } else { sum_f64(row, |v| v) / n };
+                let var = sum_f64(row, |v| (v - mean) * (v - mean)) / n;
                 let inv = (var + eps).sqrt().recip() as f32;
                 let mean = mean as f32;
                 match b {
@@ -153,6 +145,25 @@ pub fn norm(
         });
 }
 
+/// Σ f(x) over `row` in f64, in eight interleaved partial sums so the loop vectorises (one
+/// running sum is a chain of dependent adds); f64 keeps the result within f32 rounding of the
+/// interpreter's sequential sum.
+fn sum_f64(row: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(f64::from(v));
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &v in tail {
+        s += f(f64::from(v));
+    }
+    s
+}
+
 /// Safe softmax over rows of `d` (a row of −∞ gives zeros).
 pub fn softmax(x: &[f32], d: usize, dt: DType, out: &mut [f32]) {
     let d = d.max(1);
@@ -166,11 +177,11 @@ pub fn softmax(x: &[f32], d: usize, dt: DType, out: &mut [f32]) {
                     dst.fill(0.0);
                     continue;
                 }
-                let mut sum = 0.0f64;
                 for (o, &v) in dst.iter_mut().zip(row) {
-                    *o = (v - max).exp();
-                    sum += f64::from(*o);
+                    *o = v - max;
                 }
+                super::fastmath::exp_in_place(dst);
+                let sum = sum_f64(dst, |v| v);
                 let inv = (1.0 / sum) as f32;
                 dst.iter_mut().for_each(|o| *o = round_float(dt, *o * inv));
             }

@@ -21,6 +21,7 @@
 
 mod attention;
 mod expr;
+mod fastmath;
 mod gemm;
 mod kernels;
 pub mod quant;
