@@ -113,8 +113,10 @@ pub struct GemmStep {
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
     out_contiguous: bool,
-    /// The out view's columns are unit-strided (a result row's columns are one slice).
-    out_cols_unit: bool,
+    /// The out view's columns in runs of this many unit-strided ones (a result row's columns
+    /// are slices of this length): all of them where they are contiguous, a head's size where
+    /// the view splits heads, 1 where nothing is contiguous.
+    out_run: usize,
     /// A's rows normalised over K (then A is always packed), and the slot of its weight.
     prologue: Option<(Prologue, usize)>,
     /// Product columns 2j, 2j + 1 combined by the epilogue into result column j.
@@ -152,7 +154,12 @@ impl GemmStep {
             let refs: Vec<&TensorType> = scalar.iter().collect();
             Program::compile(e, &refs)
         });
-        let out_cols_unit = out_contiguous || arith(&o.cols) == Some(1);
+        let n_out = if g.paired { n / 2 } else { n };
+        let out_run = if out_contiguous {
+            n_out.max(1)
+        } else {
+            unit_runs(&o.cols)
+        };
         let extras: Vec<Offs> = g
             .extras
             .iter()
@@ -181,7 +188,7 @@ impl GemmStep {
                 Some(Packed::shared(s, &q, n, k / BLOCK_ELEMS))
             }),
             out_contiguous,
-            out_cols_unit,
+            out_run,
             prologue: g.prologue.map(|p| (p, g.prologue_slots().start)),
             paired: g.paired,
         }
@@ -559,10 +566,9 @@ impl GemmStep {
             for r in rows {
                 let (bi, i) = (r / m, r % m);
                 let base = out_base(bi, i, r);
-                if self.out_cols_unit && c.col == 1 && self.out_dtype == DType::F32 {
-                    // SAFETY: see `OutPtr::row`; this task owns these rows and columns.
-                    let dst = unsafe { out.row(base + out_col(cols.start), cols.len()) };
-                    dst.copy_from_slice(c.row(bi, i, cols.start, cols.len()));
+                if c.col == 1 && self.out_dtype == DType::F32 {
+                    let v = c.row(bi, i, cols.start, cols.len());
+                    self.write_row(out, base, cols.start, v);
                     continue;
                 }
                 for j in cols.clone() {
@@ -616,19 +622,59 @@ impl GemmStep {
                     }
                 }
                 p.eval(&mut regs, &ins, cn, &mut res);
-                if self.out_cols_unit {
-                    // SAFETY: see `OutPtr::row`; this task owns these rows and columns.
-                    let dst = unsafe { out.row(base + out_col(j0), cn) };
-                    dst.copy_from_slice(&res[..cn]);
-                } else {
-                    for (t, &v) in res[..cn].iter().enumerate() {
-                        // SAFETY: see `OutPtr::write`; this task owns these rows and columns.
-                        unsafe { out.write(base + out_col(j0 + t), v) };
-                    }
-                }
+                self.write_row(out, base, j0, &res[..cn]);
                 j0 += cn;
             }
         }
+    }
+
+    /// `v` to result columns `j0..` of the row whose out view offset is `base`: slices along
+    /// the view's unit-strided runs, else element by element. The caller's task owns these
+    /// columns of the row (the contract of [`SharedMut::write`]).
+    fn write_row(&self, out: OutPtr, base: usize, j0: usize, v: &[f32]) {
+        let col = |j: usize| {
+            if self.out_contiguous {
+                j
+            } else {
+                self.out.cols[j]
+            }
+        };
+        if self.out_run < 4 {
+            for (t, &x) in v.iter().enumerate() {
+                // SAFETY: see `SharedMut::write`; the caller's task owns these columns.
+                unsafe { out.write(base + col(j0 + t), x) };
+            }
+            return;
+        }
+        let mut t = 0;
+        while t < v.len() {
+            let j = j0 + t;
+            let len = (self.out_run - j % self.out_run).min(v.len() - t);
+            // SAFETY: see `SharedMut::row`; columns j..j+len are one unit-strided run of the
+            // view (`unit_runs`), owned by the caller's task.
+            let dst = unsafe { out.row(base + col(j), len) };
+            dst.copy_from_slice(&v[t..t + len]);
+            t += len;
+        }
+    }
+}
+
+/// The length of the runs of unit-strided offsets `cols` is made of: r such that every
+/// `cols[j] = cols[j − j % r] + j % r`, the first run's length when the rest repeat it, else 1.
+fn unit_runs(cols: &[usize]) -> usize {
+    let first = cols
+        .windows(2)
+        .position(|w| w[1] != w[0].wrapping_add(1))
+        .map_or(cols.len(), |p| p + 1)
+        .max(1);
+    let holds = cols.len() % first == 0
+        && cols
+            .chunks(first)
+            .all(|run| run.windows(2).all(|w| w[1] == w[0].wrapping_add(1)));
+    if holds {
+        first
+    } else {
+        1
     }
 }
 
@@ -768,4 +814,22 @@ fn pack(src: &[f32], offs: &Offs, dst: &mut [f32]) {
                 }
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_runs;
+
+    #[test]
+    fn unit_runs_finds_head_sized_runs_and_refuses_irregular_ones() {
+        // Contiguous; heads of 3 at stride 10; a single column; nothing contiguous.
+        assert_eq!(unit_runs(&[4, 5, 6, 7]), 4);
+        assert_eq!(unit_runs(&[0, 1, 2, 10, 11, 12]), 3);
+        assert_eq!(unit_runs(&[7]), 1);
+        assert_eq!(unit_runs(&[0, 2, 4]), 1);
+        // A first run the rest do not repeat, or that does not divide the columns.
+        assert_eq!(unit_runs(&[0, 1, 2, 10, 12, 13]), 1);
+        assert_eq!(unit_runs(&[0, 1, 5, 6, 9]), 1);
+        assert_eq!(unit_runs(&[]), 1);
+    }
 }
