@@ -10,6 +10,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::expr::{Program, Regs, CHUNK};
+use super::packed::{self, PackedB};
 use super::quant::{quantize_row, IntScheme, Kernel, Packed, Q8Block, GROUP, TILE};
 use super::{val, Buf, Scratch};
 use crate::ir::gemm::{Axis, Operand};
@@ -112,6 +113,9 @@ pub struct GemmStep {
     quant: Option<Arc<Packed>>,
     /// Product stored transposed ([N][batch·M]): when M is small the threads split N.
     transposed: bool,
+    /// A fixed dense B (a weight) repacked into panels for the AVX-512 kernel, where the
+    /// product is not transposed and the CPU has it.
+    packed: Option<PackedB>,
     out_contiguous: bool,
     /// The out view's columns in runs of this many unit-strided ones (a result row's columns
     /// are slices of this length): all of them where they are contiguous, a head's size where
@@ -124,11 +128,13 @@ pub struct GemmStep {
 }
 
 impl GemmStep {
+    /// `b_fixed`: B's value when it is fixed for the plan's life (a weight or constant).
     pub fn new(
         g: &Gemm,
         ins: &[&TensorType],
         out: &TensorType,
         quant: Option<QuantTensor>,
+        b_fixed: Option<&Buf>,
         threads: usize,
     ) -> GemmStep {
         let [nb, m, n, k] = g.dims.sizes().expect("checked by shape inference");
@@ -154,6 +160,21 @@ impl GemmStep {
             let refs: Vec<&TensorType> = scalar.iter().collect();
             Program::compile(e, &refs)
         });
+        let transposed = quant.is_some() || m < 4 * threads;
+        // Packed once here, read by every run: only a dense B that every batch shares.
+        let packed = match (b_fixed, b_strides) {
+            (Some(Buf::F(v)), Some((rs, cs)))
+                if !transposed
+                    && quant.is_none()
+                    && packed::available()
+                    && b.batch.iter().all(|&o| o == 0) =>
+            {
+                let off =
+                    b.rows.first().copied().unwrap_or(0) + b.cols.first().copied().unwrap_or(0);
+                Some(PackedB::new(v, off, rs, cs, k, n))
+            }
+            _ => None,
+        };
         let n_out = if g.paired { n / 2 } else { n };
         let out_run = if out_contiguous {
             n_out.max(1)
@@ -182,7 +203,8 @@ impl GemmStep {
             out_dtype: out.dtype,
             a_strides,
             b_strides,
-            transposed: quant.is_some() || m < 4 * threads,
+            transposed,
+            packed,
             quant: quant.and_then(|q| {
                 let s = IntScheme::of(q.scheme())?;
                 Some(Packed::shared(s, &q, n, k / BLOCK_ELEMS))
@@ -195,10 +217,12 @@ impl GemmStep {
     }
 
     /// Whether A is packed row-major into scratch: a view that is not two single strides, a
-    /// quantized product whose A rows are not contiguous, or a prologue (it normalises a copy).
+    /// quantized or packed-B product whose A rows are not contiguous, or a prologue (it
+    /// normalises a copy).
     fn packs_a(&self) -> bool {
+        let unit_cols = self.a_strides.map(|s| s.1) == Some(1);
         self.a_strides.is_none()
-            || (self.quant.is_some() && self.a_strides.map(|s| s.1) != Some(1))
+            || ((self.quant.is_some() || self.packed.is_some()) && !unit_cols)
             || self.prologue.is_some()
     }
 
@@ -206,6 +230,7 @@ impl GemmStep {
     pub fn family(&self) -> String {
         let path = match &self.quant {
             Some(p) => format!("gemm {:?}", p.scheme()),
+            None if self.packed.is_some() => "gemm f32 packed".to_string(),
             None => "gemm f32".to_string(),
         };
         format!(
@@ -419,6 +444,31 @@ impl GemmStep {
                                 1,
                             );
                         }
+                    });
+                } else if let Some(pb) = &self.packed {
+                    // The weight's panels split over the threads; each task multiplies all of
+                    // A by its panels and finishes those columns of every row.
+                    let cp = SharedMut::new(cb);
+                    let panels = pb.panels();
+                    let per = panels.div_ceil(threads).max(1);
+                    let a_rows = &a[ao..];
+                    (0..panels.div_ceil(per)).into_par_iter().for_each(|t| {
+                        let ps = t * per..((t + 1) * per).min(panels);
+                        let cols = (ps.start * packed::NR)..(ps.end * packed::NR).min(n);
+                        // SAFETY: the kernel is available (checked when packed); C's m rows
+                        // of stride n hold columns `cols`, which only this task writes.
+                        unsafe { packed::gemm(a_rows, a_rs, m, pb, ps, cp.at(0), n) };
+                        let band = Product::new(cp, bi * m * n, m * n, n, 1);
+                        let out_cols = cols.start / pair..cols.end / pair;
+                        self.finish(
+                            &band,
+                            bi * m..(bi + 1) * m,
+                            out_cols,
+                            args,
+                            fixed,
+                            bufs,
+                            out_ptr,
+                        );
                     });
                 } else if n >= m {
                     // Split over N: each task packs a slice of B (the larger operand) and all

@@ -24,6 +24,7 @@ mod expr;
 mod fastmath;
 mod gemm;
 mod kernels;
+mod packed;
 pub mod quant;
 mod session;
 
@@ -568,7 +569,8 @@ impl CpuPlan {
                     };
                     // An epilogue over integer values has no program: the interpreter's.
                     let k = if gemm::GemmStep::compilable(g, &arg_ty) {
-                        let step = gemm::GemmStep::new(g, &arg_ty, ty, quant_b, threads);
+                        let b_fixed = plan.fixed[args[1]].as_ref();
+                        let step = gemm::GemmStep::new(g, &arg_ty, ty, quant_b, b_fixed, threads);
                         Kind::Gemm(Box::new(step))
                     } else {
                         fallback(&mut plan)?
