@@ -717,7 +717,7 @@ fn unit_runs(cols: &[usize]) -> usize {
         .position(|w| w[1] != w[0].wrapping_add(1))
         .map_or(cols.len(), |p| p + 1)
         .max(1);
-    let holds = cols.len() % first == 0
+    let holds = cols.len().is_multiple_of(first)
         && cols
             .chunks(first)
             .all(|run| run.windows(2).all(|w| w[1] == w[0].wrapping_add(1)));
