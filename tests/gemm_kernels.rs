@@ -388,6 +388,11 @@ fn quant_compile_cases() -> Vec<QuantCase> {
             if scheme == QuantScheme::Q8_0 && dtype == DType::F16 {
                 v.push(case(1, 49152, 576));
             }
+            if scheme.block_elems() == 256 && dtype == DType::F16 {
+                // Llama-3.2-1B's LM head (128256 × 2048): the int8 GEMV's grid strides over
+                // its rows, several pieces of two rows a lane in flight.
+                v.extend([case(1, 128256, 2048), case(4, 128256, 2048)]);
+            }
         }
     }
     v

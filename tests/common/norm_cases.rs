@@ -87,22 +87,27 @@ pub fn has_norm(g: &Graph) -> bool {
         .any(|id| matches!(g.op(id), Op::RmsNorm { .. } | Op::LayerNorm { .. }))
 }
 
-/// The cases: both norms × dense f32/f16/bf16 and Q4_1/Q8_0 (f16 values) × M 1, 3, 8; odd N
+/// The cases: both norms × dense f32/f16/bf16 and Q4_1/Q8_0/Q4_K (f16 values) × M 1, 3, 8; odd N
 /// (45, and 51 for the second GEMM); K 37 for dense (not a multiple of any vector width: the
-/// element path and a partial last chunk), 96 (3 blocks) for quantized; residual epilogues and
-/// shared norms (two GEMMs) among them.
+/// element path and a partial last chunk), 96 (3 blocks) for Q4_1/Q8_0, 256 (a super-block)
+/// for Q4_K (the int8 GEMV up to M 4); residual epilogues and shared norms (two GEMMs) among them.
 pub fn cases() -> Vec<NormCase> {
     let mut v = Vec::new();
     for layer in [false, true] {
-        let kinds: [(DType, Option<QuantScheme>); 5] = [
+        let kinds: [(DType, Option<QuantScheme>); 6] = [
             (DType::F32, None),
             (DType::F16, None),
             (DType::BF16, None),
             (DType::F16, Some(QuantScheme::Q4_1)),
             (DType::F16, Some(QuantScheme::Q8_0)),
+            (DType::F16, Some(QuantScheme::Q4K)),
         ];
         for (dtype, scheme) in kinds {
-            let k = if scheme.is_some() { 96 } else { 37 };
+            let k = match scheme {
+                Some(s) if s.block_elems() == 256 => 256,
+                Some(_) => 96,
+                None => 37,
+            };
             for (m, two, residual) in [(1, false, true), (3, true, false), (8, true, true)] {
                 v.push(NormCase {
                     layer,

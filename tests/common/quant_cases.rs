@@ -61,7 +61,8 @@ impl QuantCase {
 
 /// The GPU trials: every scheme in f32 and f16 at M 1, 3, 16 (the small-M bound), 17 and 130
 /// (dequantized, then the dense GEMM) on N 577; SmolLM2's projections (576 → 1536, 1536 → 576)
-/// at M 1, 16 and 130; a 49152-like LM head (N 49157) at M 1 and 17; a bias epilogue.
+/// at M 1, 16 and 130; a 49152-like LM head (N 49157) at M 1 and 17; a bias epilogue; the
+/// 256-value schemes also at M 2 and 4 on N 577 and at M 1..=4 on N 1031, K 2304.
 pub fn gpu_cases() -> Vec<QuantCase> {
     let mut v = Vec::new();
     for scheme in QuantScheme::ALL {
@@ -84,6 +85,17 @@ pub fn gpu_cases() -> Vec<QuantCase> {
             }
             for m in [1, 17] {
                 v.push(case(m, 49157, 576, false));
+            }
+            if scheme.block_elems() == 256 {
+                // The K-quant GEMV at every M it takes (1..=4): M 2 and 4 beside the 1 and 3
+                // above, and a K of 9 super-blocks, which takes a wave more than one step with
+                // the last one partial.
+                for m in [2, 4] {
+                    v.push(case(m, 577, 576, false));
+                }
+                for m in 1..=4 {
+                    v.push(case(m, 1031, 2304, false));
+                }
             }
         }
     }

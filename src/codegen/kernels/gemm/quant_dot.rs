@@ -4,14 +4,24 @@
 //! products (`rf_dot4_i8`: the arch row's [`crate::arch::Dot4`]), scaled per block in f32.
 //! llama.cpp's mmvq (`vec_dot_q4_1_q8_1` and kin) is the idea.
 //!
+//! How it keeps DRAM busy (issue 25): W's bytes are read once for all M rows of A; each lane
+//! loads `Config::unroll` pieces of each of its rows before it uses the first, and issues the
+//! first step's loads before the activation stage, so they are in flight while A is
+//! quantized; the grid is at most `MAX_GRID` blocks, each striding over groups of rows, so
+//! that on a large N (the LM head) a block quantizes A once for many rows instead of once per
+//! 8 rows. The activation stage itself takes runs of 8 values per thread (4 lanes per group of
+//! 32, two shuffle steps per reduction), several runs' loads in flight at once. Before (tenth
+//! session): one value per thread and round, five shuffle steps per reduction, and a block
+//! per 8 rows: that stage, not W's bytes, set the time (M 4 cost 4× M 1).
+//!
 //! Where it is chosen (over [`super::quant::kernel`], which dequantizes to f32 and runs
 //! f32 multiply-adds): the three legacy schemes, M ≤ [`MAX_M`], and A's int8 tile (M·K·1.25
 //! bytes) within the target's static shared memory. Both kernels read W's bytes once;
 //! per 8 bytes of Q4 quants (16 values) and row of A this one runs 4 dot products and 2
 //! multiply-adds where the f32 kernel runs 16 multiply-adds and 8 conversions, so it wins at any
-//! M. The bound is the activation stage: each block quantizes all M rows (M·K values, two
-//! 5-step shuffle reductions each) for its few rows of W; past M 8 that stage costs about as
-//! much as the block's dot products, and the tile grows past what leaves room for occupancy.
+//! M. The bound is the activation stage: each block quantizes all M rows (M·K values) for its
+//! rows of W; past M 8 that stage costs about as much as the block's dot products, and the tile
+//! grows past what leaves room for occupancy.
 //! The result differs from the f32 product by A's rounding to 8 bits: per element at most
 //! Σ over K's groups of d/2 · Σ|w| (d = max|x|/127 of the group), which the tests hold it to.
 //! The offset (Q4_0's −8) and min (Q4_1) terms take the sum of the rounded values, not of A's:
@@ -41,12 +51,29 @@ use crate::ir::QuantScheme;
 pub const MAX_M: usize = 8;
 /// The most rows of A the kernel takes on K-quant weights.
 const MAX_M_SUPER: usize = 4;
-/// Waves per block: each takes its own rows of W.
-const WAVES: usize = 4;
+/// Waves per block: each takes its own rows of W. 8 rather than 4: the activation stage (each
+/// block's, on the critical path where a block takes one group of rows) has twice the threads,
+/// and a block serves twice the rows with it (H200, 2026-11-28: Llama-1B's down projection
+/// M 1 Q4_K 910 → 1250 GB/s, gate_up M 4 532 → 796; docs/performance.md).
+const WAVES: usize = 8;
 /// Rows of W per wave at most.
 const MAX_COLS: usize = 2;
 /// Blocks that keep a large GPU busy: one row per wave while the grid is smaller.
 const FILL_BLOCKS: usize = 512;
+/// Pieces of W a lane loads before it uses the first (`Config::unroll` × `Config::cols`) where
+/// a block takes one group of rows: only the first step's loads overlap the activation stage
+/// there, so each lane issues many. Where blocks stride over several groups, [`IN_FLIGHT_STRIDING`]:
+/// fewer registers, more blocks resident (measured on the H200's LM head: Q6_K M 1 1965 → 2257
+/// GB/s, Q4_K 2501 → 2718; the down projection lost 1250 → 1108 at 2).
+const IN_FLIGHT: usize = 4;
+/// Pieces in flight a lane where blocks stride over several groups of rows (see [`IN_FLIGHT`]).
+const IN_FLIGHT_STRIDING: usize = 2;
+/// Blocks at most (times the batch): past it, each block takes several groups of rows, so
+/// that the activations it quantizes serve them all (on the LM head, 8 groups a block: a
+/// block per group measured 1729 GB/s against 2620 with 4 waves).
+const MAX_GRID: usize = 1024;
+/// Runs of 8 activation values a thread loads before it rounds them.
+const RUNS_IN_FLIGHT: usize = 4;
 
 /// How the kernel reads a scheme's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,16 +146,34 @@ pub(crate) struct Config {
     /// Rows of W (columns of the result) per wave.
     pub cols: usize,
     pub waves: usize,
+    /// Pieces per lane and row in one step (all loaded before the first is used).
+    pub unroll: usize,
+    /// Blocks along N: they stride over the groups of `waves` × `cols` rows.
+    pub grid: usize,
 }
 
-pub(crate) fn config(p: &Problem) -> Config {
+/// The kernel's shape for `p`, with `pieces` pieces per row of W, on `wave`-wide waves.
+fn config(p: &Problem, pieces: usize, wave: usize) -> Config {
     let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols * WAVES));
     let cols = if blocks(MAX_COLS) >= FILL_BLOCKS {
         MAX_COLS
     } else {
         1
     };
-    Config { cols, waves: WAVES }
+    let groups = p.n.div_ceil(cols * WAVES);
+    let grid = groups.min((MAX_GRID / p.batch.max(1)).max(1));
+    let in_flight = if grid < groups {
+        IN_FLIGHT_STRIDING
+    } else {
+        IN_FLIGHT
+    };
+    let unroll = pieces.div_ceil(wave).clamp(1, (in_flight / cols).max(1));
+    Config {
+        cols,
+        waves: WAVES,
+        unroll,
+        grid,
+    }
 }
 
 #[derive(Serialize)]
@@ -142,6 +187,7 @@ struct Context<'a> {
     ppb: usize,
     /// A K-quant super-block reader.
     kq: bool,
+    runs_in_flight: usize,
     block_bytes: usize,
     weight_bytes: usize,
     dense_bytes: usize,
@@ -162,10 +208,9 @@ pub(crate) fn kernel(
         Reader::Legacy(ppb) => (ppb, false),
         Reader::Super => (1, true),
     };
-    let c = config(p);
+    let c = config(p, p.k / BLOCK_ELEMS * ppb, target.wave_size as usize);
     let threads = c.waves * target.wave_size as usize;
-    let grid = p.n.div_ceil(c.cols * c.waves);
-    let launch = checked_launch(node, target, [grid, p.batch, 1], threads)?;
+    let launch = checked_launch(node, target, [c.grid, p.batch, 1], threads)?;
     let ctx = Context {
         p,
         c: &c,
@@ -173,6 +218,7 @@ pub(crate) fn kernel(
         threads,
         ppb,
         kq,
+        runs_in_flight: RUNS_IN_FLIGHT,
         block_bytes: scheme.block_bytes(),
         weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
         dense_bytes: p.n * p.k * p.input.size_bytes(),
