@@ -470,82 +470,50 @@ impl GemmStep {
                             out_ptr,
                         );
                     });
-                } else if n >= m {
-                    // Split over N: each task packs a slice of B (the larger operand) and all
-                    // of A, where a split over M would pack all of B in every task. The task
-                    // then finishes its columns of every row while they are in cache.
+                } else {
+                    // Split over N where B is the larger operand (each task packs a slice of B
+                    // and all of A; a split over M would pack all of B in every task), else
+                    // over M. Each task finishes its band while the products are in cache.
                     let cp = SharedMut::new(cb);
-                    let step = n.div_ceil(threads).next_multiple_of(COLUMN_ALIGN).max(1);
-                    (0..n.div_ceil(step)).into_par_iter().for_each(|t| {
-                        let j0 = t * step;
-                        let nn = step.min(n - j0);
-                        // SAFETY: A's M×K and B's columns j0..j0+nn lie in their buffers
-                        // (views checked by shape inference, packs sized to hold them); the
-                        // task writes C's columns j0..j0+nn of its m rows (row stride n), which
-                        // no other task touches.
+                    let split_n = n >= m;
+                    let (len, step) = if split_n {
+                        (n, n.div_ceil(threads).next_multiple_of(COLUMN_ALIGN).max(1))
+                    } else {
+                        (m, m.div_ceil(threads).max(1))
+                    };
+                    (0..len.div_ceil(step)).into_par_iter().for_each(|t| {
+                        let (s0, sl) = (t * step, step.min(len - t * step));
+                        let ((i0, mm), (j0, nn)) = if split_n {
+                            ((0, m), (s0, sl))
+                        } else {
+                            ((s0, sl), (0, n))
+                        };
+                        // SAFETY: A's rows i0..i0+mm and its K columns, and B's columns
+                        // j0..j0+nn, lie in their buffers (views checked by shape inference,
+                        // packs sized to hold them); the task writes C's rows i0..i0+mm,
+                        // columns j0..j0+nn (row stride n), which no other task touches.
                         unsafe {
                             matrixmultiply::sgemm(
-                                m,
+                                mm,
                                 k,
                                 nn,
                                 1.0,
-                                a.as_ptr().add(ao),
+                                a.as_ptr().add(ao + i0 * a_rs),
                                 a_rs as isize,
                                 a_cs as isize,
                                 b.as_ptr().add(bo + j0 * b_cs),
                                 b_rs as isize,
                                 b_cs as isize,
                                 0.0,
-                                cp.at(j0),
-                                n as isize,
-                                1,
-                            );
-                        }
-                        let band = Product::new(cp, bi * m * n, m * n, n, 1);
-                        let cols = j0 / pair..(j0 + nn) / pair;
-                        self.finish(
-                            &band,
-                            bi * m..(bi + 1) * m,
-                            cols,
-                            args,
-                            fixed,
-                            bufs,
-                            out_ptr,
-                        );
-                    });
-                } else {
-                    // Split over M (many rows, few columns): each task multiplies a band of
-                    // rows and finishes it at once, while its products are still in cache.
-                    let rows = m.div_ceil(threads).max(1);
-                    let cp = SharedMut::new(cb);
-                    (0..m.div_ceil(rows)).into_par_iter().for_each(|t| {
-                        let i0 = t * rows;
-                        let mm = rows.min(m - i0);
-                        // SAFETY: A's rows i0..i0+mm and its K columns, and B's K×N, lie in
-                        // their buffers (views checked by shape inference, packs sized to
-                        // hold them); the task writes C's rows i0..i0+mm (mm×n at (n, 1)),
-                        // which no other task touches.
-                        unsafe {
-                            matrixmultiply::sgemm(
-                                mm,
-                                k,
-                                n,
-                                1.0,
-                                a.as_ptr().add(ao + i0 * a_rs),
-                                a_rs as isize,
-                                a_cs as isize,
-                                b.as_ptr().add(bo),
-                                b_rs as isize,
-                                b_cs as isize,
-                                0.0,
-                                cp.at(i0 * n),
+                                cp.at(i0 * n + j0),
                                 n as isize,
                                 1,
                             );
                         }
                         let band = Product::new(cp, bi * m * n, m * n, n, 1);
                         let r0 = bi * m + i0;
-                        self.finish(&band, r0..r0 + mm, 0..n_out, args, fixed, bufs, out_ptr);
+                        let cols = j0 / pair..(j0 + nn) / pair;
+                        self.finish(&band, r0..r0 + mm, cols, args, fixed, bufs, out_ptr);
                     });
                 }
             }
