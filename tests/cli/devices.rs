@@ -127,11 +127,14 @@ fn a_graph_with_an_unused_input_runs_and_verifies() {
     .unwrap();
     let (ok, out, err) = rocmforge(&["run", file.to_str().unwrap(), "--device", "cpu", "--verify"]);
     assert!(ok, "{err}");
-    assert!(
-        out.contains("graph:  unused (3 nodes, 2 after passes)")
-            && out.contains("verify o: relative L2 error 0.000e0"),
-        "{out}"
-    );
+    // The fast CPU device's exp is vectorised (a few ulps from libm's), so the figure is small, not 0.
+    let error: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("verify o: relative L2 error "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no verify line: {out}"));
+    assert!(out.contains("graph:  unused (3 nodes, 2 after passes)") && error < 1e-6, "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
