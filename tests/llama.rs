@@ -117,7 +117,7 @@ fn decode_f64(ty: GgmlType, bytes: &[u8]) -> Vec<f64> {
 #[test]
 fn the_gguf_file_reads_back_known_values() {
     let Some(m) = model() else { return };
-    let g: &Gguf = m.gguf();
+    let g: &Gguf = m.gguf().expect("loaded from a GGUF file");
     assert_eq!((g.version, g.alignment), (3, 32));
     assert_eq!(g.str("general.architecture").unwrap(), "llama");
     assert_eq!(g.u32("llama.block_count").unwrap(), 30);

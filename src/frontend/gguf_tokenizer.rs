@@ -20,7 +20,8 @@ const TOKEN_USER_DEFINED: i64 = 4;
 /// The pre-tokenizers implemented, by their `tokenizer.ggml.pre` name.
 const PRE_TOKENIZERS: &str = "smollm, gpt-2 (or gpt2)";
 
-/// A tokenizer read from GGUF metadata.
+/// A tokenizer read from GGUF metadata, or from a Hugging Face directory's tokenizer.json
+/// (`hf_tokenizer.rs`): the decoders' one tokenizer type.
 #[derive(Clone)]
 pub struct GgufTokenizer {
     tokenizer: Tokenizer,
@@ -33,6 +34,9 @@ pub struct GgufTokenizer {
     pub chat_template: Option<String>,
     /// The ids of the control tokens (`<|im_start|>`, ...).
     pub control: Vec<u32>,
+    /// Encode through the tokenizer's post-processor (a Hugging Face tokenizer.json, whose
+    /// template adds BOS as transformers does); a GGUF tokenizer has none and uses `add_bos`.
+    post_process: bool,
 }
 
 fn unsupported(field: &str, value: &str, supported: &str) -> ModelError {
@@ -159,13 +163,43 @@ impl GgufTokenizer {
             add_bos,
             chat_template,
             control,
+            post_process: false,
         })
+    }
+
+    /// A Hugging Face tokenizer.json's tokenizer: special tokens added as its post-processor
+    /// says (no `add_bos`), control tokens its added special tokens.
+    pub(super) fn from_hf(
+        tokenizer: Tokenizer,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        chat_template: Option<String>,
+    ) -> GgufTokenizer {
+        let mut control: Vec<u32> = tokenizer
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect();
+        control.sort_unstable();
+        GgufTokenizer {
+            tokenizer,
+            bos,
+            eos,
+            add_bos: false,
+            chat_template,
+            control,
+            post_process: true,
+        }
     }
 
     /// Token ids of `text` (control tokens written in it are recognised as such), with BOS
     /// first when the file asks for it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        let e = self.tokenizer.encode(text, false).map_err(tok_err)?;
+        let e = self
+            .tokenizer
+            .encode(text, self.post_process)
+            .map_err(tok_err)?;
         let mut ids = Vec::with_capacity(e.len() + 1);
         if self.add_bos {
             ids.extend(self.bos);

@@ -1,12 +1,15 @@
 //! Lowering real models into graphs: Hugging Face BERT-class encoders from config.json,
 //! model.safetensors (memory-mapped) and tokenizer.json; LLaMA-class decoders from one GGUF file
-//! (weights, tokenizer and configuration in its metadata).
+//! (weights, tokenizer and configuration in its metadata) or a Hugging Face directory
+//! (config.json, safetensors shards, tokenizer.json) through the same lowering.
 
 mod bert;
 mod bert_config;
+pub mod checkpoint;
 mod ggml_types;
 pub mod gguf;
 mod gguf_tokenizer;
+mod hf_tokenizer;
 pub mod llama;
 pub mod nn;
 mod safetensors;
@@ -22,7 +25,7 @@ pub use bert_config::{BertConfig, Pooling, SETTINGS_FILE, TOKENIZER_FILE};
 pub use ggml_types::GgmlType;
 pub use gguf::{Gguf, GgufArray, GgufError, GgufTensor, GgufValue};
 pub use gguf_tokenizer::GgufTokenizer;
-pub use llama::{LlamaConfig, LlamaModel};
+pub use llama::{Format, LlamaConfig, LlamaModel};
 pub use safetensors::{SafeTensors, TensorInfo, MAX_HEADER_BYTES, WEIGHTS_FILE};
 
 /// The sentence-embedding model `scripts/fetch-models` installs and `rocmforge embed` uses.

@@ -69,6 +69,9 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     };
     let t0 = Instant::now();
     let model = rocmforge::frontend::LlamaModel::load(a.model).map_err(|e| e.to_string())?;
+    // Which of the two forms --model named, so a directory taken for a file (or the reverse)
+    // shows at once; on stderr, so --json output stays one document.
+    eprintln!("{}: {}", a.model.display(), model.format);
     // Without --max-context: the device's default, or the model's context where that is
     // shorter (tiny test models, small-context files), so `generate --model FILE` runs.
     let max_context = a.max_context.unwrap_or_else(|| {

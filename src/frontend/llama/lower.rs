@@ -659,9 +659,7 @@ impl LlamaModel {
 
     /// The block quantization file tensor `name` is stored in, if any.
     pub(super) fn scheme_of(&self, name: &str) -> Option<QuantScheme> {
-        self.gguf
-            .tensor_info(file_tensor(name))
-            .and_then(|t| t.ggml_type.quant_scheme())
+        self.source.scheme(file_tensor(name))
     }
 
     /// Matrix `name` `[dout, din]`: its blocks where `p` keeps them and the file has them,

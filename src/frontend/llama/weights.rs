@@ -1,5 +1,6 @@
-//! The weights a graph reads, from the mapped file when bound: dequantized to the node's dtype
-//! or kept in their blocks, Q and K rows put back in transformers' order.
+//! The weights a graph reads, from the mapped file(s) when bound: dequantized (or widened from
+//! bf16/f16) to the node's dtype or kept in their blocks, a GGUF file's Q and K rows put back in
+//! transformers' order.
 
 use std::collections::HashMap;
 
@@ -50,7 +51,15 @@ impl LlamaModel {
         shape: &[usize],
     ) -> Result<QuantTensor, ModelError> {
         let file = file_tensor(name);
-        let (info, bytes) = self.gguf.raw(file)?;
+        // Only GGUF files hold blocks (`scheme_of` is None for a directory's weights).
+        let Some(gguf) = self.source.gguf() else {
+            return Err(ModelError::Setting {
+                file: self.path.display().to_string(),
+                field: file.into(),
+                reason: "quantized blocks asked of a safetensors weight".into(),
+            });
+        };
+        let (info, bytes) = gguf.raw(file)?;
         if info.ggml_type.quant_scheme() != Some(scheme) || info.shape() != shape {
             return Err(ModelError::TensorShape {
                 name: file.into(),
@@ -77,7 +86,8 @@ impl LlamaModel {
 
     /// The head count of a Q or K projection (whose rows llama.cpp permuted).
     pub(super) fn permuted_heads(&self, name: &str) -> Option<usize> {
-        if !self.config.family.permutes_qk() {
+        // Only llama.cpp's converter permutes; HF checkpoints keep transformers' order.
+        if self.source.gguf().is_none() || !self.config.family.permutes_qk() {
             None
         } else if name.ends_with(".attn_q.weight") || name.ends_with(".attn_q.bias") {
             Some(self.config.num_attention_heads)
@@ -90,9 +100,8 @@ impl LlamaModel {
 
     /// Weight `name` as a PyTorch-shaped tensor of `dtype`.
     pub fn weight(&self, name: &str, dtype: DType) -> Result<Tensor, ModelError> {
-        let (info, _) = self.gguf.raw(name)?;
-        let shape = info.shape();
-        let mut values = self.gguf.dequantize(name)?;
+        let shape = self.source.shape(name, self.config.fused_gate_up)?;
+        let mut values = self.source.values(name, self.config.fused_gate_up)?;
         let heads = self.permuted_heads(name);
         if let Some(heads) = heads {
             // A projection [heads·D, hidden], or its bias [heads·D] (rows of one value): the
