@@ -134,7 +134,10 @@ fn a_graph_with_an_unused_input_runs_and_verifies() {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|e| e.parse().ok())
         .unwrap_or_else(|| panic!("no verify line: {out}"));
-    assert!(out.contains("graph:  unused (3 nodes, 2 after passes)") && error < 1e-6, "{out}");
+    assert!(
+        out.contains("graph:  unused (3 nodes, 2 after passes)") && error < 1e-6,
+        "{out}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
