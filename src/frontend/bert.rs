@@ -63,6 +63,17 @@ impl BertEncoder {
     /// not read), tokenizer.json, and sentence-transformers' 1_Pooling/config.json, modules.json
     /// and sentence_bert_config.json. Every file must be a regular file within its size limit.
     pub fn load(dir: &Path) -> Result<BertEncoder, ModelError> {
+        // A file (a GGUF decoder, say) is not an encoder directory: said as such rather than
+        // as "cannot read FILE/config.json".
+        if dir.is_file() {
+            return Err(ModelError::Io {
+                path: dir.display().to_string(),
+                message: "a file, not a directory: embed takes a BERT-class Hugging Face \
+                          directory (config.json, model.safetensors, tokenizer.json); GGUF \
+                          decoders run with `rocmforge generate`"
+                    .into(),
+            });
+        }
         let config = read_config(dir)?;
         let st = dir.join("model.safetensors");
         let weights = match SafeTensors::open(&st) {

@@ -316,6 +316,22 @@ fn parse<T: for<'de> Deserialize<'de>>(file: &str, bytes: &[u8]) -> Result<T, Mo
 /// config.json, checked within bounds.
 pub fn read_config(dir: &Path) -> Result<BertConfig, ModelError> {
     let bytes = read_required(dir, "config.json", SETTINGS_FILE)?;
+    // Another architecture's config.json fails on its first unknown field; its model_type says
+    // more, so it is looked at first.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&bytes) {
+        if let Some(t) = fields.get("model_type").and_then(|t| t.as_str()) {
+            if t != "bert" {
+                return config_error(
+                    "model_type",
+                    format!(
+                        "`{}` is not a BERT-class encoder (embed takes model_type bert; \
+                         LLaMA-family decoders run with `rocmforge generate --model DIR`)",
+                        t.escape_debug()
+                    ),
+                );
+            }
+        }
+    }
     let config: BertConfig = serde_json::from_slice(&bytes).map_err(|e| {
         // serde names the offending field in its message; surface it as such.
         let msg = e.to_string();

@@ -1,4 +1,5 @@
-//! `rocmforge generate`: text from a LLaMA-class GGUF model through the KV-cache decoder.
+//! `rocmforge generate`: text from a LLaMA-class model (GGUF file or Hugging Face directory)
+//! through the KV-cache decoder.
 
 use std::path::Path;
 use std::time::Instant;
@@ -72,6 +73,22 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     // Which of the two forms --model named, so a directory taken for a file (or the reverse)
     // shows at once; on stderr, so --json output stays one document.
     eprintln!("{}: {}", a.model.display(), model.format);
+    // A Hugging Face directory has float weights only: there are no blocks for `q4` to keep.
+    let precision = match (&model.format, precision.quantized) {
+        (rocmforge::frontend::Format::HfDirectory { .. }, true) => {
+            eprintln!(
+                "note: --dtype q4 keeps a GGUF file's quantized blocks; a Hugging Face \
+                 directory has float weights, so they run as {}",
+                precision.dtype
+            );
+            if precision.dtype == DType::F16 {
+                Precision::F16
+            } else {
+                Precision::F32
+            }
+        }
+        _ => precision,
+    };
     // Without --max-context: the device's default, or the model's context where that is
     // shorter (tiny test models, small-context files), so `generate --model FILE` runs.
     let max_context = a.max_context.unwrap_or_else(|| {

@@ -133,7 +133,8 @@ enum Command {
         #[arg(required = true)]
         texts: Vec<String>,
     },
-    /// Generate text with a LLaMA-class GGUF model (SmolLM2-135M-Instruct: scripts/fetch-models).
+    /// Generate text with a LLaMA-class model: a GGUF file or a Hugging Face directory
+    /// (SmolLM2-135M-Instruct's GGUF by default: scripts/fetch-models).
     ///
     /// The prompt runs in one pass (padded to a power-of-two bucket, each bucket's plan compiled
     /// once), then one replayed decode plan per token reading and writing the KV cache; only
@@ -144,8 +145,9 @@ enum Command {
         after_help = "Examples:\n  rocmforge generate \"The capital of France is\"\n  rocmforge generate --chat --max-tokens 64 \"What is the capital of France?\"\n  rocmforge generate --device cpu --max-tokens 3 --json \"Hello\""
     )]
     Generate {
-        /// The GGUF file.
-        #[arg(long, value_name = "FILE", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
+        /// A GGUF file, or a Hugging Face directory (config.json, model.safetensors or its
+        /// shards, tokenizer.json); stderr says which was found.
+        #[arg(long, value_name = "FILE|DIR", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
         model: PathBuf,
         /// The most tokens to generate.
         #[arg(long, value_name = "N", default_value_t = 128)]
@@ -175,7 +177,7 @@ enum Command {
         /// The prompt.
         prompt: String,
     },
-    /// Serve a LLaMA-class GGUF model over an OpenAI-compatible HTTP API.
+    /// Serve a LLaMA-class model (GGUF file or Hugging Face directory) over an OpenAI-compatible HTTP API.
     ///
     /// POST /v1/completions and /v1/chat/completions (the model's chat template; `stream: true`
     /// for server-sent events), GET /v1/models, /health and /metrics (Prometheus text). Up to
@@ -189,8 +191,9 @@ enum Command {
         after_help = "Examples:\n  rocmforge serve --port 8080\n  curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"SmolLM2-135M-Instruct.Q4_1.gguf\",\"prompt\":\"The capital of France is\",\"max_tokens\":16,\"temperature\":0}'"
     )]
     Serve {
-        /// The GGUF file.
-        #[arg(long, value_name = "FILE", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
+        /// A GGUF file, or a Hugging Face directory (config.json, model.safetensors or its
+        /// shards, tokenizer.json); stderr says which was found.
+        #[arg(long, value_name = "FILE|DIR", default_value_os_t = frontend::model_cache_dir(frontend::SMOLLM2).join(frontend::SMOLLM2_GGUF))]
         model: PathBuf,
         /// The address to listen on (loopback by default: 0.0.0.0 listens on every interface).
         #[arg(long, default_value = "127.0.0.1")]
@@ -260,8 +263,9 @@ enum Command {
         /// The graph file (JSON).
         #[arg(required_unless_present = "model", conflicts_with = "model")]
         file: Option<PathBuf>,
-        /// A LLaMA-class GGUF model instead of a graph file (needs --target).
-        #[arg(long, value_name = "FILE.gguf")]
+        /// A LLaMA-class model (GGUF file or Hugging Face directory) instead of a graph file
+        /// (needs --target).
+        #[arg(long, value_name = "FILE|DIR")]
         model: Option<PathBuf>,
         /// With --model: `decode` (one token through the KV cache, what every generated token
         /// runs) or `prefill` (the prompt in one pass, padded to its power-of-two bucket).
