@@ -61,6 +61,7 @@ mod bundle;
 mod decode;
 mod device;
 mod edges;
+mod families;
 mod gemm;
 mod graphs;
 mod harness;
@@ -99,6 +100,7 @@ fn main() {
     edges::zero_size(&device, &ignored, &mut trials);
     tune::trials(&device, &ignored, &mut trials);
     models::llama(&device, &ignored, &mut trials);
+    families::trials(&device, &ignored, &mut trials);
     gemm::quant(&device, &ignored, &mut trials);
     edges::trials(&device, &ignored, &mut trials);
     attention::trials(&device, &ignored, &mut trials);

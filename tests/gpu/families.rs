@@ -1,0 +1,198 @@
+//! Every LLaMA-family architecture on the GPU, from the committed tiny models
+//! (`tests/data/models/<name>/`, `scripts/make-test-models`): the Hugging Face directory in f32
+//! and f16 against transformers' logits (`hf-reference.json`) and, in f32, its greedy tokens
+//! while transformers' lead is clear; each GGUF quantized file with its blocks kept on the
+//! device against the interpreter on the same file. Through `Generator`, as `generate` runs them:
+//! the prompt's plan, then replayed decode steps.
+
+use std::path::{Path, PathBuf};
+
+use libtest_mimic::{Failed, Trial};
+use rocmforge::frontend::llama::{Logits, Precision};
+use rocmforge::frontend::LlamaModel;
+use rocmforge::generate::{GenerateOptions, Generator};
+use rocmforge::interp::{run, Bindings};
+use rocmforge::ir::DType;
+use rocmforge::runtime::Device;
+use serde_json::Value;
+
+use crate::harness::push;
+
+const MODELS: [&str; 5] = [
+    "llama3-tiny",
+    "qwen2-tiny",
+    "qwen3-tiny",
+    "mistral-tiny",
+    "phi3-tiny",
+];
+
+fn model_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/models")
+        .join(name)
+}
+
+fn json(path: &Path) -> Result<Value, Failed> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_default()
+}
+
+/// Relative L2 distance; NaN anywhere is infinitely far.
+fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let e = (num / den).sqrt();
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in l.iter().enumerate() {
+        if *v > l[best] || l[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Runs `path` on `d` at precision `p` over `prompt` for `tokens` greedy tokens; returns the
+/// prompt's last-position logits and the tokens.
+fn generate(
+    path: &Path,
+    d: &Device,
+    p: Precision,
+    prompt: &[u32],
+    tokens: usize,
+) -> Result<(Vec<f64>, Vec<u32>), Failed> {
+    let m = LlamaModel::load(path)?;
+    let options = GenerateOptions {
+        precision: p,
+        max_context: 64,
+        replay: true,
+        logits: true,
+    };
+    let mut g = Generator::new(m, d, options)?;
+    let mut first: Option<Vec<f64>> = None;
+    let mut sampler = |l: &[f32]| {
+        if first.is_none() {
+            first = Some(l.iter().map(|&x| f64::from(x)).collect());
+        }
+        argmax(l)
+    };
+    let out = g.generate_until(prompt, tokens, Some(&mut sampler), false, |_| true)?;
+    Ok((first.ok_or("no logits came back")?, out.ids))
+}
+
+/// The directory of `name` at `p` against transformers within `tol` (relative L2); greedy too
+/// when `greedy`.
+fn hf_matches(name: &str, d: &Device, p: Precision, tol: f64, greedy: bool) -> Result<(), Failed> {
+    let dir = model_dir(name);
+    let r = json(&dir.join("hf-reference.json"))?;
+    let prompt = ids(&r["ids"]);
+    let want = floats(&r["last_logits"]);
+    let want_ids = ids(&r["greedy"]);
+    let leads = floats(&r["greedy_leads"]);
+    // Tokens whose lead over the runner-up is clear of this precision's noise.
+    let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+    let clear = leads.iter().take_while(|&&l| l > 1e-2 * scale).count();
+    let (got, tokens) = generate(&dir.join("hf"), d, p, &prompt, clear.max(1))?;
+    let err = rel_l2(&got, &want);
+    if err > tol {
+        return Err(format!("{name} {p:?}: last-position logits rel L2 {err:.3e} > {tol}").into());
+    }
+    if greedy && tokens[..clear] != want_ids[..clear] {
+        return Err(format!(
+            "{name}: greedy {:?}, transformers {:?}",
+            &tokens[..clear],
+            &want_ids[..clear]
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `file` of model `name` with its blocks on the device against the interpreter on the same
+/// file (weights dequantized to f32) within `tol`.
+fn quantized_matches(name: &str, file: &str, d: &Device, tol: f64) -> Result<(), Failed> {
+    let dir = model_dir(name);
+    let r = json(&dir.join("reference.json"))?;
+    let prompt = ids(&r["ids"]);
+    let path = dir.join(file);
+    let m = LlamaModel::load(&path)?;
+    let g = m.graph(prompt.len(), Logits::Last)?;
+    let b = Bindings {
+        weights: m.weights_for(&g)?,
+        inputs: m.inputs(&prompt).into_iter().collect(),
+        ..Bindings::default()
+    };
+    let want = run(&g, &b)?.remove(0).to_f64_vec();
+    let (got, _) = generate(&path, d, Precision::quantized(DType::F16), &prompt, 2)?;
+    let err = rel_l2(&got, &want);
+    if err > tol {
+        return Err(format!("{name} {file}: rel L2 {err:.3e} to the interpreter > {tol}").into());
+    }
+    Ok(())
+}
+
+pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    for name in MODELS {
+        // f32: accumulation order only. f16: weights and activations rounded to 11 bits
+        // (measured ≤ 1e-2 on the tiny models' SmolLM2-sized cousins; logits that do not
+        // correspond are ~1.4 apart).
+        for (p, tol, greedy) in [(Precision::F32, 1e-4, true), (Precision::F16, 2e-2, false)] {
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("families::hf_{}_{:?}", name.replace('-', "_"), p.dtype),
+                Box::new(move || hf_matches(name, &d, p, tol, greedy)),
+            );
+        }
+        // The quantized files' blocks on the device (int8 activations in the GEMVs: ~0.5% of
+        // the logits' scale, f16 activations elsewhere).
+        for file in ["Q8_0.gguf", "Q4_K_M.gguf", "Q6_K.gguf"] {
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!(
+                    "families::{}_{}_blocks_match_the_interpreter",
+                    name.replace('-', "_"),
+                    file.trim_end_matches(".gguf")
+                ),
+                Box::new(move || quantized_matches(name, file, &d, 3e-2)),
+            );
+        }
+    }
+    let d = device.clone();
+    push(
+        trials,
+        ignored,
+        "families::llama3_kquant_Q4_K_M_blocks_match_the_interpreter".into(),
+        Box::new(move || quantized_matches("llama3-kquant", "Q4_K_M.gguf", &d, 3e-2)),
+    );
+}
