@@ -300,3 +300,74 @@ fn broken_directories_are_clear_errors() {
         );
     }
 }
+
+/// A directory whose linear weights are MXFP6 blocks (`scripts/quantize-safetensors.py`: U8
+/// tensors marked in the safetensors metadata): on the interpreter, the blocks dequantized by
+/// `ir::quant` give transformers' logits on the weights the script dequantized in numpy
+/// (`hf-mxfp6_*-reference.json`) within f32 noise, so the decoding is the OCP format's; the
+/// quantization itself moved the logits (against the float directory's reference) by far more.
+fn check_mxfp6(name: &str, dir_name: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/models")
+        .join(name);
+    let dir = root.join(dir_name);
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join(format!("{dir_name}-reference.json"))).unwrap(),
+    )
+    .unwrap();
+    let m = LlamaModel::load(&dir).unwrap();
+    assert!(m.holds_blocks(), "{dir_name}");
+    let prompt = ids(&r["ids"]);
+    let want = floats(&r["last_logits"]);
+    let g = m.graph(prompt.len(), Logits::Last).unwrap();
+    let b = Bindings {
+        weights: m.weights_for(&g).unwrap(),
+        inputs: m.inputs(&prompt).into_iter().collect(),
+        ..Bindings::default()
+    };
+    let got = run(&g, &b).unwrap().remove(0).to_f64_vec();
+    let err = rel_l2(&got, &want);
+    let (_, float_ref) = model(name);
+    let moved = rel_l2(&want, &floats(&float_ref["last_logits"]));
+    eprintln!("{name} {dir_name}: rel L2 {err:.2e}; quantization moved the logits {moved:.2e}");
+    assert!(err <= 1e-4, "{name} {dir_name}: rel L2 {err}");
+    assert!(
+        moved > 100.0 * err.max(1e-6),
+        "{name}: the blocks changed nothing ({moved})"
+    );
+
+    // The blocks kept (`--dtype q4`): a graph with quantized weights, bound from the U8 bytes.
+    let q = m
+        .kv_graph(
+            1,
+            16,
+            Precision::quantized(rocmforge::ir::DType::F32),
+            false,
+        )
+        .unwrap();
+    let quant = m.quantized_for(&q).unwrap();
+    assert!(!quant.is_empty(), "{dir_name}: no weight bound as blocks");
+    let out = Command::new(env!("CARGO_BIN_EXE_rocmforge"))
+        .args(["generate", "--dtype", "q4", "--max-tokens", "3", "--model"])
+        .arg(&dir)
+        .arg(r["prompt"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && stderr.contains("quantized blocks")
+            && !stderr.contains("note: --dtype q4"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn llama3_tiny_mxfp6_e2m3_blocks() {
+    check_mxfp6("llama3-tiny", "hf-mxfp6_e2m3");
+}
+
+#[test]
+fn qwen3_tiny_mxfp6_e3m2_blocks() {
+    check_mxfp6("qwen3-tiny", "hf-mxfp6_e3m2");
+}

@@ -124,6 +124,11 @@ impl Checkpoint {
         self.owner.keys().map(String::as_str)
     }
 
+    /// The header entry and stored bytes of tensor `name` (see [`SafeTensors::raw`]).
+    pub fn raw(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
+        self.owner.get(name).and_then(|&i| self.shards[i].raw(name))
+    }
+
     /// Tensor `name` as f32, checked against `shape` (see [`SafeTensors::tensor`]).
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         match self.owner.get(name) {

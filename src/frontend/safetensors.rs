@@ -10,12 +10,18 @@ use serde_json::Value;
 
 use super::ModelError;
 use crate::ir::file::{self, FileLimit};
-use crate::ir::{DType, Tensor};
+use crate::ir::{DType, QuantScheme, Shape, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The stored element type; for blocks (`quant`), F32, what they dequantize to.
     pub dtype: DType,
+    /// The logical shape: for blocks `[rows, K]` (the file's U8 shape is `[rows, K / block
+    /// elements × block bytes]`).
     pub shape: Vec<usize>,
+    /// Blocks of this scheme: a U8 tensor named by a [`QUANT_KEY`] entry of the header's
+    /// `__metadata__` (our convention, written by `scripts/quantize-safetensors.py`).
+    pub quant: Option<QuantScheme>,
     /// Byte range in the file.
     pub start: usize,
     pub end: usize,
@@ -46,18 +52,111 @@ fn dtype_of(s: &str) -> Option<DType> {
     })
 }
 
+/// The `__metadata__` key prefix that marks a U8 tensor as blocks of a [`QuantScheme`]:
+/// `"rocmforge.quant.<tensor name>": "<scheme name>"` (e.g. `mxfp6_e2m3`). The safetensors
+/// format has no quantized dtypes; this is how a checkpoint quantized by
+/// `scripts/quantize-safetensors.py` says what its bytes are.
+pub const QUANT_KEY: &str = "rocmforge.quant.";
+
+/// The schemes `__metadata__` marks, by tensor name: every value a string (the format's rule),
+/// every marked scheme one we know.
+fn quant_marks(
+    path: &Path,
+    metadata: Option<&Value>,
+) -> Result<BTreeMap<String, QuantScheme>, ModelError> {
+    let mut marks = BTreeMap::new();
+    let Some(metadata) = metadata else {
+        return Ok(marks);
+    };
+    let Value::Object(entries) = metadata else {
+        return corrupt(path, "__metadata__ is not a JSON object");
+    };
+    for (key, value) in entries {
+        let Some(value) = value.as_str() else {
+            return corrupt(path, format!("__metadata__ `{key}` is not a string"));
+        };
+        if let Some(tensor) = key.strip_prefix(QUANT_KEY) {
+            let scheme = QuantScheme::ALL
+                .into_iter()
+                .find(|s| s.name() == value)
+                .ok_or_else(|| ModelError::Safetensors {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "`{key}` names the block scheme `{}`, which is not one of {}",
+                        value.escape_debug(),
+                        QuantScheme::ALL.map(QuantScheme::name).join(", ")
+                    ),
+                })?;
+            marks.insert(tensor.to_string(), scheme);
+        }
+    }
+    Ok(marks)
+}
+
 /// One header entry, checked against the file: a known dtype, a shape whose bytes are exactly
-/// its byte range, and a range inside the data section.
+/// its byte range, and a range inside the data section; a U8 tensor only as the blocks
+/// `quant` says it holds, its rows whole blocks.
 fn tensor_info(
     path: &Path,
     name: &str,
     v: &Value,
     data_start: usize,
     len: usize,
+    quant: Option<QuantScheme>,
 ) -> Result<TensorInfo, ModelError> {
-    let dtype = v
-        .get("dtype")
-        .and_then(Value::as_str)
+    let stored = v.get("dtype").and_then(Value::as_str);
+    if let Some(scheme) = quant {
+        if stored != Some("U8") {
+            return corrupt(
+                path,
+                format!(
+                    "`{QUANT_KEY}{name}` marks it as {scheme} blocks, but its dtype is {}, not U8",
+                    v.get("dtype").unwrap_or(&Value::Null)
+                ),
+            );
+        }
+        let mut info = tensor_info(path, name, &bytes_entry(v), data_start, len, None)?;
+        let (rows, row_bytes) = match info.shape[..] {
+            [rows, row_bytes] => (rows, row_bytes),
+            _ => {
+                return corrupt(
+                    path,
+                    format!(
+                        "tensor `{name}`: {scheme} blocks need a shape [rows, bytes], not {:?}",
+                        info.shape
+                    ),
+                )
+            }
+        };
+        if row_bytes % scheme.block_bytes() != 0 {
+            return corrupt(
+                path,
+                format!(
+                    "tensor `{name}`: rows of {row_bytes} bytes are not whole {scheme} blocks \
+                     of {} bytes",
+                    scheme.block_bytes()
+                ),
+            );
+        }
+        let k = (row_bytes / scheme.block_bytes()).checked_mul(scheme.block_elems());
+        let Some(k) = k else {
+            return corrupt(path, format!("tensor `{name}`: row length overflows"));
+        };
+        info.dtype = DType::F32;
+        info.shape = vec![rows, k];
+        info.quant = Some(scheme);
+        return Ok(info);
+    }
+    if stored == Some("U8") {
+        return corrupt(
+            path,
+            format!(
+                "tensor `{name}` is U8 without a `{QUANT_KEY}{name}` entry in __metadata__: \
+                 rocmforge reads U8 tensors only as quantized blocks"
+            ),
+        );
+    }
+    let dtype = stored
         .and_then(dtype_of)
         .ok_or_else(|| ModelError::Safetensors {
             path: path.display().to_string(),
@@ -111,9 +210,19 @@ fn tensor_info(
     Ok(TensorInfo {
         dtype,
         shape,
+        quant: None,
         start,
         end,
     })
+}
+
+/// `v` with its dtype read as bytes (U8 is one byte, like Bool), for the size checks of blocks.
+fn bytes_entry(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Value::Object(m) = &mut v {
+        m.insert("dtype".into(), Value::String("BOOL".into()));
+    }
+    v
 }
 
 /// The tensors' byte ranges, in order, must cover `data_start..len` exactly once.
@@ -212,13 +321,21 @@ impl SafeTensors {
         let Value::Object(entries) = header else {
             return corrupt(path, "header is not a JSON object");
         };
+        let mut marks = quant_marks(path, entries.get("__metadata__"))?;
         let mut tensors = BTreeMap::new();
         for (name, v) in entries {
             if name == "__metadata__" {
                 continue;
             }
-            let info = tensor_info(path, &name, &v, data_start, len)?;
+            let quant = marks.remove(&name);
+            let info = tensor_info(path, &name, &v, data_start, len, quant)?;
             tensors.insert(name, info);
+        }
+        if let Some(name) = marks.keys().next() {
+            return corrupt(
+                path,
+                format!("`{QUANT_KEY}{name}` marks a tensor the file does not hold"),
+            );
         }
         check_tiling(path, &tensors, data_start, len)?;
         Ok(SafeTensors {
@@ -240,6 +357,13 @@ impl SafeTensors {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// The header entry and stored bytes of tensor `name` (blocks as written, for weights kept
+    /// quantized on the device).
+    pub fn raw(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
+        let info = self.tensors.get(name)?;
+        Some((info, &self.map[info.start..info.end]))
+    }
+
     /// The tensor `name`, checked against the shape the model expects, converted to f32
     /// (floats) on the way out of the map.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
@@ -258,6 +382,16 @@ impl SafeTensors {
             });
         }
         let bytes = &self.map[info.start..info.end];
+        if let Some(scheme) = info.quant {
+            let values = scheme
+                .dequantize(bytes, &Shape::new(shape.to_vec()))
+                .map_err(|e| ModelError::Safetensors {
+                    path: self.path.display().to_string(),
+                    reason: format!("tensor `{name}`: {e}"),
+                })?;
+            return Ok(Tensor::from_f32(DType::F32, shape.to_vec(), values)
+                .expect("size checked when opened"));
+        }
         let f32s = |v: Vec<f32>| {
             Tensor::from_f32(DType::F32, shape.to_vec(), v).expect("size checked when opened")
         };
@@ -392,6 +526,81 @@ mod tests {
             ),
         ] {
             write(&p, &header, data);
+            let r = reason(&p);
+            assert!(r.contains(why), "{header}: {r}");
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// U8 tensors are blocks named by `__metadata__`: read back through the scheme's
+    /// dequantization (a hand-made MXFP6 E2M3 block), and every way the marks and the bytes can
+    /// disagree refused with the reason.
+    #[test]
+    fn blocks_marked_in_the_metadata_read_and_misuses_are_refused() {
+        let d = dir("blocks");
+        let p = d.join("q.safetensors");
+        // One row of one block: scale byte 128 (2¹), code 0b0_01_000 (1.0) for every value.
+        let mut block = vec![128u8];
+        let word: u32 = 8 | (8 << 6) | (8 << 12) | (8 << 18);
+        for _ in 0..8 {
+            block.extend(&word.to_le_bytes()[..3]);
+        }
+        let mut bytes = {
+            let header = r#"{"__metadata__":{"rocmforge.quant.w":"mxfp6_e2m3"},"w":{"dtype":"U8","shape":[1,25],"data_offsets":[0,25]}}"#;
+            let mut b = (header.len() as u64).to_le_bytes().to_vec();
+            b.extend(header.as_bytes());
+            b
+        };
+        bytes.extend(&block);
+        std::fs::write(&p, &bytes).unwrap();
+        let st = SafeTensors::open(&p).unwrap();
+        let info = st.info("w").unwrap();
+        assert_eq!(
+            (info.quant, info.shape.clone()),
+            (Some(QuantScheme::Mxfp6E2m3), vec![1, 32])
+        );
+        assert_eq!(st.raw("w").unwrap().1, &block[..]);
+        let t = st.tensor("w", &[1, 32]).unwrap();
+        assert_eq!(t.as_f32().unwrap(), &[2.0f32; 32][..]);
+
+        for (header, data, why) in [
+            (
+                r#"{"w":{"dtype":"U8","shape":[1,25],"data_offsets":[0,25]}}"#,
+                25,
+                "U8 without a `rocmforge.quant.w` entry",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.w":"q9_9"},"w":{"dtype":"U8","shape":[1,25],"data_offsets":[0,25]}}"#,
+                25,
+                "names the block scheme `q9_9`",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.x":"mxfp6_e2m3"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+                4,
+                "`rocmforge.quant.x` marks a tensor the file does not hold",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.w":"mxfp6_e2m3"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+                4,
+                "its dtype is \"F32\", not U8",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.w":"mxfp6_e2m3"},"w":{"dtype":"U8","shape":[1,24],"data_offsets":[0,24]}}"#,
+                24,
+                "rows of 24 bytes are not whole mxfp6_e2m3 blocks of 25 bytes",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.w":"mxfp6_e2m3"},"w":{"dtype":"U8","shape":[25],"data_offsets":[0,25]}}"#,
+                25,
+                "need a shape [rows, bytes], not [25]",
+            ),
+            (
+                r#"{"__metadata__":{"rocmforge.quant.w":7},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+                4,
+                "__metadata__ `rocmforge.quant.w` is not a string",
+            ),
+        ] {
+            write(&p, header, data);
             let r = reason(&p);
             assert!(r.contains(why), "{header}: {r}");
         }

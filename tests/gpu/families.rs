@@ -2,7 +2,8 @@
 //! (`tests/data/models/<name>/`, `scripts/make-test-models`): the Hugging Face directory in f32
 //! and f16 against transformers' logits (`hf-reference.json`) and, in f32, its greedy tokens
 //! while transformers' lead is clear; each GGUF quantized file with its blocks kept on the
-//! device against the interpreter on the same file. Through `Generator`, as `generate` runs them:
+//! device against the interpreter on the same file (and the MXFP6 directories of
+//! `scripts/quantize-safetensors.py`). Through `Generator`, as `generate` runs them:
 //! the prompt's plan, then replayed decode steps.
 
 use std::path::{Path, PathBuf};
@@ -137,9 +138,15 @@ fn hf_matches(name: &str, d: &Device, p: Precision, tol: f64, greedy: bool) -> R
 
 /// `file` of model `name` with its blocks on the device against the interpreter on the same
 /// file (weights dequantized to f32) within `tol`.
-fn quantized_matches(name: &str, file: &str, d: &Device, tol: f64) -> Result<(), Failed> {
+fn quantized_matches(
+    name: &str,
+    file: &str,
+    reference: &str,
+    d: &Device,
+    tol: f64,
+) -> Result<(), Failed> {
     let dir = model_dir(name);
-    let r = json(&dir.join("reference.json"))?;
+    let r = json(&dir.join(reference))?;
     let prompt = ids(&r["ids"]);
     let path = dir.join(file);
     let m = LlamaModel::load(&path)?;
@@ -184,7 +191,7 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
                     name.replace('-', "_"),
                     file.trim_end_matches(".gguf")
                 ),
-                Box::new(move || quantized_matches(name, file, &d, 3e-2)),
+                Box::new(move || quantized_matches(name, file, "reference.json", &d, 3e-2)),
             );
         }
     }
@@ -193,6 +200,28 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
         trials,
         ignored,
         "families::llama3_kquant_Q4_K_M_blocks_match_the_interpreter".into(),
-        Box::new(move || quantized_matches("llama3-kquant", "Q4_K_M.gguf", &d, 3e-2)),
+        Box::new(move || {
+            quantized_matches("llama3-kquant", "Q4_K_M.gguf", "reference.json", &d, 3e-2)
+        }),
     );
+    // MXFP6 blocks from a safetensors directory (`scripts/quantize-safetensors.py`).
+    for (name, dir) in [
+        ("llama3-tiny", "hf-mxfp6_e2m3"),
+        ("qwen3-tiny", "hf-mxfp6_e3m2"),
+    ] {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!(
+                "families::{}_{}_blocks_match_the_interpreter",
+                name.replace('-', "_"),
+                dir.replace('-', "_")
+            ),
+            Box::new(move || {
+                let reference = format!("{dir}-reference.json");
+                quantized_matches(name, dir, &reference, &d, 3e-2)
+            }),
+        );
+    }
 }

@@ -73,12 +73,14 @@ pub(crate) fn cmd_generate(prompt: &str, a: &GenerateArgs<'_>) -> Result<(), Str
     // Which of the two forms --model named, so a directory taken for a file (or the reverse)
     // shows at once; on stderr, so --json output stays one document.
     eprintln!("{}: {}", a.model.display(), model.format);
-    // A Hugging Face directory has float weights only: there are no blocks for `q4` to keep.
-    let precision = match (&model.format, precision.quantized) {
-        (rocmforge::frontend::Format::HfDirectory { .. }, true) => {
+    // A model with float weights only (most Hugging Face directories) has no blocks for `q4`
+    // to keep: said, and run as floats.
+    let precision = match (model.holds_blocks(), precision.quantized) {
+        (false, true) => {
             eprintln!(
-                "note: --dtype q4 keeps a GGUF file's quantized blocks; a Hugging Face \
-                 directory has float weights, so they run as {}",
+                "note: --dtype q4 keeps quantized blocks; {} has float weights only, so they \
+                 run as {}",
+                a.model.display(),
                 precision.dtype
             );
             if precision.dtype == DType::F16 {

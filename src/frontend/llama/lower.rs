@@ -659,7 +659,8 @@ impl LlamaModel {
 
     /// The block quantization file tensor `name` is stored in, if any.
     pub(super) fn scheme_of(&self, name: &str) -> Option<QuantScheme> {
-        self.source.scheme(file_tensor(name))
+        self.source
+            .scheme(file_tensor(name), self.config.fused_gate_up)
     }
 
     /// Matrix `name` `[dout, din]`: its blocks where `p` keeps them and the file has them,

@@ -271,6 +271,12 @@ impl LlamaModel {
         Ok(())
     }
 
+    /// Whether any weight is stored in quantized blocks (GGUF types, or safetensors tensors
+    /// marked as blocks), which `Precision::quantized` keeps on the device.
+    pub fn holds_blocks(&self) -> bool {
+        self.source.holds_blocks()
+    }
+
     /// The GGUF file, when the model came from one.
     pub fn gguf(&self) -> Option<&Gguf> {
         self.source.gguf()

@@ -8,6 +8,9 @@ use super::super::gguf::Gguf;
 use super::super::ModelError;
 use crate::ir::QuantScheme;
 
+/// A weight as stored: its block scheme (none for floats), its logical shape, its bytes.
+pub(super) type Stored<'a> = (Option<QuantScheme>, Vec<usize>, &'a [u8]);
+
 pub(super) enum Source {
     Gguf(Gguf),
     Hf(Checkpoint),
@@ -93,11 +96,44 @@ impl Source {
         }
     }
 
-    /// The block quantization weight `name` is stored in: only GGUF files hold blocks.
-    pub(super) fn scheme(&self, name: &str) -> Option<QuantScheme> {
+    /// The block quantization weight `name` is stored in: a GGUF tensor's type, or a
+    /// safetensors U8 tensor marked as blocks (`safetensors::QUANT_KEY`).
+    pub(super) fn scheme(&self, name: &str, fused_gate_up: bool) -> Option<QuantScheme> {
         match self {
             Source::Gguf(g) => g.tensor_info(name).and_then(|t| t.ggml_type.quant_scheme()),
-            Source::Hf(_) => None,
+            Source::Hf(c) => c.info(&hf_name(name, fused_gate_up)?)?.quant,
+        }
+    }
+
+    /// Whether any weight is stored in blocks (what `--dtype q4` keeps).
+    pub(super) fn holds_blocks(&self) -> bool {
+        match self {
+            Source::Gguf(g) => g.tensor_names().any(|n| {
+                g.tensor_info(n)
+                    .and_then(|t| t.ggml_type.quant_scheme())
+                    .is_some()
+            }),
+            Source::Hf(c) => c
+                .names()
+                .any(|n| c.info(n).is_some_and(|i| i.quant.is_some())),
+        }
+    }
+
+    /// The header entry's scheme and shape, and the stored bytes, of weight `name`'s blocks.
+    pub(super) fn blocks(&self, name: &str, fused_gate_up: bool) -> Result<Stored<'_>, ModelError> {
+        let stored = self.stored(name, fused_gate_up)?;
+        match self {
+            Source::Gguf(g) => {
+                let (info, bytes) = g.raw(&stored)?;
+                Ok((info.ggml_type.quant_scheme(), info.shape(), bytes))
+            }
+            Source::Hf(c) => {
+                let (info, bytes) = c.raw(&stored).ok_or_else(|| ModelError::MissingTensor {
+                    path: c.dir().display().to_string(),
+                    name: stored,
+                })?;
+                Ok((info.quant, info.shape.clone(), bytes))
+            }
         }
     }
 

@@ -51,20 +51,13 @@ impl LlamaModel {
         shape: &[usize],
     ) -> Result<QuantTensor, ModelError> {
         let file = file_tensor(name);
-        // Only GGUF files hold blocks (`scheme_of` is None for a directory's weights).
-        let Some(gguf) = self.source.gguf() else {
-            return Err(ModelError::Setting {
-                file: self.path.display().to_string(),
-                field: file.into(),
-                reason: "quantized blocks asked of a safetensors weight".into(),
-            });
-        };
-        let (info, bytes) = gguf.raw(file)?;
-        if info.ggml_type.quant_scheme() != Some(scheme) || info.shape() != shape {
+        let (stored_scheme, stored_shape, bytes) =
+            self.source.blocks(file, self.config.fused_gate_up)?;
+        if stored_scheme != Some(scheme) || stored_shape != shape {
             return Err(ModelError::TensorShape {
                 name: file.into(),
                 expected: shape.to_vec(),
-                found: info.shape(),
+                found: stored_shape,
             });
         }
         let heads = self.permuted_heads(file);
