@@ -66,6 +66,7 @@ impl Target for SafetensorsTarget {
             std::fs::read(root().join("tests/data/fuzz/bert_tiny/model.safetensors"))
                 .expect("tests/data/fuzz/bert_tiny/model.safetensors"),
         );
+
         seeds
     }
 
@@ -80,6 +81,11 @@ impl Target for SafetensorsTarget {
             "F64",
             "U8",
             "__metadata__",
+            "rocmforge.quant.",
+            "mxfp6_e2m3",
+            "mxfp6_e3m2",
+            "q4_0",
+            "q8_0",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -107,6 +113,36 @@ impl Target for SafetensorsTarget {
                     info.end,
                     input.len()
                 ));
+            }
+            if let Some(scheme) = info.quant {
+                // Blocks (a U8 tensor marked in __metadata__): whole blocks per row, read back
+                // as the scheme dequantizes those bytes (bit for bit against gguf-py in
+                // tests/quant_formats.rs).
+                let bytes = match info.shape[..] {
+                    [rows, k] if k % scheme.block_elems() == 0 => rows
+                        .checked_mul(k / scheme.block_elems())
+                        .and_then(|b| b.checked_mul(scheme.block_bytes())),
+                    _ => None,
+                };
+                if bytes != Some(info.end - info.start) {
+                    return Err(format!(
+                        "`{name}`: {} bytes for {scheme} blocks of {:?}",
+                        info.end - info.start,
+                        info.shape
+                    ));
+                }
+                let shape = rocmforge::ir::Shape::new(info.shape.clone());
+                let want = scheme
+                    .dequantize(&input[info.start..info.end], &shape)
+                    .map_err(|e| format!("`{name}`: {e}"))?;
+                let t = st
+                    .tensor(name, &info.shape)
+                    .map_err(|e| format!("reading `{name}`: {e}"))?;
+                let got = t.as_f32().ok_or("blocks read as integers")?;
+                if !got.iter().zip(&want).all(|(&g, &w)| same(g, w)) || got.len() != want.len() {
+                    return Err(format!("`{name}` reads back other values than its blocks"));
+                }
+                continue;
             }
             let numel = info
                 .shape
