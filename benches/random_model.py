@@ -6,6 +6,13 @@ a machine the real weights cannot be carried to (model.safetensors is over the d
                                                         # safetensors header (model.safetensors.header)
     python3 benches/random_model.py fill DST            # there: DST/model.safetensors from the header,
                                                         # data random normal x 0.05 (seeded)
+    python3 benches/random_model.py gguf-skeleton SRC.gguf DST   # here: DST holds SRC's header,
+                                                        # metadata and tensor table (the tokenizer
+                                                        # too: a few MB), DST.size its length
+    python3 benches/random_model.py gguf-fill DST       # there: DST grown to that length with
+                                                        # seeded random tensor bytes, each byte
+                                                        # masked with 0x3B so no f16 scale is
+                                                        # inf/NaN (same block types, same sizes)
 
 Timing does not depend on the values; accuracy trials need the real weights.
 """
@@ -63,7 +70,90 @@ def fill(dst):
         f.write(data)
 
 
+def gguf_data_offset(path):
+    """Where a GGUF file's tensor data begins: past the header, the metadata and the tensor
+    table, aligned to `general.alignment` (default 32). Standard library only: the GPU machine
+    has no gguf package."""
+    with open(path, "rb") as f:
+        buf = f.read(64 << 20)
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        nonlocal pos
+        n = take("Q")
+        s = buf[pos:pos + n]
+        pos += n
+        return s.decode("utf-8", "replace")
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("I"), take("Q")
+            return [value(et) for _ in range(n)]
+        return take(scalar[t])
+
+    if buf[:4] != b"GGUF":
+        sys.exit(f"error: {path} is not a GGUF file")
+    pos = 4
+    take("I")  # version
+    n_tensors, n_kv = take("Q"), take("Q")
+    alignment = 32
+    for _ in range(n_kv):
+        key = string()
+        v = value(take("I"))
+        if key == "general.alignment":
+            alignment = v
+    for _ in range(n_tensors):
+        string()
+        dims = take("I")
+        for _ in range(dims):
+            take("Q")
+        take("I")
+        take("Q")
+    return (pos + alignment - 1) // alignment * alignment
+
+
+def gguf_skeleton(src, dst):
+    start = gguf_data_offset(src)
+    with open(src, "rb") as f:
+        head = f.read(start)
+    with open(dst, "wb") as f:
+        f.write(head)
+    with open(dst + ".size", "w") as f:
+        f.write(str(os.path.getsize(src)))
+    print(f"{dst}: {start} bytes of {os.path.getsize(src)}")
+
+
+def gguf_fill(dst):
+    import numpy as np
+
+    total = int(open(dst + ".size").read())
+    have = os.path.getsize(dst)
+    rng = np.random.default_rng(0)
+    with open(dst, "ab") as f:
+        left = total - have
+        while left > 0:
+            n = min(left, 16 << 20)
+            f.write((rng.integers(0, 256, n, dtype=np.uint8) & 0x3B).tobytes())
+            left -= n
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["gguf-skeleton"] and len(sys.argv) == 4:
+        gguf_skeleton(sys.argv[2], sys.argv[3])
+        sys.exit(0)
+    if sys.argv[1:2] == ["gguf-fill"] and len(sys.argv) == 3:
+        gguf_fill(sys.argv[2])
+        sys.exit(0)
     if sys.argv[1:2] == ["skeleton"] and len(sys.argv) == 4:
         skeleton(sys.argv[2], sys.argv[3])
     elif sys.argv[1:2] == ["fill"] and len(sys.argv) == 3:
