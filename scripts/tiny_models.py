@@ -53,7 +53,19 @@ def build(name, hf):
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
                   bos_token_id=0, eos_token_id=1, torch_dtype="float32")
-    if name in ("llama3-tiny", "llama3-kquant"):
+    if name == "llama3-1b-shape":
+        # Llama-3.2-1B's shapes and settings (random weights, this tokenizer): what a user's
+        # Q4_K_M download of that model asks of the loader, the K-quant GEMVs and the LM head.
+        common.update(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                      num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                      max_position_embeddings=131072, rope_theta=500000.0)
+        model_vocab = 128256
+        cfg = T.LlamaConfig(**common, head_dim=64, tie_word_embeddings=True,
+                            rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192})
+        cls = T.LlamaForCausalLM
+    elif name in ("llama3-tiny", "llama3-kquant"):
         # Llama 3's rope scaling with an original context short enough that every branch of the
         # factor formula (high, smooth, low frequencies) is taken at head size 16.
         cfg = T.LlamaConfig(**common, tie_word_embeddings=False,

@@ -371,3 +371,34 @@ fn llama3_tiny_mxfp6_e2m3_blocks() {
 fn qwen3_tiny_mxfp6_e3m2_blocks() {
     check_mxfp6("qwen3-tiny", "hf-mxfp6_e3m2");
 }
+
+/// A full-size directory where one is named (`ROCMFORGE_LARGE_HF=DIR`, with transformers'
+/// reference at `DIR/../reference.json`, as `scripts/tiny_models.py gguf-source
+/// llama3-1b-shape DIR OUT` writes them: Llama-3.2-1B's shapes, random weights, 4.9 GB f32):
+/// the prompt's last-position logits on the interpreter within 1e-4 of transformers'. Skipped,
+/// saying so, when none is named.
+#[test]
+fn a_full_size_directory_matches_transformers_where_one_is_named() {
+    let Some(dir) = std::env::var_os("ROCMFORGE_LARGE_HF").map(PathBuf::from) else {
+        eprintln!("skipped: ROCMFORGE_LARGE_HF names no directory");
+        return;
+    };
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("../reference.json")).unwrap())
+            .unwrap();
+    let prompt = ids(&r["ids"]);
+    let want = floats(&r["last_logits"]);
+    let t = std::time::Instant::now();
+    let m = LlamaModel::load(&dir).unwrap();
+    eprintln!("{}: {}", dir.display(), m.format);
+    let g = m.graph(prompt.len(), Logits::Last).unwrap();
+    let b = Bindings {
+        weights: m.weights_for(&g).unwrap(),
+        inputs: m.inputs(&prompt).into_iter().collect(),
+        ..Bindings::default()
+    };
+    let got = run(&g, &b).unwrap().remove(0).to_f64_vec();
+    let err = rel_l2(&got, &want);
+    eprintln!("rel L2 {err:.2e} in {:.1} s", t.elapsed().as_secs_f64());
+    assert!(err <= 1e-4, "rel L2 {err}");
+}
