@@ -190,6 +190,15 @@ impl QuantScheme {
     }
 
     /// Bytes of one block of [`QuantScheme::block_elems`] values.
+    /// The scheme a loader keeps weights of this scheme in (see [`QuantTensor::reblocked`]):
+    /// Q5_0 as Q8_0, every other as itself.
+    pub fn kept_as(self) -> QuantScheme {
+        match self {
+            QuantScheme::Q5_0 => QuantScheme::Q8_0,
+            other => other,
+        }
+    }
+
     pub fn block_bytes(self) -> usize {
         match self {
             QuantScheme::Q8_0 => 2 + BLOCK_ELEMS,
@@ -369,6 +378,25 @@ impl QuantTensor {
         &self.bytes
     }
 
+    /// The same values in blocks of `to`, where that holds them exactly: Q5_0 as Q8_0 (the
+    /// same f16 scale; each `q − 16` of 5 bits an i8, so every value dequantizes to the same
+    /// f32 bits). `None` for any other pair. Loaders keep Q5_0 weights as Q8_0
+    /// ([`QuantScheme::kept_as`]): every device reads Q8_0 with whole-byte loads and integer dot
+    /// products, where Q5_0's fifth bits cost a decode per value.
+    pub fn reblocked(&self, to: QuantScheme) -> Option<QuantTensor> {
+        match (self.scheme, to) {
+            (QuantScheme::Q5_0, QuantScheme::Q8_0) => {
+                let out: Vec<u8> = self
+                    .bytes
+                    .chunks_exact(QuantScheme::Q5_0.block_bytes())
+                    .flat_map(q5_0_as_q8_0)
+                    .collect();
+                QuantTensor::new(QuantScheme::Q8_0, self.shape.clone(), out).ok()
+            }
+            _ => None,
+        }
+    }
+
     /// `scheme[shape]`, as errors name it.
     pub fn describe(&self) -> String {
         format!("{}{}", self.scheme, self.shape)
@@ -395,6 +423,22 @@ impl QuantTensor {
 /// Seeded random blocks for a quantized weight the caller does not supply: scales of both signs
 /// sized so the values have a standard deviation near 1/√K (as `Init::Normal` draws an f32
 /// weight), every quant drawn uniformly. The stream depends only on the seed and the name.
+/// One Q5_0 block (f16 `d`, 32 fifth bits in a little-endian u32, 16 bytes of nibbles: value
+/// `j` is `d·((qs[j] & 15 | bit j << 4) − 16)`, value `j + 16` the high nibble with bit
+/// `j + 16`) as the Q8_0 block of the same values.
+fn q5_0_as_q8_0(b: &[u8]) -> [u8; 34] {
+    let mut out = [0u8; 34];
+    out[..2].copy_from_slice(&b[..2]);
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    for j in 0..16 {
+        let lo = (b[6 + j] & 0x0f) | (((qh >> j) & 1) as u8) << 4;
+        let hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) as u8) << 4;
+        out[2 + j] = (lo as i8 - 16) as u8;
+        out[2 + j + 16] = (hi as i8 - 16) as u8;
+    }
+    out
+}
+
 pub fn random_quant(
     name: &str,
     scheme: QuantScheme,
@@ -526,6 +570,28 @@ fn random_block(scheme: QuantScheme, block: &mut [u8], rng: &mut impl Rng, targe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q5_0 re-blocked as Q8_0 dequantizes to the same f32 bits (random blocks: every scale
+    /// and fifth bit); no other pair re-blocks.
+    #[test]
+    fn q5_0_reblocked_as_q8_0_holds_the_same_values() {
+        let shape = Shape::new(vec![7, 96]);
+        let q = random_quant("w", QuantScheme::Q5_0, &shape, 11).unwrap();
+        let r = q.reblocked(QuantScheme::Q5_0.kept_as()).unwrap();
+        assert_eq!(r.scheme(), QuantScheme::Q8_0);
+        let a = QuantScheme::Q5_0.dequantize(q.bytes(), &shape).unwrap();
+        let b = QuantScheme::Q8_0.dequantize(r.bytes(), &shape).unwrap();
+        assert_eq!(a.len(), b.len());
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(a.iter().any(|&v| v != 0.0));
+        for s in QuantScheme::ALL {
+            if s != QuantScheme::Q5_0 {
+                assert_eq!(s.kept_as(), s);
+                let q = random_quant("w", s, &Shape::new(vec![1, 256]), 1).unwrap();
+                assert!(q.reblocked(QuantScheme::Q8_0).is_none() || s == QuantScheme::Q8_0);
+            }
+        }
+    }
 
     /// The schemes of the table in the module's comment (the others are checked against the
     /// `gguf` package in `tests/quant_formats.rs`).

@@ -657,10 +657,13 @@ impl LlamaModel {
         Ok(g)
     }
 
-    /// The block quantization file tensor `name` is stored in, if any.
+    /// The block quantization file tensor `name` is kept in on a device, if any: the file's,
+    /// or the one that holds it exactly and reads faster ([`QuantScheme::kept_as`]: Q5_0 as
+    /// Q8_0).
     pub(super) fn scheme_of(&self, name: &str) -> Option<QuantScheme> {
         self.source
             .scheme(file_tensor(name), self.config.fused_gate_up)
+            .map(QuantScheme::kept_as)
     }
 
     /// Matrix `name` `[dout, din]`: its blocks where `p` keeps them and the file has them,

@@ -53,13 +53,14 @@ impl LlamaModel {
         let file = file_tensor(name);
         let (stored_scheme, stored_shape, bytes) =
             self.source.blocks(file, self.config.fused_gate_up)?;
-        if stored_scheme != Some(scheme) || stored_shape != shape {
+        if stored_scheme.map(QuantScheme::kept_as) != Some(scheme) || stored_shape != shape {
             return Err(ModelError::TensorShape {
                 name: file.into(),
                 expected: shape.to_vec(),
                 found: stored_shape,
             });
         }
+        let stored_scheme = stored_scheme.unwrap_or(scheme);
         let heads = self.permuted_heads(file);
         let bytes: Vec<u8> = match heads {
             Some(heads) => {
@@ -68,12 +69,21 @@ impl LlamaModel {
             }
             None => bytes.to_vec(),
         };
-        QuantTensor::new(scheme, Shape::new(shape.to_vec()), bytes).map_err(|e| {
-            ModelError::Setting {
-                file: self.path.display().to_string(),
-                field: file.into(),
-                reason: e.to_string(),
-            }
+        let q =
+            QuantTensor::new(stored_scheme, Shape::new(shape.to_vec()), bytes).map_err(|e| {
+                ModelError::Setting {
+                    file: self.path.display().to_string(),
+                    field: file.into(),
+                    reason: e.to_string(),
+                }
+            })?;
+        if stored_scheme == scheme {
+            return Ok(q);
+        }
+        q.reblocked(scheme).ok_or_else(|| ModelError::Setting {
+            file: self.path.display().to_string(),
+            field: file.into(),
+            reason: format!("{stored_scheme} blocks cannot be kept as {scheme}"),
         })
     }
 
