@@ -138,13 +138,41 @@ pub fn physical_cores() -> usize {
 /// interpreter's `Tensor` representation, so conversions at the edges are copies).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Buf {
-    F(Vec<f32>),
+    F(FVec),
     I(Vec<i64>),
 }
 
+/// A slot's float values: its own (intermediates, states, outputs), or shared with the tensor
+/// they came from (a fixed weight: every plan of one set of weights reads the same values, so a
+/// 1B-parameter f32 model is held once, not once per plan). Copy on write: a shared slot
+/// written is first copied; fixed slots are never written.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FVec(Arc<Vec<f32>>);
+
+impl From<Vec<f32>> for FVec {
+    fn from(v: Vec<f32>) -> FVec {
+        FVec(Arc::new(v))
+    }
+}
+
+impl std::ops::Deref for FVec {
+    type Target = Vec<f32>;
+    fn deref(&self) -> &Vec<f32> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for FVec {
+    fn deref_mut(&mut self) -> &mut Vec<f32> {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
 impl Default for Buf {
+    /// An empty placeholder (a slot taken out while its step runs, a fixed slot's session
+    /// buffer) that allocates nothing: an empty `FVec` would allocate its `Arc`.
     fn default() -> Buf {
-        Buf::F(Vec::new())
+        Buf::I(Vec::new())
     }
 }
 
@@ -153,7 +181,7 @@ impl Buf {
     pub fn zeros(ty: &TensorType) -> Buf {
         let n = ty.shape.numel();
         if ty.dtype.is_float() {
-            Buf::F(vec![0.0; n])
+            Buf::F(vec![0.0; n].into())
         } else {
             Buf::I(vec![0; n])
         }
@@ -161,14 +189,15 @@ impl Buf {
 
     fn from_tensor(t: &Tensor) -> Buf {
         match t.data() {
-            crate::ir::Data::Float(v) => Buf::F(v.clone()),
+            // Shared, not copied (see `FVec`).
+            crate::ir::Data::Float(v) => Buf::F(FVec(v.clone())),
             crate::ir::Data::Int(v) => Buf::I(v.clone()),
         }
     }
 
     pub fn to_tensor(&self, ty: &TensorType) -> Result<Tensor, TensorError> {
         match self {
-            Buf::F(v) => Tensor::from_f32(ty.dtype, ty.shape.clone(), v.clone()),
+            Buf::F(v) => Tensor::from_f32(ty.dtype, ty.shape.clone(), v.to_vec()),
             Buf::I(v) => Tensor::from_i64(ty.dtype, ty.shape.clone(), v.clone()),
         }
     }
@@ -412,7 +441,7 @@ impl CpuPlan {
                                 })?;
                         Some(Buf::from_tensor(&t))
                     };
-                    let s = new_slot(&mut plan, dense.or(Some(Buf::F(Vec::new()))));
+                    let s = new_slot(&mut plan, dense.or(Some(Buf::F(FVec::default()))));
                     if int {
                         plan.quant[s] = Some(q);
                     }

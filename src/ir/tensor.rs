@@ -3,6 +3,7 @@
 //! i64 (bools are 0 or 1).
 
 use half::{bf16, f16};
+use std::sync::Arc;
 use thiserror::Error;
 
 use super::scalar::{self, Element};
@@ -18,7 +19,9 @@ pub const MAX_HOST_ELEMENTS: usize = 1 << 31;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
-    Float(Vec<f32>),
+    /// Shared: a clone of a tensor (a weight bound to several plans, say) is a reference to
+    /// the same values, not a copy. Tensors are immutable once made.
+    Float(Arc<Vec<f32>>),
     Int(Vec<i64>),
 }
 
@@ -105,7 +108,7 @@ impl Tensor {
         Ok(Tensor {
             dtype,
             shape,
-            data: Data::Float(values),
+            data: Data::Float(Arc::new(values)),
         })
     }
 
@@ -189,13 +192,13 @@ impl Tensor {
         elements: impl Iterator<Item = Element>,
     ) -> Result<Tensor, TensorError> {
         let data = if dtype.is_float() {
-            Data::Float(try_collect(
+            Data::Float(Arc::new(try_collect(
                 n,
                 elements.map(|e| match e {
                     Element::Float(f) => f,
                     Element::Int(i) => i as f32,
                 }),
-            )?)
+            )?))
         } else {
             Data::Int(try_collect(
                 n,
@@ -220,7 +223,7 @@ impl Tensor {
     pub fn zeros(ty: &TensorType) -> Tensor {
         let n = ty.shape.numel();
         let data = if ty.dtype.is_float() {
-            Data::Float(vec![0.0; n])
+            Data::Float(Arc::new(vec![0.0; n]))
         } else {
             Data::Int(vec![0; n])
         };
@@ -262,7 +265,7 @@ impl Tensor {
     /// The values of a float tensor.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
-            Data::Float(v) => Some(v),
+            Data::Float(v) => Some(v.as_slice()),
             Data::Int(_) => None,
         }
     }
