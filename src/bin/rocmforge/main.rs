@@ -142,7 +142,7 @@ enum Command {
     /// sequence token or after --max-tokens. Text streams to stdout as tokens arrive; the
     /// prompt and decode speeds (tokens/s) go to stderr at the end.
     #[command(
-        after_help = "Examples:\n  rocmforge generate \"The capital of France is\"\n  rocmforge generate --chat --max-tokens 64 \"What is the capital of France?\"\n  rocmforge generate --device cpu --max-tokens 3 --json \"Hello\""
+        after_help = "Examples:\n  rocmforge generate \"The capital of France is\"\n  rocmforge generate --chat --max-tokens 64 \"What is the capital of France?\"\n  rocmforge generate --device cpu --max-tokens 3 --json \"Hello\"\n  rocmforge generate --model ~/models/Qwen2.5-0.5B-Instruct --chat \"Hi\"   (a Hugging Face directory)"
     )]
     Generate {
         /// A GGUF file, or a Hugging Face directory (config.json, model.safetensors or its
