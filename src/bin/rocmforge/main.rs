@@ -250,7 +250,7 @@ enum Command {
     /// decomposed softmax, norms and activations, fuses attention into FlashAttention and fuses
     /// the elementwise chains left around it.
     ///
-    /// With --model FILE.gguf instead of a graph file: the plan a LLaMA-class model runs in
+    /// With --model FILE.gguf (or a Hugging Face directory) instead of a graph file: the plan a LLaMA-class model runs in
     /// `generate` (the decode step, or the prompt's pass), made for --target without a GPU.
     /// It prints every launch in order (kernel, node, grid, block, buffers) and one line on
     /// stderr with the kernels per token; --emit hip writes one .hip per distinct kernel and
