@@ -186,6 +186,9 @@ fn example_graphs_bundle_the_plan_the_data_and_every_interpreter_value() {
                 }
                 BufferRole::Status => assert_eq!(b.role, Role::Status),
                 BufferRole::Alias { .. } => panic!("{name}: bundles lower slices as copies"),
+                BufferRole::TensorMap { .. } => {
+                    panic!("{name}: bundles are lowered without the TMA GEMM")
+                }
                 BufferRole::Counters => {
                     assert_eq!(
                         (b.role, &b.data, &b.expected),

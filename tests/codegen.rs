@@ -19,7 +19,7 @@ use attention_graphs::{build, Mask, Spec};
 use rocmforge::arch::{ArchError, Target};
 use rocmforge::codegen::{
     generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan,
-    MAX_KERNEL_ARGS,
+    TmaWidth, MAX_KERNEL_ARGS,
 };
 use rocmforge::compile::plan_memory;
 use rocmforge::ir::expr::{MAX_INPUTS, MAX_OPS};
@@ -499,15 +499,44 @@ fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
             let plan = generate_with(&g, &a, &on).unwrap();
             assert_eq!(plan.kernels.len(), 1, "{}", g.name);
             let k = &plan.kernels[0];
-            let want = gemm_cases::wgmma_expected(&g);
-            assert_eq!(k.family == "gemm_wgmma", want, "{}", g.name);
-            if want {
-                assert!(k.body.contains("wgmma.mma_async.sync.aligned.m64n128k16"));
-                assert_eq!(k.launch.block[0], 256, "two warpgroups");
+            let want = gemm_cases::wgmma_family(&g);
+            assert_eq!(k.family, want, "{}", g.name);
+            let maps: Vec<_> = plan
+                .buffers
+                .iter()
+                .filter_map(|b| match &b.role {
+                    BufferRole::TensorMap { of, spec } => Some((*of, spec.clone())),
+                    _ => None,
+                })
+                .collect();
+            match want {
+                "gemm_wgmma_tma" => {
+                    assert!(k.body.contains("cp.async.bulk.tensor"));
+                    assert!(k.body.contains("setmaxnreg.inc.sync.aligned.u32"));
+                    assert_eq!(k.launch.block[0], 384, "a producer and two consumers");
+                    // One map of A and one of B, bound after the result, each describing the
+                    // buffer the kernel also takes as that operand.
+                    assert_eq!(maps.len(), 2, "{}", g.name);
+                    let n = k.args.len();
+                    assert_eq!((maps[0].0, maps[1].0), (k.args[0], k.args[1]), "{}", g.name);
+                    assert_eq!(
+                        &k.args[n - 2..],
+                        &[plan.buffers.len() - 2, plan.buffers.len() - 1]
+                    );
+                    // Boxes of 64 along K (one 128-byte line), 128 rows of A.
+                    assert_eq!(maps[0].1.boxes[..2], [64, 128]);
+                    assert_eq!(maps[1].1.boxes[0], 64);
+                }
+                "gemm_wgmma" => {
+                    assert!(k.body.contains("wgmma.mma_async.sync.aligned.m64n128k16"));
+                    assert_eq!(k.launch.block[0], 256, "two warpgroups");
+                    assert!(maps.is_empty());
+                }
+                _ => assert_eq!(k.launch.shared_bytes, 0, "{}", g.name),
+            }
+            if want != "gemm_mma" {
                 assert!(k.launch.shared_bytes > a.caps.static_shared_bytes);
                 assert!(k.launch.shared_bytes <= a.caps.shared_bytes_per_block);
-            } else {
-                assert_eq!(k.launch.shared_bytes, 0, "{}", g.name);
             }
             let plan = generate_with(&g, &p, &on).unwrap();
             assert_eq!(plan.kernels[0].family, "gemm_mma", "sm_90 {}", g.name);
@@ -519,6 +548,36 @@ fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
         generate_with(&g, &a, &on).unwrap().kernels[0].family,
         "gemm"
     );
+}
+
+/// The TMA kernel's width is the caller's where given (its instruction's N), refused where it is
+/// not a width the kernel has, and the cp.async kernel takes its place when TMA is off.
+#[test]
+fn the_tma_gemm_width_is_an_option() {
+    let t = Target::parse("sm_90a").unwrap();
+    let g = gemm_cases::plain_case(DType::F16, 1000, 1000, 1000, true);
+    let with = |w| CodegenOptions {
+        wgmma_gemm: true,
+        wgmma_tma: w,
+        ..CodegenOptions::default()
+    };
+    for (w, n) in [(64, "m64n64k16"), (128, "m64n128k16"), (256, "m64n256k16")] {
+        let plan = generate_with(&g, &t, &with(TmaWidth::Fixed(w))).unwrap();
+        let k = &plan.kernels[0];
+        assert_eq!(k.family, "gemm_wgmma_tma");
+        assert!(k.body.contains(n), "width {w}");
+        // Persistent: one block a tile up to the 132 the grid plans for (8 tiles along M).
+        assert_eq!(
+            k.launch.grid,
+            [(8 * 1000usize.div_ceil(w)).min(132) as u32, 1, 1]
+        );
+    }
+    match generate_with(&g, &t, &with(TmaWidth::Fixed(96))) {
+        Err(CodegenError::Unsupported { reason, .. }) => assert!(reason.contains("96"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let plan = generate_with(&g, &t, &with(TmaWidth::Off)).unwrap();
+    assert_eq!(plan.kernels[0].family, "gemm_wgmma");
 }
 
 /// f16 and bf16 Gemm nodes go to the matrix-core kernel on every target with an atom for them

@@ -49,7 +49,7 @@ use int8_gemv::{Epilogue, Int8Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
 use rocmforge::arch::Target;
-use rocmforge::codegen::{generate_with, CodegenOptions, Kernel};
+use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, TmaWidth};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, QuantScheme};
 
@@ -442,20 +442,31 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         }
     }
     // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
+    // The TMA kernel at every tile width (the register budget grows with it: 128 accumulators
+    // a consumer thread at 256) and the cp.async kernel in its place.
     for dt in [DType::F16, DType::BF16] {
         for g in gemm_cases::wgmma_cases(dt) {
-            let wgmma = CodegenOptions {
-                wgmma_gemm: true,
-                ..CodegenOptions::default()
-            };
-            let plan =
-                generate_with(&g, &target, &wgmma).map_err(|e| format!("{}: {e}", g.name))?;
-            for k in &plan.kernels {
-                out.entry(k.entry.clone()).or_insert((
-                    plan.source(k),
-                    k.body.clone(),
-                    g.name.clone(),
-                ));
+            for width in [
+                TmaWidth::Auto,
+                TmaWidth::Fixed(64),
+                TmaWidth::Fixed(128),
+                TmaWidth::Fixed(256),
+                TmaWidth::Off,
+            ] {
+                let wgmma = CodegenOptions {
+                    wgmma_gemm: true,
+                    wgmma_tma: width,
+                    ..CodegenOptions::default()
+                };
+                let plan =
+                    generate_with(&g, &target, &wgmma).map_err(|e| format!("{}: {e}", g.name))?;
+                for k in &plan.kernels {
+                    out.entry(k.entry.clone()).or_insert((
+                        plan.source(k),
+                        k.body.clone(),
+                        format!("{} {width:?}", g.name),
+                    ));
+                }
             }
         }
     }

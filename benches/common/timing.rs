@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use rocmforge::codegen::TmaWidth;
 use rocmforge::compile::{CompileOptions, Compiled, Poison, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
@@ -26,10 +27,34 @@ pub fn bench_device() -> Device {
 }
 
 /// Compile options for timing: no poisoning of fresh buffers, no progress output.
+///
+/// `ROCMFORGE_BENCH_WGMMA` opts into the sm_90a warpgroup GEMM (off by default, as in
+/// `CompileOptions`): `auto` (the TMA kernel at the width its model picks), `64`, `128` or
+/// `256` (that width), `cp_async` (the warpgroup kernel without TMA). Anything else ends the
+/// bench with a message.
 pub fn bench_options() -> CompileOptions {
+    let (wgmma_gemm, wgmma_tma) = match std::env::var("ROCMFORGE_BENCH_WGMMA").as_deref() {
+        Err(_) => (false, TmaWidth::Auto),
+        Ok("auto") => (true, TmaWidth::Auto),
+        Ok("cp_async") => (true, TmaWidth::Off),
+        Ok(w) => match w.parse::<usize>() {
+            Ok(w) => (true, TmaWidth::Fixed(w)),
+            Err(_) => {
+                eprintln!(
+                    "error: ROCMFORGE_BENCH_WGMMA={w}: expected auto, cp_async, 64, 128 or 256"
+                );
+                std::process::exit(2)
+            }
+        },
+    };
+    if wgmma_gemm {
+        println!("warpgroup GEMM: {wgmma_tma:?}");
+    }
     CompileOptions {
         poison: Poison::Off,
         progress: false,
+        wgmma_gemm,
+        wgmma_tma,
         ..CompileOptions::default()
     }
 }

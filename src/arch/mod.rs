@@ -9,6 +9,7 @@ mod compiler;
 pub mod mma;
 mod nvidia;
 mod target;
+pub mod tma;
 pub mod tuning;
 
 use thiserror::Error;

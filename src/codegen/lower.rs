@@ -467,7 +467,7 @@ fn lower_node(
             target,
         )?,
         Op::MatMul => matmul::kernel(g, id, buf, target)?,
-        Op::Gemm(gemm) => gemm_kernels::lower(g, id, gemm, buf, target, options)?,
+        Op::Gemm(gemm) => gemm_kernels::lower(g, id, gemm, buf, target, options, plan)?,
         Op::FlashAttention(att) => return attention::lower(g, id, att, buf, target, plan, options),
     };
     plan.kernels.push(k);

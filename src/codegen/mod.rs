@@ -105,6 +105,20 @@ pub struct CodegenOptions {
     /// ring, no TMA, no producer warpgroup) measured 88–214 TFLOP/s at M 4096 on the H100
     /// (2026-11-26), below the mma.sync kernel on most of those shapes (docs/performance.md).
     pub wgmma_gemm: bool,
+    /// With `wgmma_gemm`: the TMA kernel's tile width, or the cp.async kernel instead of it.
+    pub wgmma_tma: TmaWidth,
+}
+
+/// How the warpgroup GEMM picks its TMA kernel's tile width (`kernels/gemm/wgmma.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TmaWidth {
+    /// The width with the least modelled time in waves of tiles.
+    #[default]
+    Auto,
+    /// This width (64, 128 or 256; another is refused with a typed error).
+    Fixed(usize),
+    /// No TMA kernel: the cp.async warpgroup kernel (to measure one against the other).
+    Off,
 }
 
 /// The kernels that compute `graph` on `target`.
@@ -124,6 +138,7 @@ pub fn generate_with(
         copy_slices,
         int8_gemv,
         wgmma_gemm,
+        wgmma_tma,
     } = options;
     lower::generate(
         graph,
@@ -134,6 +149,7 @@ pub fn generate_with(
             copy_slices: *copy_slices,
             int8_gemv: *int8_gemv,
             wgmma_gemm: *wgmma_gemm,
+            wgmma_tma: *wgmma_tma,
         },
     )
 }

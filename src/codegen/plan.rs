@@ -52,6 +52,16 @@ pub enum BufferRole {
         base: BufferId,
         offset: usize,
     },
+    /// A TMA tensor map (`arch::tma`, [`MAP_BYTES`](crate::arch::tma::MAP_BYTES) bytes) of
+    /// buffer `of`'s memory: encoded by the runtime when a session binds its buffers (the
+    /// address is known then and fixed for the session's life, replays included), uploaded
+    /// once, never poisoned and never reused by the memory plan. The kernel that copies boxes
+    /// through it also takes `of` itself, so `of`'s liveness and poisoning are as for any
+    /// operand.
+    TensorMap {
+        of: BufferId,
+        spec: crate::arch::tma::TensorMapSpec,
+    },
 }
 
 /// Bytes of a status buffer: two u64, the bitwise complement of the first failing position
@@ -183,6 +193,7 @@ impl KernelPlan {
             | BufferRole::Workspace
             | BufferRole::Status
             | BufferRole::Counters
+            | BufferRole::TensorMap { .. }
             | BufferRole::State { .. } => (id, 0),
         }
     }
@@ -206,6 +217,26 @@ impl KernelPlan {
             name: format!("{node}:counters"),
             ty: TensorType::new(crate::ir::DType::I32, vec![n]),
             role: BufferRole::Counters,
+        });
+        id
+    }
+
+    /// Adds a tensor map of buffer `of` for the kernels of node `node`; its id. Named
+    /// `<node>:map:<of's name>` for listings.
+    pub(crate) fn add_tensor_map(
+        &mut self,
+        node: &str,
+        of: BufferId,
+        spec: crate::arch::tma::TensorMapSpec,
+    ) -> BufferId {
+        let id = self.buffers.len();
+        let name = format!("{node}:map:{}", self.buffers[of].name);
+        self.buffers.push(Buffer {
+            id,
+            name,
+            // Opaque bytes; typed as 32-bit words as counters are.
+            ty: TensorType::new(crate::ir::DType::I32, vec![crate::arch::tma::MAP_BYTES / 4]),
+            role: BufferRole::TensorMap { of, spec },
         });
         id
     }

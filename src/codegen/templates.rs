@@ -94,6 +94,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_wgmma.hip"),
     ),
     (
+        "gemm_wgmma_tma.hip",
+        include_str!("../../kernel_templates/gemm_wgmma_tma.hip"),
+    ),
+    (
         "softmax.hip",
         include_str!("../../kernel_templates/softmax.hip"),
     ),

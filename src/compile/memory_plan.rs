@@ -30,6 +30,7 @@ pub(crate) fn planned(role: &BufferRole) -> bool {
         | BufferRole::Status
         | BufferRole::Counters
         | BufferRole::State { .. }
+        | BufferRole::TensorMap { .. }
         | BufferRole::Alias { .. } => false,
     }
 }

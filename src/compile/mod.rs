@@ -148,6 +148,8 @@ pub struct CompileOptions {
     /// f16/bf16 GEMMs on the sm_90a warpgroup kernel where the device has it
     /// ([`CodegenOptions::wgmma_gemm`], off by default).
     pub wgmma_gemm: bool,
+    /// With `wgmma_gemm`: the TMA kernel's tile width ([`CodegenOptions::wgmma_tma`]).
+    pub wgmma_tma: crate::codegen::TmaWidth,
 }
 
 impl Default for CompileOptions {
@@ -164,6 +166,7 @@ impl Default for CompileOptions {
             rewrite_kernels: None,
             cpu_precision: crate::cpu::Precision::Exact,
             wgmma_gemm: false,
+            wgmma_tma: crate::codegen::TmaWidth::Auto,
         }
     }
 }
@@ -538,6 +541,7 @@ fn compile(
     )?;
     let codegen_options = CodegenOptions {
         wgmma_gemm: options.wgmma_gemm,
+        wgmma_tma: options.wgmma_tma,
         ..codegen_options
     };
     let codegen_start = Instant::now();
@@ -591,6 +595,8 @@ fn compile(
             | BufferRole::Status
             | BufferRole::Counters
             | BufferRole::State { .. }
+            // Encoded by each session, from its own buffers' addresses.
+            | BufferRole::TensorMap { .. }
             | BufferRole::Alias { .. } => continue,
         };
         resident.insert(b.id, Arc::new(stream.upload(&data)?));

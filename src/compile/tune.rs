@@ -306,6 +306,8 @@ fn arg_bytes(plan: &KernelPlan, id: usize) -> usize {
         | BufferRole::Workspace
         | BufferRole::Counters
         | BufferRole::State { .. }
+        // Never bound by a trial: kernels that read through a tensor map have no tuning site.
+        | BufferRole::TensorMap { .. }
         // Timed on a buffer of its own: where it points makes no difference to the kernel.
         | BufferRole::Alias { .. } => b.ty.shape.numel().saturating_mul(b.ty.dtype.size_bytes()),
         // The blocks as stored.

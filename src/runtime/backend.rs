@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::error::RuntimeError;
 use super::hold::HoldWait;
+use crate::arch::tma::{TensorMapSpec, MAP_BYTES};
 use crate::arch::LaunchLimits;
 
 /// Which vendor runtime a device goes through (the CPU runs the interpreter and has none).
@@ -216,6 +217,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         buf: &Self::Buffer,
         offset: usize,
     ) -> Self::RawAddress;
+    /// The encoded TMA tensor map of the memory `offset` bytes into `buf` (the caller checked
+    /// that the map stays within the buffer). Backends without TMA refuse.
+    fn encode_tensor_map(
+        &self,
+        stream: &Self::Stream,
+        buf: &Self::Buffer,
+        offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError>;
     /// Launches a bound launch: raw handles the caller keeps alive.
     fn launch_raw(
         &self,

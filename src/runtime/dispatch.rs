@@ -10,6 +10,7 @@ use std::any::Any;
 use super::backend::{check_launch, Backend, DeviceKind, Function, LaunchConfig};
 use super::error::RuntimeError;
 use super::hold::HoldWait;
+use crate::arch::tma::{TensorMapSpec, MAP_BYTES};
 use crate::arch::LaunchLimits;
 
 /// A backend value behind `dyn Any`, taken back with [`Erased::get`].
@@ -67,6 +68,13 @@ pub(super) trait Gpu: Send + Sync {
     fn load(&self, image: &[u8], entry: &str) -> Result<LoadedKernel, RuntimeError>;
     fn new_stream(&self) -> Result<Erased, RuntimeError>;
     fn alloc(&self, stream: &Erased, bytes: usize, poison: bool) -> Result<Erased, RuntimeError>;
+    fn encode_tensor_map(
+        &self,
+        stream: &Erased,
+        buf: &Erased,
+        offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError>;
     fn upload(&self, stream: &Erased, data: &[u8]) -> Result<Erased, RuntimeError>;
     fn download(
         &self,
@@ -159,6 +167,16 @@ impl<B: Backend> Gpu for B {
 
     fn alloc(&self, stream: &Erased, bytes: usize, poison: bool) -> Result<Erased, RuntimeError> {
         Backend::alloc(self, stream.get()?, bytes, poison).map(Erased::new)
+    }
+
+    fn encode_tensor_map(
+        &self,
+        stream: &Erased,
+        buf: &Erased,
+        offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError> {
+        Backend::encode_tensor_map(self, stream.get()?, buf.get()?, offset, spec)
     }
 
     fn upload(&self, stream: &Erased, data: &[u8]) -> Result<Erased, RuntimeError> {

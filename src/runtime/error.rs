@@ -28,6 +28,9 @@ pub enum RuntimeError {
     NoCompiler { what: &'static str, reason: String },
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// A TMA tensor map the device would not encode, or one that would reach past its buffer.
+    #[error("TMA tensor map ({map}): {reason}")]
+    TensorMap { map: String, reason: String },
     #[error("HIP: {0}")]
     Hip(String),
     #[error("device memory budget exceeded: {requested} bytes requested with {in_use} of {budget} in use")]

@@ -12,6 +12,7 @@ use super::graph::{CapturedGraph, KernelLaunch, LaunchList, ReplayOff};
 use super::hold::Hold;
 use super::memory::MemoryCounter;
 use super::timeline::Marker;
+use crate::arch::tma::TensorMapSpec;
 
 /// One execution's queue of work; synchronising it waits for that work only.
 pub struct Stream {
@@ -57,6 +58,41 @@ impl Stream {
         self.memory.reserve(data.len())?;
         let mem = self.gpu.upload(&self.inner, data);
         self.owned(data.len(), mem)
+    }
+
+    /// A device copy of the TMA tensor map `spec` of `buf`'s memory from byte `offset` on: the
+    /// map is refused where its furthest element would lie past the buffer (TMA checks
+    /// coordinates against the map, never against the allocation).
+    pub fn tensor_map(
+        &self,
+        buf: &DeviceBuffer,
+        offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<DeviceBuffer, RuntimeError> {
+        let refuse = |reason: String| RuntimeError::TensorMap {
+            map: spec.to_string(),
+            reason,
+        };
+        let elem = spec.dtype.size_bytes() as u64;
+        let last = spec
+            .dims
+            .iter()
+            .zip(std::iter::once(&elem).chain(&spec.strides))
+            .try_fold(elem, |end, (&d, &s)| {
+                end.checked_add((d - 1).checked_mul(s)?)
+            })
+            .ok_or_else(|| refuse("its extent overflows".into()))?;
+        let room = (buf.bytes as u64).saturating_sub(offset as u64);
+        if offset > buf.bytes || last > room {
+            return Err(refuse(format!(
+                "reaches {last} bytes past offset {offset} of a {}-byte buffer",
+                buf.bytes
+            )));
+        }
+        let bytes = self
+            .gpu
+            .encode_tensor_map(&self.inner, &buf.mem, offset, spec)?;
+        self.upload(&bytes)
     }
 
     /// Copies a buffer to the host; the copy is complete when this returns.

@@ -244,7 +244,16 @@ pub fn wgmma_cases(dt: DType) -> Vec<Graph> {
     v
 }
 
-/// Whether the sm_90a plan of a [`wgmma_cases`] graph must use the warpgroup kernel.
-pub fn wgmma_expected(g: &Graph) -> bool {
-    !(g.name.contains("_kn_") || g.name.contains("gemm_100x"))
+/// The kernel family the sm_90a plan of a [`wgmma_cases`] graph must use: the TMA kernel
+/// where A and B are boxes a tensor map describes, the cp.async warpgroup kernel where K's
+/// sub-axes do not merge into one (the head-merged A), the mma.sync kernel for B `[K, N]` and
+/// M below a tile.
+pub fn wgmma_family(g: &Graph) -> &'static str {
+    if g.name.contains("_kn_") || g.name.contains("gemm_100x") {
+        "gemm_mma"
+    } else if g.name.contains("heads_bias_gelu") {
+        "gemm_wgmma"
+    } else {
+        "gemm_wgmma_tma"
+    }
 }

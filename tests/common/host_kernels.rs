@@ -211,6 +211,10 @@ fn initial_buffers(
                 BufferRole::Alias { .. } => vec![],
                 BufferRole::Status => vec![0; STATUS_BYTES],
                 BufferRole::Counters => vec![0; n],
+                // Only sm_90a plans hold tensor maps, and host runs are of AMD plans.
+                BufferRole::TensorMap { .. } => {
+                    return Err(format!("`{}`: a TMA tensor map on the host", buf.name))
+                }
                 // A state not given starts zeroed, as a plain run's.
                 BufferRole::State { name } => states
                     .get(name)

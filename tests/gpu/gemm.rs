@@ -3,6 +3,7 @@
 use crate::common::*;
 use crate::harness::*;
 use libtest_mimic::{Failed, Trial};
+use rocmforge::codegen::TmaWidth;
 use rocmforge::interp::{run, Bindings};
 use rocmforge::ir::{DType, Graph};
 use rocmforge::runtime::Device;
@@ -172,16 +173,52 @@ pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
                     if !target.caps.wgmma.is_empty() {
                         let plan = rocmforge::codegen::generate_with(&g, target, &on)
                             .map_err(|e| e.to_string())?;
-                        let on_wgmma = plan.kernels.iter().any(|k| k.family == "gemm_wgmma");
-                        if on_wgmma != gemm_cases::wgmma_expected(&g) {
-                            return Err(
-                                format!("{}: on the warpgroup kernel: {on_wgmma}", g.name).into()
-                            );
+                        let want = gemm_cases::wgmma_family(&g);
+                        if !plan.kernels.iter().any(|k| k.family == want) {
+                            return Err(format!("{}: no {want} kernel in its plan", g.name).into());
                         }
                     }
-                    check_graph_with(&d, &g, false, 13, true)
+                    check_graph_with(&d, &g, false, 13, Some(TmaWidth::Auto))
                 }),
             );
+        }
+    }
+    // The TMA kernel at each tile width (the cases above take the width the model gives them),
+    // and the cp.async warpgroup kernel on the cases the TMA kernel takes by default.
+    for dt in [DType::F16, DType::BF16] {
+        for g in gemm_cases::wgmma_cases(dt) {
+            if gemm_cases::wgmma_family(&g) != "gemm_wgmma_tma" {
+                continue;
+            }
+            for (label, width, family) in [
+                ("w64", TmaWidth::Fixed(64), "gemm_wgmma_tma"),
+                ("w128", TmaWidth::Fixed(128), "gemm_wgmma_tma"),
+                ("w256", TmaWidth::Fixed(256), "gemm_wgmma_tma"),
+                ("cp_async", TmaWidth::Off, "gemm_wgmma"),
+            ] {
+                let (d, g) = (device.clone(), g.clone());
+                push(
+                    trials,
+                    ignored,
+                    format!("gemm_wgmma::{label}::{}", g.name),
+                    Box::new(move || {
+                        let target = d.target().ok_or("the device has no codegen target")?;
+                        if !target.caps.wgmma.is_empty() {
+                            let on = rocmforge::codegen::CodegenOptions {
+                                wgmma_gemm: true,
+                                wgmma_tma: width,
+                                ..Default::default()
+                            };
+                            let plan = rocmforge::codegen::generate_with(&g, target, &on)
+                                .map_err(|e| e.to_string())?;
+                            if !plan.kernels.iter().any(|k| k.family == family) {
+                                return Err(format!("{}: no {family} kernel", g.name).into());
+                            }
+                        }
+                        check_graph_with(&d, &g, false, 17, Some(width))
+                    }),
+                );
+            }
         }
     }
 }

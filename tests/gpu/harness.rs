@@ -109,21 +109,23 @@ pub fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
 }
 
 pub fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
-    check_graph_with(device, g, fuse, seed, false)
+    check_graph_with(device, g, fuse, seed, None)
 }
 
-/// [`check_graph`], with the sm_90a warpgroup GEMM opted into where `wgmma_gemm`.
+/// [`check_graph`], with the sm_90a warpgroup GEMM opted into where `wgmma` is given (its
+/// TMA kernel's width choice).
 pub fn check_graph_with(
     device: &Device,
     g: &Graph,
     fuse: bool,
     seed: u64,
-    wgmma_gemm: bool,
+    wgmma: Option<rocmforge::codegen::TmaWidth>,
 ) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let options = CompileOptions {
         fuse,
-        wgmma_gemm,
+        wgmma_gemm: wgmma.is_some(),
+        wgmma_tma: wgmma.unwrap_or_default(),
         ..options()
     };
     let c = Graph::compile_with(g, device, &options).map_err(|e| e.to_string())?;

@@ -286,6 +286,14 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                         b.id
                     )))
                 }
+                // Bundles are lowered with the default options (`compile::lower`: no warpgroup
+                // GEMM, so no tensor maps), and a replay has no driver encoding step.
+                BufferRole::TensorMap { .. } => {
+                    return Err(BundleError::malformed(format!(
+                        "buffer {} is a TMA tensor map, which bundles do not record",
+                        b.id
+                    )))
+                }
             };
             // A quantized weight's file holds its blocks as stored.
             let (bytes, quant) = match &b.role {
@@ -306,6 +314,7 @@ fn describe_buffers(graph: &Graph, plan: &KernelPlan) -> Result<Vec<BundleBuffer
                 | BufferRole::Status
                 | BufferRole::Counters
                 | BufferRole::State { .. }
+                | BufferRole::TensorMap { .. }
                 | BufferRole::Alias { .. } => (bytes, None),
             };
             Ok(BundleBuffer {
@@ -389,6 +398,7 @@ fn host_data(plan: &KernelPlan, seed: u64) -> Result<HostData, BundleError> {
             | BufferRole::Status
             | BufferRole::Workspace
             | BufferRole::Counters
+            | BufferRole::TensorMap { .. }
             | BufferRole::Alias { .. } => continue,
         }
         .map_err(host(b))?;

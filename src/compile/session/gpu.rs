@@ -50,6 +50,9 @@ pub(in crate::compile) struct GpuSession {
     /// Counters by plan buffer id: zeroed once here, never poisoned; the kernels that take
     /// them leave them at 0 (`BufferRole::Counters`), so neither a run nor a replay refills them.
     counters: HashMap<usize, Arc<DeviceBuffer>>,
+    /// TMA tensor maps by plan buffer id, encoded from this session's buffers' addresses
+    /// (fixed for its life, so valid for every run and replay).
+    maps: HashMap<usize, Arc<DeviceBuffer>>,
     /// The plan's index checks, in the order the interpreter meets them.
     checks: Vec<IndexCheck>,
     /// The graph outputs in order: type and the buffer holding each.
@@ -149,6 +152,8 @@ impl GpuSession {
                 | BufferRole::Computed
                 | BufferRole::Workspace
                 | BufferRole::Status
+                // Encoded below, once every buffer they describe has its address.
+                | BufferRole::TensorMap { .. }
                 | BufferRole::Alias { .. } => {}
             }
         }
@@ -177,11 +182,19 @@ impl GpuSession {
             inputs,
             status,
             counters,
+            maps: HashMap::new(),
             checks: plan.checks.clone(),
             outputs: Vec::with_capacity(plan.outputs.len()),
             states,
             stream,
         };
+        for b in &plan.buffers {
+            if let BufferRole::TensorMap { of, spec } = &b.role {
+                let (described, offset) = gpu.bound(planned, *of)?;
+                let map = gpu.stream.tensor_map(&described, offset, spec)?;
+                gpu.maps.insert(b.id, Arc::new(map));
+            }
+        }
         for o in &plan.outputs {
             let buffer = gpu.buffer(planned, o.buffer)?;
             gpu.outputs.push((o.ty.clone(), buffer));
@@ -208,6 +221,7 @@ impl GpuSession {
             }
             BufferRole::Status => self.status.get(&id),
             BufferRole::Counters => self.counters.get(&id),
+            BufferRole::TensorMap { .. } => self.maps.get(&id),
             BufferRole::State { .. } => self.states.iter().find(|s| s.id == id).map(|s| &s.buffer),
             // Bound through `bound`, with its offset; an output never is one (codegen copies).
             BufferRole::Alias { .. } => None,

@@ -16,7 +16,10 @@ use super::library::{
     NVRTC_SYMBOLS, TIMING_SYMBOLS,
 };
 use super::nvrtc::{compile_cubin, nvrtc_archs};
+use crate::arch::mma::wgmma::Swizzle;
+use crate::arch::tma::{TensorMapSpec, MAP_BYTES};
 use crate::arch::LaunchLimits;
+use crate::ir::DType;
 use crate::runtime::backend::{LaunchConfig, SharedLimits};
 use crate::runtime::error::RuntimeError;
 use crate::runtime::hold::HoldWait;
@@ -201,6 +204,61 @@ impl CudaDevice {
         self.ctx.bind_to_thread().map_err(cuda_err)?;
         f.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value)
             .map_err(cuda_err)
+    }
+
+    /// The encoded tiled tensor map `spec` of the memory at `address`
+    /// (`cuTensorMapEncodeTiled`): no interleave, zero fill out of bounds, L2 promotion of 256
+    /// bytes (the lines of a 128-byte-swizzled box come in pairs).
+    pub(super) fn encode_tensor_map(
+        &self,
+        address: sys::CUdeviceptr,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError> {
+        use sys::CUtensorMapDataType_enum as T;
+        let refuse = |reason: String| RuntimeError::TensorMap {
+            map: spec.to_string(),
+            reason,
+        };
+        let dtype = match spec.dtype {
+            DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            DType::BF16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            DType::F32 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            other => return Err(refuse(format!("no TMA element type for {other:?}"))),
+        };
+        let swizzle = match spec.swizzle {
+            Swizzle::B128 => sys::CUtensorMapSwizzle_enum::CU_TENSOR_MAP_SWIZZLE_128B,
+        };
+        let rank = u32::try_from(spec.dims.len()).map_err(|e| refuse(e.to_string()))?;
+        let element_strides = vec![1u32; spec.dims.len()];
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        // SAFETY: every array holds `rank` entries (strides `rank - 1`), as `TensorMapSpec::new`
+        // checked; `map` is a 64-byte-aligned 128-byte value the call writes; the address is
+        // only recorded in the map, not dereferenced here.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                dtype,
+                rank,
+                address as *mut std::ffi::c_void,
+                spec.dims.as_ptr(),
+                spec.strides.as_ptr(),
+                spec.boxes.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave_enum::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                sys::CUtensorMapL2promotion_enum::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill_enum::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(refuse(format!("cuTensorMapEncodeTiled: {r:?}")));
+        }
+        let mut bytes = [0u8; MAP_BYTES];
+        for (chunk, word) in bytes.chunks_exact_mut(8).zip(map.opaque) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        Ok(bytes)
     }
 
     /// Compiles a kernel to PTX for this device's arch.

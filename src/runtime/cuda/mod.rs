@@ -20,6 +20,7 @@ pub use graph::CudaGraphExec;
 use library::cuda_err;
 pub use nvrtc::{compile_cubin, compile_ptx, nvrtc_version};
 
+use crate::arch::tma::{TensorMapSpec, MAP_BYTES};
 use crate::arch::LaunchLimits;
 use crate::runtime::backend::{Backend, DeviceKind, LaunchConfig, SharedLimits};
 use crate::runtime::error::RuntimeError;
@@ -160,6 +161,17 @@ impl Backend for CudaDevice {
     ) -> CUdeviceptr {
         // Within the allocation (checked by `Stream::bind`), so this cannot overflow.
         self.address(stream, buf) + offset as CUdeviceptr
+    }
+
+    fn encode_tensor_map(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError> {
+        let address = self.address(stream, buf) + offset as CUdeviceptr;
+        CudaDevice::encode_tensor_map(self, address, spec)
     }
 
     fn launch_raw(

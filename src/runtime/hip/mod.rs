@@ -26,6 +26,7 @@ pub use api::{HipLibraries, HIP_LIBRARIES};
 pub use device::HipDevice;
 pub use handles::{HipBuffer, HipEvent, HipFunction, HipGraphExec, HipStream};
 
+use crate::arch::tma::{TensorMapSpec, MAP_BYTES};
 use crate::arch::LaunchLimits;
 use crate::runtime::backend::{Backend, DeviceKind, LaunchConfig, SharedLimits};
 use crate::runtime::error::RuntimeError;
@@ -165,6 +166,23 @@ impl Backend for HipDevice {
         // free of the in-bounds rules of `add`; the offset is within the buffer (checked by
         // `Stream::bind`).
         RawHandle(buf.raw().cast::<u8>().wrapping_add(offset).cast())
+    }
+
+    fn encode_tensor_map(
+        &self,
+        _stream: &Arc<HipStream>,
+        _buf: &HipBuffer,
+        _offset: usize,
+        spec: &TensorMapSpec,
+    ) -> Result<[u8; MAP_BYTES], RuntimeError> {
+        // Only sm_90a plans hold tensor maps, and AMD targets have no TMA: a plan compiled for
+        // an NVIDIA target and run through HIP's NVIDIA platform gets here.
+        Err(RuntimeError::TensorMap {
+            map: spec.to_string(),
+            reason: "the HIP runtime cannot encode TMA tensor maps; compile this plan without \
+                     the warpgroup GEMM (or run it through CUDA)"
+                .into(),
+        })
     }
 
     fn launch_raw(

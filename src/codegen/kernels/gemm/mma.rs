@@ -103,9 +103,14 @@ fn in_pieces(axes: &[Axis], inner: Option<usize>, width: usize) -> bool {
 /// adjacent columns there (element bit 0 is column bit 0), the result is a 16- or 32-bit float,
 /// and the out view holds column pairs adjacent and pair-aligned.
 pub(crate) fn stores_pairs(g: &Gemm, atom: &MmaAtom, p: &Problem) -> bool {
+    pairs_in(g, p, atom.c.elem_bits.first())
+}
+
+/// [`stores_pairs`] for any accumulator layout whose element bit 0 is `first`.
+pub(crate) fn pairs_in(g: &Gemm, p: &Problem, first: Option<&Bit>) -> bool {
     let out = g.out.axes(&g.dims, Operand::Out);
     let n_inner = (!g.dims.n.is_empty()).then(|| out.len() - 1);
-    atom.c.elem_bits.first() == Some(&Bit::Col(0))
+    first == Some(&Bit::Col(0))
         && matches!(p.c_t, "float" | "rf_half" | "rf_bf16")
         && in_pieces(&out, n_inner, 2)
 }

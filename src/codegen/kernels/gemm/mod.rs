@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal};
 use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
-use super::super::plan::{BufferId, Kernel};
+use super::super::plan::{BufferId, Kernel, KernelPlan};
 use super::super::CodegenError;
 use crate::arch::Target;
 use crate::ir::gemm::{Axis, Operand};
@@ -299,6 +299,7 @@ pub(crate) fn lower(
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     options: &crate::codegen::CodegenOptions,
+    plan: &mut KernelPlan,
 ) -> Result<Kernel, CodegenError> {
     let (tuned, int8_gemv) = (&options.tuned, options.int8_gemv);
     let p = Problem::new(g, id, gemm)?;
@@ -351,6 +352,12 @@ pub(crate) fn lower(
     // target has it (sm_90a) and the problem fills its tiles, else to the matrix cores where the
     // target has an atom for them.
     if options.wgmma_gemm {
+        if options.wgmma_tma != crate::codegen::TmaWidth::Off {
+            let width = options.wgmma_tma;
+            if let Some(k) = wgmma::tma_kernel(&p, gemm, node, args.clone(), target, plan, width)? {
+                return Ok(k);
+            }
+        }
         if let Some(k) = wgmma::kernel(&p, gemm, node, args.clone(), target)? {
             return Ok(k);
         }
