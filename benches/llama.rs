@@ -20,6 +20,8 @@
 #[allow(dead_code)] // table_only: this bench prints a table only
 #[path = "common/summary.rs"]
 mod summary;
+#[path = "common/timing.rs"]
+mod timing;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -84,10 +86,14 @@ fn time_ms(n: usize, mut f: impl FnMut()) -> f64 {
 fn plans(m: &LlamaModel, d: &Device, p: Precision) -> (Executable, Executable) {
     let prefill = m.kv_graph(PREFILL, MAX_CONTEXT, p, false).unwrap();
     let decode = m.kv_graph(1, MAX_CONTEXT, p, false).unwrap();
+    // The warpgroup GEMM as ROCMFORGE_BENCH_WGMMA says (benches/common/timing.rs).
+    let wgmma = timing::bench_options();
     let options = CompileOptions {
         weights: m.weights_for(&decode).unwrap(),
         quantized: m.quantized_for(&decode).unwrap(),
         progress: false,
+        wgmma_gemm: wgmma.wgmma_gemm,
+        wgmma_tma: wgmma.wgmma_tma,
         ..CompileOptions::default()
     };
     (

@@ -483,20 +483,21 @@ fn gemm_nodes_go_to_wgmma_on_sm_90a_where_they_suit() {
         Target::parse("sm_90a").unwrap(),
         Target::parse("sm_90").unwrap(),
     );
-    let on = CodegenOptions {
-        wgmma_gemm: true,
+    let on = CodegenOptions::default();
+    let off = CodegenOptions {
+        wgmma_gemm: false,
         ..CodegenOptions::default()
     };
     for dt in [DType::F16, DType::BF16] {
         for g in gemm_cases::wgmma_cases(dt) {
-            // Opt-in only (`CodegenOptions::wgmma_gemm`): by default the mma.sync kernel.
-            let default = generate(&g, &a).unwrap();
+            // On by default (`CodegenOptions::wgmma_gemm`); off: the mma.sync kernel.
+            let without = generate_with(&g, &a, &off).unwrap();
             assert!(
-                default.kernels.iter().all(|k| k.family != "gemm_wgmma"),
-                "{} took the warpgroup kernel without the option",
+                without.kernels.iter().all(|k| k.family == "gemm_mma"),
+                "{} took a warpgroup kernel with the option off",
                 g.name
             );
-            let plan = generate_with(&g, &a, &on).unwrap();
+            let plan = generate(&g, &a).unwrap();
             assert_eq!(plan.kernels.len(), 1, "{}", g.name);
             let k = &plan.kernels[0];
             let want = gemm_cases::wgmma_family(&g);

@@ -81,7 +81,7 @@ pub enum CodegenError {
 /// Choices codegen makes beyond the graph: test knobs and tuned configurations. What a kernel
 /// computes is the fused graph's (a matmul's epilogue is part of its Gemm node, made by the GEMM
 /// pass), so the unfused baseline is the clean-up pipeline's graph lowered as it is.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodegenOptions {
     /// Limits the matrix-core attention's memory-access choices (`None`: the target's fastest).
     /// Tests set [`AttentionAccess::PORTABLE`] to run on NVIDIA the structure MFMA/WMMA targets
@@ -100,13 +100,27 @@ pub struct CodegenOptions {
     /// reductions are latency the f32 reader does not pay. The K-quants (Q4_K, Q5_K, Q6_K) take
     /// that kernel whatever this says: their f32 reader decodes value by value.
     pub int8_gemv: bool,
-    /// f16/bf16 GEMMs on the sm_90a warpgroup kernel (`kernels/gemm/wgmma.rs`) where the target
-    /// has wgmma and the problem fills its tiles. Off by default: its first version (cp.async
-    /// ring, no TMA, no producer warpgroup) measured 88–214 TFLOP/s at M 4096 on the H100
-    /// (2026-11-26), below the mma.sync kernel on most of those shapes (docs/performance.md).
+    /// f16/bf16 GEMMs on the sm_90a warpgroup kernels (`kernels/gemm/wgmma.rs`) where the
+    /// target has wgmma and the problem fills a tile. On by default since the TMA kernel
+    /// (warp-specialised, persistent) measured faster than the mma.sync kernel at M 128 and
+    /// 4096 on every model shape but one (H200, 2026-11-29, docs/performance.md); off: the
+    /// mma.sync kernel, to measure one against the other.
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width, or the cp.async kernel instead of it.
     pub wgmma_tma: TmaWidth,
+}
+
+impl Default for CodegenOptions {
+    fn default() -> Self {
+        CodegenOptions {
+            attention_access: None,
+            tuned: Tuned::default(),
+            copy_slices: false,
+            int8_gemv: false,
+            wgmma_gemm: true,
+            wgmma_tma: TmaWidth::Auto,
+        }
+    }
 }
 
 /// How the warpgroup GEMM picks its TMA kernel's tile width (`kernels/gemm/wgmma.rs`).

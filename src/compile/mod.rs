@@ -145,8 +145,8 @@ pub struct CompileOptions {
     /// (the default: within f32 rounding of the interpreter), or 8-bit activations where the
     /// caller opts in for speed. Other devices ignore it.
     pub cpu_precision: crate::cpu::Precision,
-    /// f16/bf16 GEMMs on the sm_90a warpgroup kernel where the device has it
-    /// ([`CodegenOptions::wgmma_gemm`], off by default).
+    /// f16/bf16 GEMMs on the sm_90a warpgroup kernels where the device has them
+    /// ([`CodegenOptions::wgmma_gemm`], on by default).
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width ([`CodegenOptions::wgmma_tma`]).
     pub wgmma_tma: crate::codegen::TmaWidth,
@@ -165,7 +165,7 @@ impl Default for CompileOptions {
             tune: false,
             rewrite_kernels: None,
             cpu_precision: crate::cpu::Precision::Exact,
-            wgmma_gemm: false,
+            wgmma_gemm: true,
             wgmma_tma: crate::codegen::TmaWidth::Auto,
         }
     }
@@ -391,6 +391,8 @@ fn lower(graph: &Graph, target: &crate::arch::Target) -> Result<KernelPlan, Comp
         target,
         &CodegenOptions {
             copy_slices: true,
+            // The bundle format has no tensor maps: the warpgroup GEMM reads by cp.async.
+            wgmma_tma: crate::codegen::TmaWidth::Off,
             ..CodegenOptions::default()
         },
     )?)
@@ -541,7 +543,13 @@ fn compile(
     )?;
     let codegen_options = CodegenOptions {
         wgmma_gemm: options.wgmma_gemm,
-        wgmma_tma: options.wgmma_tma,
+        // Tensor maps are encoded by the CUDA driver; through HIP (its NVIDIA platform) the
+        // warpgroup GEMM reads its operands by cp.async instead.
+        wgmma_tma: if device.kind() == crate::runtime::DeviceKind::Cuda {
+            options.wgmma_tma
+        } else {
+            crate::codegen::TmaWidth::Off
+        },
         ..codegen_options
     };
     let codegen_start = Instant::now();
