@@ -28,14 +28,14 @@ pub fn bench_device() -> Device {
 
 /// Compile options for timing: no poisoning of fresh buffers, no progress output.
 ///
-/// `ROCMFORGE_BENCH_WGMMA` opts into the sm_90a warpgroup GEMM (off by default, as in
-/// `CompileOptions`): `auto` (the TMA kernel at the width its model picks), `64`, `128` or
-/// `256` (that width), `cp_async` (the warpgroup kernel without TMA). Anything else ends the
-/// bench with a message.
+/// `ROCMFORGE_BENCH_WGMMA` chooses the sm_90a GEMM (as `CompileOptions` does by default when
+/// unset or `auto`: the TMA kernel at the width its model picks): `64`, `128` or `256` (that
+/// width), `cp_async` (the warpgroup kernel without TMA), `off` (the mma.sync kernel).
+/// Anything else ends the bench with a message.
 pub fn bench_options() -> CompileOptions {
     let (wgmma_gemm, wgmma_tma) = match std::env::var("ROCMFORGE_BENCH_WGMMA").as_deref() {
-        Err(_) => (false, TmaWidth::Auto),
-        Ok("auto") => (true, TmaWidth::Auto),
+        Err(_) | Ok("auto") => (true, TmaWidth::Auto),
+        Ok("off") => (false, TmaWidth::Auto),
         Ok("cp_async") => (true, TmaWidth::Off),
         Ok(w) => match w.parse::<usize>() {
             Ok(w) => (true, TmaWidth::Fixed(w)),
@@ -47,8 +47,8 @@ pub fn bench_options() -> CompileOptions {
             }
         },
     };
-    if wgmma_gemm {
-        println!("warpgroup GEMM: {wgmma_tma:?}");
+    if std::env::var_os("ROCMFORGE_BENCH_WGMMA").is_some() {
+        println!("sm_90a GEMM: warpgroup {wgmma_gemm}, TMA width {wgmma_tma:?}");
     }
     CompileOptions {
         poison: Poison::Off,

@@ -20,22 +20,23 @@ use rocmforge::interp::{Bindings, InterpError};
 use rocmforge::ir::{random_quant, random_weight, Graph, Op, Tensor};
 
 /// Families whose kernels run correctly one thread at a time.
-pub const POINTWISE: [&str; 9] = [
+pub const POINTWISE: [&str; 8] = [
     "elementwise",
     "cache_write",
     "paged_cache_write",
     "dequantize",
     "copy",
-    "gather",
     "reduce",
     "causal_mask",
     "rope",
 ];
 
 /// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
-/// memory); their blocks are one-dimensional. Attention runs here in its AMD forms.
-pub const COOPERATIVE: [&str; 7] = [
+/// memory); their blocks are one-dimensional. Attention runs here in its AMD forms. The gather
+/// is here for its index check (block 0 reduces the first failing position).
+pub const COOPERATIVE: [&str; 8] = [
     "argmax",
+    "gather",
     "gemm",
     "gemm_small_m",
     "gemm_quant",
@@ -531,9 +532,12 @@ fn unique() -> usize {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether every kernel of `plan` can run on the host.
+/// Whether every kernel of `plan` is pointwise, the gather included (cooperative only for its
+/// index check), so that the plan runs on the host in its graph tests.
 pub fn is_pointwise(plan: &KernelPlan) -> bool {
-    plan.kernels.iter().all(|k| POINTWISE.contains(&k.family))
+    plan.kernels
+        .iter()
+        .all(|k| POINTWISE.contains(&k.family) || k.family == "gather")
 }
 
 /// The weights `Graph::compile` draws for `g` (seed 0) as bindings, so the interpreter sees
