@@ -1037,7 +1037,8 @@ fn lm_head_argmax_host(cxx: &Path, arch: &str) -> Result<(), Failed> {
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
-    let mut trials = Vec::new();
+    // The compile trials first: the longest, so the shorter ones fill the other threads.
+    let mut trials = kernel_compile::compile_trials(compile_set);
     for (i, c) in host_cases().into_iter().enumerate() {
         let arch = ["gfx90a", "gfx1100"][i % 2];
         trials.push(needs(
@@ -1128,7 +1129,6 @@ fn main() {
             move |cxx| append_host_run(&cxx, &c, arch),
         ));
     }
-    trials.extend(kernel_compile::compile_trials(compile_set));
     trials.push(Trial::test(
         "plan::gpu_cases_take_decode",
         gpu_cases_take_decode,

@@ -4,7 +4,8 @@
 //! - `host::` runs them on the CPU (the generated AMD source compiled by the host's clang++,
 //!   one OS thread per GPU thread, see `common/host_kernels.rs`) against the interpreter at
 //!   the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1030) plans; outputs start
-//!   poisoned, so an element never written fails.
+//!   poisoned, so an element never written fails. A case that both can run runs on one of them
+//!   (picked by its name, `common/sample.rs`), on both with `ROCMFORGE_LONG_TESTS=1`.
 //! - `compile::` compiles them with hiprtc (gfx90a, gfx1030), the offline clang (gfx942,
 //!   gfx1100, gfx1201) and NVRTC + ptxas (sm_90): no spills, no scratch, the target's wave size.
 //! - `snapshot::` keeps one kernel of each as generated for sm_90.
@@ -38,6 +39,8 @@ mod norm_cases;
 mod quant_cases;
 #[path = "common/row_error.rs"]
 mod row_error;
+#[path = "common/sample.rs"]
+mod sample;
 
 use needs::needs;
 use std::collections::BTreeMap;
@@ -556,11 +559,18 @@ fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
     let mut trials = kernel_compile::compile_trials(compile_set);
-    for arch in ["gfx90a", "gfx1030"] {
+    // Each case runs on one of the two wave sizes (the sampled sweep, `common/sample.rs`), every
+    // case on both with ROCMFORGE_LONG_TESTS=1.
+    const HOST: [&str; 2] = ["gfx90a", "gfx1030"];
+    for case in host_cases() {
         // f16/bf16 problems past the small-M bound go to the matrix cores on gfx90a (MFMA),
         // which the host cannot run; gfx1030 has no matrix atom, so they run there on the
         // CUDA-core kernel. The matrix-core kernel is checked on the GPU (tests/gpu/).
-        for case in host_cases().into_iter().filter(|c| on_cuda_cores(c, arch)) {
+        let on: Vec<&'static str> = HOST
+            .into_iter()
+            .filter(|arch| on_cuda_cores(&case, arch))
+            .collect();
+        for arch in sample::archs(&case.name(), &on) {
             let name = format!("host::{arch}::{}", case.name());
             trials.push(needs(
                 &cxx,
@@ -570,7 +580,8 @@ fn main() {
             ));
         }
     }
-    for arch in ["gfx90a", "gfx1030"] {
+    // Shapes of their own per target: all of them run.
+    for arch in HOST {
         for case in quant_host_cases(arch) {
             let name = format!("host::{arch}::quant::{}", case.name());
             trials.push(needs(
@@ -581,8 +592,8 @@ fn main() {
             ));
         }
     }
-    for arch in ["gfx90a", "gfx1030"] {
-        for case in glu_cases() {
+    for case in glu_cases() {
+        for arch in sample::archs(&case.name(), &HOST) {
             let name = format!("host::{arch}::{}", case.name());
             trials.push(needs(
                 &cxx,
@@ -592,8 +603,8 @@ fn main() {
             ));
         }
     }
-    for arch in ["gfx90a", "gfx1030"] {
-        for case in norm_cases::cases() {
+    for case in norm_cases::cases() {
+        for arch in sample::archs(&case.name(), &HOST) {
             let name = format!("host::{arch}::norm::{}", case.name());
             trials.push(needs(
                 &cxx,
@@ -602,7 +613,9 @@ fn main() {
                 move |cxx| norm_host_run(&cxx, &case, arch),
             ));
         }
-        for case in int8_gemv::host_cases() {
+    }
+    for case in int8_gemv::host_cases() {
+        for arch in sample::archs(&case.name(), &HOST) {
             let name = format!("host::{arch}::int8::{}", case.name());
             trials.push(needs(
                 &cxx,

@@ -17,46 +17,16 @@ use rocmforge::interp::{run, Bindings};
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
+#[path = "common/model_refs.rs"]
+mod model_refs;
+use model_refs::{floats, ids, read_json, rel_l2, tiny_model_dir};
+
 /// The model `name`'s directory and its reference (committed: missing files fail the test).
 fn model(name: &str) -> (PathBuf, Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/models")
-        .join(name);
-    let text = std::fs::read_to_string(dir.join("hf-reference.json")).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (scripts/make-test-models step 5 makes it)",
-            dir.display()
-        )
-    });
-    (dir.join("hf"), serde_json::from_str(&text).unwrap())
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    let e = (num / den).sqrt();
-    if e.is_nan() {
-        f64::INFINITY
-    } else {
-        e
-    }
+    let dir = tiny_model_dir(name);
+    let r = read_json(&dir.join("hf-reference.json"))
+        .unwrap_or_else(|e| panic!("{e} (scripts/make-test-models step 5 makes it)"));
+    (dir.join("hf"), r)
 }
 
 /// Everything for model `name` of `family`, stored in `shards` safetensors files.

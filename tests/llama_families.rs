@@ -18,10 +18,13 @@ use rocmforge::runtime::Device;
 
 #[path = "common/kernel_compile.rs"]
 mod kernel_compile;
+#[path = "common/model_refs.rs"]
+mod model_refs;
 #[path = "common/needs.rs"]
 mod needs;
 #[path = "common/tiny_gguf.rs"]
 mod tiny_gguf;
+use model_refs::rel_l2;
 use tiny_gguf::{tiny_family, GgufFile, Kv, RawTensor, TinyFamily, TINY_VOCAB};
 
 /// A prompt long enough for positions to matter and for a window of 3 to cut keys off.
@@ -203,18 +206,6 @@ fn reference(f: &TinyFamily, file: &GgufFile, ids: &[u32]) -> Vec<Vec<f64>> {
             )
         })
         .collect()
-}
-
-fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    let e = (num / den).sqrt();
-    if e.is_nan() {
-        f64::INFINITY
-    } else {
-        e
-    }
 }
 
 /// Top token and its lead over the second.

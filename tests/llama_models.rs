@@ -19,11 +19,13 @@ use rocmforge::interp::{run, Bindings};
 use rocmforge::runtime::Device;
 use serde_json::Value;
 
+#[path = "common/model_refs.rs"]
+mod model_refs;
+use model_refs::{floats, ids, read_json, rel_l2, tiny_model_dir};
+
 /// The model directory `name` (committed: missing files fail the test).
 fn model_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/models")
-        .join(name);
+    let dir = tiny_model_dir(name);
     assert!(
         dir.join("reference.json").exists() && dir.join("f32.gguf").exists(),
         "no model at {} (scripts/make-test-models makes it)",
@@ -33,36 +35,7 @@ fn model_dir(name: &str) -> PathBuf {
 }
 
 fn reference(dir: &Path) -> Value {
-    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    let e = (num / den).sqrt();
-    if e.is_nan() {
-        f64::INFINITY
-    } else {
-        e
-    }
+    read_json(&dir.join("reference.json")).unwrap()
 }
 
 /// The last position's logits of `file` over `prompt` on the interpreter, weights dequantized

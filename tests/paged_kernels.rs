@@ -206,7 +206,8 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
-    let mut trials = Vec::new();
+    // The compile trials first: the longest, so the shorter ones fill the other threads.
+    let mut trials = kernel_compile::compile_trials(compile_set);
     for arch in ["sm_90", "gfx90a", "gfx1100"] {
         trials.push(Trial::test(format!("plan::{arch}"), move || {
             plan_shape(arch)
@@ -229,6 +230,5 @@ fn main() {
             move |cxx| host_bad_block(&cxx, arch),
         ));
     }
-    trials.extend(kernel_compile::compile_trials(compile_set));
     libtest_mimic::run(&args, trials).exit();
 }

@@ -1,5 +1,5 @@
-//! The resource report of a set of AMD kernels: each compiled (hiprtc, or the offline clang in
-//! batches) and its VGPRs, AGPRs, SGPRs, LDS, scratch and spills read from the code object's
+//! The resource report of a set of AMD kernels: each compiled (by hiprtc or the offline clang,
+//! in batches) and its VGPRs, AGPRs, SGPRs, LDS, scratch and spills read from the code object's
 //! metadata. `rocmforge compile --report` and the kernel-family tests both go through here, so
 //! the choice of compiler and the reading of its output are written once.
 
@@ -16,6 +16,9 @@ use crate::runtime::{
 
 /// Kernels a clang run compiles together: each run costs mostly headers and device libraries.
 const CLANG_BATCH: usize = 24;
+
+/// Kernels a hiprtc program compiles together, for the same reason.
+const HIPRTC_BATCH: usize = 24;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ReportError {
@@ -189,6 +192,61 @@ pub fn distinct_kernels<'a>(kernels: &[ReportKernel<'a>]) -> Vec<(ReportKernel<'
     groups
 }
 
+/// The rows of `chunk` compiled by hiprtc for `target` as one program (the prelude, then each
+/// body); where that program fails, each kernel alone, so the error names the kernel whose own
+/// source fails, as a compile of that kernel alone would (its full source, as a plan gives it).
+fn hiprtc_batch(
+    rtc: &Hiprtc,
+    prelude: &str,
+    chunk: &[(ReportKernel<'_>, usize)],
+    target: &Target,
+    options: &[String],
+) -> Result<Vec<ReportRow>, ReportError> {
+    let row = |k: &ReportKernel<'_>, count: usize, code: &[u8]| -> Result<ReportRow, ReportError> {
+        Ok(ReportRow {
+            label: k.label.to_string(),
+            kernels: count,
+            resources: resources_of(code, k.entry)?,
+            occupancy: None,
+        })
+    };
+    let alone = |k: &ReportKernel<'_>| {
+        rtc.compile(k.source, k.entry, &target.arch, options)
+            .map_err(|e| ReportError::Compile {
+                kernel: k.label.to_string(),
+                message: e.to_string(),
+            })
+    };
+    if let [(k, count)] = chunk {
+        return Ok(vec![row(k, *count, &alone(k)?)?]);
+    }
+    // A batch stands for its kernels' own sources only where each is the prelude and its body.
+    let same_source = chunk.iter().all(|(k, _)| {
+        k.source
+            .strip_prefix(prelude)
+            .and_then(|rest| rest.strip_prefix('\n'))
+            == Some(k.body)
+    });
+    let mut source = prelude.to_string();
+    for (k, _) in chunk {
+        source.push('\n');
+        source.push_str(k.body);
+    }
+    match same_source
+        .then(|| rtc.compile(&source, chunk[0].0.entry, &target.arch, options))
+        .and_then(Result::ok)
+    {
+        Some(code) => chunk
+            .iter()
+            .map(|(k, count)| row(k, *count, &code))
+            .collect(),
+        None => chunk
+            .iter()
+            .map(|(k, count)| row(k, *count, &alone(k)?))
+            .collect(),
+    }
+}
+
 /// Every distinct kernel of `kernels` ([`distinct_kernels`]) compiled once for `target` by
 /// `compiler` with the AMD [`compiler_options`], in parallel; `done` is called with the
 /// number of `kernels` each compile covers (a progress bar over `kernels.len()`). One row per
@@ -203,32 +261,28 @@ pub fn resource_report(
     let kernels = distinct_kernels(kernels);
     match compiler {
         AmdCompiler::Hiprtc(rtc) => {
-            let rows: Vec<Result<ReportRow, ReportError>> = kernels
-                .par_iter()
-                .map(|(k, count)| {
-                    let code = rtc
-                        .compile(k.source, k.entry, &target.arch, &options)
-                        .map_err(|e| ReportError::Compile {
-                            kernel: k.label.to_string(),
-                            message: e.to_string(),
-                        })?;
-                    let resources = resources_of(&code, k.entry)?;
-                    done(*count);
-                    Ok(ReportRow {
-                        label: k.label.to_string(),
-                        kernels: *count,
-                        resources,
-                        occupancy: None,
-                    })
+            // Batches, as clang's: a program's cost is mostly hiprtc's headers and device
+            // libraries (hiprtc compiles one program at a time in any case).
+            let prelude = crate::codegen::prelude(target);
+            let batches: Vec<Result<Vec<ReportRow>, ReportError>> = kernels
+                .par_chunks(HIPRTC_BATCH)
+                .map(|chunk| {
+                    let rows = hiprtc_batch(rtc, &prelude, chunk, target, &options)?;
+                    done(chunk.iter().map(|(_, count)| count).sum());
+                    Ok(rows)
                 })
                 .collect();
+            let mut rows = Vec::with_capacity(kernels.len());
+            for batch in batches {
+                rows.extend(batch?);
+            }
             Ok(ResourceReport {
                 compiler: format!(
                     "hiprtc {}.{} from {}",
                     rtc.version.0, rtc.version.1, rtc.library
                 ),
                 by_clang: false,
-                rows: rows.into_iter().collect::<Result<_, _>>()?,
+                rows,
             })
         }
         AmdCompiler::Clang(clang) => {

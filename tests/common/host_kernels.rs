@@ -51,14 +51,17 @@ pub const COOPERATIVE: [&str; 8] = [
 /// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 // HIP's and CUDA's integer min/max built-ins.
 using std::max;
 using std::min;
@@ -71,25 +74,28 @@ using std::min;
 #define __constant__ static const
 struct rf_host_dim3 { unsigned x, y, z; };
 static thread_local rf_host_dim3 blockIdx, threadIdx;
-// A reusable barrier for the threads of one block (C++17 has no std::barrier).
+// A reusable barrier for the threads of one block (C++17 has no std::barrier): the last thread
+// to arrive starts the next generation and wakes the others with one futex call. (A mutex and a
+// condition variable cost every woken thread another round on the mutex; blocks of hundreds of
+// threads meet at a barrier on every shuffle, so that was most of a run's time.) The atomics'
+// acquire/release order makes every write before the barrier visible after it.
 struct rf_host_block_barrier {
     explicit rf_host_block_barrier(unsigned n) : n(n) {}
     void arrive_and_wait() {
-        std::unique_lock<std::mutex> lock(m);
-        const unsigned long long gen = generation;
-        if (++count == n) {
-            count = 0;
-            ++generation;
-            cv.notify_all();
+        const unsigned gen = generation.load(std::memory_order_acquire);
+        if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+            count.store(0, std::memory_order_relaxed);
+            generation.fetch_add(1, std::memory_order_acq_rel);
+            syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
         } else {
-            cv.wait(lock, [&] { return gen != generation; });
+            while (generation.load(std::memory_order_acquire) == gen)
+                syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
         }
     }
-    std::mutex m;
-    std::condition_variable cv;
-    unsigned n, count = 0;
-    unsigned long long generation = 0;
+    std::atomic<unsigned> count{0}, generation{0};  // the futex word: 32 bits, lock-free
+    const unsigned n;
 };
+static_assert(sizeof(std::atomic<unsigned>) == 4 && std::atomic<unsigned>::is_always_lock_free, "a futex word");
 static rf_host_block_barrier* rf_host_barrier = nullptr;
 static float rf_host_lanes[1024];
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

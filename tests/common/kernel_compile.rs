@@ -10,6 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use libtest_mimic::{Failed, Trial};
+use rayon::prelude::*;
 use rocmforge::arch::Target;
 use rocmforge::compile::report::{resource_report, ReportKernel};
 use rocmforge::runtime::{AmdClang, AmdCompiler, Hiprtc, KernelResources};
@@ -93,35 +94,45 @@ pub fn spills_or_stack(log: &str) -> bool {
 }
 
 /// Every kernel of `set` through NVRTC (PTX for `arch`) and `ptxas -v`: no spill stores or
-/// loads and no stack frame.
+/// loads and no stack frame. The kernels compile in parallel (rayon), as the AMD reports do.
 pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Failed> {
     let dir =
         std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let kernels: Vec<_> = set.iter().collect();
+    let results: Vec<Result<Option<String>, String>> = kernels
+        .par_iter()
+        .map(|(entry, (src, _, case))| {
+            let opts = cudarc::nvrtc::CompileOptions {
+                arch: Some(arch),
+                ..Default::default()
+            };
+            // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
+            let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+                .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
+                .map_err(|e| format!("{case}: NVRTC: {e}"))?;
+            let file = dir.join(format!("{entry}.ptx"));
+            std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
+            let out = Command::new(ptxas)
+                .args(["-v", &format!("-arch={arch}"), "-o", "/dev/null"])
+                .arg(&file)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let log = String::from_utf8_lossy(&out.stderr).into_owned();
+            Ok(if !out.status.success() {
+                Some(format!("{case}: ptxas failed:\n{log}"))
+            } else if spills_or_stack(&log) {
+                Some(format!("{case} spills on {arch}:\n{log}"))
+            } else {
+                None
+            })
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).ok();
     let mut failures = Vec::new();
-    for (entry, (src, _, case)) in set {
-        let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some(arch),
-            ..Default::default()
-        };
-        // cudarc panics where it cannot load libnvrtc: that is a failure of this trial.
-        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
-            .map_err(|_| "libnvrtc could not be loaded (LD_LIBRARY_PATH)".to_string())?
-            .map_err(|e| format!("{case}: NVRTC: {e}"))?;
-        let file = dir.join(format!("{entry}.ptx"));
-        std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
-        let out = Command::new(ptxas)
-            .args(["-v", &format!("-arch={arch}"), "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        if !out.status.success() {
-            failures.push(format!("{case}: ptxas failed:\n{log}"));
-            continue;
-        }
-        if spills_or_stack(&log) {
-            failures.push(format!("{case} spills on {arch}:\n{log}"));
+    for r in results {
+        if let Some(f) = r? {
+            failures.push(f);
         }
         // setmaxnreg that ptxas could not apply (the warpgroup GEMM's register split).
         if log.contains("C7508") {
@@ -130,7 +141,6 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
             ));
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
     if failures.is_empty() {
         Ok(())
     } else {

@@ -46,6 +46,7 @@ mod common {
     pub mod int8_gemv;
     pub mod kv_cases;
     pub mod linear_graphs;
+    pub mod model_refs;
     pub mod nan_max;
     pub mod op_zoo;
     pub mod paged_cases;
