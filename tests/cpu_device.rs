@@ -507,8 +507,9 @@ fn session_errors_on_cpu_are_the_interpreters() {
 /// Every quantized dot-product kernel this CPU can run against the portable one and against an
 /// f64 sum of the dequantized weights times the dequantized activations (the same quantized
 /// math, computed independently), for every scheme the GEMV reads, K not a multiple of the
-/// SIMD width in blocks (1, 3, 7, 19 blocks) and every tile height; the x86 kernels bitwise
-/// equal to each other (the same integer sums, accumulated in the same order).
+/// SIMD width in blocks (1, 3, 7, 19 blocks; in super-blocks of 256 for the k-quants) and every
+/// tile height; the x86 kernels bitwise equal to each other (the same integer sums, accumulated
+/// in the same order).
 #[test]
 fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
     use rocmforge::cpu::quant::{quantize_row, IntScheme, Kernel, Q8Block, TILE};
@@ -521,13 +522,14 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
             continue;
         };
         schemes += 1;
-        for kb in [1usize, 3, 7, 19] {
+        for blocks in [1usize, 3, 7, 19] {
+            let kb = blocks * int.groups_per_block();
             let k = 32 * kb;
             let rows = 5;
             let w = random_quant("w", scheme, &Shape(vec![rows, k]), kb as u64).unwrap();
             let dense = w.to_tensor(DType::F32).unwrap();
             let dense = dense.as_f32().unwrap();
-            let row_bytes = kb * int.block_bytes();
+            let row_bytes = int.row_bytes(kb);
             // TILE activation rows of mixed magnitudes (one all zero: a zero scale).
             let mut a = vec![Q8Block::default(); TILE * kb];
             for t in 0..TILE {
@@ -590,12 +592,12 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
             }
         }
     }
-    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+    assert_eq!(schemes, 5, "Q8_0, Q4_0, Q4_1, Q4_K and Q6_K");
 }
 
 /// The repacked layout (`Packed`: 8 rows interleaved per block, what the GEMV steps read) for
 /// every kernel this CPU runs, every scheme, row counts that leave a partial last group and K of
-/// 1 to 19 blocks, every tile height: against the portable kernel on the source rows and an f64
+/// 1 to 19 blocks (super-blocks for the k-quants), every tile height: against the portable kernel on the source rows and an f64
 /// sum of the dequantized weights times the dequantized activations; rows past the weight's
 /// last read 0; a row's value independent of the tile height; the x86 kernels bitwise equal;
 /// and the shared form built once per source.
@@ -611,7 +613,8 @@ fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
             continue;
         };
         schemes += 1;
-        for (rows, kb) in [(1usize, 1usize), (5, 3), (8, 7), (13, 19), (17, 2)] {
+        for (rows, blocks) in [(1usize, 1usize), (5, 3), (8, 7), (13, 19), (17, 2)] {
+            let kb = blocks * int.groups_per_block();
             let k = 32 * kb;
             let w = random_quant("w", scheme, &Shape(vec![rows, k]), (rows * kb) as u64).unwrap();
             let dense = w.to_tensor(DType::F32).unwrap();
@@ -687,7 +690,7 @@ fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
             assert!(std::sync::Arc::ptr_eq(&s1, &s2));
         }
     }
-    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+    assert_eq!(schemes, 5, "Q8_0, Q4_0, Q4_1, Q4_K and Q6_K");
 }
 
 /// `y = x·Wᵀ` with quantized W on the blocks, for each kernel this CPU runs (forced on the
@@ -701,14 +704,28 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
     use rocmforge::cpu::Kernel;
     use rocmforge::ir::{DType, QuantScheme};
     let _serial = serial();
-    for scheme in [QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::Q4_1] {
-        for &(m, n, k) in &[
-            (1, 37, 96),
-            (1, 1029, 64),
-            (3, 203, 224),
-            (9, 61, 32),
-            (13, 5, 608),
-        ] {
+    let legacy = [
+        (1, 37, 96),
+        (1, 1029, 64),
+        (3, 203, 224),
+        (9, 61, 32),
+        (13, 5, 608),
+    ];
+    // K in whole super-blocks of 256.
+    let kquant = [(1, 37, 256), (1, 1029, 512), (3, 203, 768), (13, 5, 256)];
+    for scheme in [
+        QuantScheme::Q8_0,
+        QuantScheme::Q4_0,
+        QuantScheme::Q4_1,
+        QuantScheme::Q4K,
+        QuantScheme::Q6K,
+    ] {
+        let sizes: &[(usize, usize, usize)] = if scheme.block_elems() == 256 {
+            &kquant
+        } else {
+            &legacy
+        };
+        for &(m, n, k) in sizes {
             let mut g = Graph::new("qgemm");
             let x = g.input("x", DType::F32, &[m, k]).unwrap();
             let w = g.weight_quant("w", DType::F32, &[n, k], scheme).unwrap();
@@ -728,6 +745,11 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
                     };
                     let mut plan = CpuPlan::new(&g, &b, opts).unwrap();
                     plan.set_kernel(kernel).unwrap();
+                    // The product runs on the blocks (not a dense copy of the weight).
+                    let int = rocmforge::cpu::quant::IntScheme::of(scheme).unwrap();
+                    let fam = plan.step_families();
+                    let path = format!("gemm {int:?} ");
+                    assert!(fam.iter().any(|f| f.starts_with(&path)), "{fam:?}");
                     let mut s = plan.session().unwrap();
                     s.set_inputs(&b).unwrap();
                     s.run().unwrap();
