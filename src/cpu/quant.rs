@@ -21,13 +21,17 @@ use crate::ir::QuantScheme;
 /// one f16 scale (and Q4_1's f16 minimum), and the k-quant super-blocks of 256 values Q4_K
 /// (per 32 values Q4_1's form `(d·sc)·q − dmin·m`, 6-bit `sc`, `m`) and Q6_K (per 16 values
 /// `(d·sc)·(q − 32)`, i8 `sc`, 6-bit `q`). A weight of any other scheme is dequantized once when
-/// the plan is made and goes through the dense GEMM.
+/// the plan is made and goes through the dense GEMM. `Q5_0` reads Q8_0 blocks whose values
+/// all fit in 5 bits (a GGUF file's Q5_0, which the loaders keep as Q8_0:
+/// `QuantTensor::reblocked`) in Q5_0's size: [`IntScheme::for_blocks`] picks it.
 ///
 /// Everywhere here `kb` counts groups of 32 values (the activation blocks, [`Q8Block`]); a
 /// source block of the scheme is [`IntScheme::groups_per_block`] of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IntScheme {
     Q8_0,
+    /// Q8_0 blocks of values in −16..=15, repacked as 5 bits (a nibble and a bit) a value.
+    Q5_0,
     Q4_0,
     Q4_1,
     Q4K,
@@ -35,22 +39,35 @@ pub enum IntScheme {
 }
 
 impl IntScheme {
-    pub const ALL: [IntScheme; 5] = [
+    pub const ALL: [IntScheme; 6] = [
         IntScheme::Q8_0,
+        IntScheme::Q5_0,
         IntScheme::Q4_0,
         IntScheme::Q4_1,
         IntScheme::Q4K,
         IntScheme::Q6K,
     ];
 
+    /// The scheme that reads blocks of `scheme` (Q8_0 for Q8_0: whatever their values).
     pub fn of(scheme: QuantScheme) -> Option<IntScheme> {
         IntScheme::ALL.into_iter().find(|s| s.source() == scheme)
+    }
+
+    /// The scheme that reads `q` in the fewest bytes: [`IntScheme::of`] its scheme, but Q8_0
+    /// blocks whose values all lie in −16..=15 (a Q5_0 file's, kept as Q8_0) as `Q5_0`.
+    pub fn for_blocks(q: &crate::ir::QuantTensor) -> Option<IntScheme> {
+        let s = IntScheme::of(q.scheme())?;
+        let narrow = |blk: &[u8]| blk[2..].iter().all(|&b| (-16..=15).contains(&(b as i8)));
+        if s == IntScheme::Q8_0 && q.bytes().chunks_exact(s.block_bytes()).all(narrow) {
+            return Some(IntScheme::Q5_0);
+        }
+        Some(s)
     }
 
     /// The block format this scheme reads.
     pub fn source(self) -> QuantScheme {
         match self {
-            IntScheme::Q8_0 => QuantScheme::Q8_0,
+            IntScheme::Q8_0 | IntScheme::Q5_0 => QuantScheme::Q8_0,
             IntScheme::Q4_0 => QuantScheme::Q4_0,
             IntScheme::Q4_1 => QuantScheme::Q4_1,
             IntScheme::Q4K => QuantScheme::Q4K,
@@ -76,7 +93,7 @@ impl IntScheme {
     /// Where the quants start: after the f16 scale (and Q4_1's f16 minimum).
     fn quants_offset(self) -> usize {
         match self {
-            IntScheme::Q8_0 | IntScheme::Q4_0 => 2,
+            IntScheme::Q8_0 | IntScheme::Q5_0 | IntScheme::Q4_0 => 2,
             IntScheme::Q4_1 => 4,
             // Read through `kquant`'s own offsets.
             IntScheme::Q4K | IntScheme::Q6K => 0,
@@ -223,6 +240,8 @@ impl Kernel {
             // The k-quants' source layout has no x86 tile: the GEMV reads them repacked
             // (`dot_group`), this row form is the reference.
             _ if matches!(scheme, IntScheme::Q4K | IntScheme::Q6K) => {}
+            // Q5_0's source blocks are Q8_0's.
+            _ if scheme == IntScheme::Q5_0 => return self.dot_tile(IntScheme::Q8_0, w, a, kb, out),
             Kernel::Portable => {}
             // SAFETY: every x86 kernel but the portable one is checked with `supported()`
             // before it is made (`detect`, or a test that asks `supported()` first), and its
@@ -249,6 +268,7 @@ pub const GROUP: usize = 8;
 /// | scheme | head (row `r` at …) | bytes | quants per 32 values |
 /// | --- | --- | --: | --- |
 /// | Q8_0 | f16 `d` at `2r` | 16 | 256: `w ^ 0x80` (the unsigned `w + 128`) |
+/// | Q5_0 | f16 `d` at `2r` | 16 | 160: nibbles of `w + 16`, then its fifth bits (below) |
 /// | Q4_0 | f16 `d` at `2r` | 16 | 128: nibbles |
 /// | Q4_1 | f16 `d` at `2r`, f16 `m` at `16 + 2r` | 32 | 128: nibbles |
 /// | Q4_K | f32 `d` at `4r`, f32 `dmin` at `32 + 4r`, u8 `sc` of sub-block `j` at `64 + 8j + r`, u8 `m` at `128 + 8j + r` | 192 | 128: nibbles |
@@ -270,6 +290,7 @@ impl IntScheme {
     pub fn record(self) -> Record {
         let (head, quant_bytes) = match self {
             IntScheme::Q8_0 => (16, 256),
+            IntScheme::Q5_0 => (16, 160),
             IntScheme::Q4_0 => (16, 128),
             IntScheme::Q4_1 => (32, 128),
             IntScheme::Q4K => (192, 128),
@@ -282,13 +303,14 @@ impl IntScheme {
         }
     }
 
-    /// The 32 quants of group `j` of source block `blk`, as stored: Q8_0's i8 bits, the
-    /// nibbles of Q4_0/Q4_1/Q4_K, Q6_K's `q` (0..63, before its −32).
+    /// The 32 quants of group `j` of source block `blk`, as stored: Q8_0's i8 bits, Q5_0's
+    /// `w + 16` (0..31), the nibbles of Q4_0/Q4_1/Q4_K, Q6_K's `q` (0..63, before its −32).
     fn quants(self, blk: &[u8], j: usize) -> [u8; BLOCK_ELEMS] {
         let mut out = [0u8; BLOCK_ELEMS];
         for (e, o) in out.iter_mut().enumerate() {
             *o = match self {
                 IntScheme::Q8_0 => blk[2 + e],
+                IntScheme::Q5_0 => (blk[2 + e] as i8 + 16) as u8,
                 IntScheme::Q4_0 | IntScheme::Q4_1 => {
                     let q = &blk[self.quants_offset()..];
                     if e < 16 {
@@ -324,8 +346,10 @@ impl IntScheme {
 /// traffic); the k-quants' a little larger (see [`Record`]).
 ///
 /// Quants, for 4-column group `g` (columns 4g..4g+4) of row `r`, at byte `4r + i` of vector
-/// `g`: bytes (Q8_0, Q6_K) one vector per `g`; nibbles (Q4_0, Q4_1, Q4_K) vectors `g` and
-/// `g + 4` sharing a byte (low and high nibble) so 4 loads give all 8.
+/// `g`: bytes (Q8_0, Q6_K) one vector per `g`; nibbles (Q5_0, Q4_0, Q4_1, Q4_K) vectors `g`
+/// and `g + 4` sharing a byte (low and high nibble) so 4 loads give all 8. Q5_0's fifth bits
+/// follow as one vector: byte `4r + i` holds vector `g`'s at bit `4 + g` (g < 4) or `g − 4`
+/// (g ≥ 4), so that one 16-bit shift (right by g, left by 8 − g) and a mask put it at bit 4.
 pub struct Packed {
     scheme: IntScheme,
     n: usize,
@@ -375,7 +399,7 @@ impl Packed {
                     let blk = &bytes[(row * nblk + b) * bb..][..bb];
                     let f32_at = |at: usize| f16_at(blk, at).to_le_bytes();
                     match scheme {
-                        IntScheme::Q8_0 | IntScheme::Q4_0 => {
+                        IntScheme::Q8_0 | IntScheme::Q5_0 | IntScheme::Q4_0 => {
                             head[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
                         }
                         IntScheme::Q4_1 => {
@@ -412,7 +436,11 @@ impl Packed {
                                 dst[g * 32 + 4 * r + i] = v;
                             } else {
                                 let shift = if g < 4 { 0 } else { 4 };
-                                dst[(g % 4) * 32 + 4 * r + i] |= v << shift;
+                                dst[(g % 4) * 32 + 4 * r + i] |= (v & 0xF) << shift;
+                                if v >> 4 != 0 {
+                                    let bit = if g < 4 { 4 + g } else { g - 4 };
+                                    dst[128 + 4 * r + i] |= 1 << bit;
+                                }
                             }
                         }
                     }
@@ -530,7 +558,8 @@ pub fn dot_portable(scheme: IntScheme, w: &[u8], a: &[Q8Block]) -> f32 {
     for (blk, acts) in w.chunks_exact(bb).zip(a.chunks_exact(gpb)) {
         let q = &blk[qo..bb];
         match scheme {
-            IntScheme::Q8_0 => {
+            // Q5_0's source blocks are Q8_0's: the same sum.
+            IntScheme::Q8_0 | IntScheme::Q5_0 => {
                 let (act, dw) = (&acts[0], f16_at(blk, 0));
                 let s: i32 = q
                     .iter()
@@ -607,6 +636,7 @@ mod x86 {
     const Q4_1: u8 = 2;
     const Q4K: u8 = 3;
     const Q6K: u8 = 4;
+    const Q5_0: u8 = 5;
 
     /// Horizontal sum of 8 lanes (a fixed order, the same in every kernel).
     #[inline(always)]
@@ -750,6 +780,7 @@ mod x86 {
         // (record bytes, head bytes, 32-value groups per record, quant bytes per group)
         let (rec, head, gpb, qb) = match S {
             Q8_0 => (8 * 34, 16, 1, 256),
+            Q5_0 => (8 * 22, 16, 1, 160),
             Q4_0 => (8 * 18, 16, 1, 128),
             Q4_1 => (8 * 20, 32, 1, 128),
             Q4K => (192 + 8 * 128, 192, 8, 128),
@@ -809,6 +840,20 @@ mod x86 {
                         v[h] = _mm256_and_si256(p, low);
                         v[h + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                     }
+                    if S == Q5_0 {
+                        // The fifth bits to bit 4 (`Packed`'s layout); the shift counts are
+                        // constants once the loop is unrolled.
+                        let hb = _mm256_loadu_si256(q.add(4));
+                        let bit4 = _mm256_set1_epi8(0x10);
+                        for (g, vg) in v.iter_mut().enumerate() {
+                            let at = if g < 4 {
+                                _mm256_srl_epi16(hb, _mm_cvtsi32_si128(g as i32))
+                            } else {
+                                _mm256_sll_epi16(hb, _mm_cvtsi32_si128(8 - g as i32))
+                            };
+                            *vg = _mm256_or_si256(*vg, _mm256_and_si256(at, bit4));
+                        }
+                    }
                 }
                 for t in 0..T {
                     let act = &*a.as_ptr().add(t * kb + b);
@@ -833,6 +878,8 @@ mod x86 {
                             _mm256_sub_epi32(isum, _mm256_set1_epi32(128 * act.sum))
                         } else if S == Q4_0 {
                             _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * act.sum))
+                        } else if S == Q5_0 {
+                            _mm256_sub_epi32(isum, _mm256_set1_epi32(16 * act.sum))
                         } else {
                             isum
                         }
@@ -857,6 +904,7 @@ mod x86 {
         ($f:ident::<$dp:ident>($scheme:expr, $rows:expr; $($arg:expr),*)) => {
             match $scheme {
                 IntScheme::Q8_0 => monomorphised!(@rows $f, $dp, Q8_0, $rows; $($arg),*),
+                IntScheme::Q5_0 => monomorphised!(@rows $f, $dp, Q5_0, $rows; $($arg),*),
                 IntScheme::Q4_0 => monomorphised!(@rows $f, $dp, Q4_0, $rows; $($arg),*),
                 IntScheme::Q4_1 => monomorphised!(@rows $f, $dp, Q4_1, $rows; $($arg),*),
                 IntScheme::Q4K => monomorphised!(@rows $f, $dp, Q4K, $rows; $($arg),*),
@@ -870,8 +918,8 @@ mod x86 {
                 IntScheme::Q8_0 => monomorphised!(@rows $f, $dp, Q8_0, $rows; $($arg),*),
                 IntScheme::Q4_0 => monomorphised!(@rows $f, $dp, Q4_0, $rows; $($arg),*),
                 IntScheme::Q4_1 => monomorphised!(@rows $f, $dp, Q4_1, $rows; $($arg),*),
-                IntScheme::Q4K | IntScheme::Q6K => {
-                    unreachable!("the k-quants have no source-layout x86 tile")
+                IntScheme::Q5_0 | IntScheme::Q4K | IntScheme::Q6K => {
+                    unreachable!("Q5_0 and the k-quants have no source-layout x86 tile")
                 }
             }
         };
@@ -949,8 +997,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::random_quant;
     use crate::ir::Shape;
+    use crate::ir::{random_quant, QuantTensor};
 
     /// The chosen kernel against the portable reference, and both against an f64 sum of the
     /// dequantized weight times the dequantized activations (the same quantized math).
@@ -958,9 +1006,9 @@ mod tests {
     fn kernels_agree_with_the_f64_sum_of_the_blocks() {
         for int in IntScheme::ALL {
             let scheme = int.source();
-            assert_eq!(IntScheme::of(scheme), Some(int));
             let k = 32 * 7 * int.groups_per_block();
-            let w = random_quant("w", scheme, &Shape(vec![3, k]), 5).unwrap();
+            let w = random_blocks(int, &Shape(vec![3, k]), 5);
+            assert_eq!(IntScheme::for_blocks(&w), Some(int));
             let x: Vec<f32> = (0..k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
                 .collect();
@@ -987,6 +1035,37 @@ mod tests {
         }
     }
 
+    /// Seeded random blocks that `int` reads: `random_quant` of its source scheme, but for
+    /// Q5_0 a random Q5_0 tensor kept as Q8_0 (as the loaders keep it).
+    pub(crate) fn random_blocks(int: IntScheme, shape: &Shape, seed: u64) -> QuantTensor {
+        if int == IntScheme::Q5_0 {
+            let q5 = random_quant("w", QuantScheme::Q5_0, shape, seed).unwrap();
+            return q5.reblocked(QuantScheme::Q8_0).unwrap();
+        }
+        random_quant("w", int.source(), shape, seed).unwrap()
+    }
+
+    /// Q8_0 blocks with a value outside −16..=15 stay Q8_0; a Q5_0 file's (reblocked) are
+    /// read as 5 bits, and so would any Q8_0 tensor that happens to fit (the same values).
+    #[test]
+    fn narrow_q8_0_blocks_are_read_as_5_bits() {
+        let shape = Shape(vec![4, 64]);
+        let q8 = random_quant("w", QuantScheme::Q8_0, &shape, 3).unwrap();
+        assert_eq!(IntScheme::for_blocks(&q8), Some(IntScheme::Q8_0));
+        let q5 = random_blocks(IntScheme::Q5_0, &shape, 3);
+        assert_eq!(q5.scheme(), QuantScheme::Q8_0);
+        assert_eq!(IntScheme::for_blocks(&q5), Some(IntScheme::Q5_0));
+        // One value of 16 (one past the range) anywhere makes it Q8_0 again.
+        let mut bytes = q5.bytes().to_vec();
+        bytes[34 * 5 + 2 + 17] = 16;
+        let wide = QuantTensor::new(QuantScheme::Q8_0, shape.clone(), bytes).unwrap();
+        assert_eq!(IntScheme::for_blocks(&wide), Some(IntScheme::Q8_0));
+        let q4k = random_quant("w", QuantScheme::Q4K, &Shape(vec![2, 256]), 3).unwrap();
+        assert_eq!(IntScheme::for_blocks(&q4k), Some(IntScheme::Q4K));
+        let q5k = random_quant("w", QuantScheme::Q5K, &Shape(vec![2, 256]), 3).unwrap();
+        assert_eq!(IntScheme::for_blocks(&q5k), None);
+    }
+
     /// The activation block's sums: the whole and each half of 16 (Q6_K's offset per scale).
     #[test]
     fn quantized_activations_carry_their_sums() {
@@ -1004,7 +1083,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Q8Block>(), 64);
     }
 
-    /// Q4_K and Q6_K repacked (odd row counts: a padded last group; 1 to 3 super-blocks),
+    /// Q4_K, Q6_K and Q5_0 repacked (odd row counts: a padded last group; 1 to 3 blocks),
     /// every kernel this CPU runs, every tile height, against an f64 sum of the interpreter's
     /// dequantized weights times the dequantized activations, with seeded random activations
     /// (an all-zero row among them); the x86 kernels bitwise equal to each other.
@@ -1013,12 +1092,11 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(25);
-        for int in [IntScheme::Q4K, IntScheme::Q6K] {
+        for int in [IntScheme::Q4K, IntScheme::Q6K, IntScheme::Q5_0] {
             for (rows, sb) in [(1usize, 1usize), (9, 2), (13, 3), (8, 1)] {
-                let kb = 8 * sb;
+                let kb = int.groups_per_block() * sb;
                 let k = 32 * kb;
-                let w =
-                    random_quant("w", int.source(), &Shape(vec![rows, k]), rng.random()).unwrap();
+                let w = random_blocks(int, &Shape(vec![rows, k]), rng.random());
                 let dense = w.to_tensor(crate::ir::DType::F32).unwrap();
                 let dense = dense.as_f32().unwrap();
                 let mut a = vec![Q8Block::default(); TILE * kb];
