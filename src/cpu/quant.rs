@@ -272,34 +272,52 @@ pub const GROUP: usize = 8;
 /// | Q4_0 | f16 `d` at `2r` | 16 | 128: nibbles |
 /// | Q4_1 | f16 `d` at `2r`, f16 `m` at `16 + 2r` | 32 | 128: nibbles |
 /// | Q4_K | f32 `d` at `4r`, f32 `dmin` at `32 + 4r`, u8 `sc` of sub-block `j` at `64 + 8j + r`, u8 `m` at `128 + 8j + r` | 192 | 128: nibbles |
-/// | Q6_K | f32 `d` at `4r`, i8 `sc` of 16-value sub-block `j` at `32 + 8j + r` | 160 | 256: `q` (0..63) |
+/// | Q6_K | f32 `d` at `4r`, i8 `sc` of 16-value sub-block `j` at `32 + 8j + r` | 160 | 192: nibbles of `q` (0..63), then its two high bits (below) |
 ///
 /// The k-quants' `d` is the f16 widened to f32 and `sc`, `m` the 6-bit integers, so the kernels'
 /// `d·sc` (exact in f32: an 11-bit times a 6- or 8-bit integer) is the interpreter's value, not
 /// an f16 rounding of it; the head stays small (a Q4_K record is 1216 bytes for the 8 rows'
-/// 1152 source bytes, a Q6_K record 2208 for 1680: its quants are whole bytes).
+/// 1152 source bytes, a Q6_K record 1696 for 1680).
+///
+/// High bits after the nibbles (`high_bits` 1 or 2 a value), for vector `g` at byte `4r + i`
+/// (see [`Packed`]): Q5_0's one vector holds `g`'s fifth bit at bit `4 + g` (g < 4) or `g − 4`;
+/// Q6_K's two vectors (g < 4, g ≥ 4) hold `g`'s two bits at bits `[4, 6, 0, 2][g % 4]`: a
+/// 16-bit shift (none, right 2, left 4, left 2 for Q6_K) and a mask put them at bit 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
     pub bytes: usize,
     pub head: usize,
-    /// Bytes of quants per 32 values (vectors of 32 bytes: 4 of nibbles or 8 of bytes).
+    /// Bytes of quants per 32 values (vectors of 32 bytes: 8 of bytes, or 4 of nibbles and
+    /// `high_bits` of the bits above them).
     pub quant_bytes: usize,
+    /// Whether the quants are whole bytes (else nibbles).
+    pub bytes_form: bool,
+    /// Bits above the nibble per value (0, Q5_0's 1, Q6_K's 2).
+    pub high_bits: usize,
 }
 
 impl IntScheme {
     pub fn record(self) -> Record {
-        let (head, quant_bytes) = match self {
-            IntScheme::Q8_0 => (16, 256),
-            IntScheme::Q5_0 => (16, 160),
-            IntScheme::Q4_0 => (16, 128),
-            IntScheme::Q4_1 => (32, 128),
-            IntScheme::Q4K => (192, 128),
-            IntScheme::Q6K => (160, 256),
+        // (head, whole bytes, high bits)
+        let (head, bytes_form, high_bits) = match self {
+            IntScheme::Q8_0 => (16, true, 0),
+            IntScheme::Q5_0 => (16, false, 1),
+            IntScheme::Q4_0 => (16, false, 0),
+            IntScheme::Q4_1 => (32, false, 0),
+            IntScheme::Q4K => (192, false, 0),
+            IntScheme::Q6K => (160, false, 2),
+        };
+        let quant_bytes = if bytes_form {
+            256
+        } else {
+            128 + 32 * high_bits
         };
         Record {
             bytes: head + self.groups_per_block() * quant_bytes,
             head,
             quant_bytes,
+            bytes_form,
+            high_bits,
         }
     }
 
@@ -427,19 +445,27 @@ impl Packed {
                         let dst = &mut quants[j * layout.quant_bytes..][..layout.quant_bytes];
                         for (e, &v) in q.iter().enumerate() {
                             let (g, i) = (e / 4, e % 4);
-                            if layout.quant_bytes == 256 {
+                            if layout.bytes_form {
                                 let v = if scheme == IntScheme::Q8_0 {
                                     v ^ 0x80
                                 } else {
                                     v
                                 };
                                 dst[g * 32 + 4 * r + i] = v;
-                            } else {
-                                let shift = if g < 4 { 0 } else { 4 };
-                                dst[(g % 4) * 32 + 4 * r + i] |= (v & 0xF) << shift;
-                                if v >> 4 != 0 {
+                                continue;
+                            }
+                            let shift = if g < 4 { 0 } else { 4 };
+                            dst[(g % 4) * 32 + 4 * r + i] |= (v & 0xF) << shift;
+                            let high = v >> 4;
+                            match layout.high_bits {
+                                0 => debug_assert_eq!(high, 0),
+                                1 => {
                                     let bit = if g < 4 { 4 + g } else { g - 4 };
-                                    dst[128 + 4 * r + i] |= 1 << bit;
+                                    dst[128 + 4 * r + i] |= high << bit;
+                                }
+                                _ => {
+                                    let bit = [4, 6, 0, 2][g % 4];
+                                    dst[128 + 32 * (g / 4) + 4 * r + i] |= high << bit;
                                 }
                             }
                         }
@@ -784,7 +810,7 @@ mod x86 {
             Q4_0 => (8 * 18, 16, 1, 128),
             Q4_1 => (8 * 20, 32, 1, 128),
             Q4K => (192 + 8 * 128, 192, 8, 128),
-            _ => (160 + 8 * 256, 160, 8, 256),
+            _ => (160 + 8 * 192, 160, 8, 192),
         };
         // SAFETY: the entry points enable AVX2/FMA/F16C (and DP's features); the caller
         // asserted `recs` holds `kb / gpb` records and `a` `T·kb` blocks, so every pointer below
@@ -840,8 +866,24 @@ mod x86 {
                         v[h] = _mm256_and_si256(p, low);
                         v[h + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                     }
+                    if S == Q6K {
+                        // The two high bits to bits 4..6 (`Record`'s layout).
+                        let m = _mm256_set1_epi8(0x30);
+                        for h in 0..2 {
+                            let p = _mm256_loadu_si256(q.add(4 + h));
+                            let hi = [
+                                _mm256_and_si256(p, m),
+                                _mm256_and_si256(_mm256_srli_epi16(p, 2), m),
+                                _mm256_and_si256(_mm256_slli_epi16(p, 4), m),
+                                _mm256_and_si256(_mm256_slli_epi16(p, 2), m),
+                            ];
+                            for (x, vg) in hi.into_iter().zip(&mut v[4 * h..4 * h + 4]) {
+                                *vg = _mm256_or_si256(*vg, x);
+                            }
+                        }
+                    }
                     if S == Q5_0 {
-                        // The fifth bits to bit 4 (`Packed`'s layout); the shift counts are
+                        // The fifth bits to bit 4 (`Record`'s layout); the shift counts are
                         // constants once the loop is unrolled.
                         let hb = _mm256_loadu_si256(q.add(4));
                         let bit4 = _mm256_set1_epi8(0x10);
