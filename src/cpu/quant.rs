@@ -233,7 +233,10 @@ impl Kernel {
     /// them from the plan: a bug, not user input).
     pub fn dot_tile(self, scheme: IntScheme, w: &[u8], a: &[Q8Block], kb: usize, out: &mut [f32]) {
         assert!(out.len() <= TILE, "a tile is at most {TILE} rows");
-        assert!(kb % scheme.groups_per_block() == 0, "whole source blocks");
+        assert!(
+            kb.is_multiple_of(scheme.groups_per_block()),
+            "whole source blocks"
+        );
         assert!(w.len() >= scheme.row_bytes(kb) && a.len() >= kb * out.len());
         #[cfg(target_arch = "x86_64")]
         match self {
@@ -394,7 +397,7 @@ impl Packed {
         let gpb = scheme.groups_per_block();
         let bytes = src.bytes();
         assert!(
-            kb % gpb == 0 && bytes.len() >= n * scheme.row_bytes(kb),
+            kb.is_multiple_of(gpb) && bytes.len() >= n * scheme.row_bytes(kb),
             "a [{n}, {kb}·32] weight's blocks"
         );
         let nblk = kb / gpb;
