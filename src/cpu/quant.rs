@@ -1,15 +1,19 @@
 //! Quantized GEMV straight on the weight blocks (`ir::quant`): the activations are quantized to
 //! 8 bits once per row (a block of 32 as llama.cpp's `quantize_row_q8_1`: an f32 scale, the
-//! 32 signed bytes and their integer sum), and each block's dot product is an integer sum
+//! 32 signed bytes, their integer sum and each half's), and each block's dot product is an integer sum
 //! scaled once. Kernels: a portable one (the reference in tests), AVX2 (`maddubs`), AVX-VNNI
 //! and AVX-512 VNNI (`vpdpbusd`), picked at run time ([`Kernel::detect`]). The GEMV steps read
 //! the weights repacked at plan time ([`Packed`]: 8 rows interleaved per block, one vector of
 //! 8 row sums per block) through [`Kernel::dot_group`], with up to [`TILE`] activation rows at
 //! once; [`Kernel::dot_tile`] dots one row in the source layout (the portable kernel is the
-//! reference both ways). aarch64 runs the portable kernel.
+//! reference both ways; the k-quants and Q5_0 have no x86 source-layout tile). aarch64 runs
+//! the portable kernel.
 //!
-//! Per block with activation scale `da`, quants `a` (sum `sa`) and weight scale `dw`:
-//! Q8_0 `dw·da·Σ w·a`; Q4_0 `dw·da·(Σ nib·a − 8·sa)`; Q4_1 `dw·da·Σ nib·a + m·da·sa`.
+//! Per block of 32 with activation scale `da`, quants `a` (sum `sa`, halves `sa₀`, `sa₁`) and
+//! weight scale `dw`: Q8_0 `dw·da·Σ w·a`; Q5_0 (as Q8_0, 5 bits a value) `dw·da·(Σ u·a −
+//! 16·sa)` with `u = w + 16`; Q4_0 `dw·da·(Σ nib·a − 8·sa)`; Q4_1 `dw·da·Σ nib·a + m·da·sa`;
+//! Q4_K `(d·sc)·da·Σ nib·a − (dmin·m)·da·sa` (its sub-block's scale and minimum); Q6_K
+//! `d·da·(sc₀·(Σ₀ q·a − 32·sa₀) + sc₁·(Σ₁ q·a − 32·sa₁))` (its two 16-value sub-blocks).
 
 use half::f16;
 
