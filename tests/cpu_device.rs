@@ -504,30 +504,48 @@ fn session_errors_on_cpu_are_the_interpreters() {
     assert_eq!(got.to_string(), want.to_string());
 }
 
+/// Seeded random blocks that `int` reads: `random_quant` of its source scheme; for Q5_0 a Q5_0
+/// tensor kept as Q8_0 (as the loaders keep a Q5_0 file's), checked to be read as 5 bits.
+fn int_blocks(
+    int: rocmforge::cpu::quant::IntScheme,
+    shape: &rocmforge::ir::Shape,
+    seed: u64,
+) -> rocmforge::ir::QuantTensor {
+    use rocmforge::cpu::quant::IntScheme;
+    use rocmforge::ir::{random_quant, QuantScheme};
+    let w = if int == IntScheme::Q5_0 {
+        let q5 = random_quant("w", QuantScheme::Q5_0, shape, seed).unwrap();
+        q5.reblocked(QuantScheme::Q8_0).unwrap()
+    } else {
+        random_quant("w", int.source(), shape, seed).unwrap()
+    };
+    assert_eq!(IntScheme::for_blocks(&w), Some(int));
+    w
+}
+
 /// Every quantized dot-product kernel this CPU can run against the portable one and against an
 /// f64 sum of the dequantized weights times the dequantized activations (the same quantized
 /// math, computed independently), for every scheme the GEMV reads, K not a multiple of the
-/// SIMD width in blocks (1, 3, 7, 19 blocks) and every tile height; the x86 kernels bitwise
-/// equal to each other (the same integer sums, accumulated in the same order).
+/// SIMD width in blocks (1, 3, 7, 19 blocks; in super-blocks of 256 for the k-quants) and every
+/// tile height; the x86 kernels bitwise equal to each other (the same integer sums, accumulated
+/// in the same order).
 #[test]
 fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
     use rocmforge::cpu::quant::{quantize_row, IntScheme, Kernel, Q8Block, TILE};
-    use rocmforge::ir::{random_quant, DType, QuantScheme, Shape};
+    use rocmforge::ir::{DType, Shape};
     let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
     eprintln!("kernels tested: {kernels:?}");
     let mut schemes = 0;
-    for scheme in QuantScheme::ALL {
-        let Some(int) = IntScheme::of(scheme) else {
-            continue;
-        };
+    for int in IntScheme::ALL {
         schemes += 1;
-        for kb in [1usize, 3, 7, 19] {
+        for blocks in [1usize, 3, 7, 19] {
+            let kb = blocks * int.groups_per_block();
             let k = 32 * kb;
             let rows = 5;
-            let w = random_quant("w", scheme, &Shape(vec![rows, k]), kb as u64).unwrap();
+            let w = int_blocks(int, &Shape(vec![rows, k]), kb as u64);
             let dense = w.to_tensor(DType::F32).unwrap();
             let dense = dense.as_f32().unwrap();
-            let row_bytes = kb * int.block_bytes();
+            let row_bytes = int.row_bytes(kb);
             // TILE activation rows of mixed magnitudes (one all zero: a zero scale).
             let mut a = vec![Q8Block::default(); TILE * kb];
             for t in 0..TILE {
@@ -566,7 +584,7 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
                             let tol = 1e-5 * e.abs().max(1.0);
                             assert!(
                                 (f64::from(g) - e).abs() <= tol,
-                                "{kern:?} {scheme} kb {kb} row {r} height {h} token {t}: {g} vs {e}"
+                                "{kern:?} {int:?} kb {kb} row {r} height {h} token {t}: {g} vs {e}"
                             );
                             // The single-row entry point is the tile of height 1.
                             if h == 1 {
@@ -577,7 +595,7 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
                         let single: Vec<f32> = (0..h)
                             .map(|t| kern.dot(int, wr, &a[t * kb..(t + 1) * kb]))
                             .collect();
-                        assert_eq!(out, single, "{kern:?} {scheme} height {h}");
+                        assert_eq!(out, single, "{kern:?} {int:?} height {h}");
                         per_height.push(out);
                     }
                     if kern != Kernel::Portable {
@@ -590,30 +608,28 @@ fn every_quantized_kernel_matches_the_reference_at_odd_sizes() {
             }
         }
     }
-    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+    assert_eq!(schemes, 6, "Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K");
 }
 
 /// The repacked layout (`Packed`: 8 rows interleaved per block, what the GEMV steps read) for
 /// every kernel this CPU runs, every scheme, row counts that leave a partial last group and K of
-/// 1 to 19 blocks, every tile height: against the portable kernel on the source rows and an f64
+/// 1 to 19 blocks (super-blocks for the k-quants), every tile height: against the portable kernel on the source rows and an f64
 /// sum of the dequantized weights times the dequantized activations; rows past the weight's
 /// last read 0; a row's value independent of the tile height; the x86 kernels bitwise equal;
 /// and the shared form built once per source.
 #[test]
 fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
     use rocmforge::cpu::quant::{quantize_row, IntScheme, Kernel, Packed, Q8Block, GROUP, TILE};
-    use rocmforge::ir::{random_quant, DType, QuantScheme, Shape};
+    use rocmforge::ir::{DType, Shape};
     let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
     eprintln!("kernels tested: {kernels:?}");
     let mut schemes = 0;
-    for scheme in QuantScheme::ALL {
-        let Some(int) = IntScheme::of(scheme) else {
-            continue;
-        };
+    for int in IntScheme::ALL {
         schemes += 1;
-        for (rows, kb) in [(1usize, 1usize), (5, 3), (8, 7), (13, 19), (17, 2)] {
+        for (rows, blocks) in [(1usize, 1usize), (5, 3), (8, 7), (13, 19), (17, 2)] {
+            let kb = blocks * int.groups_per_block();
             let k = 32 * kb;
-            let w = random_quant("w", scheme, &Shape(vec![rows, k]), (rows * kb) as u64).unwrap();
+            let w = int_blocks(int, &Shape(vec![rows, k]), (rows * kb) as u64);
             let dense = w.to_tensor(DType::F32).unwrap();
             let dense = dense.as_f32().unwrap();
             let packed = Packed::new(int, &w, rows, kb);
@@ -647,12 +663,12 @@ fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
                     for h in 1..=TILE {
                         let mut out = vec![[f32::NAN; GROUP]; h];
                         kern.dot_group(&packed, group, &a[..h * kb], &mut out);
-                        assert_eq!(&out[..], &full[..h], "{kern:?} {scheme} height {h}");
+                        assert_eq!(&out[..], &full[..h], "{kern:?} {int:?} height {h}");
                     }
                     for (t, o) in full.iter().enumerate() {
                         for (r, &g) in o.iter().enumerate() {
                             let row = group * GROUP + r;
-                            let what = format!("{kern:?} {scheme} {rows}x{kb} row {row} t {t}");
+                            let what = format!("{kern:?} {int:?} {rows}x{kb} row {row} t {t}");
                             if row >= rows {
                                 assert_eq!(g, 0.0, "{what}: a padded row");
                                 continue;
@@ -687,7 +703,7 @@ fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
             assert!(std::sync::Arc::ptr_eq(&s1, &s2));
         }
     }
-    assert_eq!(schemes, 3, "Q8_0, Q4_0 and Q4_1");
+    assert_eq!(schemes, 6, "Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K");
 }
 
 /// `y = x·Wᵀ` with quantized W on the blocks, for each kernel this CPU runs (forced on the
@@ -698,17 +714,27 @@ fn repacked_groups_match_the_portable_kernel_and_the_f64_sum() {
 /// computes it).
 #[test]
 fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
+    use rocmforge::cpu::quant::IntScheme;
     use rocmforge::cpu::Kernel;
-    use rocmforge::ir::{DType, QuantScheme};
+    use rocmforge::ir::{DType, QuantScheme, Shape};
     let _serial = serial();
-    for scheme in [QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::Q4_1] {
-        for &(m, n, k) in &[
-            (1, 37, 96),
-            (1, 1029, 64),
-            (3, 203, 224),
-            (9, 61, 32),
-            (13, 5, 608),
-        ] {
+    let legacy = [
+        (1, 37, 96),
+        (1, 1029, 64),
+        (3, 203, 224),
+        (9, 61, 32),
+        (13, 5, 608),
+    ];
+    // K in whole super-blocks of 256.
+    let kquant = [(1, 37, 256), (1, 1029, 512), (3, 203, 768), (13, 5, 256)];
+    for int in IntScheme::ALL {
+        let scheme = int.source();
+        let sizes: &[(usize, usize, usize)] = if scheme.block_elems() == 256 {
+            &kquant
+        } else {
+            &legacy
+        };
+        for &(m, n, k) in sizes {
             let mut g = Graph::new("qgemm");
             let x = g.input("x", DType::F32, &[m, k]).unwrap();
             let w = g.weight_quant("w", DType::F32, &[n, k], scheme).unwrap();
@@ -716,7 +742,14 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
             let y = g.matmul(x, wt).unwrap();
             g.set_outputs(&[y]).unwrap();
             let g = fused(&g);
-            let b = Bindings::random(&g, (m * n + k) as u64);
+            let mut b = Bindings::random(&g, (m * n + k) as u64);
+            if int == IntScheme::Q5_0 {
+                // A Q5_0 file's weight as the loaders keep it: Q8_0 blocks of 5-bit values.
+                let q5 = rocmforge::ir::random_quant("w", QuantScheme::Q5_0, &Shape(vec![n, k]), 4)
+                    .unwrap();
+                b.quantized
+                    .insert("w".into(), q5.reblocked(QuantScheme::Q8_0).unwrap());
+            }
             let want = interp::run(&g, &b).unwrap();
             let mut results: Vec<(Kernel, Vec<Tensor>)> = Vec::new();
             for kernel in Kernel::ALL.into_iter().filter(|k| k.supported()) {
@@ -728,18 +761,22 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
                     };
                     let mut plan = CpuPlan::new(&g, &b, opts).unwrap();
                     plan.set_kernel(kernel).unwrap();
+                    // The product runs on the blocks (not a dense copy of the weight).
+                    let fam = plan.step_families();
+                    let path = format!("gemm {int:?} ");
+                    assert!(fam.iter().any(|f| f.starts_with(&path)), "{fam:?}");
                     let mut s = plan.session().unwrap();
                     s.set_inputs(&b).unwrap();
                     s.run().unwrap();
                     let got = s.outputs().unwrap();
                     let e = rel_l2(&got[0], &want[0]).unwrap();
-                    let what = format!("{scheme} {m}x{n}x{k} {kernel:?} {threads} threads");
+                    let what = format!("{int:?} {m}x{n}x{k} {kernel:?} {threads} threads");
                     assert!(e < 2e-2, "{what}: rel L2 {e}");
                     by_threads.push(got);
                 }
                 assert_eq!(
                     by_threads[0], by_threads[1],
-                    "{scheme} {kernel:?}: 1 vs 2 threads"
+                    "{int:?} {kernel:?}: 1 vs 2 threads"
                 );
                 results.push((kernel, by_threads.remove(0)));
             }
@@ -748,7 +785,7 @@ fn quantized_gemm_every_kernel_threads_and_odd_sizes() {
                 .filter(|(k, _)| *k != Kernel::Portable)
                 .collect();
             for w in x86.windows(2) {
-                assert_eq!(w[0].1, w[1].1, "{scheme}: {:?} vs {:?}", w[0].0, w[1].0);
+                assert_eq!(w[0].1, w[1].1, "{int:?}: {:?} vs {:?}", w[0].0, w[1].0);
             }
         }
     }

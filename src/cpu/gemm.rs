@@ -206,7 +206,7 @@ impl GemmStep {
             transposed,
             packed,
             quant: quant.and_then(|q| {
-                let s = IntScheme::of(q.scheme())?;
+                let s = IntScheme::for_blocks(&q)?;
                 Some(Packed::shared(s, &q, n, k / BLOCK_ELEMS))
             }),
             out_contiguous,

@@ -672,6 +672,12 @@ impl CpuPlan {
             .collect()
     }
 
+    /// Each step's op family, as a profile names it (a GEMM by its path and shape, e.g.
+    /// `gemm Q4K 1x37x256`: the integer dot products on a scheme's blocks, or `gemm f32`).
+    pub fn step_families(&self) -> Vec<String> {
+        self.steps.iter().map(|s| s.family()).collect()
+    }
+
     pub fn threads(&self) -> usize {
         self.options.threads
     }
