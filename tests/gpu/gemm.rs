@@ -159,48 +159,23 @@ pub fn layouts_and_mma(device: &Device, ignored: &Option<String>, trials: &mut V
 pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
     for dt in [DType::F16, DType::BF16] {
         for g in gemm_cases::wgmma_cases(dt) {
-            let d = device.clone();
-            push(
-                trials,
-                ignored,
-                format!("gemm_wgmma::{}", g.name),
-                Box::new(move || {
-                    let target = d.target().ok_or("the device has no codegen target")?;
-                    let on = rocmforge::codegen::CodegenOptions {
-                        wgmma_gemm: true,
-                        ..Default::default()
-                    };
-                    if !target.caps.wgmma.is_empty() {
-                        let plan = rocmforge::codegen::generate_with(&g, target, &on)
-                            .map_err(|e| e.to_string())?;
-                        let want = gemm_cases::wgmma_family(&g);
-                        if !plan.kernels.iter().any(|k| k.family == want) {
-                            return Err(format!("{}: no {want} kernel in its plan", g.name).into());
-                        }
-                    }
-                    check_graph_with(&d, &g, false, 13, Some(TmaWidth::Auto))
-                }),
-            );
-        }
-    }
-    // The TMA kernel at each tile width (the cases above take the width the model gives them),
-    // and the cp.async warpgroup kernel on the cases the TMA kernel takes by default.
-    for dt in [DType::F16, DType::BF16] {
-        for g in gemm_cases::wgmma_cases(dt) {
-            if gemm_cases::wgmma_family(&g) != "gemm_wgmma_tma" {
-                continue;
+            // The width the model gives the case (the family the case expects), then, for the
+            // cases the TMA kernel takes, each tile width and the cp.async warpgroup kernel.
+            let mut runs = vec![("", TmaWidth::Auto, gemm_cases::wgmma_family(&g), 13)];
+            if gemm_cases::wgmma_family(&g) == "gemm_wgmma_tma" {
+                runs.extend([
+                    ("w64::", TmaWidth::Fixed(64), "gemm_wgmma_tma", 17),
+                    ("w128::", TmaWidth::Fixed(128), "gemm_wgmma_tma", 17),
+                    ("w256::", TmaWidth::Fixed(256), "gemm_wgmma_tma", 17),
+                    ("cp_async::", TmaWidth::Off, "gemm_wgmma", 17),
+                ]);
             }
-            for (label, width, family) in [
-                ("w64", TmaWidth::Fixed(64), "gemm_wgmma_tma"),
-                ("w128", TmaWidth::Fixed(128), "gemm_wgmma_tma"),
-                ("w256", TmaWidth::Fixed(256), "gemm_wgmma_tma"),
-                ("cp_async", TmaWidth::Off, "gemm_wgmma"),
-            ] {
+            for (label, width, family, seed) in runs {
                 let (d, g) = (device.clone(), g.clone());
                 push(
                     trials,
                     ignored,
-                    format!("gemm_wgmma::{label}::{}", g.name),
+                    format!("gemm_wgmma::{label}{}", g.name),
                     Box::new(move || {
                         let target = d.target().ok_or("the device has no codegen target")?;
                         if !target.caps.wgmma.is_empty() {
@@ -215,7 +190,7 @@ pub fn wgmma(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
                                 return Err(format!("{}: no {family} kernel", g.name).into());
                             }
                         }
-                        check_graph_with(&d, &g, false, 17, Some(width))
+                        check_graph_with(&d, &g, false, seed, Some(width))
                     }),
                 );
             }
