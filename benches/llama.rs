@@ -14,7 +14,8 @@
 //! the tokens a run computes), which benches/llamacpp_compare.py prints beside llama.cpp.
 //!
 //! f16 rows are named as benches/llama_compare.py expects (`prefill_1024`, `decode_ctxN`); the
-//! quantized rows end in `_q4`. Medians over the runs; same environment as the other benches
+//! quantized rows end in `_q4`; `_mk` rows run the decode step as one persistent kernel
+//! (`CodegenOptions::persistent`, issue 22's megakernel) in the same run. Medians over the runs; same environment as the other benches
 //! (benches/common/summary.rs: `ROCMFORGE_BENCH_FILTER`, `ROCMFORGE_BENCH_JSON`).
 
 #[allow(dead_code)] // table_only: this bench prints a table only
@@ -26,6 +27,7 @@ mod timing;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use rocmforge::codegen::Persistent;
 use rocmforge::compile::{CompileOptions, Executable, Session, SessionOptions};
 use rocmforge::frontend::llama::{io, Precision};
 use rocmforge::frontend::{self, LlamaModel};
@@ -83,7 +85,12 @@ fn time_ms(n: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-fn plans(m: &LlamaModel, d: &Device, p: Precision) -> (Executable, Executable) {
+fn plans(
+    m: &LlamaModel,
+    d: &Device,
+    p: Precision,
+    persistent: Persistent,
+) -> (Executable, Executable) {
     let prefill = m.kv_graph(PREFILL, MAX_CONTEXT, p, false).unwrap();
     let decode = m.kv_graph(1, MAX_CONTEXT, p, false).unwrap();
     // The warpgroup GEMM as ROCMFORGE_BENCH_WGMMA says (benches/common/timing.rs).
@@ -96,9 +103,15 @@ fn plans(m: &LlamaModel, d: &Device, p: Precision) -> (Executable, Executable) {
         wgmma_tma: wgmma.wgmma_tma,
         ..CompileOptions::default()
     };
+    // The decode plan alone as one persistent kernel (the `_mk` rows): the prefill's TMA GEMMs
+    // take tensor maps, which the persistent kernel refuses.
+    let decode_options = CompileOptions {
+        persistent,
+        ..options.clone()
+    };
     (
         Graph::compile_with(prefill, d, &options).unwrap(),
-        Graph::compile_with(decode, d, &options).unwrap(),
+        Graph::compile_with(decode, d, &decode_options).unwrap(),
     )
 }
 
@@ -127,10 +140,54 @@ fn main() {
     println!("SmolLM2-135M on {}", device.label());
     println!("{:<22} {:>10}", "case", "ms");
     let mut rows = Vec::new();
-    for (suffix, p) in [
-        ("", Precision::F16),
-        ("_q4", Precision::quantized(DType::F16)),
-    ] {
+    // ROCMFORGE_BENCH_MK=4x256,8x1024: the persistent rows shaped for R blocks per
+    // multiprocessor and at most T tasks a step (`_mk4x256`, `_q4_mk4x256`, ...); unset, `_mk`
+    // and `_q4_mk` (the default shape).
+    let mut variants = vec![
+        ("".to_string(), Precision::F16, Persistent::Off),
+        (
+            "_q4".to_string(),
+            Precision::quantized(DType::F16),
+            Persistent::Off,
+        ),
+    ];
+    match std::env::var("ROCMFORGE_BENCH_MK") {
+        Ok(list) => {
+            // A trailing `t` (4x256t): the kernel keeps its timeline, printed after the row.
+            let shapes = list.split(',').filter_map(|s| {
+                let s = s.trim();
+                let (s, timed) = match s.strip_suffix('t') {
+                    Some(rest) => (rest, true),
+                    None => (s, false),
+                };
+                let (r, t) = s.split_once('x')?;
+                Some((r.parse::<u32>().ok()?, t.parse::<u32>().ok()?, timed))
+            });
+            for (resident, tasks, timed) in shapes {
+                let shape = Persistent::Shaped {
+                    resident,
+                    tasks,
+                    timed,
+                };
+                let name = format!("mk{resident}x{tasks}{}", if timed { "t" } else { "" });
+                variants.push((format!("_{name}"), Precision::F16, shape));
+                variants.push((
+                    format!("_q4_{name}"),
+                    Precision::quantized(DType::F16),
+                    shape,
+                ));
+            }
+        }
+        Err(_) => {
+            variants.push(("_mk".into(), Precision::F16, Persistent::On));
+            variants.push((
+                "_q4_mk".into(),
+                Precision::quantized(DType::F16),
+                Persistent::On,
+            ));
+        }
+    }
+    for (suffix, p, persistent) in variants {
         let names: Vec<String> = std::iter::once(format!("prefill_{PREFILL}{suffix}"))
             .chain(CONTEXTS.iter().map(|c| format!("decode_ctx{c}{suffix}")))
             .collect();
@@ -138,7 +195,7 @@ fn main() {
             continue;
         }
         let t0 = Instant::now();
-        let (pre, dec) = plans(&m, &device, p);
+        let (pre, dec) = plans(&m, &device, p, persistent);
         eprintln!("{p:?}: compiled in {:.1} s", t0.elapsed().as_secs_f64());
         let mut ps = pre.session_with(&SessionOptions { replay: false }).unwrap();
         let mut ds = dec
@@ -178,6 +235,9 @@ fn main() {
             }
             let ms = time_ms(100, || step(&mut ds, 1, ctx, ctx + 1));
             record(case, ms, dec_kernels, 1);
+            if let Ok(Some(timeline)) = ds.persistent_timeline() {
+                print_timeline(&timeline);
+            }
             // Where a decode step's time goes: each kernel's device time, run one by one
             // (ROCMFORGE_BENCH_BREAKDOWN=1; GPU only).
             if std::env::var("ROCMFORGE_BENCH_BREAKDOWN").is_ok_and(|v| v == "1") {
@@ -197,6 +257,61 @@ fn main() {
         batched(&path, &device, p, suffix, &mut rows);
     }
     summary::write_json(&device, rows);
+}
+
+/// Where a timed persistent decode step's time went (the last run's in-kernel timeline), by
+/// the kind of step (its node's name without the number): steps, the summed time from a step's
+/// first task starting to its last ending, the summed gap from the previous step's end to its
+/// start, and its tasks' mean wait and busy time.
+fn print_timeline(timeline: &[rocmforge::codegen::StepTiming]) {
+    let (Some(first), Some(last)) = (
+        timeline.iter().map(|t| t.start).min(),
+        timeline.iter().map(|t| t.end).max(),
+    ) else {
+        return;
+    };
+    println!(
+        "  timeline: {} steps, {:.1} us from the first task's start to the last's end",
+        timeline.len(),
+        (last - first) as f64 / 1e3
+    );
+    let mut kinds: Vec<(String, usize, f64, f64, f64, f64)> = Vec::new();
+    let mut prev_end = first;
+    for t in timeline {
+        // gemm x3 (Q/K/V merged), gemm x2 (gate/up), gemm (O, down, head), flash_attention, ...
+        let parts = t.node.split('+').count();
+        let base = t
+            .node
+            .split('+')
+            .next()
+            .unwrap_or("")
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '_');
+        let kind = if parts > 1 {
+            format!("{base} x{parts}")
+        } else {
+            base.to_string()
+        };
+        let span = (t.end - t.start) as f64 / 1e3;
+        let gap = (t.start as f64 - prev_end as f64) / 1e3;
+        prev_end = t.end;
+        match kinds.iter_mut().find(|k| k.0 == kind) {
+            Some(k) => {
+                k.1 += 1;
+                k.2 += span;
+                k.3 += gap;
+                k.4 += t.wait as f64 / 1e3;
+                k.5 += t.busy as f64 / 1e3;
+            }
+            None => kinds.push((kind, 1, span, gap, t.wait as f64 / 1e3, t.busy as f64 / 1e3)),
+        }
+    }
+    println!(
+        "  {:<18} {:>6} {:>10} {:>10} {:>14} {:>14}",
+        "step kind", "steps", "span us", "gap us", "wait us (sum)", "busy us (sum)"
+    );
+    for (kind, n, span, gap, wait, busy) in kinds {
+        println!("  {kind:<18} {n:>6} {span:>10.1} {gap:>10.1} {wait:>14.1} {busy:>14.1}");
+    }
 }
 
 /// The `batched_bB` rows of precision `p`.

@@ -20,6 +20,30 @@
 RF_INLINE void rf_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 #define RF_PREFETCH_LOOP(i, begin, end, step, address) \
     for (long long i = (begin); i < (long long)(end); i += (step)) rf_prefetch_l2(address)
+// The persistent kernel's (codegen/persistent.rs): a barrier among the block's first `threads` threads (a
+// multiple of the warp size) while the others wait elsewhere: named barrier 1 (0 is __syncthreads'), which
+// orders memory among the threads that take part. `state` is the AMD form's; unused here.
+RF_INLINE void rf_sub_barrier(unsigned int* state, unsigned int threads) {
+    (void)state;
+    asm volatile("bar.sync 1, %0;" :: "r"(threads) : "memory");
+}
+// A short pause between polls of a word another block will write.
+RF_INLINE void rf_spin_pause() { __nanosleep(64); }
+// Adds 1 to a counter other blocks poll, releasing this thread's writes and those ordered before them (a block's
+// barrier first: the whole block's): one reduction, no fence, no reply to wait for.
+RF_INLINE void rf_count_release(unsigned int* p) { asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(p) : "memory"); }
+// The global timer in nanoseconds (the same clock on every SM): the persistent kernel's timeline.
+RF_INLINE unsigned long long rf_now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// A counter's value, acquiring what the blocks that counted released.
+RF_INLINE unsigned int rf_poll_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif

@@ -322,6 +322,70 @@ fn gemm_mma(c: &Compiler, arch: &str) -> Result<(), Failed> {
     .map_err(|_| Failed::from(format!("resource report of gemm_mma ({arch}) differs")))
 }
 
+/// The persistent kernel (`codegen::Persistent::On`) of the decode example graphs, fused, on
+/// `arch`: it compiles, with no scratch, no VGPR spills, LDS within the target's and its wave
+/// size; SGPRs spilled into VGPR lanes are printed, not refused (the one persistent kernel holds
+/// every step's uniform values: docs/decisions.md, "The persistent decode kernel"). The
+/// resource table is the snapshot.
+fn persistent_decode(c: &Compiler, arch: &str) -> Result<(), Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = compiler_options(Platform::Amd);
+    let prelude = prelude(&target);
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in ["decode_step", "gqa_decode", "gqa_decode_f16"] {
+        let path = files::graph_files()
+            .into_iter()
+            .find(|p| p.file_stem().is_some_and(|s| s == name))
+            .ok_or(format!("no graph {name}"))?;
+        let mut g = format::load(&path).map_err(|e| e.to_string())?;
+        PassManager::pipeline(true)
+            .run(&mut g)
+            .map_err(|e| e.to_string())?;
+        let codegen = CodegenOptions {
+            persistent: rocmforge::codegen::Persistent::On,
+            ..CodegenOptions::default()
+        };
+        let plan = generate_with(&g, &target, &codegen).map_err(|e| e.to_string())?;
+        if plan.kernels.len() != 1 {
+            return Err(format!("{name}: {} kernels", plan.kernels.len()).into());
+        }
+        let k = &plan.kernels[0];
+        let mut r = c
+            .clang
+            .compile_batch(&prelude, &[(&k.entry, &k.body)], &target, &options)
+            .map_err(|e| e.to_string())?;
+        let (r, occ) = r.remove(0);
+        let fails = r.vgpr_spills > 0
+            || r.scratch_bytes > 0
+            || r.lds_bytes > u64::from(target.caps.static_shared_bytes)
+            || r.wave_size != u64::from(target.wave_size);
+        if fails {
+            failures.push(problems(&target, &r).unwrap_or_default());
+        } else if r.sgpr_spills > 0 {
+            eprintln!(
+                "{name} on {arch}: the persistent kernel spills {} SGPRs into VGPR lanes",
+                r.sgpr_spills
+            );
+        }
+        rows.push((name.to_string(), r, occ));
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("\n").into());
+    }
+    let table = occupancy_table(&rows);
+    std::panic::catch_unwind(|| {
+        files::snapshot_settings().bind(|| {
+            insta::assert_snapshot!(format!("resources_clang__persistent_decode__{arch}"), table)
+        })
+    })
+    .map_err(|_| {
+        Failed::from(format!(
+            "resource report of persistent_decode ({arch}) differs"
+        ))
+    })
+}
+
 /// The matrix-core attention kernels (f16 and bf16; head sizes 64, 96, 128, 256; causal with an
 /// offset, padding and boolean masks; GQA) on `arch`: no spills, no scratch, LDS within the
 /// target's, its wave size, the atom's instruction in the ISA; which kernel each case gets (the
@@ -557,6 +621,10 @@ fn main() {
         trials.push(trial(
             format!("offline::{arch}::attention_mma"),
             Box::new(move |c| attention_mma(c, arch)),
+        ));
+        trials.push(trial(
+            format!("offline::{arch}::persistent_decode"),
+            Box::new(move |c| persistent_decode(c, arch)),
         ));
         trials.push(trial(
             format!("offline::{arch}::every_op_and_dtype"),

@@ -22,14 +22,7 @@ pub(crate) fn finish(
     node: &str,
 ) -> Result<Kernel, CodegenError> {
     kernel_args(node, args.len())?;
-    // The typed context becomes one JSON object, with the entry placeholder added.
-    let mut ctx = serde_json::to_value(ctx).expect("a context serialises");
-    ctx["entry"] = serde_json::Value::from(ENTRY);
-    let body = templates::render(template, minijinja::Value::from_serialize(&ctx))?;
-    let h = crate::ir::Fnv1a::new()
-        .write(family.as_bytes())
-        .write(body.as_bytes())
-        .finish();
+    let body = render_unnamed(template, ctx)?;
     let access = parameter_access(&body).ok_or_else(|| CodegenError::Template {
         template: template.to_string(),
         message:
@@ -46,17 +39,38 @@ pub(crate) fn finish(
             ),
         });
     }
-    let entry = format!("rf_{family}_{:012x}", h >> 16);
+    let (entry, body) = name(family, &body);
     Ok(Kernel {
-        entry: entry.clone(),
+        entry,
         family,
         node: node.to_string(),
-        body: body.replace(ENTRY, &entry),
+        body,
         launch,
         args,
         access,
         tune: None,
+        persistent: None,
     })
+}
+
+/// `template` rendered with `ctx` and the entry placeholder as its `entry` (see [`name`]).
+pub(crate) fn render_unnamed(template: &str, ctx: impl Serialize) -> Result<String, CodegenError> {
+    // The typed context becomes one JSON object, with the entry placeholder added.
+    let mut ctx = serde_json::to_value(ctx).expect("a context serialises");
+    ctx["entry"] = serde_json::Value::from(ENTRY);
+    templates::render(template, minijinja::Value::from_serialize(&ctx))
+}
+
+/// The entry name of a rendered body (family and a hash of the body) and the body with its
+/// placeholder replaced by it.
+pub(crate) fn name(family: &str, body: &str) -> (String, String) {
+    let h = crate::ir::Fnv1a::new()
+        .write(family.as_bytes())
+        .write(body.as_bytes())
+        .finish();
+    let entry = format!("rf_{family}_{:012x}", h >> 16);
+    let named = body.replace(ENTRY, &entry);
+    (entry, named)
 }
 
 /// How the entry point uses each pointer parameter, from the rendered body: the parameters of

@@ -31,6 +31,7 @@ pub(crate) fn generate(
         kernels: Vec::new(),
         outputs: Vec::new(),
         checks: Vec::new(),
+        stall: None,
     };
     let mut buf: HashMap<NodeId, BufferId> = HashMap::new();
     // Buffers holding a quantized weight's blocks (the weight's, which its reshapes alias), and

@@ -15,6 +15,7 @@ mod lower;
 pub mod mma;
 mod mma_probe;
 mod names;
+mod persistent;
 mod plan;
 mod templates;
 
@@ -28,9 +29,10 @@ pub use kernels::gemm::quant::fused_max_m as quant_fused_max_m;
 pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
 pub use mma_probe::mma_probe_kernel;
 pub use names::display_name;
+pub use persistent::Persistent;
 pub use plan::{
-    Access, Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PlanOutput,
-    STATUS_BYTES,
+    Access, Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PersistentLaunch,
+    PlanOutput, StallCheck, StepTiming, STATUS_BYTES,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -108,6 +110,9 @@ pub struct CodegenOptions {
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width, or the cp.async kernel instead of it.
     pub wgmma_tma: TmaWidth,
+    /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
+    /// megakernel); off by default: one launch per kernel.
+    pub persistent: Persistent,
 }
 
 impl Default for CodegenOptions {
@@ -119,6 +124,7 @@ impl Default for CodegenOptions {
             int8_gemv: false,
             wgmma_gemm: true,
             wgmma_tma: TmaWidth::Auto,
+            persistent: Persistent::Off,
         }
     }
 }
@@ -153,8 +159,9 @@ pub fn generate_with(
         int8_gemv,
         wgmma_gemm,
         wgmma_tma,
+        persistent,
     } = options;
-    lower::generate(
+    let plan = lower::generate(
         graph,
         target,
         &CodegenOptions {
@@ -164,8 +171,11 @@ pub fn generate_with(
             int8_gemv: *int8_gemv,
             wgmma_gemm: *wgmma_gemm,
             wgmma_tma: *wgmma_tma,
+            // Read by the families that shape their blocks for a persistent plan.
+            persistent: *persistent,
         },
-    )
+    )?;
+    persistent::fold(plan, *persistent)
 }
 
 /// The preludes' template context.

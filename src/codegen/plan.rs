@@ -138,6 +138,19 @@ pub struct Kernel {
     pub access: Vec<Access>,
     /// Where the family had several configurations to choose from: which, and which it took.
     pub tune: Option<crate::arch::tuning::TuneSite>,
+    /// Set on the one kernel of a persistent plan ([`super::persistent`]): its only parameter is
+    /// a device table of the addresses of `args` (in order), and `launch.grid` is the most
+    /// blocks it can use: the runtime launches as many as can be resident at once, at most that.
+    pub persistent: Option<PersistentLaunch>,
+}
+
+/// What the runtime needs to know of a persistent kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PersistentLaunch {
+    /// Kernels of the per-kernel plan it runs (its steps).
+    pub steps: usize,
+    /// Tasks it runs: each one or more blocks of one step's launch.
+    pub tasks: usize,
 }
 
 /// How a kernel uses a buffer bound to one of its parameters.
@@ -177,6 +190,82 @@ pub struct KernelPlan {
     pub outputs: Vec<PlanOutput>,
     /// Gathers to check after a run, in the order the interpreter would meet them.
     pub checks: Vec<IndexCheck>,
+    /// A persistent plan's report of a wait that never ended ([`super::persistent`]).
+    pub stall: Option<StallCheck>,
+}
+
+/// Where a persistent kernel records a dependency it waited for in vain (its bounded spin ran
+/// out): a status buffer of two u64, the bitwise complement of the waiting step (0 while none
+/// stalled) and the step it waited for, zeroed before every run and read after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StallCheck {
+    pub status: BufferId,
+    /// The node of each step, in step order.
+    pub steps: Vec<String>,
+    /// Whether the kernel records its timeline after the report (`Persistent::Shaped`).
+    pub timed: bool,
+}
+
+/// One step of a persistent kernel's timeline (device clock units: nanoseconds on NVIDIA).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepTiming {
+    pub node: String,
+    /// When its first task's body started and its last task ended.
+    pub start: u64,
+    pub end: u64,
+    /// Its tasks' time waiting for their dependencies, and running, summed over its tasks.
+    pub wait: u64,
+    pub busy: u64,
+}
+
+impl StallCheck {
+    /// The timeline from the status buffer's bytes (`None` unless `timed`); steps no task ran
+    /// are left out.
+    pub fn timeline(&self, status: &[u8]) -> Option<Vec<StepTiming>> {
+        if !self.timed {
+            return None;
+        }
+        let word = |k: usize| -> Option<u64> {
+            let bytes = status.get(8 * k..8 * k + 8)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let mut out = Vec::new();
+        for (i, node) in self.steps.iter().enumerate() {
+            let at = 2 + 4 * i;
+            let (first, end) = (word(at)?, word(at + 1)?);
+            if first == 0 {
+                continue;
+            }
+            out.push(StepTiming {
+                node: node.clone(),
+                start: !first,
+                end,
+                wait: word(at + 2)?,
+                busy: word(at + 3)?,
+            });
+        }
+        Some(out)
+    }
+
+    /// The waiting step's node and the node it waited for, from the status buffer's bytes;
+    /// `None` when no wait stalled.
+    pub fn stalled(&self, status: &[u8]) -> Option<(String, String)> {
+        let word = |k: usize| -> Option<u64> {
+            let bytes = status.get(8 * k..8 * k + 8)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let name = |i: u64| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| self.steps.get(i))
+                .cloned()
+                .unwrap_or_else(|| format!("step {i}"))
+        };
+        match word(0)? {
+            0 => None,
+            w => Some((name(!w), name(word(1)?))),
+        }
+    }
 }
 
 impl KernelPlan {

@@ -26,6 +26,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     ),
     ("copy.hip", include_str!("../../kernel_templates/copy.hip")),
     (
+        "persistent.hip",
+        include_str!("../../kernel_templates/persistent.hip"),
+    ),
+    (
         "gather.hip",
         include_str!("../../kernel_templates/gather.hip"),
     ),

@@ -97,6 +97,13 @@ pub enum CompileError {
         got: String,
         want: String,
     },
+    /// A persistent kernel's task waited longer than its bound for a step it depends on (a
+    /// dependency that can never be met): the run ended instead of hanging the GPU.
+    #[error(
+        "the persistent kernel's step `{step}` waited in vain for step `{waited_for}` (its \
+         bounded wait ran out); the run's outputs are not valid"
+    )]
+    PersistentStall { step: String, waited_for: String },
     #[error(
         "verify: output `{output}` holds NaN or ±inf at {count} place(s) where the interpreter \
          (unfused) does not agree; the first is element {index}: {got} in the run, {want} in \
@@ -150,6 +157,8 @@ pub struct CompileOptions {
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width ([`CodegenOptions::wgmma_tma`]).
     pub wgmma_tma: crate::codegen::TmaWidth,
+    /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
+    pub persistent: crate::codegen::Persistent,
 }
 
 impl Default for CompileOptions {
@@ -167,6 +176,7 @@ impl Default for CompileOptions {
             cpu_precision: crate::cpu::Precision::Exact,
             wgmma_gemm: true,
             wgmma_tma: crate::codegen::TmaWidth::Auto,
+            persistent: crate::codegen::Persistent::Off,
         }
     }
 }
@@ -550,6 +560,7 @@ fn compile(
         } else {
             crate::codegen::TmaWidth::Off
         },
+        persistent: options.persistent,
         ..codegen_options
     };
     let codegen_start = Instant::now();

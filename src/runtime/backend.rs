@@ -217,6 +217,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         buf: &Self::Buffer,
         offset: usize,
     ) -> Self::RawAddress;
+    /// The value of a raw address, as a table of pointers in device memory holds it.
+    fn address_value(a: Self::RawAddress) -> u64;
+    /// Blocks of `f` with `threads` threads and `shared` bytes of dynamic shared memory that
+    /// can be resident on the whole device at once; `None` where the runtime cannot say.
+    fn resident_blocks(&self, f: &Self::Function, threads: u32, shared: u32) -> Option<u32>;
     /// The encoded TMA tensor map of the memory `offset` bytes into `buf` (the caller checked
     /// that the map stays within the buffer). Backends without TMA refuse.
     fn encode_tensor_map(

@@ -76,6 +76,18 @@ pub(super) trait Gpu: Send + Sync {
         spec: &TensorMapSpec,
     ) -> Result<[u8; MAP_BYTES], RuntimeError>;
     fn upload(&self, stream: &Erased, data: &[u8]) -> Result<Erased, RuntimeError>;
+    /// The device addresses of `bufs` (each at its byte offset), as little-endian u64.
+    fn address_table(
+        &self,
+        stream: &Erased,
+        bufs: &[(&Erased, usize)],
+    ) -> Result<Vec<u8>, RuntimeError>;
+    fn resident_blocks(
+        &self,
+        kernel: &LoadedKernel,
+        threads: u32,
+        shared: u32,
+    ) -> Result<Option<u32>, RuntimeError>;
     fn download(
         &self,
         stream: &Erased,
@@ -181,6 +193,30 @@ impl<B: Backend> Gpu for B {
 
     fn upload(&self, stream: &Erased, data: &[u8]) -> Result<Erased, RuntimeError> {
         Backend::upload(self, stream.get()?, data).map(Erased::new)
+    }
+
+    fn address_table(
+        &self,
+        stream: &Erased,
+        bufs: &[(&Erased, usize)],
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let s = stream.get::<B::Stream>()?;
+        let mut table = Vec::with_capacity(8 * bufs.len());
+        for &(b, offset) in bufs {
+            let a = self.raw_address(s, b.get::<B::Buffer>()?, offset);
+            table.extend_from_slice(&B::address_value(a).to_le_bytes());
+        }
+        Ok(table)
+    }
+
+    fn resident_blocks(
+        &self,
+        kernel: &LoadedKernel,
+        threads: u32,
+        shared: u32,
+    ) -> Result<Option<u32>, RuntimeError> {
+        let f = kernel.0.get::<Function<B::Function>>()?;
+        Ok(Backend::resident_blocks(self, &f.f, threads, shared))
     }
 
     fn download(

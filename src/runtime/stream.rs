@@ -95,6 +95,37 @@ impl Stream {
         self.upload(&bytes)
     }
 
+    /// A device table of the addresses of `entries` (each buffer at a byte offset within it), one
+    /// little-endian u64 each: what a persistent kernel takes instead of one parameter per
+    /// buffer. The addresses stay valid while the buffers live; the caller keeps them.
+    pub fn address_table(
+        &self,
+        entries: &[(&DeviceBuffer, usize)],
+    ) -> Result<DeviceBuffer, RuntimeError> {
+        for &(b, offset) in entries {
+            if offset > b.bytes {
+                return Err(RuntimeError::Cuda(format!(
+                    "an address {offset} bytes into a {}-byte buffer",
+                    b.bytes
+                )));
+            }
+        }
+        let bufs: Vec<(&Erased, usize)> = entries.iter().map(|&(b, o)| (&b.mem, o)).collect();
+        let table = self.gpu.address_table(&self.inner, &bufs)?;
+        self.upload(&table)
+    }
+
+    /// Blocks of `kernel` with `threads` threads and `shared` bytes of dynamic shared memory
+    /// that can be resident on the device at once; `None` where the runtime cannot say.
+    pub fn resident_blocks(
+        &self,
+        kernel: &LoadedKernel,
+        threads: u32,
+        shared: u32,
+    ) -> Result<Option<u32>, RuntimeError> {
+        self.gpu.resident_blocks(kernel, threads, shared)
+    }
+
     /// Copies a buffer to the host; the copy is complete when this returns.
     pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
         self.gpu.download(&self.inner, &buf.mem, buf.bytes)

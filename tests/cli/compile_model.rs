@@ -281,3 +281,63 @@ fn compile_model_errors_are_clear() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--megakernel`: the decode step is one persistent kernel whose source lists every launch of
+/// the same command's per-kernel plan in order (kernel, node, grid, block), so a reviewer reads
+/// what runs; one kernel per token, said on stderr and in the JSON.
+#[test]
+fn compile_model_megakernel_is_one_kernel_listing_every_step() {
+    let dir = scratch("model-megakernel");
+    let model = tiny_model(&dir);
+    let run = |out_dir: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            "--model",
+            model.to_str().unwrap(),
+            "--phase",
+            "decode",
+            "--max-context",
+            "48",
+            "--target",
+            "sm_90",
+            "--emit",
+            "hip",
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = rocmforge(&args);
+        assert!(ok, "{err}");
+        (json(&out), err)
+    };
+    let (per_kernel, _) = run(&dir.join("per-kernel"), &[]);
+    let (v, err) = run(&dir.join("decode"), &["--megakernel"]);
+    assert_eq!(v["kernels"], 1, "{v}");
+    assert_eq!(v["kernels_per_token"].as_f64(), Some(1.0), "{v}");
+    assert!(err.contains("1 kernels per token"), "{err}");
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.join("decode"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "hip"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let source = std::fs::read_to_string(&files[0]).unwrap();
+    let listing = std::fs::read_to_string(dir.join("per-kernel").join("plan.txt")).unwrap();
+    let launches: Vec<&str> = listing.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        launches.len(),
+        per_kernel["kernels"].as_u64().unwrap() as usize
+    );
+    for line in launches {
+        // `i entry %node grid XxYxZ block Tx1x1 shared 0 buffers`
+        let f: Vec<&str> = line.split(' ').collect();
+        let threads = f[6].split('x').next().unwrap();
+        let want = format!(
+            "// step {}: {} for {}, grid {} block {threads},",
+            f[0], f[1], f[2], f[4]
+        );
+        assert!(source.contains(&want), "missing {want:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -132,6 +132,10 @@ static inline unsigned atomicAdd(unsigned* p, unsigned v) {
 }
 // Blocks run one after another on the host: every write is visible to the next block.
 static inline void __threadfence() {}
+// Within a block the threads meet at barriers, whose atomics order memory.
+static inline void __threadfence_block() {}
+// The persistent kernel's pause between polls (the AMD prelude's `rf_spin_pause`).
+static inline void __builtin_amdgcn_s_sleep(int) {}
 // Converts a buffer to whatever pointer type the kernel parameter has.
 struct rf_host_ptr {
     unsigned char* p;

@@ -108,12 +108,14 @@ pub fn with_weights(g: &Graph, b: &Bindings) -> Bindings {
     wb
 }
 
+/// `g` compiled as users get it (the default options: on sm_90a the warpgroup GEMM, its TMA
+/// kernel's width by the model) against the interpreter.
 pub fn check_graph(device: &Device, g: &Graph, fuse: bool, seed: u64) -> Result<(), Failed> {
-    check_graph_with(device, g, fuse, seed, None)
+    check_graph_with(device, g, fuse, seed, Some(Default::default()))
 }
 
-/// [`check_graph`], with the sm_90a warpgroup GEMM opted into where `wgmma` is given (its
-/// TMA kernel's width choice).
+/// [`check_graph`] with the sm_90a warpgroup GEMM as `wgmma` says (its TMA kernel's width
+/// choice), or off (the mma.sync kernel) where `None`.
 pub fn check_graph_with(
     device: &Device,
     g: &Graph,

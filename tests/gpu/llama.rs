@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use libtest_mimic::Failed;
+use rocmforge::codegen::Persistent;
 use rocmforge::compile::{CompileOptions, Executable, Session, SessionOptions};
 use rocmforge::frontend::llama::{io, Precision};
 use rocmforge::frontend::LlamaModel;
@@ -191,9 +192,12 @@ pub fn reduced(d: &Device, p: Precision) -> Result<(), Failed> {
 /// The tiny LLaMA of tests/common/tiny_gguf.rs (every tensor type the reader supports, Q/K
 /// rows permuted as llama.cpp stores them) written to a temporary file.
 fn tiny_model() -> Result<LlamaModel, Failed> {
+    // A file of its own per call: trials run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("rocmforge-gpu-llama-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let p = dir.join("tiny.gguf");
+    let p = dir.join(format!("tiny-{call}.gguf"));
     std::fs::write(&p, crate::common::tiny_gguf::tiny_llama().to_bytes())?;
     let m = LlamaModel::load(&p)?;
     std::fs::remove_file(&p).ok();
@@ -285,5 +289,109 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
         return Err(format!("generator: GPU {:?}, CPU {:?}", a.ids, b.ids).into());
     }
     eprintln!("tiny generator: {:?} ({:?})", a.ids, a.stats);
+    Ok(())
+}
+
+/// Prefill and decode plans of the tiny model as `tiny_plans`, the decode plan as one persistent
+/// kernel (`persistent`).
+fn tiny_persistent_plans(
+    m: &LlamaModel,
+    d: &Device,
+    p: Precision,
+    persistent: Persistent,
+) -> Result<(Executable, Executable), Failed> {
+    let prefill = m.kv_graph(16, 48, p, true)?;
+    let decode = m.kv_graph(1, 48, p, true)?;
+    let options = CompileOptions {
+        weights: m.weights_for(&decode)?,
+        quantized: m.quantized_for(&decode)?,
+        progress: false,
+        ..CompileOptions::default()
+    };
+    let persistent_options = CompileOptions {
+        persistent,
+        ..options.clone()
+    };
+    Ok((
+        Graph::compile_with(prefill, d, &options)?,
+        Graph::compile_with(decode, d, &persistent_options)?,
+    ))
+}
+
+/// The tiny model's decode steps as one persistent kernel against the per-kernel plan on the
+/// same device, in f32, f16 and quantized: the same prompt prefilled into two poisoned caches,
+/// then 12 replayed decode steps fed the same tokens; every step's logits bitwise equal (each
+/// task runs its kernel's own body, so the order of operations is the same), and the plan is
+/// one kernel.
+pub fn tiny_persistent(d: &Device) -> Result<(), Failed> {
+    let m = tiny_model()?;
+    let prompt: Vec<u32> = m.tokenizer.encode("hello world, hello")?;
+    let n = prompt.len();
+    for p in [
+        Precision::F32,
+        Precision::quantized(DType::F32),
+        Precision::F16,
+        Precision::quantized(DType::F16),
+    ] {
+        let (pp, pd) = tiny_persistent_plans(&m, d, p, Persistent::On)?;
+        let (kp, kd) = tiny_plans(&m, d, p)?;
+        let kernels = pd.plan().map(|p| p.kernels.len());
+        if kernels != Some(1) {
+            return Err(format!("{p:?}: the persistent plan has {kernels:?} kernels").into());
+        }
+        let mut pps = pp.session()?;
+        let mut pds = pd.session_sharing(&SessionOptions { replay: true }, &pps)?;
+        let mut kps = kp.session()?;
+        let mut kds = kd.session_sharing(&SessionOptions { replay: true }, &kps)?;
+        pps.poison_state()?;
+        kps.poison_state()?;
+        let mut got = vec![step(&mut pps, 16, &prompt, 0, 16, n - 1)?];
+        let mut want = vec![step(&mut kps, 16, &prompt, 0, 16, n - 1)?];
+        for i in 0..12 {
+            let (t, _) = top2(want.last().expect("one"));
+            let t = t as u32;
+            got.push(step(&mut pds, 1, &[t], n + i, n + i + 1, 0)?);
+            want.push(step(&mut kds, 1, &[t], n + i, n + i + 1, 0)?);
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same =
+                g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same {
+                let worst = max_abs_diff(g, w);
+                return Err(format!("{p:?}: step {i}: not bitwise equal (max |Δ| {worst})").into());
+            }
+        }
+        // Past the cache's 48 rows: the cache write's own check, as in the per-kernel plan.
+        match step(&mut pds, 1, &[0], 48, 49, 0) {
+            Err(e) if e.message().is_some_and(|m| m.contains("48")) => {}
+            other => return Err(format!("{p:?}: write past the end: {other:?}").into()),
+        }
+    }
+    Ok(())
+}
+
+/// A persistent decode kernel whose last step waits for itself (`Persistent::NeverReady`, a
+/// dependency that can never be met) ends in the typed stall error within its bounded wait,
+/// instead of hanging the GPU; the session runs again (and fails again) afterwards.
+pub fn tiny_persistent_stall(d: &Device) -> Result<(), Failed> {
+    let m = tiny_model()?;
+    let prompt: Vec<u32> = m.tokenizer.encode("hello")?;
+    let n = prompt.len();
+    let (pp, pd) = tiny_persistent_plans(&m, d, Precision::F32, Persistent::NeverReady)?;
+    let mut pps = pp.session()?;
+    let mut pds = pd.session_sharing(&SessionOptions { replay: true }, &pps)?;
+    step(&mut pps, 16, &prompt, 0, 16, n - 1)?;
+    for round in 0..2 {
+        let t = std::time::Instant::now();
+        match step(&mut pds, 1, &[1], n + round, n + round + 1, 0) {
+            Err(e) if e.message().is_some_and(|m| m.contains("waited in vain")) => {}
+            other => return Err(format!("round {round}: {other:?}").into()),
+        }
+        let s = t.elapsed().as_secs_f64();
+        eprintln!("persistent stall reported after {s:.2} s");
+        if s > 30.0 {
+            return Err(format!("round {round}: the stall took {s:.1} s to report").into());
+        }
+    }
     Ok(())
 }

@@ -89,6 +89,20 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
             "llama::tiny_kv_cache_matches_the_interpreter".into(),
             Box::new(move || crate::llama::tiny(&d)),
         );
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            "llama::tiny_persistent_decode_equals_per_kernel".into(),
+            Box::new(move || crate::llama::tiny_persistent(&d)),
+        );
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            "llama::tiny_persistent_stall_is_a_typed_error".into(),
+            Box::new(move || crate::llama::tiny_persistent_stall(&d)),
+        );
     }
     // The batched generator (paged KV cache, sequences joining mid-way) against lone runs
     // through the contiguous caches, on this device (tests/common/batched_cases.rs).

@@ -20,6 +20,22 @@ pub(crate) struct CodegenArgs<'a> {
     pub(crate) emit_dir: Option<&'a Path>,
     /// `--emit bundle`: the seed and size limit.
     pub(crate) bundle: Option<(u64, u64)>,
+    /// `--megakernel`: the plan as one persistent kernel.
+    pub(crate) megakernel: bool,
+}
+
+impl CodegenArgs<'_> {
+    /// The codegen options these arguments ask for.
+    pub(crate) fn options(&self) -> CodegenOptions {
+        CodegenOptions {
+            persistent: if self.megakernel {
+                codegen::Persistent::On
+            } else {
+                codegen::Persistent::Off
+            },
+            ..CodegenOptions::default()
+        }
+    }
 }
 
 /// Runs the default pipeline (clean-up only with `no_fuse`) on `graph`, printing the graph
@@ -137,7 +153,7 @@ pub(crate) fn codegen_for(graph: &Graph, arch: &str, cg: &CodegenArgs) -> Result
     } else {
         Target::parse(arch).map_err(|e| e.to_string())?
     };
-    let options = CodegenOptions::default();
+    let options = cg.options();
     let plan = codegen::generate_with(graph, &target, &options).map_err(|e| e.to_string())?;
     if let Some(dir) = cg.emit_dir {
         let written = write_sources(&plan, dir)?;

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use rocmforge::arch::Target;
-use rocmforge::codegen::{self, display_name, Access, CodegenOptions, KernelPlan};
+use rocmforge::codegen::{self, display_name, Access, KernelPlan};
 use rocmforge::compile::report;
 use rocmforge::frontend::llama::Precision;
 use rocmforge::frontend::LlamaModel;
@@ -156,8 +156,7 @@ pub(crate) fn cmd_compile_model(
         .map_err(|e| e.to_string())?;
     let nodes_before = graph.node_count();
     optimise(&mut graph, dump, explain, no_fuse)?;
-    let plan = codegen::generate_with(&graph, &target, &CodegenOptions::default())
-        .map_err(|e| e.to_string())?;
+    let plan = codegen::generate_with(&graph, &target, &cg.options()).map_err(|e| e.to_string())?;
     let distinct = plan
         .kernels
         .iter()

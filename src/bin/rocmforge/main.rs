@@ -323,6 +323,11 @@ enum Command {
         /// Refuse to write a bundle of more than this many bytes.
         #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BUNDLE_BYTES, requires = "emit")]
         max_bundle_bytes: u64,
+        /// Plan one persistent kernel instead of one launch per kernel: the per-kernel plan's
+        /// kernels become its steps, its blocks claim their blocks in order and wait only for
+        /// the steps they read (see docs/decisions.md, "The persistent decode kernel").
+        #[arg(long)]
+        megakernel: bool,
     },
     /// Replay a bundle (`compile --emit bundle`) on a GPU and compare every computed buffer.
     ///
@@ -504,6 +509,7 @@ fn main() -> ExitCode {
             out,
             seed,
             max_bundle_bytes,
+            megakernel,
         } => {
             let is_bundle = emit.as_deref() == Some("bundle");
             let emit_dir = emit.as_ref().map(|_| {
@@ -524,6 +530,7 @@ fn main() -> ExitCode {
                     _ => AmdCompilerChoice::Auto,
                 },
                 emit_dir: emit_dir.as_deref(),
+                megakernel: *megakernel,
             };
             match (model, file) {
                 (Some(model), _) => compile_model::Phase::parse(

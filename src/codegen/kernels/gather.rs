@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::arch::Target;
 use crate::codegen::ctype::ctype;
 use crate::codegen::kernel::finish;
-use crate::codegen::limits::launch_1d;
+use crate::codegen::limits::launch;
 use crate::codegen::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan};
 use crate::codegen::CodegenError;
 use crate::ir::{DType, Graph, NodeId, TensorType};
@@ -29,9 +29,16 @@ struct Context {
     rows: usize,
     count: usize,
     threads: usize,
+    /// Threads per block.
+    block: usize,
     /// What an out-of-range index writes: NaN for floats, 0 for integers.
     bad: String,
 }
+
+/// Threads per block: 128, the most any decode step's kernel takes, so that a persistent decode
+/// kernel (whose blocks are as large as its largest step's) stays at 128 threads. A gather is
+/// one load and one store per thread: the block size does not show in its time.
+const BLOCK: usize = 128;
 
 /// Appends the gather kernel of node `id`, which checks its indices (none when there are no
 /// indices).
@@ -83,13 +90,14 @@ pub(crate) fn gather(
         rows,
         count,
         threads,
+        block: BLOCK,
         bad,
     };
     plan.kernels.push(finish(
         "gather",
         "gather.hip",
         ctx,
-        launch_1d(name, target, threads)?,
+        launch(name, target, [threads.div_ceil(BLOCK), 1, 1], BLOCK)?,
         vec![buf[&ops[0]], buf[&ops[1]], status, buf[&id]],
         name,
     )?);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::executable::{Executable, Planned};
 use super::poison::{buffer_bytes, poison_points, POISON_BLOCK, POISON_MAX_GRID};
-use crate::codegen::{self, BufferRole, IndexCheck};
+use crate::codegen::{self, BufferRole, IndexCheck, StallCheck};
 use crate::compile::CompileError;
 use crate::interp::InterpError;
 use crate::ir::{Tensor, TensorType};
@@ -55,6 +55,8 @@ pub(in crate::compile) struct GpuSession {
     maps: HashMap<usize, Arc<DeviceBuffer>>,
     /// The plan's index checks, in the order the interpreter meets them.
     checks: Vec<IndexCheck>,
+    /// A persistent plan's report of a wait that never ended.
+    stall: Option<StallCheck>,
     /// The graph outputs in order: type and the buffer holding each.
     outputs: Vec<(TensorType, Arc<DeviceBuffer>)>,
     /// Persistent state buffers.
@@ -160,9 +162,13 @@ impl GpuSession {
         let status = plan
             .checks
             .iter()
-            .map(|c| {
-                let buf = stream.alloc(codegen::STATUS_BYTES, false)?;
-                Ok((c.status, Arc::new(buf)))
+            .map(|c| c.status)
+            .chain(plan.stall.iter().map(|s| s.status))
+            .map(|id| {
+                // A persistent kernel's report also holds its timeline when it keeps one.
+                let bytes = buffer_bytes(plan, id).max(codegen::STATUS_BYTES);
+                let buf = stream.alloc(bytes, false)?;
+                Ok((id, Arc::new(buf)))
             })
             .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
         let replay = if !options.replay {
@@ -184,6 +190,7 @@ impl GpuSession {
             counters,
             maps: HashMap::new(),
             checks: plan.checks.clone(),
+            stall: plan.stall.clone(),
             outputs: Vec::with_capacity(plan.outputs.len()),
             states,
             stream,
@@ -283,16 +290,35 @@ impl GpuSession {
                 }
             }
             self.kernel_at.push(launches.len());
-            let (args, offsets) = k
+            let (args, offsets): (Vec<_>, Vec<_>) = k
                 .args
                 .iter()
                 .map(|&a| self.bound(planned, a))
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
                 .unzip();
+            let mut grid = k.launch.grid;
+            let (args, offsets) = match k.persistent {
+                None => (args, offsets),
+                // A persistent kernel takes the table of its buffers' addresses (fixed for the
+                // session's life, so valid for every replay; the session holds the buffers)
+                // and as many blocks as can be resident, at most what its plan asks for.
+                Some(_) => {
+                    let entries: Vec<_> = args.iter().map(|b| &**b).zip(offsets).collect();
+                    let table = Arc::new(self.stream.address_table(&entries)?);
+                    if let Some(n) = self.stream.resident_blocks(
+                        loaded,
+                        k.launch.block[0],
+                        k.launch.shared_bytes,
+                    )? {
+                        grid[0] = grid[0].min(n);
+                    }
+                    (vec![table], vec![0])
+                }
+            };
             launches.push(KernelLaunch {
                 kernel: loaded.clone(),
-                grid: k.launch.grid,
+                grid,
                 block: k.launch.block,
                 shared_bytes: k.launch.shared_bytes,
                 args,
@@ -343,6 +369,15 @@ impl GpuSession {
     /// The interpreter's error for the first gather (in plan order, the order the interpreter
     /// runs them) whose kernel found an index outside its table in the last run.
     pub(super) fn check_indices(&self) -> Result<(), CompileError> {
+        // A persistent kernel that gave up on a wait computed nothing reliable: said first.
+        if let Some(stall) = &self.stall {
+            if let Some(status) = self.status.get(&stall.status) {
+                let bytes = self.stream.download(status)?;
+                if let Some((step, waited_for)) = stall.stalled(&bytes) {
+                    return Err(CompileError::PersistentStall { step, waited_for });
+                }
+            }
+        }
         for check in &self.checks {
             let Some(status) = self.status.get(&check.status) else {
                 continue;
@@ -366,6 +401,20 @@ impl GpuSession {
             }
         }
         Ok(())
+    }
+
+    /// A timed persistent kernel's timeline of the last run (`None` for any other plan).
+    pub(super) fn persistent_timeline(
+        &self,
+    ) -> Result<Option<Vec<codegen::StepTiming>>, CompileError> {
+        let Some(stall) = &self.stall else {
+            return Ok(None);
+        };
+        let Some(status) = self.status.get(&stall.status) else {
+            return Ok(None);
+        };
+        let bytes = self.stream.download(status)?;
+        Ok(stall.timeline(&bytes))
     }
 
     /// Output `index`: its type and the buffer holding it.

@@ -82,7 +82,7 @@ struct InputSlot {
 enum Backend {
     Cpu(CpuSession),
     Fast(Box<FastSession>),
-    Gpu(GpuSession),
+    Gpu(Box<GpuSession>),
 }
 
 /// The states another session lends a new one.
@@ -159,7 +159,7 @@ impl<'e> Session<'e> {
                     Some(Shared::Gpu(stream, states)) => Some((stream, states)),
                     Some(Shared::Cpu(_) | Shared::Fast(_)) | None => None,
                 };
-                Backend::Gpu(GpuSession::new(&exe, planned, options, lent)?)
+                Backend::Gpu(Box::new(GpuSession::new(&exe, planned, options, lent)?))
             }
             Body::Interpreted => {
                 for slot in &mut inputs {
@@ -283,6 +283,19 @@ impl<'e> Session<'e> {
     }
 
     /// Waits for this session's stream (and nothing else).
+    /// The timeline a timed persistent kernel (`codegen::Persistent::Shaped { timed: true,
+    /// .. }`) recorded in the last run: per step, when its first task's body started, when its
+    /// last task ended, and its tasks' wait and busy time (device clock: nanoseconds on
+    /// NVIDIA). `None` for any other plan or device.
+    pub fn persistent_timeline(
+        &self,
+    ) -> Result<Option<Vec<crate::codegen::StepTiming>>, CompileError> {
+        match &self.backend {
+            Backend::Gpu(gpu) => gpu.persistent_timeline(),
+            _ => Ok(None),
+        }
+    }
+
     pub fn synchronize(&self) -> Result<(), CompileError> {
         if let Backend::Gpu(gpu) = &self.backend {
             gpu.stream.synchronize()?;

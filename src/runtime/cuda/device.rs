@@ -13,7 +13,7 @@ use cudarc::nvrtc::Ptx;
 use super::graph::CudaGraphExec;
 use super::library::{
     cuda_err, probe, ATTRIBUTE_SYMBOLS, DRIVER_SYMBOLS, GRAPH_SYMBOLS, LAUNCH_EX_SYMBOLS,
-    NVRTC_SYMBOLS, TIMING_SYMBOLS,
+    NVRTC_SYMBOLS, OCCUPANCY_SYMBOLS, TIMING_SYMBOLS,
 };
 use super::nvrtc::{compile_cubin, nvrtc_archs};
 use crate::arch::mma::wgmma::Swizzle;
@@ -41,6 +41,8 @@ pub struct CudaDevice {
     /// Whether the driver has [`ATTRIBUTE_SYMBOLS`] (the dynamic shared memory opt-in), else
     /// why not.
     attributes: Result<(), String>,
+    /// Whether the driver has [`OCCUPANCY_SYMBOLS`].
+    occupancy: Result<(), String>,
     /// Whether launches marked programmatic go as programmatic dependent launches: the GPU is
     /// sm_90 or newer and the driver has [`LAUNCH_EX_SYMBOLS`].
     programmatic: bool,
@@ -82,6 +84,12 @@ impl CudaDevice {
         )
         .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
         .and_then(|o| o.require(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes"));
+        let occupancy = libraries::open(
+            "ROCMFORGE_CUDA_LIBRARY",
+            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+        )
+        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
+        .and_then(|o| o.require(&OCCUPANCY_SYMBOLS, "libcuda with the occupancy query"));
         let launch_ex = libraries::open(
             "ROCMFORGE_CUDA_LIBRARY",
             &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
@@ -125,6 +133,7 @@ impl CudaDevice {
             timing,
             graphs,
             attributes,
+            occupancy,
             // Programmatic dependent launch is a Hopper (compute capability 9.0) feature;
             // ROCMFORGE_PROGRAMMATIC_LAUNCH=0 turns it off (to measure what it gives).
             programmatic: launch_ex.is_ok()
@@ -189,6 +198,28 @@ impl CudaDevice {
                 opt_in_bytes: opt_in.max(default_bytes),
             }
         })
+    }
+
+    /// Blocks of `f` (`threads` threads, `shared` bytes of dynamic shared memory) resident on the
+    /// whole GPU at once: the driver's occupancy per multiprocessor times their count; `None`
+    /// where the driver cannot answer.
+    pub(super) fn resident_blocks(
+        &self,
+        f: &CudaFunction,
+        threads: u32,
+        shared: u32,
+    ) -> Option<u32> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        self.occupancy.as_ref().ok()?;
+        let sms = self
+            .ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
+            .ok()?;
+        per_sm.checked_mul(sms).filter(|&n| n > 0)
     }
 
     /// Lets `f` use up to `bytes` of dynamic shared memory

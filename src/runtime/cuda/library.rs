@@ -67,6 +67,12 @@ pub(super) const GRAPH_SYMBOLS: [&str; 6] = [
 /// [`LaunchAttrs`]: crate::runtime::backend::LaunchAttrs
 pub(super) const ATTRIBUTE_SYMBOLS: [&str; 1] = ["cuFuncSetAttribute"];
 
+/// The driver entry points of the occupancy query (how many blocks of a persistent kernel can be
+/// resident): checked when the device opens; without them a persistent kernel is launched with
+/// one block per multiprocessor.
+pub(super) const OCCUPANCY_SYMBOLS: [&str; 1] =
+    ["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"];
+
 /// The driver entry point of launches with attributes (programmatic dependent launch,
 /// [`LaunchAttrs::programmatic`]): checked when the device opens; without it every launch is a
 /// plain `cuLaunchKernel`.

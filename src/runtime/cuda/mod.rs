@@ -163,6 +163,14 @@ impl Backend for CudaDevice {
         self.address(stream, buf) + offset as CUdeviceptr
     }
 
+    fn address_value(a: CUdeviceptr) -> u64 {
+        a
+    }
+
+    fn resident_blocks(&self, f: &CudaFunction, threads: u32, shared: u32) -> Option<u32> {
+        CudaDevice::resident_blocks(self, f, threads, shared)
+    }
+
     fn encode_tensor_map(
         &self,
         stream: &Arc<CudaStream>,

@@ -99,6 +99,9 @@ pub(crate) struct Problem {
     pub what: String,
     /// A's rows normalised over K before the product (GEMV kernels only).
     pub prologue: Option<NormPrologue>,
+    /// Blocks that keep the GPU busy, for the GEMV kernel's columns per block
+    /// (`small_m::FILL_BLOCKS`; fewer in a persistent plan, whose resident blocks run its tasks).
+    pub fill_blocks: usize,
 }
 
 /// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
@@ -280,6 +283,7 @@ impl Problem {
             store,
             acc,
             what,
+            fill_blocks: small_m::FILL_BLOCKS,
             epilogue: gemm.epilogue.is_some(),
             pair: gemm.paired,
             acc1: if gemm.paired {
@@ -302,7 +306,10 @@ pub(crate) fn lower(
     plan: &mut KernelPlan,
 ) -> Result<Kernel, CodegenError> {
     let (tuned, int8_gemv) = (&options.tuned, options.int8_gemv);
-    let p = Problem::new(g, id, gemm)?;
+    let mut p = Problem::new(g, id, gemm)?;
+    if options.persistent != crate::codegen::Persistent::Off {
+        p.fill_blocks = small_m::PERSISTENT_FILL_BLOCKS;
+    }
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
     let node = &g.node(id).name;
@@ -398,6 +405,7 @@ impl Problem {
             acc1: String::new(),
             what: String::new(),
             prologue: None,
+            fill_blocks: small_m::FILL_BLOCKS,
         }
     }
 }

@@ -109,7 +109,8 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
     // Paired columns: a block holds whole pairs.
     let least = if p.pair { 2 } else { 1 };
     cols = cols.max(least);
-    while cols > least && blocks(cols) < FILL_BLOCKS {
+    // In a persistent plan, fewer blocks fill it (`Problem::fill_blocks`).
+    while cols > least && blocks(cols) < FILL_BLOCKS.min(p.fill_blocks) {
         cols /= 2;
     }
     Config {

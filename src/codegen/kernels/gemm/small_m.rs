@@ -31,7 +31,11 @@ const MAX_WAVES: usize = 4;
 const CHUNKS_PER_THREAD: usize = 2;
 /// Blocks that keep a large GPU busy (H100: 132 SMs, MI300X: 304 CUs, a few blocks each):
 /// fewer columns per block are taken while the grid is smaller than this.
-const FILL_BLOCKS: usize = 512;
+pub(crate) const FILL_BLOCKS: usize = 512;
+/// The same in a persistent plan (`codegen::persistent`), whose few hundred resident blocks
+/// run its blocks as tasks one at a time: wider blocks (more columns, more loads in flight per
+/// thread) and fewer tasks a step, one round over the resident blocks.
+pub(crate) const PERSISTENT_FILL_BLOCKS: usize = 128;
 /// Bytes one vector load reads.
 const VECTOR_BYTES: usize = 16;
 
@@ -63,6 +67,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     let vec = VECTOR_BYTES / dtype.size_bytes();
     let wave = target.wave_size as usize;
     let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
+    let fill = p.fill_blocks;
     let waves = |per_wave: usize| {
         p.k.div_ceil(per_wave * CHUNKS_PER_THREAD)
             .clamp(1, MAX_WAVES)
@@ -77,7 +82,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
         && vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Cols, vec);
     if along_n {
         // Two lanes a row read a whole 32-byte sector; one where that leaves the GPU idle.
-        let groups = if blocks(2 * vec) >= FILL_BLOCKS { 2 } else { 1 };
+        let groups = if blocks(2 * vec) >= fill { 2 } else { 1 };
         return Config {
             cols: groups * vec,
             waves: waves(wave / groups),
@@ -96,7 +101,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     // Paired columns: a block holds whole pairs.
     let least = if p.pair { 2 } else { 1 };
     cols = cols.max(least);
-    while cols > least && blocks(cols) < FILL_BLOCKS {
+    while cols > least && blocks(cols) < fill {
         cols /= 2;
     }
     Config {
