@@ -103,6 +103,17 @@ pub fn hip_trials(
             }
         }),
     );
+    // The persistent decode kernel through HIP: its argument table from HIP addresses, and a
+    // grid codegen bounds (HIP's occupancy is not queried), more blocks than can be resident:
+    // tasks are claimed in order, so it must finish all the same.
+    add(
+        "llama::tiny_persistent_decode_equals_per_kernel",
+        Box::new(|d| crate::llama::tiny_persistent(d)),
+    );
+    add(
+        "llama::tiny_persistent_stall_is_a_typed_error",
+        Box::new(|d| crate::llama::tiny_persistent_stall(d)),
+    );
     for path in files::graph_files() {
         for fuse in [true, false] {
             let stem = path.file_stem().unwrap().to_string_lossy().into_owned();

@@ -520,6 +520,13 @@ fn main() -> ExitCode {
                 eprintln!("error: --compiler applies to --report and --emit bundle");
                 return ExitCode::from(2);
             }
+            if *megakernel && is_bundle {
+                eprintln!(
+                    "error: --megakernel applies to the launch list, --emit hip and --report; a \
+                     replay bundle of a persistent kernel is not supported yet"
+                );
+                return ExitCode::from(2);
+            }
             let cg = CodegenArgs {
                 bundle: is_bundle.then_some((*seed, *max_bundle_bytes)),
                 target: target.as_deref(),

@@ -374,6 +374,11 @@ impl GpuSession {
             if let Some(status) = self.status.get(&stall.status) {
                 let bytes = self.stream.download(status)?;
                 if let Some((step, waited_for)) = stall.stalled(&bytes) {
+                    // Tasks that gave up left their steps' counters part-counted (a split
+                    // attention's, say): zeroed, so that the session's next run starts clean.
+                    for c in self.counters.values() {
+                        self.stream.fill(c, 0)?;
+                    }
                     return Err(CompileError::PersistentStall { step, waited_for });
                 }
             }
