@@ -123,7 +123,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks }}) {{
     if (threadIdx.x == 0) {
         rf_p_bar[0] = 0u;
         rf_p_bar[1] = 0u;
-    }
+{% if timed %}        // The timeline's kernel words (after the steps'): the first block's start, the last block's exit.
+        atomicMax(stall + 2 + 4ull * RF_P_STEPS, ~rf_now_ns());
+{% endif %}    }
     // A block claims its next task when it is free: claiming ahead (while running a task) tied the next step's
     // tasks to blocks still busy with this one's, and measured slower (H200, docs/performance.md).
     for (;;) {
@@ -179,6 +181,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks }}) {{
     }
     // The last block to leave resets every word: no task reads them any more in this launch.
     if (threadIdx.x == 0) {
+{% if timed %}        atomicMax(stall + 3 + 4ull * RF_P_STEPS, rf_now_ns());
+{% endif %}
         __threadfence();
         rf_last = atomicAdd(sync + RF_P_EXITED, 1u) == gridDim.x - 1 ? 1u : 0u;
     }

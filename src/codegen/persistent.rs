@@ -356,10 +356,10 @@ pub(crate) fn fold(mut plan: KernelPlan, mode: Persistent) -> Result<KernelPlan,
     plan.buffers.push(Buffer {
         id: stall,
         name: format!("{node}:stall"),
-        // With the timeline: four u64 per step after the report's two.
+        // With the timeline: four u64 per step after the report's two, then the kernel's two.
         ty: TensorType::new(
             DType::I32,
-            vec![(STATUS_BYTES + if timed { 32 * steps } else { 0 }) / 4],
+            vec![(STATUS_BYTES + if timed { 32 * steps + 16 } else { 0 }) / 4],
         ),
         role: BufferRole::Status,
     });

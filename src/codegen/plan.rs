@@ -247,6 +247,20 @@ impl StallCheck {
         Some(out)
     }
 
+    /// When the timed kernel's first block started and its last block left (`None` unless
+    /// `timed`).
+    pub fn kernel_span(&self, status: &[u8]) -> Option<(u64, u64)> {
+        if !self.timed {
+            return None;
+        }
+        let word = |k: usize| -> Option<u64> {
+            let bytes = status.get(8 * k..8 * k + 8)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let at = 2 + 4 * self.steps.len();
+        Some((!word(at)?, word(at + 1)?))
+    }
+
     /// The waiting step's node and the node it waited for, from the status buffer's bytes;
     /// `None` when no wait stalled.
     pub fn stalled(&self, status: &[u8]) -> Option<(String, String)> {

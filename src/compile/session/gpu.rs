@@ -45,8 +45,12 @@ pub(in crate::compile) struct GpuSession {
     slots: Vec<Arc<DeviceBuffer>>,
     /// Input buffers by plan buffer id.
     inputs: HashMap<usize, Arc<DeviceBuffer>>,
-    /// Status buffers of the index checks by plan buffer id, zeroed before every run.
-    status: HashMap<usize, Arc<DeviceBuffer>>,
+    /// Status words of the index checks (and a persistent kernel's stall report): one device
+    /// buffer, zeroed before every run with one fill and read after it with one copy (a copy
+    /// per check was a synchronous round trip each, 32 a decode step), each check's words at a
+    /// byte offset into it, by plan buffer id.
+    status: Arc<DeviceBuffer>,
+    status_at: HashMap<usize, (usize, usize)>,
     /// Counters by plan buffer id: zeroed once here, never poisoned; the kernels that take
     /// them leave them at 0 (`BufferRole::Counters`), so neither a run nor a replay refills them.
     counters: HashMap<usize, Arc<DeviceBuffer>>,
@@ -159,18 +163,25 @@ impl GpuSession {
                 | BufferRole::Alias { .. } => {}
             }
         }
-        let status = plan
+        let mut status_at = HashMap::new();
+        let mut status_bytes = 0usize;
+        for id in plan
             .checks
             .iter()
             .map(|c| c.status)
             .chain(plan.stall.iter().map(|s| s.status))
-            .map(|id| {
-                // A persistent kernel's report also holds its timeline when it keeps one.
-                let bytes = buffer_bytes(plan, id).max(codegen::STATUS_BYTES);
-                let buf = stream.alloc(bytes, false)?;
-                Ok((id, Arc::new(buf)))
-            })
-            .collect::<Result<HashMap<_, _>, RuntimeError>>()?;
+        {
+            // A persistent kernel's report also holds its timeline when it keeps one. Slots
+            // stay 16-byte aligned (the words are u64).
+            let bytes = buffer_bytes(plan, id).max(codegen::STATUS_BYTES);
+            status_at.entry(id).or_insert_with(|| {
+                let at = status_bytes;
+                status_bytes += bytes.div_ceil(16) * 16;
+                (at, bytes)
+            });
+        }
+        let status = Arc::new(stream.alloc(status_bytes.max(16), false)?);
+        stream.fill(&status, 0)?;
         let replay = if !options.replay {
             Err(ReplayOff::Disabled)
         } else if replay_env_off() {
@@ -187,6 +198,7 @@ impl GpuSession {
             slots,
             inputs,
             status,
+            status_at,
             counters,
             maps: HashMap::new(),
             checks: plan.checks.clone(),
@@ -226,7 +238,8 @@ impl GpuSession {
             BufferRole::Weight(_) | BufferRole::QuantWeight(_) | BufferRole::Constant(_) => {
                 planned.resident.get(&id)
             }
-            BufferRole::Status => self.status.get(&id),
+            // Bound at its offset by `bound`.
+            BufferRole::Status => self.status_at.contains_key(&id).then_some(&self.status),
             BufferRole::Counters => self.counters.get(&id),
             BufferRole::TensorMap { .. } => self.maps.get(&id),
             BufferRole::State { .. } => self.states.iter().find(|s| s.id == id).map(|s| &s.buffer),
@@ -249,6 +262,9 @@ impl GpuSession {
         id: usize,
     ) -> Result<(Arc<DeviceBuffer>, usize), CompileError> {
         let plan = &planned.plan;
+        if let Some(&(at, _)) = self.status_at.get(&id) {
+            return Ok((self.status.clone(), at));
+        }
         let (base, offset) = plan.storage(id);
         let bytes = offset * plan.buffers[id].ty.dtype.size_bytes();
         Ok((self.buffer(planned, base)?, bytes))
@@ -341,9 +357,7 @@ impl GpuSession {
     /// run) or launched one by one.
     pub(super) fn run(&mut self) -> Result<(), CompileError> {
         // What the checks found is about this run's inputs only.
-        for s in self.status.values() {
-            self.stream.fill(s, 0)?;
-        }
+        self.stream.fill(&self.status, 0)?;
         if self.replay.is_ok() && !self.launches.is_empty() {
             if self.graph.is_none() {
                 self.graph = Some(self.stream.capture(&self.launches)?);
@@ -369,11 +383,18 @@ impl GpuSession {
     /// The interpreter's error for the first gather (in plan order, the order the interpreter
     /// runs them) whose kernel found an index outside its table in the last run.
     pub(super) fn check_indices(&self) -> Result<(), CompileError> {
+        if self.status_at.is_empty() {
+            return Ok(());
+        }
+        let all = self.stream.download(&self.status)?;
+        let words = |id: usize| -> Option<&[u8]> {
+            let &(at, bytes) = self.status_at.get(&id)?;
+            all.get(at..at + bytes)
+        };
         // A persistent kernel that gave up on a wait computed nothing reliable: said first.
         if let Some(stall) = &self.stall {
-            if let Some(status) = self.status.get(&stall.status) {
-                let bytes = self.stream.download(status)?;
-                if let Some((step, waited_for)) = stall.stalled(&bytes) {
+            if let Some(bytes) = words(stall.status) {
+                if let Some((step, waited_for)) = stall.stalled(bytes) {
                     // Tasks that gave up left their steps' counters part-counted (a split
                     // attention's, say): zeroed, so that the session's next run starts clean.
                     for c in self.counters.values() {
@@ -384,11 +405,10 @@ impl GpuSession {
             }
         }
         for check in &self.checks {
-            let Some(status) = self.status.get(&check.status) else {
+            let Some(bytes) = words(check.status) else {
                 continue;
             };
-            let bytes = self.stream.download(status)?;
-            if let Some(index) = check.failed_index(&bytes) {
+            if let Some(index) = check.failed_index(bytes) {
                 return Err(match check.write_rows {
                     None => InterpError::IndexOutOfRange {
                         node: check.node.clone(),
@@ -415,11 +435,27 @@ impl GpuSession {
         let Some(stall) = &self.stall else {
             return Ok(None);
         };
-        let Some(status) = self.status.get(&stall.status) else {
+        let Some(&(at, n)) = self.status_at.get(&stall.status) else {
             return Ok(None);
         };
-        let bytes = self.stream.download(status)?;
-        Ok(stall.timeline(&bytes))
+        let all = self.stream.download(&self.status)?;
+        let Some(bytes) = all.get(at..at + n) else {
+            return Ok(None);
+        };
+        let (Some(mut steps), Some((start, end))) =
+            (stall.timeline(bytes), stall.kernel_span(bytes))
+        else {
+            return Ok(None);
+        };
+        // The kernel itself as a last row: its first block's start to its last block's exit.
+        steps.push(codegen::StepTiming {
+            node: "(kernel)".into(),
+            start,
+            end,
+            wait: 0,
+            busy: 0,
+        });
+        Ok(Some(steps))
     }
 
     /// Output `index`: its type and the buffer holding it.

@@ -102,6 +102,8 @@ pub(crate) struct Problem {
     /// Blocks that keep the GPU busy, for the GEMV kernel's columns per block
     /// (`small_m::FILL_BLOCKS`; fewer in a persistent plan, whose resident blocks run its tasks).
     pub fill_blocks: usize,
+    /// The most columns a GEMV block takes (`small_m::MAX_COLS`; more in a persistent plan).
+    pub max_cols: usize,
 }
 
 /// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
@@ -284,6 +286,7 @@ impl Problem {
             acc,
             what,
             fill_blocks: small_m::FILL_BLOCKS,
+            max_cols: small_m::MAX_COLS,
             epilogue: gemm.epilogue.is_some(),
             pair: gemm.paired,
             acc1: if gemm.paired {
@@ -309,6 +312,7 @@ pub(crate) fn lower(
     let mut p = Problem::new(g, id, gemm)?;
     if options.persistent != crate::codegen::Persistent::Off {
         p.fill_blocks = small_m::PERSISTENT_FILL_BLOCKS;
+        p.max_cols = small_m::PERSISTENT_MAX_COLS;
     }
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
@@ -406,6 +410,7 @@ impl Problem {
             what: String::new(),
             prologue: None,
             fill_blocks: small_m::FILL_BLOCKS,
+            max_cols: small_m::MAX_COLS,
         }
     }
 }

@@ -23,7 +23,10 @@ pub(crate) const MAX_M: usize = crate::ir::gemm::GEMV_MAX_M;
 /// Accumulators per thread (M × cols) at most: beyond, registers spill on wave64 targets.
 const MAX_ACC: usize = 64;
 /// Columns per block at most: each column is one 16-byte load in flight per chunk.
-const MAX_COLS: usize = 4;
+pub(crate) const MAX_COLS: usize = 4;
+/// The same in a persistent plan: a step's columns in fewer, wider tasks (gate/up's 3,072
+/// paired columns in 384, one round over the resident blocks).
+pub(crate) const PERSISTENT_MAX_COLS: usize = 8;
 /// Waves per block at most.
 const MAX_WAVES: usize = 4;
 /// Chunks of K each thread should have at least before another wave is added: with fewer, the
@@ -97,7 +100,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
     // 32 sums: M 16, 2 columns).
     let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
-    let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
+    let mut cols = p.max_cols.min(acc / p.m.max(1)).max(1);
     // Paired columns: a block holds whole pairs.
     let least = if p.pair { 2 } else { 1 };
     cols = cols.max(least);
