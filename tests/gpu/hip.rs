@@ -108,11 +108,11 @@ pub fn hip_trials(
     // tasks are claimed in order, so it must finish all the same.
     add(
         "llama::tiny_persistent_decode_equals_per_kernel",
-        Box::new(|d| crate::llama::tiny_persistent(d)),
+        Box::new(crate::llama::tiny_persistent),
     );
     add(
         "llama::tiny_persistent_stall_is_a_typed_error",
-        Box::new(|d| crate::llama::tiny_persistent_stall(d)),
+        Box::new(crate::llama::tiny_persistent_stall),
     );
     for path in files::graph_files() {
         for fuse in [true, false] {
