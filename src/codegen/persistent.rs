@@ -2,8 +2,8 @@
 //! kernels become the steps of one launch. Each distinct kernel body is kept as it was generated
 //! and turned into a device function of its task (`blockIdx`/`gridDim` are the task's, the wait
 //! on earlier kernels is a wait on the steps it depends on); a dispatcher
-//! (`kernel_templates/persistent.hip`) claims tasks in plan order, one block of one step each,
-//! and counts them done. The steps a step waits for come from the plan's buffer accesses (read
+//! (`kernel_templates/persistent.hip`) claims tasks in plan order (a task is one block of one
+//! step, or a few where a step is cut into fewer tasks) and counts them done. The steps a step waits for come from the plan's buffer accesses (read
 //! after write, write after read or write, by storage, so aliases and in-place writes order
 //! correctly), reduced to those not already implied by another. Pure: the plan in, the plan out.
 //!
@@ -28,7 +28,7 @@ use crate::ir::{DType, TensorType};
 /// far beyond any step's time, short enough that a stall ends in about a second.
 const SPIN_LIMIT: u32 = 1 << 22;
 /// Blocks per multiprocessor the persistent kernel's registers are bounded for by default (the
-/// fastest of 2, 4 and 8 on the H200 for SmolLM2's decode step, docs/performance.md).
+/// fastest of 2, 3, 4 and 8 on the H200 for SmolLM2's decode step, docs/performance.md).
 pub const DEFAULT_RESIDENT: u32 = 4;
 /// Tasks a step is cut into at most by default: more than any decode step has blocks, so a task
 /// is one block (fewer, longer tasks measured slower: a task's blocks run one after another).
@@ -36,8 +36,8 @@ pub const DEFAULT_TASKS: u32 = 1024;
 /// The most blocks a persistent launch asks for; the runtime takes as many as can be resident.
 const MAX_GRID: usize = 4096;
 
-/// A test hook: the last step waits for itself, a dependency that is never met, so the run
-/// must end in the stall error within the spin limit.
+/// Whether a plan becomes one persistent kernel, and how it is shaped
+/// ([`CodegenOptions::persistent`](super::CodegenOptions::persistent)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Persistent {
     /// One launch per kernel (the default).
@@ -58,7 +58,8 @@ pub enum Persistent {
         tasks: u32,
         timed: bool,
     },
-    /// As `On`, with a dependency that is never met (tests of the stall error).
+    /// A test hook: as `On`, with the last step waiting for itself, a dependency that is
+    /// never met, so a run must end in the stall error within the spin limit.
     NeverReady,
 }
 
