@@ -263,17 +263,12 @@ fn main() {
 /// the kind of step (its node's name without the number): steps, the summed time from a step's
 /// first task starting to its last ending, the summed gap from the previous step's end to its
 /// start, and its tasks' mean wait and busy time.
-fn print_timeline(timeline: &[rocmforge::codegen::StepTiming]) {
-    let (kernel, timeline) = match timeline.split_last() {
-        Some((k, steps)) if k.node == "(kernel)" => (Some(k), steps),
-        _ => (None, timeline),
-    };
-    if let Some(k) = kernel {
-        println!(
-            "  kernel: {:.1} us from its first block's start to its last block's exit",
-            (k.end - k.start) as f64 / 1e3
-        );
-    }
+fn print_timeline(t: &rocmforge::codegen::Timeline) {
+    println!(
+        "  kernel: {:.1} us from its first block's start to its last block's exit",
+        (t.kernel_end - t.kernel_start) as f64 / 1e3
+    );
+    let timeline = &t.steps;
     let (Some(first), Some(last)) = (
         timeline.iter().map(|t| t.start).min(),
         timeline.iter().map(|t| t.end).max(),

@@ -32,7 +32,7 @@ pub use names::display_name;
 pub use persistent::Persistent;
 pub use plan::{
     Access, Buffer, BufferId, BufferRole, IndexCheck, Kernel, KernelPlan, Launch, PersistentLaunch,
-    PlanOutput, StallCheck, StepTiming, STATUS_BYTES,
+    PlanOutput, StallCheck, StepTiming, Timeline, STATUS_BYTES,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -88,13 +88,9 @@ impl IndexCheck {
     /// The first out-of-range index the kernels found, from the status buffer's bytes; `None`
     /// when every index was in range.
     pub fn failed_index(&self, status: &[u8]) -> Option<i64> {
-        let word = |k: usize| -> Option<u64> {
-            let bytes = status.get(8 * k..8 * k + 8)?;
-            Some(u64::from_le_bytes(bytes.try_into().ok()?))
-        };
-        match word(0)? {
+        match status_word(status, 0)? {
             0 => None,
-            _ => Some(i64::from_le_bytes(word(1)?.to_le_bytes())),
+            _ => Some(i64::from_le_bytes(status_word(status, 1)?.to_le_bytes())),
         }
     }
 }
@@ -218,25 +214,40 @@ pub struct StepTiming {
     pub busy: u64,
 }
 
+/// A timed persistent kernel's timeline of one run (`Persistent::Shaped { timed: true, .. }`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timeline {
+    /// When the kernel's first block started and its last block left.
+    pub kernel_start: u64,
+    pub kernel_end: u64,
+    /// The steps any task ran, in step order.
+    pub steps: Vec<StepTiming>,
+}
+
+/// Little-endian u64 number `k` of a status buffer's bytes.
+fn status_word(status: &[u8], k: usize) -> Option<u64> {
+    let bytes = status.get(8 * k..8 * k + 8)?;
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
 impl StallCheck {
-    /// The timeline from the status buffer's bytes (`None` unless `timed`); steps no task ran
-    /// are left out.
-    pub fn timeline(&self, status: &[u8]) -> Option<Vec<StepTiming>> {
+    /// The timeline from the status buffer's bytes (`None` unless `timed`): after the report's
+    /// two words, four per step (the complement of its first body start, its last end, its
+    /// tasks' wait and busy time), then the complement of the kernel's first block start and
+    /// its last block exit. Steps no task ran are left out.
+    pub fn timeline(&self, status: &[u8]) -> Option<Timeline> {
         if !self.timed {
             return None;
         }
-        let word = |k: usize| -> Option<u64> {
-            let bytes = status.get(8 * k..8 * k + 8)?;
-            Some(u64::from_le_bytes(bytes.try_into().ok()?))
-        };
-        let mut out = Vec::new();
+        let word = |k: usize| status_word(status, k);
+        let mut steps = Vec::new();
         for (i, node) in self.steps.iter().enumerate() {
             let at = 2 + 4 * i;
             let (first, end) = (word(at)?, word(at + 1)?);
             if first == 0 {
                 continue;
             }
-            out.push(StepTiming {
+            steps.push(StepTiming {
                 node: node.clone(),
                 start: !first,
                 end,
@@ -244,30 +255,17 @@ impl StallCheck {
                 busy: word(at + 3)?,
             });
         }
-        Some(out)
-    }
-
-    /// When the timed kernel's first block started and its last block left (`None` unless
-    /// `timed`).
-    pub fn kernel_span(&self, status: &[u8]) -> Option<(u64, u64)> {
-        if !self.timed {
-            return None;
-        }
-        let word = |k: usize| -> Option<u64> {
-            let bytes = status.get(8 * k..8 * k + 8)?;
-            Some(u64::from_le_bytes(bytes.try_into().ok()?))
-        };
         let at = 2 + 4 * self.steps.len();
-        Some((!word(at)?, word(at + 1)?))
+        Some(Timeline {
+            kernel_start: !word(at)?,
+            kernel_end: word(at + 1)?,
+            steps,
+        })
     }
 
     /// The waiting step's node and the node it waited for, from the status buffer's bytes;
     /// `None` when no wait stalled.
     pub fn stalled(&self, status: &[u8]) -> Option<(String, String)> {
-        let word = |k: usize| -> Option<u64> {
-            let bytes = status.get(8 * k..8 * k + 8)?;
-            Some(u64::from_le_bytes(bytes.try_into().ok()?))
-        };
         let name = |i: u64| {
             usize::try_from(i)
                 .ok()
@@ -275,9 +273,9 @@ impl StallCheck {
                 .cloned()
                 .unwrap_or_else(|| format!("step {i}"))
         };
-        match word(0)? {
+        match status_word(status, 0)? {
             0 => None,
-            w => Some((name(!w), name(word(1)?))),
+            w => Some((name(!w), name(status_word(status, 1)?))),
         }
     }
 }

@@ -103,12 +103,7 @@ impl Stream {
         entries: &[(&DeviceBuffer, usize)],
     ) -> Result<DeviceBuffer, RuntimeError> {
         for &(b, offset) in entries {
-            if offset > b.bytes {
-                return Err(RuntimeError::Cuda(format!(
-                    "an address {offset} bytes into a {}-byte buffer",
-                    b.bytes
-                )));
-            }
+            fits("address table offset", offset, b)?;
         }
         let bufs: Vec<(&Erased, usize)> = entries.iter().map(|&(b, o)| (&b.mem, o)).collect();
         let table = self.gpu.address_table(&self.inner, &bufs)?;

@@ -204,11 +204,13 @@ fn tiny_model() -> Result<LlamaModel, Failed> {
     Ok(m)
 }
 
-/// Prefill (bucket 16) and decode plans of the tiny model on `d`, context 48.
+/// Prefill (bucket 16) and decode plans of the tiny model on `d`, context 48; the decode plan
+/// as one persistent kernel where `persistent` says so.
 fn tiny_plans(
     m: &LlamaModel,
     d: &Device,
     p: Precision,
+    persistent: Persistent,
 ) -> Result<(Executable, Executable), Failed> {
     let prefill = m.kv_graph(16, 48, p, true)?;
     let decode = m.kv_graph(1, 48, p, true)?;
@@ -218,10 +220,46 @@ fn tiny_plans(
         progress: false,
         ..CompileOptions::default()
     };
+    let decode_options = CompileOptions {
+        persistent,
+        ..options.clone()
+    };
     Ok((
         Graph::compile_with(prefill, d, &options)?,
-        Graph::compile_with(decode, d, &options)?,
+        Graph::compile_with(decode, d, &decode_options)?,
     ))
+}
+
+/// The prompt prefilled into `a`'s and `b`'s poisoned caches, then 12 decode steps each fed the
+/// top token of `b`'s last logits: every step's logits of `a` and of `b`.
+#[allow(clippy::type_complexity)]
+fn side_by_side(
+    (a_pre, a_dec): (&Executable, &Executable),
+    (b_pre, b_dec): (&Executable, &Executable),
+    prompt: &[u32],
+) -> Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), Failed> {
+    let n = prompt.len();
+    let mut aps = a_pre.session()?;
+    // Replayed decode sessions (the default), as `generate` runs them.
+    let mut ads = a_dec.session_sharing(&SessionOptions::default(), &aps)?;
+    let mut bps = b_pre.session()?;
+    let mut bds = b_dec.session_sharing(&SessionOptions::default(), &bps)?;
+    aps.poison_state()?;
+    bps.poison_state()?;
+    let mut got = vec![step(&mut aps, 16, prompt, 0, 16, n - 1)?];
+    let mut want = vec![step(&mut bps, 16, prompt, 0, 16, n - 1)?];
+    for i in 0..12 {
+        let (t, _) = top2(want.last().expect("one"));
+        let t = t as u32;
+        got.push(step(&mut ads, 1, &[t], n + i, n + i + 1, 0)?);
+        want.push(step(&mut bds, 1, &[t], n + i, n + i + 1, 0)?);
+    }
+    // Past the cache's 48 rows: the op's own check, as on the CPU.
+    match step(&mut ads, 1, &[0], 48, 49, 0) {
+        Err(e) if e.message().is_some_and(|m| m.contains("48")) => {}
+        other => return Err(format!("write past the end: {other:?}").into()),
+    }
+    Ok((got, want))
 }
 
 /// The tiny model through the KV cache on the GPU against the interpreter, in f32, f16 and
@@ -230,9 +268,12 @@ fn tiny_plans(
 /// tolerance, the f32 tokens exactly. Then the f32 generator on both devices gives the same
 /// tokens, and a cache write past the end is the interpreter's error.
 pub fn tiny(d: &Device) -> Result<(), Failed> {
+    // Shared with every trial, exclusive to the memory check (it measures the device's memory).
+    let _shared = crate::harness::MEMORY
+        .read()
+        .unwrap_or_else(|p| p.into_inner());
     let m = tiny_model()?;
     let prompt: Vec<u32> = m.tokenizer.encode("hello world, hello")?;
-    let n = prompt.len();
     let cpu = Device::cpu();
     for (p, tol) in [
         (Precision::F32, 1e-3),
@@ -242,22 +283,10 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
         (Precision::F16, 0.05),
         (Precision::quantized(DType::F16), 0.05),
     ] {
-        let (gp, gd) = tiny_plans(&m, d, p)?;
-        let (cp, cd) = tiny_plans(&m, &cpu, p)?;
-        let mut gps = gp.session()?;
-        let mut gds = gd.session_sharing(&SessionOptions { replay: true }, &gps)?;
-        let mut cps = cp.session()?;
-        let mut cds = cd.session_sharing(&SessionOptions::default(), &cps)?;
-        gps.poison_state()?;
-        cps.poison_state()?;
-        let mut got = vec![step(&mut gps, 16, &prompt, 0, 16, n - 1)?];
-        let mut want = vec![step(&mut cps, 16, &prompt, 0, 16, n - 1)?];
-        for i in 0..12 {
-            let (t, _) = top2(want.last().expect("one"));
-            let t = t as u32;
-            got.push(step(&mut gds, 1, &[t], n + i, n + i + 1, 0)?);
-            want.push(step(&mut cds, 1, &[t], n + i, n + i + 1, 0)?);
-        }
+        let (gp, gd) = tiny_plans(&m, d, p, Persistent::Off)?;
+        let (cp, cd) = tiny_plans(&m, &cpu, p, Persistent::Off)?;
+        let (got, want) = side_by_side((&gp, &gd), (&cp, &cd), &prompt)
+            .map_err(|e| format!("{p:?}: {}", e.message().unwrap_or("failed")))?;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             // NaN-keeping maxima: `fold(_, f64::max)` drops NaN, and NaN logits passed.
             let scale = nan_max(max_abs(w), 1.0);
@@ -268,11 +297,6 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
             if p == Precision::F32 && top2(g).0 != top2(w).0 {
                 return Err(format!("{p:?}: step {i}: token differs").into());
             }
-        }
-        // Past the cache's 48 rows: the op's own check, as on the CPU.
-        match step(&mut gds, 1, &[0], 48, 49, 0) {
-            Err(e) if e.message().is_some_and(|m| m.contains("48")) => {}
-            other => return Err(format!("{p:?}: write past the end: {other:?}").into()),
         }
     }
     let options = GenerateOptions {
@@ -292,67 +316,32 @@ pub fn tiny(d: &Device) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Prefill and decode plans of the tiny model as `tiny_plans`, the decode plan as one persistent
-/// kernel (`persistent`).
-fn tiny_persistent_plans(
-    m: &LlamaModel,
-    d: &Device,
-    p: Precision,
-    persistent: Persistent,
-) -> Result<(Executable, Executable), Failed> {
-    let prefill = m.kv_graph(16, 48, p, true)?;
-    let decode = m.kv_graph(1, 48, p, true)?;
-    let options = CompileOptions {
-        weights: m.weights_for(&decode)?,
-        quantized: m.quantized_for(&decode)?,
-        progress: false,
-        ..CompileOptions::default()
-    };
-    let persistent_options = CompileOptions {
-        persistent,
-        ..options.clone()
-    };
-    Ok((
-        Graph::compile_with(prefill, d, &options)?,
-        Graph::compile_with(decode, d, &persistent_options)?,
-    ))
-}
-
 /// The tiny model's decode steps as one persistent kernel against the per-kernel plan on the
 /// same device, in f32, f16 and quantized: the same prompt prefilled into two poisoned caches,
 /// then 12 replayed decode steps fed the same tokens; every step's logits bitwise equal (each
 /// task runs its kernel's own body, so the order of operations is the same), and the plan is
 /// one kernel.
 pub fn tiny_persistent(d: &Device) -> Result<(), Failed> {
+    // Shared with every trial, exclusive to the memory check (it measures the device's memory).
+    let _shared = crate::harness::MEMORY
+        .read()
+        .unwrap_or_else(|p| p.into_inner());
     let m = tiny_model()?;
     let prompt: Vec<u32> = m.tokenizer.encode("hello world, hello")?;
-    let n = prompt.len();
     for p in [
         Precision::F32,
         Precision::quantized(DType::F32),
         Precision::F16,
         Precision::quantized(DType::F16),
     ] {
-        let (pp, pd) = tiny_persistent_plans(&m, d, p, Persistent::On)?;
-        let (kp, kd) = tiny_plans(&m, d, p)?;
+        let (pp, pd) = tiny_plans(&m, d, p, Persistent::On)?;
+        let (kp, kd) = tiny_plans(&m, d, p, Persistent::Off)?;
         let kernels = pd.plan().map(|p| p.kernels.len());
         if kernels != Some(1) {
             return Err(format!("{p:?}: the persistent plan has {kernels:?} kernels").into());
         }
-        let mut pps = pp.session()?;
-        let mut pds = pd.session_sharing(&SessionOptions { replay: true }, &pps)?;
-        let mut kps = kp.session()?;
-        let mut kds = kd.session_sharing(&SessionOptions { replay: true }, &kps)?;
-        pps.poison_state()?;
-        kps.poison_state()?;
-        let mut got = vec![step(&mut pps, 16, &prompt, 0, 16, n - 1)?];
-        let mut want = vec![step(&mut kps, 16, &prompt, 0, 16, n - 1)?];
-        for i in 0..12 {
-            let (t, _) = top2(want.last().expect("one"));
-            let t = t as u32;
-            got.push(step(&mut pds, 1, &[t], n + i, n + i + 1, 0)?);
-            want.push(step(&mut kds, 1, &[t], n + i, n + i + 1, 0)?);
-        }
+        let (got, want) = side_by_side((&pp, &pd), (&kp, &kd), &prompt)
+            .map_err(|e| format!("{p:?}: {}", e.message().unwrap_or("failed")))?;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let same =
                 g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -360,11 +349,6 @@ pub fn tiny_persistent(d: &Device) -> Result<(), Failed> {
                 let worst = max_abs_diff(g, w);
                 return Err(format!("{p:?}: step {i}: not bitwise equal (max |Δ| {worst})").into());
             }
-        }
-        // Past the cache's 48 rows: the cache write's own check, as in the per-kernel plan.
-        match step(&mut pds, 1, &[0], 48, 49, 0) {
-            Err(e) if e.message().is_some_and(|m| m.contains("48")) => {}
-            other => return Err(format!("{p:?}: write past the end: {other:?}").into()),
         }
     }
     Ok(())
@@ -374,10 +358,14 @@ pub fn tiny_persistent(d: &Device) -> Result<(), Failed> {
 /// dependency that can never be met) ends in the typed stall error within its bounded wait,
 /// instead of hanging the GPU; the session runs again (and fails again) afterwards.
 pub fn tiny_persistent_stall(d: &Device) -> Result<(), Failed> {
+    // Shared with every trial, exclusive to the memory check (it measures the device's memory).
+    let _shared = crate::harness::MEMORY
+        .read()
+        .unwrap_or_else(|p| p.into_inner());
     let m = tiny_model()?;
     let prompt: Vec<u32> = m.tokenizer.encode("hello")?;
     let n = prompt.len();
-    let (pp, pd) = tiny_persistent_plans(&m, d, Precision::F32, Persistent::NeverReady)?;
+    let (pp, pd) = tiny_plans(&m, d, Precision::F32, Persistent::NeverReady)?;
     let mut pps = pp.session()?;
     let mut pds = pd.session_sharing(&SessionOptions { replay: true }, &pps)?;
     step(&mut pps, 16, &prompt, 0, 16, n - 1)?;

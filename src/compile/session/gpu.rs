@@ -429,9 +429,7 @@ impl GpuSession {
     }
 
     /// A timed persistent kernel's timeline of the last run (`None` for any other plan).
-    pub(super) fn persistent_timeline(
-        &self,
-    ) -> Result<Option<Vec<codegen::StepTiming>>, CompileError> {
+    pub(super) fn persistent_timeline(&self) -> Result<Option<codegen::Timeline>, CompileError> {
         let Some(stall) = &self.stall else {
             return Ok(None);
         };
@@ -439,23 +437,7 @@ impl GpuSession {
             return Ok(None);
         };
         let all = self.stream.download(&self.status)?;
-        let Some(bytes) = all.get(at..at + n) else {
-            return Ok(None);
-        };
-        let (Some(mut steps), Some((start, end))) =
-            (stall.timeline(bytes), stall.kernel_span(bytes))
-        else {
-            return Ok(None);
-        };
-        // The kernel itself as a last row: its first block's start to its last block's exit.
-        steps.push(codegen::StepTiming {
-            node: "(kernel)".into(),
-            start,
-            end,
-            wait: 0,
-            busy: 0,
-        });
-        Ok(Some(steps))
+        Ok(all.get(at..at + n).and_then(|bytes| stall.timeline(bytes)))
     }
 
     /// Output `index`: its type and the buffer holding it.

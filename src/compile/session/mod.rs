@@ -286,11 +286,9 @@ impl<'e> Session<'e> {
     /// The timeline a timed persistent kernel (`codegen::Persistent::Shaped { timed: true,
     /// .. }`) recorded in the last run: per step, when its first task's body started, when its
     /// last task ended, and its tasks' wait and busy time (device clock: nanoseconds on
-    /// NVIDIA); then a row `(kernel)` from its first block's start to its last block's exit.
-    /// `None` for any other plan or device.
-    pub fn persistent_timeline(
-        &self,
-    ) -> Result<Option<Vec<crate::codegen::StepTiming>>, CompileError> {
+    /// NVIDIA), and the kernel's first block start and last block exit. `None` for any other
+    /// plan or device.
+    pub fn persistent_timeline(&self) -> Result<Option<crate::codegen::Timeline>, CompileError> {
         match &self.backend {
             Backend::Gpu(gpu) => gpu.persistent_timeline(),
             _ => Ok(None),

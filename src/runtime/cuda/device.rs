@@ -65,37 +65,21 @@ impl CudaDevice {
         };
         probe("ROCMFORGE_CUDA_LIBRARY", "cuda", &DRIVER_SYMBOLS).map_err(no)?;
         probe("ROCMFORGE_NVRTC_LIBRARY", "nvrtc", &NVRTC_SYMBOLS).map_err(no)?;
-        // The probe kept the driver loaded, so this opens the same object again.
-        let timing = libraries::open(
-            "ROCMFORGE_CUDA_LIBRARY",
-            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
-        )
-        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
-        .and_then(|o| o.require(&TIMING_SYMBOLS, "libcuda with event timing"));
-        let graphs = libraries::open(
-            "ROCMFORGE_CUDA_LIBRARY",
-            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
-        )
-        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
-        .and_then(|o| o.require(&GRAPH_SYMBOLS, "libcuda with graph capture"));
-        let attributes = libraries::open(
-            "ROCMFORGE_CUDA_LIBRARY",
-            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
-        )
-        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
-        .and_then(|o| o.require(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes"));
-        let occupancy = libraries::open(
-            "ROCMFORGE_CUDA_LIBRARY",
-            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
-        )
-        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
-        .and_then(|o| o.require(&OCCUPANCY_SYMBOLS, "libcuda with the occupancy query"));
-        let launch_ex = libraries::open(
-            "ROCMFORGE_CUDA_LIBRARY",
-            &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
-        )
-        .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
-        .and_then(|o| o.require(&LAUNCH_EX_SYMBOLS, "libcuda with launch attributes"));
+        // The probe kept the driver loaded, so this opens the same object again: each group of
+        // optional entry points is checked on it, and one that is missing turns its feature off.
+        let optional = |symbols: &[&str], what: &str| {
+            libraries::open(
+                "ROCMFORGE_CUDA_LIBRARY",
+                &libraries::unique(cudarc::get_lib_name_candidates("cuda")),
+            )
+            .map_err(|e| e.describe("NVIDIA driver", "libcuda.so.1"))
+            .and_then(|o| o.require(symbols, what))
+        };
+        let timing = optional(&TIMING_SYMBOLS, "libcuda with event timing");
+        let graphs = optional(&GRAPH_SYMBOLS, "libcuda with graph capture");
+        let attributes = optional(&ATTRIBUTE_SYMBOLS, "libcuda with function attributes");
+        let occupancy = optional(&OCCUPANCY_SYMBOLS, "libcuda with the occupancy query");
+        let launch_ex = optional(&LAUNCH_EX_SYMBOLS, "libcuda with launch attributes");
         let count =
             CudaContext::device_count().map_err(|e| no(format!("the CUDA driver failed: {e}")))?;
         if usize::try_from(count).map_or(true, |c| ordinal >= c) {
