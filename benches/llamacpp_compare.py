@@ -7,7 +7,8 @@ Ours, from one or both of:
   --bench BIN      our llama bench executable (`cargo bench --bench llama --no-run` prints its
                    path; benches/llama.rs): its decode rows at contexts 128/512/2048, f16 and Q4
                    blocks, each a median over 100 replayed steps after a prefill that filled the
-                   cache to that context (ROCMFORGE_SMOLLM2 points it at --model);
+                   cache to that context (ROCMFORGE_SMOLLM2 points it at --model), per kernel
+                   and as one persistent kernel (`mk` rows; ROCMFORGE_BENCH_MK picks shapes);
   --rocmforge BIN  `rocmforge generate --json --max-tokens N` from a one-word prompt: decode
                    seconds over decode steps, and kernels/token from its stats.
 Theirs:
@@ -66,9 +67,12 @@ def ours_bench(bench, model, contexts):
         case = r.get("case", "")
         if not case.startswith("decode_ctx"):
             continue
-        ctx = int(case[len("decode_ctx"):].removesuffix("_q4"))
-        if ctx in contexts:
-            found[(ctx, bool(r.get("quantized")))] = {
+        # decode_ctx512, decode_ctx512_q4, decode_ctx512_mk, decode_ctx512_q4_mk4x1024, ...:
+        # the context, then the variant (`_mk…`: the step as one persistent kernel).
+        ctx, _, variant = case[len("decode_ctx"):].partition("_")
+        persistent = next((v for v in variant.split("_") if v.startswith("mk")), None)
+        if int(ctx) in contexts:
+            found[(int(ctx), bool(r.get("quantized")), persistent)] = {
                 "ms": r["ms"], "kernels_per_token": r.get("kernels_per_token")}
     return found, (data.get("device") if isinstance(data, dict) else None)
 
@@ -225,9 +229,14 @@ def main():
 
     if args.bench:
         mine, device = ours_bench(args.bench, args.model, contexts)
-        for quantized, label in ((False, "bench f16"), (True, "bench q4 blocks")):
-            for ctx in contexts:
-                add(label, ctx, mine.get((ctx, quantized)), ctx)
+        # The per-kernel rows first, then each persistent shape the bench ran
+        # (ROCMFORGE_BENCH_MK; unset: the default shape, `mk`).
+        shapes = [None] + sorted({k[2] for k in mine if k[2]})
+        for shape in shapes:
+            for quantized, label in ((False, "f16"), (True, "q4 blocks")):
+                name = f"bench {label}" + (f" {shape}" if shape else "")
+                for ctx in contexts:
+                    add(name, ctx, mine.get((ctx, quantized, shape)), ctx)
     if args.rocmforge:
         g = ours_generate(args.rocmforge, args.model, args.dtype, args.n_gen + 1)
         device = device or g["device"]

@@ -1,7 +1,7 @@
 //! The CUDA-core f32 FlashAttention (`codegen/kernels/attention/simt.rs`) without a GPU:
 //!
 //! - `host::` runs it on the CPU (the generated AMD source compiled by the host's clang++, one
-//!   OS thread per GPU thread, see `common/host_kernels.rs`) against the interpreter at the f32
+//!   fiber per GPU thread, see `common/host_kernels.rs`) against the interpreter at the f32
 //!   tolerance, for wave64 (gfx90a) and wave32 (gfx1100) plans: sizes that are not multiples
 //!   of the tiles, masks, causal offsets either way (rows with no visible key), GQA, and
 //!   head sizes that take every tiling and both load paths (16-byte units and elements).
@@ -61,7 +61,7 @@ fn case(
     )
 }
 
-/// Small enough for the host (every GPU thread an OS thread), each past its tiles.
+/// Small enough for the host (every GPU thread a fiber), each past its tiles.
 fn host_cases() -> Vec<(&'static str, Spec)> {
     vec![
         case("gqa3_d64", (1, 3, 1), (37, 45, 64), Mask::None, 0),

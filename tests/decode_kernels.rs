@@ -4,7 +4,7 @@
 //!   (planned memory, never an output) and counts its blocks in a counters buffer (zeroed once,
 //!   never planned or poisoned), and its last block writes the node's buffer.
 //! - `host::` runs the pair on the CPU (the generated AMD source compiled by the host's
-//!   clang++, one OS thread per GPU thread, see `common/host_kernels.rs`) against the f32
+//!   clang++, one fiber per GPU thread, see `common/host_kernels.rs`) against the f32
 //!   interpreter at the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1100) plans. The
 //!   output and the workspace start poisoned (NaN), so a slot the combine reads that the split
 //!   kernel did not write, or an output element nobody wrote, fails.
@@ -213,7 +213,7 @@ fn host_run(cxx: &Path, c: &Case, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Small enough for one OS thread per GPU thread: odd key counts (not multiples of the tile
+/// Small enough for one fiber per GPU thread: odd key counts (not multiples of the tile
 /// or the split), several splits, each dtype, the head sizes whose loads are and are not
 /// 16-byte vectors, causal offsets, masks and rows with no visible key.
 fn host_cases() -> Vec<Case> {

@@ -2,7 +2,7 @@
 //! without a GPU:
 //!
 //! - `host::` runs them on the CPU (the generated AMD source compiled by the host's clang++,
-//!   one OS thread per GPU thread, see `common/host_kernels.rs`) against the interpreter at
+//!   one fiber per GPU thread, see `common/host_kernels.rs`) against the interpreter at
 //!   the dtype tolerances, for wave64 (gfx90a) and wave32 (gfx1030) plans; outputs start
 //!   poisoned, so an element never written fails. A case that both can run runs on one of them
 //!   (picked by its name, `common/sample.rs`), on both with `ROCMFORGE_LONG_TESTS=1`.
@@ -84,7 +84,7 @@ fn host_run(cxx: &Path, case: &Case, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The cases the host runs (one OS thread per GPU thread is slow, so the sizes are small):
+/// The cases the host runs (a fiber per GPU thread: small sizes, the host is slow):
 /// the odd small-M cases, a K long enough for every wave of a block to have chunks, and the
 /// odd CUDA-core cases.
 fn host_cases() -> Vec<Case> {

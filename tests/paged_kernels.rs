@@ -3,7 +3,7 @@
 //!
 //! - `plan::` a paged step's plan: two in-place writes (their buffers the pools' states) and one
 //!   paged decode kernel, with workspace and counters when the keys split;
-//! - `host::` the generated AMD source compiled by the host's clang++ (one OS thread per GPU
+//! - `host::` the generated AMD source compiled by the host's clang++ (one fiber per GPU
 //!   thread, `common/host_kernels.rs`) for wave64 (gfx90a) and wave32 (gfx1100) plans: a
 //!   decode step through state buffers against the interpreter (the output at the dtype
 //!   tolerance, the written pools bit for bit), and attention alone against the contiguous

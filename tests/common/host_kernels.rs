@@ -1,8 +1,8 @@
 //! Runs a kernel plan on the CPU. Pointwise kernels (threads that never share memory, shuffle
 //! or wait at a barrier: elementwise, copy, gather (with its index check), reduce, causal mask, rope) run
 //! one thread at a time. Cooperative kernels (the CUDA-core GEMMs: shared memory, barriers,
-//! shuffles within a wave) run with one OS thread per GPU thread of a block, block after
-//! block, meeting at a barrier; a shuffle is a store, a barrier, a load and a barrier. The
+//! shuffles within a wave) run block after block, each GPU thread of a block a fiber of one
+//! host thread, switched at barriers; a shuffle is a store, a barrier, a load and a barrier. The
 //! generated source — the AMD prelude, the kernels, exactly as hiprtc gets them — is compiled
 //! for the host by clang++ behind a shim for the GPU built-ins, kernels run in plan order. That
 //! executes the kernels' C here, without a GPU: the numeric tests of codegen compare it with
@@ -31,8 +31,8 @@ pub const POINTWISE: [&str; 8] = [
     "rope",
 ];
 
-/// Families whose blocks run with one host thread per GPU thread (barriers, shuffles, shared
-/// memory); their blocks are one-dimensional. Attention runs here in its AMD forms. The gather
+/// Families whose blocks run with a fiber per GPU thread (barriers, shuffles, shared memory);
+/// their blocks are one-dimensional. Attention runs here in its AMD forms. The gather
 /// is here for its index check (block 0 reduces the first failing position).
 pub const COOPERATIVE: [&str; 8] = [
     "argmax",
@@ -46,10 +46,12 @@ pub const COOPERATIVE: [&str; 8] = [
 ];
 
 /// The GPU built-ins the prelude and the kernels use, for the host. Block and thread indices
-/// are per host thread (one host thread runs a GPU thread of every block in turn); atomics need no
-/// atomicity (pointwise kernels run one thread at a time). Without a block barrier (pointwise
+/// are set by the scheduler before it resumes a thread's fiber; atomics need no atomicity (one
+/// host thread runs everything). Without a block barrier (pointwise
 /// kernels) a barrier does nothing and a shuffle returns the thread's own value.
 const SHIM: &str = r#"
+// Fibers switch stacks with _longjmp, which the fortified (checking) longjmp would refuse.
+#undef _FORTIFY_SOURCE
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -57,10 +59,10 @@ const SHIM: &str = r#"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
-#include <linux/futex.h>
-#include <sys/syscall.h>
+#include <csetjmp>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 // HIP's and CUDA's integer min/max built-ins.
 using std::max;
@@ -73,36 +75,108 @@ using std::min;
 // Constant memory: a table the host computed (rope's inverse frequencies).
 #define __constant__ static const
 struct rf_host_dim3 { unsigned x, y, z; };
-static thread_local rf_host_dim3 blockIdx, threadIdx;
-// A reusable barrier for the threads of one block (C++17 has no std::barrier): the last thread
-// to arrive starts the next generation and wakes the others with one futex call. (A mutex and a
-// condition variable cost every woken thread another round on the mutex; blocks of hundreds of
-// threads meet at a barrier on every shuffle, so that was most of a run's time.) The atomics'
-// acquire/release order makes every write before the barrier visible after it.
-struct rf_host_block_barrier {
-    explicit rf_host_block_barrier(unsigned n) : n(n) {}
-    void arrive_and_wait() {
-        const unsigned gen = generation.load(std::memory_order_acquire);
-        if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-            count.store(0, std::memory_order_relaxed);
-            generation.fetch_add(1, std::memory_order_acq_rel);
-            syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-        } else {
-            while (generation.load(std::memory_order_acquire) == gen)
-                syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
-        }
-    }
-    std::atomic<unsigned> count{0}, generation{0};  // the futex word: 32 bits, lock-free
-    const unsigned n;
+static rf_host_dim3 blockIdx, threadIdx;
+// A cooperative block's GPU threads are fibers of the one host thread, each on a stack of its
+// own, run in turn by rf_host_run_block: a fiber runs until it reaches a barrier (or a pause in a
+// spin loop, or its end) and jumps back to the scheduler; a barrier lets its fibers go on once
+// every fiber that has not finished waits at one. (One OS thread per GPU thread meeting at a
+// futex barrier made every shuffle — a store and two barriers — a round of context switches
+// through the kernel: most of a run's time on a 2-core machine.) A fiber starts with
+// makecontext/setcontext and switches with _setjmp/_longjmp (no signal-mask system call); a
+// barrier that some threads pass and others have finished before is a divergent barrier, which
+// the GPU would not survive either: the run aborts.
+enum rf_host_fiber_state { RF_HOST_RUNNABLE, RF_HOST_AT_BARRIER, RF_HOST_DONE };
+struct rf_host_fiber {
+    jmp_buf at;
+    ucontext_t start;
+    char* stack;
+    bool started;
+    rf_host_fiber_state state;
 };
-static_assert(sizeof(std::atomic<unsigned>) == 4 && std::atomic<unsigned>::is_always_lock_free, "a futex word");
-static rf_host_block_barrier* rf_host_barrier = nullptr;
+static const size_t rf_host_stack_bytes = 1 << 20;  // reserved, touched as used; a guard page below
+static rf_host_fiber* rf_host_fibers = nullptr;
+static unsigned rf_host_nfibers = 0, rf_host_current = 0;
+static jmp_buf rf_host_scheduler;
+static bool rf_host_in_block = false;  // false: a pointwise kernel, one GPU thread at a time
+static void (*rf_host_body)(void*) = nullptr;
+static void* rf_host_body_arg = nullptr;
+static void rf_host_fiber_main() {
+    rf_host_body(rf_host_body_arg);
+    rf_host_fibers[rf_host_current].state = RF_HOST_DONE;
+    _longjmp(rf_host_scheduler, 1);
+}
+// Back to the scheduler, `state` saying why; returns when the scheduler resumes this fiber.
+static inline void rf_host_yield(rf_host_fiber_state state) {
+    rf_host_fiber& f = rf_host_fibers[rf_host_current];
+    f.state = state;
+    if (!_setjmp(f.at)) _longjmp(rf_host_scheduler, 1);
+}
+// Runs body(arg) as `n` GPU threads of block `block`, every thread to its end.
+static void rf_host_run_block(unsigned n, rf_host_dim3 block, void (*body)(void*), void* arg) {
+    if (n > rf_host_nfibers) {
+        rf_host_fibers = (rf_host_fiber*)realloc(rf_host_fibers, n * sizeof(rf_host_fiber));
+        for (unsigned i = rf_host_nfibers; i < n; ++i) {
+            void* m = mmap(nullptr, rf_host_stack_bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+            if (m == MAP_FAILED) abort();
+            mprotect(m, (size_t)getpagesize(), PROT_NONE);  // an overflow faults, never corrupts
+            rf_host_fibers[i].stack = (char*)m;
+        }
+        rf_host_nfibers = n;
+    }
+    rf_host_body = body;
+    rf_host_body_arg = arg;
+    blockIdx = block;
+    rf_host_in_block = true;
+    for (unsigned i = 0; i < n; ++i) {
+        rf_host_fiber& f = rf_host_fibers[i];
+        f.started = false;
+        f.state = RF_HOST_RUNNABLE;
+        if (getcontext(&f.start) != 0) abort();
+        f.start.uc_stack.ss_sp = f.stack;
+        f.start.uc_stack.ss_size = rf_host_stack_bytes;
+        f.start.uc_link = nullptr;
+        makecontext(&f.start, rf_host_fiber_main, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (unsigned i = 0; i < n; ++i) {
+            rf_host_fiber& f = rf_host_fibers[i];
+            if (f.state != RF_HOST_RUNNABLE) continue;
+            ran = true;
+            rf_host_current = i;
+            threadIdx = {i, 0, 0};
+            if (!_setjmp(rf_host_scheduler)) {
+                if (!f.started) {
+                    f.started = true;
+                    setcontext(&f.start);
+                }
+                _longjmp(f.at, 1);
+            }
+        }
+        if (ran) continue;
+        // Nothing runnable: every thread has finished, or waits at a barrier.
+        unsigned waiting = 0, done = 0;
+        for (unsigned i = 0; i < n; ++i) {
+            if (rf_host_fibers[i].state == RF_HOST_AT_BARRIER) ++waiting;
+            if (rf_host_fibers[i].state == RF_HOST_DONE) ++done;
+        }
+        if (waiting == 0) break;
+        if (done > 0) {
+            fprintf(stderr, "block (%u, %u, %u): %u thread(s) wait at a barrier that %u finished thread(s) never reach\n",
+                    block.x, block.y, block.z, waiting, done);
+            abort();
+        }
+        for (unsigned i = 0; i < n; ++i) rf_host_fibers[i].state = RF_HOST_RUNNABLE;
+    }
+    rf_host_in_block = false;
+}
 static float rf_host_lanes[1024];
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline void __syncthreads() { if (rf_host_barrier) rf_host_barrier->arrive_and_wait(); }
+static inline void __syncthreads() { if (rf_host_in_block) rf_host_yield(RF_HOST_AT_BARRIER); }
 static inline float __shfl_xor(float v, int mask, int) {
-    if (!rf_host_barrier) return v;
+    if (!rf_host_in_block) return v;
     rf_host_lanes[threadIdx.x] = v;
     __syncthreads();
     const float r = rf_host_lanes[threadIdx.x ^ mask];
@@ -132,10 +206,11 @@ static inline unsigned atomicAdd(unsigned* p, unsigned v) {
 }
 // Blocks run one after another on the host: every write is visible to the next block.
 static inline void __threadfence() {}
-// Within a block the threads meet at barriers, whose atomics order memory.
+// Within a block the threads are fibers of one host thread: program order is memory order.
 static inline void __threadfence_block() {}
-// The persistent kernel's pause between polls (the AMD prelude's `rf_spin_pause`).
-static inline void __builtin_amdgcn_s_sleep(int) {}
+// A pause between polls of a word another thread writes (the AMD prelude's `rf_spin_pause` and
+// its counted sub-barrier): the other fibers run until this one is resumed.
+static inline void __builtin_amdgcn_s_sleep(int) { if (rf_host_in_block) rf_host_yield(RF_HOST_RUNNABLE); }
 // Converts a buffer to whatever pointer type the kernel parameter has.
 struct rf_host_ptr {
     unsigned char* p;
@@ -256,7 +331,7 @@ pub struct HostLaunch<'a> {
     pub args: &'a [usize],
     /// Bytes into each of `args` where its pointer starts (empty: all at their start).
     pub offsets: Vec<usize>,
-    /// Whether its blocks run with one host thread per GPU thread (`COOPERATIVE` families).
+    /// Whether its blocks run with a fiber per GPU thread (`COOPERATIVE` families).
     pub cooperative: bool,
 }
 
@@ -289,7 +364,7 @@ fn driver(sizes: &[usize], launches: &[HostLaunch]) -> String {
         if k.cooperative {
             let _ = writeln!(
                 s,
-                "    {{\n        rf_host_block_barrier bar({bx});\n        rf_host_barrier = &bar;\n        std::vector<std::thread> threads;\n        for (unsigned tx = 0; tx < {bx}u; ++tx) threads.emplace_back([&, tx] {{\n            threadIdx = {{tx, 0, 0}};\n            for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx) {{\n                blockIdx = {{gx, gy, gz}};\n                {}({});\n                bar.arrive_and_wait();  // the block's shared memory is the next block's\n            }}\n        }});\n        for (auto& t : threads) t.join();\n        rf_host_barrier = nullptr;\n    }}",
+                "    {{\n        auto rf_body = [&]() {{ {}({}); }};\n        for (unsigned gz = 0; gz < {gz}u; ++gz) for (unsigned gy = 0; gy < {gy}u; ++gy) for (unsigned gx = 0; gx < {gx}u; ++gx)\n            rf_host_run_block({bx}u, {{gx, gy, gz}}, [](void* b) {{ (*(decltype(rf_body)*)b)(); }}, &rf_body);\n    }}",
                 k.entry,
                 args.join(", ")
             );

@@ -171,14 +171,29 @@ pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> 
         ));
     }
     // sm_90a: the arch-specific Hopper row (what an H100 compiles for), whose plans may hold
-    // wgmma kernels the portable sm_90 never gets.
-    for arch in ["sm_90", "sm_90a"] {
-        trials.push(super::needs::needs(
-            &ptxas(),
-            "ROCMFORGE_REQUIRE_PTXAS",
-            format!("compile::nvrtc::{arch}"),
-            move |p| nvrtc(&p, arch, &set(arch)?),
-        ));
-    }
+    // wgmma kernels the portable sm_90 never gets. sm_90 compiles the kernels whose bodies
+    // differ from sm_90a's (the mma.sync GEMMs where sm_90a has warpgroup ones, ...): a body
+    // both plans share calls the same prelude functions and compiles to the same PTX, which
+    // sm_90a's trial puts through ptxas already.
+    trials.push(super::needs::needs(
+        &ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90".to_string(),
+        move |p| nvrtc(&p, "sm_90", &differing(set("sm_90")?, &set("sm_90a")?)),
+    ));
+    trials.push(super::needs::needs(
+        &ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90a".to_string(),
+        move |p| nvrtc(&p, "sm_90a", &set("sm_90a")?),
+    ));
     trials
+}
+
+/// The kernels of `set` whose bodies `other` does not hold.
+pub fn differing(mut set: KernelSet, other: &KernelSet) -> KernelSet {
+    let bodies: std::collections::HashSet<&str> =
+        other.values().map(|(_, body, _)| body.as_str()).collect();
+    set.retain(|_, (_, body, _)| !bodies.contains(body.as_str()));
+    set
 }
