@@ -288,7 +288,6 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     __threadfence();
     __syncthreads();
     __shared__ unsigned int is_last;
-    __shared__ float row_m[{{ rows }}], row_l[{{ rows }}];
     if (tid == 0) {
         const unsigned int before = atomicAdd(&counters[bkv], 1u);
         is_last = before == (unsigned int)(active - 1) ? 1u : 0u;
@@ -297,36 +296,34 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     }
     __syncthreads();
     if (!is_last) return;
-    // Acquire: the other blocks' partials, read from L2 (rf_ld_l2) so that no L1 line serves them; independent loads,
-    // eight splits in flight (volatile loads, one at a time, made the combine ~30 us on an H100).
+    // Acquire: the other blocks' partials, read from L2 (rf_ld_l2) so that no L1 line serves them (volatile loads, one
+    // at a time, made the combine ~30 us on an H100).
     __threadfence();
     const float* part = ws;
-    // Per row, m = max of the active splits' maxima and l = sum of l_s * exp2(m_s - m), in split order.
-    if (tid < {{ rows }}) {
-        const long long at = {{ stats_at }}LL + (row0 + tid) * {{ splits * 2 }};
-        float mr = -INFINITY;
-#pragma unroll 8
-        for (int s = 0; s < active; ++s) mr = fmaxf(mr, rf_ld_l2(part + at + 2 * s));
-        float lr = 0.0f;
-        if (mr != -INFINITY) {
-#pragma unroll 8
-            for (int s = 0; s < active; ++s) lr += rf_ld_l2(part + at + 2 * s + 1) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
-        }
-        row_m[tid] = mr;
-        row_l[tid] = lr;
-    }
-    __syncthreads();
-    // The output is sum of O_s * exp2(m_s - m) / l, in split order; a row no split saw a key of (m = -inf) writes zeros,
-    // as the other attention kernels do.
-    for (int t = tid; t < {{ rows * dv }}; t += {{ threads }}) {
+    // Element (r, c) of the output, each thread its own ({{ (rows * dv + threads - 1) // threads }} a thread): the splits' (m, l, O) merged in split
+    // order with a running maximum, m = max m_s, l = sum l_s * exp2(m_s - m), O = sum O_s * exp2(m_s - m), rescaled as m
+    // grows; a split that saw no key of the row (m_s = -inf) weighs 0. No step waits for another thread: the loads of
+    // eight splits (and of all the thread's elements) are independent and in flight together, one round trip to L2
+    // per eight splits. A row no split saw a key of (m = -inf, l = 0) writes zeros, as the other attention kernels do.
+    constexpr int RF_PER_THREAD = {{ (rows * dv + threads - 1) // threads }};
+#pragma unroll
+    for (int i = 0; i < RF_PER_THREAD; ++i) {
+        const int t = tid + i * {{ threads }};
+        if (t >= {{ rows * dv }}) break;
         const int r = t / {{ dv }}, c = t % {{ dv }};
-        const float mr = row_m[r], lr = row_l[r];
         const long long at = {{ stats_at }}LL + (row0 + r) * {{ splits * 2 }};
         const long long po = (row0 + r) * {{ splits * dv }} + c;
-        float o = 0.0f;
-        if (mr != -INFINITY) {
+        float mr = -INFINITY, lr = 0.0f, o = 0.0f;
 #pragma unroll 8
-            for (int s = 0; s < active; ++s) o += rf_ld_l2(part + po + (long long)s * {{ dv }}) * exp2f(rf_ld_l2(part + at + 2 * s) - mr);
+        for (int s = 0; s < active; ++s) {
+            const float ms = rf_ld_l2(part + at + 2 * s), ls = rf_ld_l2(part + at + 2 * s + 1);
+            const float os = rf_ld_l2(part + po + (long long)s * {{ dv }});
+            const float mn = fmaxf(mr, ms);
+            const float a = mr == -INFINITY ? 0.0f : exp2f(mr - mn);
+            const float b = ms == -INFINITY ? 0.0f : exp2f(ms - mn);
+            lr = lr * a + ls * b;
+            o = o * a + os * b;
+            mr = mn;
         }
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
         out[(row0 + r) * {{ dv }} + c] = {{ store_pre }}(o * inv){{ store_post }};

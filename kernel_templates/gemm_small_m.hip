@@ -164,6 +164,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     {
         float bv = 0.0f;
         int bi = -1;
+        // Sixteen partials a thread in flight at once: their loads are independent of the running best (one
+        // round trip to L2 per sixteen, where a load at a time made this merge most of the LM head's time).
+#pragma unroll 16
         for (int s = threadIdx.x; s < {{ argmax.blocks }}; s += RF_THREADS) {
             const float v = rf_ld_l2(ws + s * 2LL);
             const int j = (int)__float_as_uint(rf_ld_l2(ws + s * 2LL + 1));

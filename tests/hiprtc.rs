@@ -22,13 +22,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use rayon::prelude::*;
 use rocmforge::arch::{compiler_options, Platform, Target};
 use rocmforge::codegen::{generate_with, mma_probe_kernel, CodegenOptions};
+use rocmforge::compile::report::{resource_report, ReportKernel};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, Graph};
 use rocmforge::passes::PassManager;
-use rocmforge::runtime::{parse_code_object, report_table, Hiprtc, MetadataError};
+use rocmforge::runtime::{parse_code_object, report_table, AmdCompiler, Hiprtc, MetadataError};
 
 #[path = "common/edge_cases.rs"]
 mod edge_cases;
@@ -45,69 +45,66 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// What one compile of a (target, full source) gave.
-type Compiled = Result<Arc<Vec<u8>>, String>;
-
-/// Compiles `source` for `arch` with `compile` at most once per test process: trials share
-/// kernels (`hostile_names` compiles exactly `every_op_and_dtype`'s kernels, which it checks;
-/// a graph's fused and unfused plans share every kernel the passes left alone), and ROCm 5.2's
-/// hiprtc takes seconds a kernel. The key is the whole source, so only an identical input is
-/// shared; a trial that asks while another compiles the same source waits for that result.
-fn compiled_once(
-    arch: &str,
-    source: &str,
-    compile: impl FnOnce() -> Result<Vec<u8>, String>,
-) -> Compiled {
-    use std::sync::{Mutex, OnceLock};
-    type Slot = Arc<OnceLock<Compiled>>;
-    static SEEN: OnceLock<Mutex<HashMap<(String, String), Slot>>> = OnceLock::new();
-    let slot = {
-        let mut seen = SEEN
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        Arc::clone(
-            seen.entry((arch.to_string(), source.to_string()))
-                .or_default(),
-        )
-    };
-    slot.get_or_init(|| compile().map(Arc::new)).clone()
+/// hiprtc as the library's resource report takes it (loaded once per test process; a second
+/// handle on the library the trials' `Hiprtc` already opened).
+fn report_compiler() -> Result<&'static AmdCompiler, Failed> {
+    use std::sync::OnceLock;
+    static RTC: OnceLock<Result<AmdCompiler, String>> = OnceLock::new();
+    RTC.get_or_init(|| {
+        Hiprtc::load()
+            .map(AmdCompiler::Hiprtc)
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Failed::from(e.clone()))
 }
 
-/// Compiles every kernel of every graph for one target (unique sources once); returns
-/// (node, resources) per kernel, or the spills and failures.
+/// Compiles every kernel of every graph for one target (unique entries once) the way
+/// `rocmforge compile --report` does: bodies in batches of one program each behind one prelude
+/// (a program's cost is mostly hiprtc's headers and device libraries: ROCm 5.2 takes seconds
+/// for each), a batch that fails compiled kernel by kernel so the error names the kernel.
+/// Returns (node, resources) per kernel, or the spills and failures.
 fn compile_all(
-    rtc: &Hiprtc,
+    _rtc: &Hiprtc,
     graphs: &[rocmforge::ir::Graph],
     arch: &str,
 ) -> Result<Vec<(String, rocmforge::runtime::KernelResources)>, Failed> {
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let mut unique: HashMap<String, (String, String)> = HashMap::new();
+    let mut unique: HashMap<String, (String, String, String)> = HashMap::new();
     for g in graphs {
         let plan = generate_with(g, &target, &CodegenOptions::default())
             .map_err(|e| format!("{}: {e}", g.name))?;
         for k in &plan.kernels {
             unique
                 .entry(k.entry.clone())
-                .or_insert_with(|| (plan.source(k), k.node.clone()));
+                .or_insert_with(|| (plan.source(k), k.body.clone(), k.node.clone()));
         }
     }
     let mut entries: Vec<_> = unique.into_iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let compiled: Vec<Result<(String, rocmforge::runtime::KernelResources), String>> = entries
-        .par_iter()
-        .map(|(entry, (src, node))| {
-            let code = compiled_once(arch, src, || {
-                rtc.compile(src, entry, arch, &compiler_options(Platform::Amd))
-                    .map_err(|e| e.to_string())
-            })?;
-            let info = parse_code_object(&code).map_err(|e| format!("{entry}: {e}"))?;
-            let k = info
-                .kernels
-                .into_iter()
-                .find(|r| &r.name == entry)
-                .ok_or(format!("{entry} not in its code object"))?;
-            Ok((node.clone(), k))
+    let kernels: Vec<ReportKernel> = entries
+        .iter()
+        .map(|(entry, (source, body, _))| ReportKernel {
+            entry,
+            source,
+            body,
+            label: entry,
+        })
+        .collect();
+    let report = resource_report(&kernels, &target, report_compiler()?, &|_| {})
+        .map_err(|e| e.to_string())?;
+    let node: HashMap<&str, &str> = entries
+        .iter()
+        .map(|(entry, (_, _, node))| (entry.as_str(), node.as_str()))
+        .collect();
+    let compiled: Vec<Result<(String, rocmforge::runtime::KernelResources), String>> = report
+        .rows
+        .into_iter()
+        .map(|row| {
+            let n = node
+                .get(row.label.as_str())
+                .ok_or(format!("{} not a kernel of the graphs", row.label))?;
+            Ok((n.to_string(), row.resources))
         })
         .collect();
     let rows = compiled.into_iter().collect::<Result<Vec<_>, _>>()?;
