@@ -119,6 +119,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/rope_parts.hip"),
     ),
     (
+        "decode_merge.hip",
+        include_str!("../../kernel_templates/decode_merge.hip"),
+    ),
+    (
         "reduce.hip",
         include_str!("../../kernel_templates/reduce.hip"),
     ),
