@@ -101,6 +101,7 @@ fn plans(
         progress: false,
         wgmma_gemm: wgmma.wgmma_gemm,
         wgmma_tma: wgmma.wgmma_tma,
+        wgmma_attention: wgmma.wgmma_attention,
         ..CompileOptions::default()
     };
     // The decode plan alone as one persistent kernel (the `_mk` rows): the prefill's TMA GEMMs

@@ -8,6 +8,9 @@
 //! - `compile::` compiles every kernel of those cases and of the benchmark shapes with hiprtc
 //!   (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC + ptxas
 //!   (sm_90): no spills, no scratch, the target's wave size.
+//! - `compile::nvrtc::sm_90a::wgmma` compiles the sm_90a warpgroup FlashAttention (f16 and
+//!   bf16; `codegen/kernels/attention/wgmma.rs`) for every head size, mask kind and
+//!   configuration it chooses with NVRTC + ptxas: no spills, no stack.
 //!
 //! Trials are reported ignored, with the reason, where their tool is missing; the
 //! `ROCMFORGE_REQUIRE_*` variables of `tests/gemm_kernels.rs` turn that into a failure.
@@ -176,10 +179,79 @@ fn compile_set(arch: &str) -> Result<KernelSet, Failed> {
     Ok(set)
 }
 
+/// The first line of the warpgroup kernel's source.
+const WGMMA: &str = "// FlashAttention on Hopper's warpgroup MMA";
+
+/// f16/bf16 cases the sm_90a warpgroup kernel takes: every panel head size, the masks (none,
+/// causal with offsets either way, additive, boolean), GQA, sizes off the tiles, and the problem
+/// sizes that choose one, two and three warpgroups a block.
+fn wgmma_cases() -> Vec<(String, Spec)> {
+    let mut out = Vec::new();
+    let shapes = [
+        (2, 12, 4, 701, 903, 64, Mask::None, 0),
+        (2, 12, 4, 701, 903, 64, Mask::Causal, 202),
+        (2, 12, 12, 555, 777, 128, Mask::BoolNegInf, 0),
+        (2, 12, 4, 555, 777, 128, Mask::Causal, 222),
+        (1, 12, 4, 333, 301, 256, Mask::Causal, -7),
+        (1, 12, 4, 333, 301, 256, Mask::PerHead, 0),
+        (1, 3, 1, 77, 45, 64, Mask::Causal, -20),
+        (2, 3, 1, 50, 130, 128, Mask::Dense2d, 0),
+        (1, 6, 2, 19, 1000, 256, Mask::Padding, 0),
+        (1, 4, 2, 200, 200, 192, Mask::Causal, 0),
+        (16, 16, 16, 2048, 2048, 64, Mask::None, 0),
+        (16, 16, 16, 2048, 2048, 128, Mask::Causal, 0),
+    ];
+    for dtype in [DType::F16, DType::BF16] {
+        for (b, hq, hkv, sq, sk, d, mask, offset) in shapes {
+            out.push((
+                format!("{dtype}_b{b}_h{hq}x{hkv}_s{sq}x{sk}_d{d}_{mask:?}_{offset}"),
+                Spec {
+                    hkv,
+                    sk,
+                    dtype,
+                    mask,
+                    offset,
+                    cast_softmax: true,
+                    ..Spec::new(b, hq, sq, d)
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// The warpgroup attention kernels of [`wgmma_cases`] for sm_90a; an error where a case gets
+/// another kernel.
+fn wgmma_set() -> Result<KernelSet, Failed> {
+    let target = Target::parse("sm_90a").map_err(|e| e.to_string())?;
+    let mut set = KernelSet::new();
+    for (name, spec) in wgmma_cases() {
+        let plan = generate_with(&fused(&spec)?, &target, &CodegenOptions::default())
+            .map_err(|e| format!("{name}: {e}"))?;
+        let k = plan
+            .kernels
+            .iter()
+            .find(|k| k.family == "flash_attention")
+            .ok_or(format!("{name}: no attention kernel"))?;
+        if !k.body.starts_with(WGMMA) {
+            return Err(format!("{name}: not the warpgroup kernel").into());
+        }
+        set.entry(k.entry.clone())
+            .or_insert((plan.source(k), k.body.clone(), name));
+    }
+    Ok(set)
+}
+
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
     let mut trials: Vec<Trial> = kernel_compile::compile_trials(compile_set);
+    trials.push(needs(
+        &kernel_compile::ptxas(),
+        "ROCMFORGE_REQUIRE_PTXAS",
+        "compile::nvrtc::sm_90a::wgmma".to_string(),
+        |p| kernel_compile::nvrtc(&p, "sm_90a", &wgmma_set()?),
+    ));
     for arch in ["gfx90a", "gfx1100"] {
         for (name, spec) in host_cases() {
             trials.push(needs(

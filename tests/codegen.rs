@@ -716,6 +716,14 @@ fn a_tuned_choice_emits_that_configuration_and_none_the_default() {
                     [2 * 6, 77usize.div_ceil(config_field(c, "block_m")), 1],
                     config_field(c, "warps") * 32,
                 ),
+                Family::AttentionWgmma => (
+                    [
+                        2 * 6,
+                        77usize.div_ceil(64 * config_field(c, "warpgroups")),
+                        1,
+                    ],
+                    config_field(c, "warpgroups") * 128,
+                ),
                 Family::AttentionSimt => unreachable!("f16 runs on the matrix cores"),
             };
             assert_eq!(

@@ -31,8 +31,20 @@ pub fn bench_device() -> Device {
 /// `ROCMFORGE_BENCH_WGMMA` chooses the sm_90a GEMM (as `CompileOptions` does by default when
 /// unset or `auto`: the TMA kernel at the width its model picks): `64`, `128` or `256` (that
 /// width), `cp_async` (the warpgroup kernel without TMA), `off` (the mma.sync kernel).
-/// Anything else ends the bench with a message.
+/// Anything else ends the bench with a message. `ROCMFORGE_BENCH_WGMMA_ATTENTION=off` gives the
+/// mma.sync attention instead of the sm_90a warpgroup one (`on`, or unset, the default).
 pub fn bench_options() -> CompileOptions {
+    let wgmma_attention = match std::env::var("ROCMFORGE_BENCH_WGMMA_ATTENTION").as_deref() {
+        Err(_) | Ok("on") => true,
+        Ok("off") => false,
+        Ok(x) => {
+            eprintln!("error: ROCMFORGE_BENCH_WGMMA_ATTENTION={x}: expected on or off");
+            std::process::exit(2)
+        }
+    };
+    if !wgmma_attention {
+        println!("sm_90a attention: mma.sync (warpgroup kernel off)");
+    }
     let (wgmma_gemm, wgmma_tma) = match std::env::var("ROCMFORGE_BENCH_WGMMA").as_deref() {
         Err(_) | Ok("auto") => (true, TmaWidth::Auto),
         Ok("off") => (false, TmaWidth::Auto),
@@ -55,6 +67,7 @@ pub fn bench_options() -> CompileOptions {
         progress: false,
         wgmma_gemm,
         wgmma_tma,
+        wgmma_attention,
         ..CompileOptions::default()
     }
 }

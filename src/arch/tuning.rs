@@ -20,6 +20,8 @@ pub enum Family {
     GemmMma,
     /// The matrix-core FlashAttention (`kernels/attention/mma.rs`).
     AttentionMma,
+    /// The warpgroup FlashAttention on sm_90a (`kernels/attention/wgmma.rs`).
+    AttentionWgmma,
     /// The register-tiled f32 FlashAttention (`kernels/attention/simt.rs`).
     AttentionSimt,
 }
@@ -29,6 +31,7 @@ impl Family {
         match self {
             Family::GemmMma => "gemm_mma",
             Family::AttentionMma => "attention_mma",
+            Family::AttentionWgmma => "attention_wgmma",
             Family::AttentionSimt => "attention_simt",
         }
     }

@@ -110,6 +110,11 @@ pub struct CodegenOptions {
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width, or the cp.async kernel instead of it.
     pub wgmma_tma: TmaWidth,
+    /// f16/bf16 prefill attention on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`)
+    /// where the target has wgmma and the head sizes are whole 64-column panels; off: the
+    /// mma.sync kernel, to measure one against the other (and `attention_access`, which
+    /// shapes that kernel, turns it off too).
+    pub wgmma_attention: bool,
     /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
     /// megakernel); off by default: one launch per kernel.
     pub persistent: Persistent,
@@ -124,6 +129,7 @@ impl Default for CodegenOptions {
             int8_gemv: false,
             wgmma_gemm: true,
             wgmma_tma: TmaWidth::Auto,
+            wgmma_attention: true,
             persistent: Persistent::Off,
         }
     }
@@ -159,6 +165,7 @@ pub fn generate_with(
         int8_gemv,
         wgmma_gemm,
         wgmma_tma,
+        wgmma_attention,
         persistent,
     } = options;
     let plan = lower::generate(
@@ -171,6 +178,7 @@ pub fn generate_with(
             int8_gemv: *int8_gemv,
             wgmma_gemm: *wgmma_gemm,
             wgmma_tma: *wgmma_tma,
+            wgmma_attention: *wgmma_attention,
             // Read by the families that shape their blocks for a persistent plan.
             persistent: *persistent,
         },

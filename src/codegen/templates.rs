@@ -135,6 +135,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/flash_attention_mma.hip"),
     ),
     (
+        "flash_attention_wgmma.hip",
+        include_str!("../../kernel_templates/flash_attention_wgmma.hip"),
+    ),
+    (
         "flash_decode.hip",
         include_str!("../../kernel_templates/flash_decode.hip"),
     ),

@@ -157,6 +157,9 @@ pub struct CompileOptions {
     pub wgmma_gemm: bool,
     /// With `wgmma_gemm`: the TMA kernel's tile width ([`CodegenOptions::wgmma_tma`]).
     pub wgmma_tma: crate::codegen::TmaWidth,
+    /// f16/bf16 attention on the sm_90a warpgroup kernel where the device has it
+    /// ([`CodegenOptions::wgmma_attention`], on by default).
+    pub wgmma_attention: bool,
     /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
     pub persistent: crate::codegen::Persistent,
 }
@@ -176,6 +179,7 @@ impl Default for CompileOptions {
             cpu_precision: crate::cpu::Precision::Exact,
             wgmma_gemm: true,
             wgmma_tma: crate::codegen::TmaWidth::Auto,
+            wgmma_attention: true,
             persistent: crate::codegen::Persistent::Off,
         }
     }
@@ -560,6 +564,7 @@ fn compile(
         } else {
             crate::codegen::TmaWidth::Off
         },
+        wgmma_attention: options.wgmma_attention,
         persistent: options.persistent,
         ..codegen_options
     };

@@ -22,12 +22,22 @@ use crate::common::attention_graphs::{build, Mask, Scale, Spec};
 use crate::harness::push;
 use libtest_mimic::{Failed, Trial};
 
+/// Which matrix-core attention kernel a trial runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// mma.sync, MFMA or WMMA (`kernels/attention/mma.rs`), the warpgroup kernel turned off.
+    Mma,
+    /// The sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`).
+    Wgmma,
+}
+
 /// The attention kernel of `spec` on the device's target with `access`, which must be the
-/// matrix-core kernel.
+/// `kind` kernel.
 fn mma_kernel(
     device: &Device,
     spec: &Spec,
     access: Option<AttentionAccess>,
+    kind: Kind,
 ) -> Result<Kernel, Failed> {
     let target = device.target().ok_or("the device has no codegen target")?;
     let mut g = build(spec);
@@ -39,6 +49,7 @@ fn mma_kernel(
         target,
         &CodegenOptions {
             attention_access: access,
+            wgmma_attention: kind == Kind::Wgmma,
             ..CodegenOptions::default()
         },
     )
@@ -48,8 +59,12 @@ fn mma_kernel(
         .into_iter()
         .find(|k| k.family == "flash_attention")
         .ok_or(format!("{spec:?}: attention did not fuse"))?;
-    if !k.body.contains("FlashAttention-2 on matrix cores") {
-        return Err(format!("{spec:?} on {}: not the matrix-core kernel", target.arch).into());
+    let marker = match kind {
+        Kind::Mma => "FlashAttention-2 on matrix cores",
+        Kind::Wgmma => "FlashAttention on Hopper's warpgroup MMA",
+    };
+    if !k.body.contains(marker) {
+        return Err(format!("{spec:?} on {}: not the {kind:?} kernel", target.arch).into());
     }
     if access == Some(AttentionAccess::PORTABLE) && !k.body.contains("Ps[") {
         return Err(format!("{spec:?}: the portable kernel keeps P out of shared memory").into());
@@ -63,8 +78,9 @@ fn check(
     spec: Spec,
     seed: u64,
     access: Option<AttentionAccess>,
+    kind: Kind,
 ) -> Result<(), Failed> {
-    let kernel = mma_kernel(device, &spec, access)?;
+    let kernel = mma_kernel(device, &spec, access, kind)?;
     let kernel_body = kernel.body.clone();
     let rewrite: KernelRewrite = Arc::new(move |k| {
         // The compile path lowers the same fused graph: the node and its buffers are the same.
@@ -78,6 +94,7 @@ fn check(
         seed,
         CompileOptions {
             rewrite_kernels: Some(rewrite),
+            wgmma_attention: kind == Kind::Wgmma,
             ..crate::harness::options()
         },
     )?;
@@ -120,8 +137,50 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// `attention_mma::{i}` (the target's own choices) and `attention_mma_portable::{i}`.
+/// Cases of the warpgroup kernel beyond [`cases`]: D 192 (three panels), the benchmark's
+/// shapes (three warpgroups a block at D 64), a kv tile count of one, and a problem of one
+/// block.
+fn wgmma_cases() -> Vec<Case> {
+    vec![
+        (1, 4, 2, 200, 200, 192, DType::F16, Mask::Causal, 0),
+        (2, 16, 16, 1031, 1031, 64, DType::BF16, Mask::None, 0),
+        (2, 16, 8, 1031, 1031, 128, DType::F16, Mask::Causal, 0),
+        (1, 2, 2, 64, 100, 128, DType::F16, Mask::None, 0),
+        (1, 1, 1, 17, 33, 64, DType::BF16, Mask::Padding, 0),
+    ]
+}
+
+/// `attention_mma::{i}` (the target's own choices, the warpgroup kernel off),
+/// `attention_mma_portable::{i}` and, where the device has warpgroup MMA (sm_90a),
+/// `attention_wgmma::{i}` over the same cases where the head size is whole 64-column panels,
+/// and more.
 pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
+    let wgmma = device.target().is_some_and(|t| !t.caps.wgmma.is_empty());
+    if wgmma {
+        let all = cases().into_iter().chain(wgmma_cases());
+        for (i, (b, hq, hkv, sq, sk, d, dtype, mask, offset)) in all.enumerate() {
+            if d % 64 != 0 {
+                continue;
+            }
+            let spec = Spec {
+                hkv,
+                sk,
+                dtype,
+                mask,
+                scale: Scale::MulScores,
+                cast_softmax: true,
+                offset,
+                ..Spec::new(b, hq, sq, d)
+            };
+            let dev = device.clone();
+            push(
+                out,
+                ignored,
+                format!("attention_wgmma::{i}::d{d}::{dtype}::{mask:?}"),
+                Box::new(move || check(&dev, spec, 170 + i as u64, None, Kind::Wgmma)),
+            );
+        }
+    }
     for (portable, prefix) in [(false, "attention_mma"), (true, "attention_mma_portable")] {
         for (i, (b, hq, hkv, sq, sk, d, dtype, mask, offset)) in cases().into_iter().enumerate() {
             // The portable structure needs more registers per head element: the head sizes
@@ -145,7 +204,7 @@ pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
                 out,
                 ignored,
                 format!("{prefix}::{i}::d{d}::{dtype}::{mask:?}"),
-                Box::new(move || check(&dev, spec, 70 + i as u64, access)),
+                Box::new(move || check(&dev, spec, 70 + i as u64, access, Kind::Mma)),
             );
         }
     }

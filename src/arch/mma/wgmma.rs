@@ -131,6 +131,45 @@ impl SmemLayout {
     }
 }
 
+impl SmemLayout {
+    /// The descriptor of an MN-major operand (`imm-trans-b` 1: B stored with N contiguous, as
+    /// V `[keys][head]` is for P·V) whose tile is stored as [`Self::offset`] puts a K-major
+    /// one, lines now running along N: line `k` holds N elements `64 p .. 64 p + 63` of panel
+    /// `p`, panels `panel_bytes` apart. For swizzled MN-major layouts the PTX ISA's (and
+    /// CUTLASS's) canonical form is ((8, 8, n), (8, k)) : ((1, 8, LBO), (64, SBO)) in elements:
+    /// the leading byte offset steps the 64-element panels along N, the stride byte offset the
+    /// groups of 8 lines along K. Stepping K by 16 is adding 16 lines (2048 bytes) to the start.
+    pub fn descriptor_mn(&self, addr: u32, panel_bytes: u32) -> u64 {
+        let enc = |x: u32| ((x as u64) & 0x3FFFF) >> 4;
+        enc(addr)
+            | (enc(panel_bytes) << 16)
+            | (enc(self.stride_bytes()) << 32)
+            | (self.swizzle.descriptor_bits() << 62)
+    }
+
+    /// The C expression of [`Self::descriptor_mn`] of a `uint32_t` shared address `addr`.
+    pub fn descriptor_mn_c(&self, addr: &str, panel_bytes: u32) -> String {
+        format!(
+            "((((unsigned long long)({addr}) & 0x3FFFFULL) >> 4) | ({}ULL << 16) | ({}ULL << 32) | ({}ULL << 62))",
+            (panel_bytes & 0x3FFFF) >> 4,
+            self.stride_bytes() >> 4,
+            self.swizzle.descriptor_bits()
+        )
+    }
+}
+
+/// A of m64nNk16 in registers (the `wgmma` form whose A is four `.b32` registers of two 16-bit
+/// values each): element i of a thread sits where element i of the N = 16 accumulator layout
+/// sits (PTX ISA, "Register Fragments", matrix A of m64nNk16). So the accumulators of 16
+/// adjacent columns of an S tile, converted in place, are the A operand of the next product:
+/// what FlashAttention's P·V reads without leaving registers (asserted in the tests).
+pub const WGMMA_A_REGS: Layout = Layout {
+    rows: 64,
+    cols: 16,
+    lane_bits: &[Col(1), Col(2), Row(0), Row(1), Row(2), Row(4), Row(5)],
+    elem_bits: &[Col(0), Row(3), Col(3)],
+};
+
 /// One warpgroup MMA shape family: `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}` for
 /// N in 8..=256, a multiple of 8.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -368,6 +407,80 @@ mod tests {
             for r in 0..64 {
                 for k in 0..16 {
                     assert_eq!(read(&smem, d, r, k), Some((r, k0 + k)));
+                }
+            }
+        }
+    }
+
+    /// The tensor core's read of an MN-major operand (decoded as [`SmemLayout::descriptor_mn`]
+    /// documents): element (n, kk) of the n × 16 B a descriptor names.
+    fn read_mn(smem: &Smem, desc: u64, n: u32, kk: u32) -> Option<(u32, u32)> {
+        let start = ((desc & 0x3FFF) as u32) << 4;
+        let leading = (((desc >> 16) & 0x3FFF) as u32) << 4;
+        let stride = (((desc >> 32) & 0x3FFF) as u32) << 4;
+        assert_eq!(desc >> 62, 1, "128-byte swizzle");
+        let addr = start + (n / 64) * leading + (kk / 8) * stride + (kk % 8) * 128 + (n % 64) * 2;
+        smem.slots[(Swizzle::B128.apply(addr) / 2) as usize]
+    }
+
+    /// V [keys][dv] stored as the attention kernel stores it (64-column panels of lines, each
+    /// line one key) and read as P·V's B (K = keys, N = dv) through MN-major descriptors, one
+    /// per 16-key step: every element read is V[k0 + kk][n]. A wrong panel offset is caught.
+    #[test]
+    fn mn_major_panels_read_back_through_descriptors() {
+        let l = SmemLayout::K_MAJOR_B128_16BIT;
+        for (keys, dv) in [(64u32, 64u32), (128, 128), (64, 256)] {
+            let panel = keys * 128;
+            let mut smem = Smem::new(panel * dv / 64);
+            for key in 0..keys {
+                for n in 0..dv {
+                    let at = (n / 64) * panel + l.offset(key, n % 64);
+                    let slot = &mut smem.slots[(at / 2) as usize];
+                    assert!(slot.is_none());
+                    *slot = Some((key, n));
+                }
+            }
+            for k0 in (0..keys).step_by(16) {
+                let d = l.descriptor_mn(k0 * 128, panel);
+                for kk in 0..16 {
+                    for n in 0..dv {
+                        assert_eq!(read_mn(&smem, d, n, kk), Some((k0 + kk, n)), "{keys}x{dv}");
+                    }
+                }
+                if dv > 64 {
+                    let wrong = l.descriptor_mn(k0 * 128, panel / 2);
+                    assert_ne!(read_mn(&smem, wrong, 64, 0), Some((k0, 64)));
+                }
+            }
+        }
+        assert_eq!(
+            l.descriptor_mn_c("a", 16384),
+            "((((unsigned long long)(a) & 0x3FFFFULL) >> 4) | (1024ULL << 16) | (64ULL << 32) | (1ULL << 62))"
+        );
+    }
+
+    /// A in registers is the N = 16 accumulator layout, element for element, so 16 adjacent
+    /// columns of accumulators are an A operand in place.
+    #[test]
+    fn a_registers_are_sixteen_accumulator_columns() {
+        let c = WGMMA_M64K16_F16.c(16).unwrap();
+        assert_eq!(WGMMA_A_REGS.elems(), c.elems());
+        for t in 0..WARPGROUP {
+            for e in 0..8 {
+                assert_eq!(
+                    WGMMA_A_REGS.coord(t, e),
+                    c.coord(t, e),
+                    "thread {t}, element {e}"
+                );
+            }
+        }
+        // Columns 16 j .. 16 j + 15 of a wider C are its elements 8 j .. 8 j + 7.
+        let wide = WGMMA_M64K16_F16.c(128).unwrap();
+        for t in 0..WARPGROUP {
+            for j in 0..8 {
+                for e in 0..8 {
+                    let (r, col) = wide.coord(t, 8 * j + e);
+                    assert_eq!((r, col - 16 * j), c.coord(t, e));
                 }
             }
         }

@@ -3,6 +3,8 @@
 //! `lower` picks the kernel:
 //! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
 //!   the keys, the splits combined by the last block of each K/V head (one kernel);
+//! - `wgmma`: on sm_90a, the warpgroup-MMA FlashAttention (f16/bf16, head sizes in 64-column
+//!   panels), unless `CodegenOptions::wgmma_attention` is off;
 //! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
 //!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
@@ -13,6 +15,7 @@ mod mma;
 pub(crate) mod paged;
 mod scalar;
 mod simt;
+mod wgmma;
 
 pub use mma::AttentionAccess;
 
@@ -282,7 +285,14 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let kernel = if let Some(k) = mma::kernel(&p, node, args.clone(), target, access, tuned)? {
+    let wgmma = if options.wgmma_attention && access.is_none() {
+        wgmma::kernel(&p, node, args.clone(), target, tuned)?
+    } else {
+        None
+    };
+    let kernel = if let Some(k) = wgmma {
+        k
+    } else if let Some(k) = mma::kernel(&p, node, args.clone(), target, access, tuned)? {
         k
     } else if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
         k
