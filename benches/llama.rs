@@ -348,6 +348,7 @@ fn batched(
         max_batch: most,
         replay: true,
         logits: false,
+        prefill_chunk: 0,
     };
     let t0 = Instant::now();
     let vocab = m.config.vocab_size as u64;

@@ -450,6 +450,57 @@ mod kv_blocks {
         }
     }
 
+    /// Writes reserved sequence `seq`'s rows past its `cached` prefix in random chunks, each
+    /// reported written; between two chunks, sequence `other` may start on the prompt's prefix
+    /// and more: it must not share a block whose rows are not in yet (`verify` reads every
+    /// live sequence's rows back). `seq` joins the live ones once all its rows are in.
+    fn chunked(
+        sim: &mut Sim,
+        rng: &mut ChaCha8Rng,
+        (seq, other): (SeqId, SeqId),
+        prompt: &[u32],
+        (cached, a): (usize, &Appended),
+    ) {
+        assert_eq!(a.copy, None, "a new sequence shares full blocks only");
+        let mut done = cached;
+        while done < prompt.len() {
+            let c = rng.random_range(1..=prompt.len() - done);
+            let rows = Appended {
+                slots: a.slots[done - cached..done - cached + c].to_vec(),
+                copy: None,
+            };
+            sim.apply(&rows, &prompt[done..done + c]);
+            done += c;
+            sim.pool.written(seq, done).unwrap();
+            // An append waits for the prefill to end.
+            if done < prompt.len() {
+                assert_eq!(
+                    sim.pool.append(seq, &[1]),
+                    Err(KvBlockError::Unwritten(seq))
+                );
+            }
+            if sim.pool.table(other).is_none() && rng.random_bool(0.3) {
+                let mut p = prompt.to_vec();
+                p.push(rng.random_range(0..50));
+                if let Ok((k, b)) = sim.pool.start(other, &p) {
+                    assert!(k <= done, "shared {k} rows, {done} written");
+                    sim.apply(&b, &p[k..]);
+                    sim.want.insert(other, p);
+                }
+            }
+            sim.verify();
+        }
+        assert_eq!(
+            sim.pool.written(seq, prompt.len() + 1),
+            Err(KvBlockError::PastEnd {
+                seq,
+                upto: prompt.len() + 1,
+                len: prompt.len()
+            })
+        );
+        sim.want.insert(seq, prompt.to_vec());
+    }
+
     fn run(seed: u64, num_blocks: usize, bs: usize) -> (usize, usize, usize) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut sim = Sim {
@@ -485,14 +536,22 @@ mod kv_blocks {
                     }
                     let seq = next;
                     next += 1;
-                    sim.pool.start(seq, &prompt).map(|(cached, a)| {
-                        shared += cached;
-                        copies += usize::from(a.copy.is_some());
-                        // Only the tokens past the cached prefix are written: the prefix is
-                        // read back from the shared blocks by the `verify` after this step.
-                        sim.apply(&a, &prompt[cached..]);
-                        sim.want.insert(seq, prompt);
-                    })
+                    if rng.random_bool(0.5) {
+                        sim.pool.start(seq, &prompt).map(|(cached, a)| {
+                            shared += cached;
+                            copies += usize::from(a.copy.is_some());
+                            // Only the tokens past the cached prefix are written: the prefix is
+                            // read back from the shared blocks by the `verify` after this step.
+                            sim.apply(&a, &prompt[cached..]);
+                            sim.want.insert(seq, prompt);
+                        })
+                    } else {
+                        sim.pool.reserve(seq, &prompt).map(|(cached, a)| {
+                            shared += cached;
+                            next += 1;
+                            chunked(&mut sim, &mut rng, (seq, next - 1), &prompt, (cached, &a))
+                        })
+                    }
                 }
                 3..=6 => {
                     let seq = pick(&mut rng);
@@ -610,5 +669,20 @@ mod kv_blocks {
             }
         );
         assert!(p.table(5).is_none());
+        // A reserved prompt's blocks are shared only once their rows are written.
+        let (cached, a) = p.reserve(6, &prompt).unwrap();
+        assert_eq!((cached, a.slots.len()), (0, 10));
+        assert_eq!(p.start(7, &prompt).unwrap().0, 0);
+        p.free(7).unwrap();
+        p.written(6, 6).unwrap();
+        assert_eq!(p.start(7, &prompt).unwrap().0, 4);
+        p.free(7).unwrap();
+        p.written(6, 10).unwrap();
+        assert_eq!(p.start(7, &prompt).unwrap().0, 8);
+        for s in [6, 7] {
+            p.free(s).unwrap();
+            p.check().unwrap();
+        }
+        assert_eq!(p.free_blocks(), 10);
     }
 }

@@ -223,6 +223,9 @@ fn start_batched(max_queue: usize, blocks: usize) -> Server {
             max_batch: 4,
             replay: false,
             logits: true,
+            // Chunks of 5 tokens: every batched test's longer prompts (and preempted requests'
+            // restarts) run in chunks between decode steps.
+            prefill_chunk: 5,
         };
         let info = ModelInfo {
             id: MODEL_ID.into(),

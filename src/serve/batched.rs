@@ -7,6 +7,12 @@
 //! read). One plan per bucket, compiled on first use and kept (captured once on a GPU, then
 //! replayed); every plan shares the same pools.
 //!
+//! A prompt longer than [`BatchOptions::prefill_chunk`] runs in chunks instead
+//! ([`BatchedGenerator::begin`], then [`BatchedGenerator::prefill`] once per chunk), each
+//! through the chunk plan of its bucket ([`LlamaModel::paged_chunk_graph`]: the chunk's rows
+//! attend over the rows earlier chunks left in the sequence's blocks), so that the serving
+//! worker can run a decode step of the batch between two chunks of a long prompt.
+//!
 //! Every sequence reads only its own blocks: the table a row reads is its own sequence's, and
 //! a shared prefix block is one its own prompt computed the same rows of.
 
@@ -20,7 +26,9 @@ use super::kv_blocks::{BlockPool, KvBlockError, SeqId};
 use crate::compile::{CompileOptions, Session, SessionOptions};
 use crate::frontend::llama::{io, paged_io, PoolShape, Precision};
 use crate::frontend::LlamaModel;
-use crate::generate::{check_max_context, prompt_bucket, step_compile_options, GenerateError};
+use crate::generate::{
+    check_max_context, prompt_bucket, step_compile_options, GenerateError, MIN_BUCKET,
+};
 use crate::ir::{DType, Graph, Shape, Tensor};
 use crate::runtime::Device;
 
@@ -43,6 +51,9 @@ pub struct BatchOptions {
     pub replay: bool,
     /// Compile the plans with the `logits` output, for sampling on the host.
     pub logits: bool,
+    /// The most prompt tokens one prefill call runs: a longer prompt runs in chunks of this
+    /// many (the last one shorter), each its own call. 0: every prompt whole, in one call.
+    pub prefill_chunk: usize,
 }
 
 #[derive(Debug, Error)]
@@ -73,6 +84,10 @@ pub enum BatchError {
     BatchTooLarge { got: usize, max: usize },
     #[error("sequence {0} is not running")]
     UnknownSequence(SeqId),
+    #[error("sequence {0} is still in its prefill: it joins a decode step once its prompt is in")]
+    Prefilling(SeqId),
+    #[error("sequence {0} has no prompt left to prefill")]
+    NoPrefill(SeqId),
     #[error("sequence {seq} is at the maximum context {max_context}")]
     ContextFull { seq: SeqId, max_context: usize },
     #[error("the paged pools' size overflows: {0}")]
@@ -88,6 +103,26 @@ pub struct Next {
     pub logits: Option<Vec<f32>>,
 }
 
+/// A sequence whose prompt is not all in its blocks yet ([`BatchedGenerator::begin`]).
+struct Pending {
+    prompt: Vec<u32>,
+    /// Leading tokens shared from other sequences' blocks (their rows are there).
+    cached: usize,
+    /// Leading tokens whose K/V rows are in the blocks (`cached` and the chunks run).
+    done: usize,
+    /// The slot of each token past `cached`.
+    slots: Vec<i32>,
+}
+
+/// What one [`BatchedGenerator::prefill`] call ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prefilled {
+    /// Prompt tokens it computed (a chunk, or the whole prompt).
+    pub tokens: usize,
+    /// The token after the prompt, once its last chunk ran.
+    pub next: Option<Next>,
+}
+
 /// A model compiled for batched generation on one device, with its pools.
 pub struct BatchedGenerator {
     pub model: LlamaModel,
@@ -98,10 +133,13 @@ pub struct BatchedGenerator {
     blocks: BlockPool,
     /// Tokens whose K/V rows each running sequence holds.
     lens: HashMap<SeqId, usize>,
+    /// Sequences begun whose prompts are not all in (they hold their blocks already).
+    pending: HashMap<SeqId, Pending>,
     /// The batch-1 decode plan's session: it owns the pools every other session shares.
     owner: Session<'static>,
     decodes: BTreeMap<usize, Session<'static>>,
     prefills: BTreeMap<usize, Session<'static>>,
+    chunks: BTreeMap<usize, Session<'static>>,
 }
 
 /// Bytes of every layer's K and V rows of one pool block of `block_size` tokens in `dtype`
@@ -182,9 +220,11 @@ impl BatchedGenerator {
             device: device.clone(),
             compile,
             lens: HashMap::new(),
+            pending: HashMap::new(),
             owner,
             decodes: BTreeMap::new(),
             prefills: BTreeMap::new(),
+            chunks: BTreeMap::new(),
         })
     }
 
@@ -205,9 +245,36 @@ impl BatchedGenerator {
         self.blocks.num_blocks()
     }
 
-    /// Sequences holding blocks.
+    /// Sequences holding blocks (those in their prefill too).
     pub fn running(&self) -> usize {
-        self.lens.len()
+        self.lens.len() + self.pending.len()
+    }
+
+    /// Sequences begun whose prompts are not all in yet.
+    pub fn prefilling(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The chunk plan's bucket for a chunk of `c` tokens: the chunk size itself for a full
+    /// chunk (so it needs no padding), else the next power of two from [`MIN_BUCKET`], at most
+    /// the chunk size. Few plans (five for chunks of 256), and every chunk's `kv_len` is at
+    /// least its bucket: a prompt runs in chunks only when it is longer than one, and only
+    /// its last chunk is short; so no padding row is left without a key to attend to.
+    fn chunk_bucket(&self, c: usize) -> usize {
+        let chunk = self.options.prefill_chunk;
+        if c >= chunk {
+            return chunk;
+        }
+        c.max(MIN_BUCKET)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .min(chunk)
+    }
+
+    /// Whether a prompt of `n` tokens runs whole, through the prefill plan of its bucket.
+    fn whole(&self, n: usize) -> bool {
+        let chunk = self.options.prefill_chunk;
+        chunk == 0 || n <= chunk
     }
 
     /// The decode bucket a step of `n` sequences runs in.
@@ -234,8 +301,9 @@ impl BatchedGenerator {
         s.executable().plan().map(|p| p.kernels.len())
     }
 
-    /// Compiles the decode plans of every bucket up to `max_batch` and the prefill plan of
-    /// every prompt bucket up to `max_prompt` tokens (so no request waits on a compile).
+    /// Compiles the decode plans of every bucket up to `max_batch`, the prefill plan of every
+    /// prompt bucket up to `max_prompt` tokens, and the chunk plans of the buckets up to the
+    /// same length (so no request waits on a compile).
     pub fn warm(&mut self, max_prompt: usize) -> Result<(), BatchError> {
         let mut b = 2;
         while b <= self.batch_bucket(self.options.max_batch) {
@@ -251,6 +319,21 @@ impl BatchedGenerator {
                 break;
             }
             n = bucket + 1;
+        }
+        // A chunk as long as the context holds every prompt: no prompt runs in chunks.
+        if self.options.prefill_chunk > 0 && self.options.prefill_chunk < self.options.max_context {
+            // The full chunk's plan, which every long prompt runs, and the short ones'.
+            self.chunk_session(self.options.prefill_chunk)?;
+            let top = self.chunk_bucket(top);
+            let mut c = 1;
+            loop {
+                let bucket = self.chunk_bucket(c);
+                self.chunk_session(bucket)?;
+                if bucket >= top {
+                    break;
+                }
+                c = bucket + 1;
+            }
         }
         Ok(())
     }
@@ -296,12 +379,46 @@ impl BatchedGenerator {
         Ok(self.prefills.get_mut(&bucket).expect("inserted above"))
     }
 
+    fn chunk_session(&mut self, bucket: usize) -> Result<&mut Session<'static>, BatchError> {
+        if !self.chunks.contains_key(&bucket) {
+            let o = &self.options;
+            let graph = self
+                .model
+                .paged_chunk_graph(bucket, self.pool_shape, o.precision, o.logits)
+                .map_err(GenerateError::from)?;
+            let exe = Arc::new(
+                Graph::compile_with(graph, &self.device, &self.compile)
+                    .map_err(GenerateError::from)?,
+            );
+            // As a prefill's: a chunk's launches are few next to its work.
+            let session = Session::new_sharing(exe, &SessionOptions { replay: false }, &self.owner)
+                .map_err(GenerateError::from)?;
+            self.chunks.insert(bucket, session);
+        }
+        Ok(self.chunks.get_mut(&bucket).expect("inserted above"))
+    }
+
     /// Starts sequence `seq` on `prompt`: takes its blocks (a full leading block another
-    /// sequence computed from the same tokens is shared) and runs its prefill, which writes the
-    /// K/V rows of the blocks it does not share. Gives the token after the prompt. Out of
-    /// blocks ([`KvBlockError::OutOfBlocks`]) changes nothing: the caller waits for blocks.
-    /// The logits row comes back where `logits` asks and the plans have it.
+    /// sequence computed from the same tokens is shared) and runs its prefill, whole or in
+    /// chunks back to back, which writes the K/V rows of the blocks it does not share. Gives
+    /// the token after the prompt. Out of blocks ([`KvBlockError::OutOfBlocks`]) changes
+    /// nothing: the caller waits for blocks. The logits row comes back where `logits` asks and
+    /// the plans have it.
     pub fn start(&mut self, seq: SeqId, prompt: &[u32], logits: bool) -> Result<Next, BatchError> {
+        self.begin(seq, prompt)?;
+        loop {
+            if let Some(next) = self.prefill(seq, logits)?.next {
+                return Ok(next);
+            }
+        }
+    }
+
+    /// Begins sequence `seq` on `prompt` without running it: takes every block the prompt
+    /// needs (a full leading block another sequence computed from the same tokens is shared),
+    /// so its prefill cannot run out half way; [`BatchedGenerator::prefill`] then runs it, a
+    /// chunk a call. Its blocks are shared with later prompts only as their rows are computed.
+    /// Out of blocks ([`KvBlockError::OutOfBlocks`]) or a bad prompt changes nothing.
+    pub fn begin(&mut self, seq: SeqId, prompt: &[u32]) -> Result<(), BatchError> {
         let n = prompt.len();
         if n == 0 {
             return Err(GenerateError::EmptyPrompt.into());
@@ -320,44 +437,162 @@ impl BatchedGenerator {
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
             return Err(GenerateError::TokenId { id, vocab }.into());
         }
-        let bucket = prompt_bucket(n, max_context);
-        // Compiled before any block is taken: a failed compile leaves the pool as it was.
-        self.prefill_session(bucket)?;
-        let (cached, appended) = self.blocks.start(seq, prompt)?;
-        // `start` shares full blocks only: nothing to copy.
+        if self.lens.contains_key(&seq) || self.pending.contains_key(&seq) {
+            return Err(KvBlockError::SequenceExists(seq).into());
+        }
+        // Compiled before any block is taken: a failed compile leaves the pool as it was (a
+        // short last chunk's plan is compiled when it runs).
+        if self.whole(n) {
+            self.prefill_session(prompt_bucket(n, max_context))?;
+        } else {
+            self.chunk_session(self.options.prefill_chunk)?;
+        }
+        let (cached, appended) = self.blocks.reserve(seq, prompt)?;
+        // A new sequence shares full blocks only: nothing to copy.
         debug_assert!(
             appended.copy.is_none(),
             "a new sequence shares full blocks only"
         );
+        self.pending.insert(
+            seq,
+            Pending {
+                prompt: prompt.to_vec(),
+                cached,
+                done: cached,
+                slots: appended.slots,
+            },
+        );
+        Ok(())
+    }
+
+    /// Runs the next part of begun sequence `seq`'s prefill: the whole prompt where it is no
+    /// longer than a chunk (or chunks are off), else its next chunk of at most
+    /// [`BatchOptions::prefill_chunk`] tokens. Once the prompt is all in, gives the token after
+    /// it (and its logits where `logits` asks and the plans have them) and the sequence joins
+    /// the decode steps. A failed run ends the sequence: its blocks go back.
+    pub fn prefill(&mut self, seq: SeqId, logits: bool) -> Result<Prefilled, BatchError> {
+        let Some(p) = self.pending.get(&seq) else {
+            return Err(if self.lens.contains_key(&seq) {
+                BatchError::NoPrefill(seq)
+            } else {
+                BatchError::UnknownSequence(seq)
+            });
+        };
+        let n = p.prompt.len();
+        let whole = self.whole(n);
+        let ran = if whole {
+            self.run_whole(seq, logits)
+        } else {
+            self.run_chunk(seq, logits)
+        };
+        if ran.is_err() {
+            // The blocks go back: the sequence never started.
+            self.pending.remove(&seq);
+            self.blocks.free(seq)?;
+        }
+        let ran = ran?;
+        if ran.next.is_some() {
+            self.pending.remove(&seq);
+            self.lens.insert(seq, n);
+        }
+        Ok(ran)
+    }
+
+    /// Tokens the next [`BatchedGenerator::prefill`] of `seq` computes (`None`: `seq` is not
+    /// in its prefill).
+    pub fn next_prefill(&self, seq: SeqId) -> Option<usize> {
+        let p = self.pending.get(&seq)?;
+        let n = p.prompt.len();
+        Some(if self.whole(n) {
+            n
+        } else {
+            self.options.prefill_chunk.min(n - p.done)
+        })
+    }
+
+    /// The whole prompt of pending `seq` through the prefill plan of its bucket; the rows a
+    /// shared prefix already holds are computed too (their slots are not written).
+    fn run_whole(&mut self, seq: SeqId, logits: bool) -> Result<Prefilled, BatchError> {
+        let p = &self.pending[&seq];
+        let n = p.prompt.len();
+        let bucket = prompt_bucket(n, self.options.max_context);
         let mut slots = vec![-1i64; bucket];
-        for (r, &slot) in appended.slots.iter().enumerate() {
-            slots[cached + r] = i64::from(slot);
+        for (r, &slot) in p.slots.iter().enumerate() {
+            slots[p.cached + r] = i64::from(slot);
         }
-        let mut ids: Vec<i64> = prompt.iter().map(|&i| i64::from(i)).collect();
+        let mut ids: Vec<i64> = p.prompt.iter().map(|&i| i64::from(i)).collect();
         ids.resize(bucket, 0);
-        let has_logits = self.options.logits;
-        let run = (|| -> Result<Next, BatchError> {
-            let s = self.prefill_session(bucket)?;
-            s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, bucket], ids))
-                .map_err(GenerateError::from)?;
-            s.set_input(paged_io::SLOTS, &int(DType::I32, &[1, bucket], slots))
-                .map_err(GenerateError::from)?;
-            s.set_input(io::LAST, &int(DType::I32, &[1], vec![n as i64 - 1]))
-                .map_err(GenerateError::from)?;
-            s.run().map_err(GenerateError::from)?;
-            Ok(read_rows(s, 1, vocab, logits && has_logits)?.remove(0))
-        })();
-        match run {
-            Ok(next) => {
-                self.lens.insert(seq, n);
-                Ok(next)
-            }
-            Err(e) => {
-                // The blocks go back: the sequence never started.
-                self.blocks.free(seq)?;
-                Err(e)
-            }
+        let vocab = self.model.config.vocab_size;
+        let with_logits = logits && self.options.logits;
+        let s = self.prefill_session(bucket)?;
+        s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, bucket], ids))
+            .map_err(GenerateError::from)?;
+        s.set_input(paged_io::SLOTS, &int(DType::I32, &[1, bucket], slots))
+            .map_err(GenerateError::from)?;
+        s.set_input(io::LAST, &int(DType::I32, &[1], vec![n as i64 - 1]))
+            .map_err(GenerateError::from)?;
+        s.run().map_err(GenerateError::from)?;
+        let next = read_rows(s, 1, vocab, with_logits)?.remove(0);
+        self.blocks.written(seq, n)?;
+        Ok(Prefilled {
+            tokens: n,
+            next: Some(next),
+        })
+    }
+
+    /// The next chunk of pending `seq`: its `c` tokens left-padded to the chunk bucket, the
+    /// padding rows writing no slot, `kv_len` the rows in once the chunk's are.
+    fn run_chunk(&mut self, seq: SeqId, logits: bool) -> Result<Prefilled, BatchError> {
+        let p = &self.pending[&seq];
+        let (n, done, cached) = (p.prompt.len(), p.done, p.cached);
+        let c = self.options.prefill_chunk.min(n - done);
+        let bucket = self.chunk_bucket(c);
+        let pad = bucket - c;
+        let end = done + c;
+        let mut ids = vec![0i64; bucket];
+        let mut slots = vec![-1i64; bucket];
+        for r in 0..c {
+            ids[pad + r] = i64::from(p.prompt[done + r]);
+            slots[pad + r] = i64::from(p.slots[done - cached + r]);
         }
+        // Row i stands at position end − bucket + i: the real rows at done..end, and a padding
+        // row where its causal view ends (at least one key: `chunk_bucket` keeps end ≥ bucket).
+        let positions: Vec<i64> = (0..bucket)
+            .map(|i| ((end + i).saturating_sub(bucket)) as i64)
+            .collect();
+        let max_blocks = self.pool_shape.max_blocks;
+        let mut table = vec![0i64; max_blocks];
+        let blocks = self
+            .blocks
+            .table(seq)
+            .ok_or(BatchError::UnknownSequence(seq))?;
+        for (j, &blk) in blocks.iter().enumerate() {
+            table[j] = i64::from(blk);
+        }
+        let last = end == n;
+        let vocab = self.model.config.vocab_size;
+        let with_logits = logits && last && self.options.logits;
+        let s = self.chunk_session(bucket)?;
+        set_step_inputs(s, bucket, ids, positions, slots)?;
+        s.set_input(
+            paged_io::BLOCK_TABLE,
+            &int(DType::I32, &[1, max_blocks], table),
+        )
+        .map_err(GenerateError::from)?;
+        s.set_input(io::KV_LEN, &int(DType::I32, &[1], vec![end as i64]))
+            .map_err(GenerateError::from)?;
+        s.run().map_err(GenerateError::from)?;
+        let next = if last {
+            Some(read_rows(s, 1, vocab, with_logits)?.remove(0))
+        } else {
+            None
+        };
+        self.blocks.written(seq, end)?;
+        self.pending
+            .get_mut(&seq)
+            .ok_or(BatchError::UnknownSequence(seq))?
+            .done = end;
+        Ok(Prefilled { tokens: c, next })
     }
 
     /// Advances every sequence of `batch` by one token: `(seq, token)` is the token to append
@@ -383,6 +618,9 @@ impl BatchedGenerator {
         let vocab = self.model.config.vocab_size;
         let mut new_blocks = 0;
         for &(seq, t) in batch {
+            if self.pending.contains_key(&seq) {
+                return Err(BatchError::Prefilling(seq));
+            }
             let len = *self
                 .lens
                 .get(&seq)
@@ -434,29 +672,26 @@ impl BatchedGenerator {
         }
         let has_logits = self.options.logits;
         let s = self.decode_session(bucket)?;
-        let set = |s: &mut Session<'static>, name: &str, dims: &[usize], v: Vec<i64>| {
-            let dtype = if name == io::INPUT_IDS {
-                DType::I64
-            } else {
-                DType::I32
-            };
-            s.set_input(name, &int(dtype, dims, v))
-                .map_err(GenerateError::from)
-        };
-        set(s, io::INPUT_IDS, &[1, bucket], ids)?;
-        set(s, io::POSITIONS, &[bucket], positions)?;
-        set(s, paged_io::SLOTS, &[1, bucket], slots)?;
-        set(s, paged_io::BLOCK_TABLE, &[bucket, max_blocks], table)?;
-        set(s, io::KV_LEN, &[bucket], kv_len)?;
+        set_step_inputs(s, bucket, ids, positions, slots)?;
+        s.set_input(
+            paged_io::BLOCK_TABLE,
+            &int(DType::I32, &[bucket, max_blocks], table),
+        )
+        .map_err(GenerateError::from)?;
+        s.set_input(io::KV_LEN, &int(DType::I32, &[bucket], kv_len))
+            .map_err(GenerateError::from)?;
         s.run().map_err(GenerateError::from)?;
         read_rows(s, b, vocab, logits && has_logits)
     }
 
-    /// Ends `seq`: its blocks go back to the pool (those another sequence shares stay).
+    /// Ends `seq`, running or in its prefill (cancelled, preempted): its blocks go back to
+    /// the pool (those another sequence shares stay).
     pub fn finish(&mut self, seq: SeqId) -> Result<(), BatchError> {
-        self.lens
-            .remove(&seq)
-            .ok_or(BatchError::UnknownSequence(seq))?;
+        if self.pending.remove(&seq).is_none() {
+            self.lens
+                .remove(&seq)
+                .ok_or(BatchError::UnknownSequence(seq))?;
+        }
         self.blocks.free(seq)?;
         Ok(())
     }
@@ -469,6 +704,24 @@ impl BatchedGenerator {
 
 fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {
     Tensor::from_i64(dtype, Shape::new(dims.to_vec()), values).expect("sized by the caller")
+}
+
+/// Sets a paged step's `input_ids` (`[1, rows]`), `positions` (`[rows]`) and `slots`
+/// (`[1, rows]`).
+fn set_step_inputs(
+    s: &mut Session<'static>,
+    rows: usize,
+    ids: Vec<i64>,
+    positions: Vec<i64>,
+    slots: Vec<i64>,
+) -> Result<(), BatchError> {
+    s.set_input(io::INPUT_IDS, &int(DType::I64, &[1, rows], ids))
+        .map_err(GenerateError::from)?;
+    s.set_input(io::POSITIONS, &int(DType::I32, &[rows], positions))
+        .map_err(GenerateError::from)?;
+    s.set_input(paged_io::SLOTS, &int(DType::I32, &[1, rows], slots))
+        .map_err(GenerateError::from)?;
+    Ok(())
 }
 
 /// The first `rows` tokens of a run, and their logits rows where `logits` asks (the caller

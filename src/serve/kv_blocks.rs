@@ -16,6 +16,10 @@
 //!   they are shared without copies.
 //! - Running out of blocks is [`KvBlockError::OutOfBlocks`], the value the scheduler preempts
 //!   on; the failed call changes nothing.
+//! - A prompt prefilled in chunks takes all its blocks at once ([`BlockPool::reserve`]) but
+//!   computes their rows over several steps: a block is registered for sharing only once
+//!   [`BlockPool::written`] says its rows are in it, so no other sequence reads rows that are
+//!   not there yet.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -37,6 +41,12 @@ pub enum KvBlockError {
     SequenceExists(SeqId),
     #[error("a pool needs at least one block of at least one token")]
     Empty,
+    #[error(
+        "sequence {0} has rows not written yet (a prefill in progress): nothing can be appended"
+    )]
+    Unwritten(SeqId),
+    #[error("sequence {seq} holds {len} tokens: its first {upto} rows cannot be written")]
+    PastEnd { seq: SeqId, upto: usize, len: usize },
 }
 
 /// A copy of the first `rows` rows of block `from` into block `to` (every layer, head and of
@@ -60,8 +70,11 @@ pub struct Appended {
 struct Sequence {
     blocks: Vec<u32>,
     tokens: Vec<u32>,
-    /// The chain hash of each full block, in order.
+    /// The chain hash of each full block whose rows are written, in order.
     hashes: Vec<u64>,
+    /// Leading tokens whose K/V rows are in the blocks (all of them, but during a
+    /// [`BlockPool::reserve`]d prefill).
+    written: usize,
 }
 
 /// A registered full block: its hash chain's parent and its tokens (checked on a match).
@@ -144,8 +157,28 @@ impl BlockPool {
     /// Starts sequence `seq` on `prompt`: its leading full blocks that the pool already holds
     /// (same tokens, same prefix) are shared, and the rest appended. Returns how many leading
     /// tokens are cached (their K/V need no computing) and the append of the others, whose
-    /// rows the caller writes. Out of blocks leaves nothing behind.
+    /// rows the caller writes at once. Out of blocks leaves nothing behind.
     pub fn start(&mut self, seq: SeqId, prompt: &[u32]) -> Result<(usize, Appended), KvBlockError> {
+        self.start_with(seq, prompt, true)
+    }
+
+    /// As [`BlockPool::start`], for a prompt whose rows past the cached prefix are written
+    /// later, chunk by chunk: its blocks are taken now (so the prefill cannot run out half way)
+    /// but shared with other sequences only as [`BlockPool::written`] reports their rows in.
+    pub fn reserve(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+    ) -> Result<(usize, Appended), KvBlockError> {
+        self.start_with(seq, prompt, false)
+    }
+
+    fn start_with(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        written: bool,
+    ) -> Result<(usize, Appended), KvBlockError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvBlockError::SequenceExists(seq));
         }
@@ -167,6 +200,7 @@ impl BlockPool {
             }
         }
         let cached = s.tokens.len();
+        s.written = cached;
         let needed = (prompt.len() - cached).div_ceil(bs);
         if needed > self.free.len() {
             return Err(KvBlockError::OutOfBlocks {
@@ -178,8 +212,27 @@ impl BlockPool {
             self.refs[b as usize] += 1;
         }
         self.seqs.insert(seq, s);
-        let appended = self.append(seq, &prompt[cached..])?;
+        let appended = self.append_rows(seq, &prompt[cached..], written)?;
         Ok((cached, appended))
+    }
+
+    /// Records that the first `upto` rows of `seq` are in its blocks (a prefill chunk ran):
+    /// the full blocks among them become shareable. Fewer rows than already recorded change
+    /// nothing.
+    pub fn written(&mut self, seq: SeqId, upto: usize) -> Result<(), KvBlockError> {
+        let mut s = self
+            .seqs
+            .remove(&seq)
+            .ok_or(KvBlockError::UnknownSequence(seq))?;
+        let len = s.tokens.len();
+        if upto > len {
+            self.seqs.insert(seq, s);
+            return Err(KvBlockError::PastEnd { seq, upto, len });
+        }
+        s.written = s.written.max(upto);
+        self.register_written(&mut s);
+        self.seqs.insert(seq, s);
+        Ok(())
     }
 
     /// A new sequence `child` holding all of `parent`'s blocks (the partial last one too) by
@@ -201,8 +254,28 @@ impl BlockPool {
     }
 
     /// Appends `tokens` to `seq`: the slots their rows go to, new blocks taken as needed, and a
-    /// copy-on-write of the last block when it is partial and shared. All or nothing.
+    /// copy-on-write of the last block when it is partial and shared. All or nothing. A
+    /// sequence whose reserved prefill is not all written takes no append
+    /// ([`KvBlockError::Unwritten`]): its rows would land after rows that are not there.
     pub fn append(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Appended, KvBlockError> {
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(KvBlockError::UnknownSequence(seq))?;
+        if s.written < s.tokens.len() {
+            return Err(KvBlockError::Unwritten(seq));
+        }
+        self.append_rows(seq, tokens, true)
+    }
+
+    /// [`BlockPool::append`] without the written check; `written`: the caller writes the rows
+    /// at once (else [`BlockPool::written`] reports them later).
+    fn append_rows(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        written: bool,
+    ) -> Result<Appended, KvBlockError> {
         let bs = self.block_size;
         let s = self
             .seqs
@@ -243,9 +316,10 @@ impl BlockPool {
             let block = s.blocks[pos / bs];
             out.slots.push((block as usize * bs + pos % bs) as i32);
             s.tokens.push(t);
-            if s.tokens.len().is_multiple_of(bs) {
-                self.register(&mut s, block);
-            }
+        }
+        if written {
+            s.written = s.tokens.len();
+            self.register_written(&mut s);
         }
         self.seqs.insert(seq, s);
         Ok(out)
@@ -276,25 +350,28 @@ impl BlockPool {
         b
     }
 
-    /// Registers `s`'s last block, just filled, under its chain hash (unless a block already
-    /// holds those tokens).
-    fn register(&mut self, s: &mut Sequence, block: u32) {
+    /// Registers each full block of `s` whose rows are all written and that is not yet
+    /// registered, in order, under its chain hash (unless a block already holds those tokens).
+    fn register_written(&mut self, s: &mut Sequence) {
         let bs = self.block_size;
-        let i = s.hashes.len();
-        let parent = if i == 0 { ROOT } else { s.hashes[i - 1] };
-        let tokens = &s.tokens[i * bs..(i + 1) * bs];
-        let h = chain_hash(parent, tokens);
-        s.hashes.push(h);
-        if self.hash_of[block as usize].is_none() && !self.cached.contains_key(&h) {
-            self.cached.insert(
-                h,
-                Cached {
-                    block,
-                    parent,
-                    tokens: tokens.to_vec(),
-                },
-            );
-            self.hash_of[block as usize] = Some(h);
+        while (s.hashes.len() + 1) * bs <= s.written {
+            let i = s.hashes.len();
+            let block = s.blocks[i];
+            let parent = if i == 0 { ROOT } else { s.hashes[i - 1] };
+            let tokens = &s.tokens[i * bs..(i + 1) * bs];
+            let h = chain_hash(parent, tokens);
+            s.hashes.push(h);
+            if self.hash_of[block as usize].is_none() && !self.cached.contains_key(&h) {
+                self.cached.insert(
+                    h,
+                    Cached {
+                        block,
+                        parent,
+                        tokens: tokens.to_vec(),
+                    },
+                );
+                self.hash_of[block as usize] = Some(h);
+            }
         }
     }
 
@@ -312,6 +389,14 @@ impl BlockPool {
                     "{} blocks for {} tokens",
                     s.blocks.len(),
                     s.tokens.len()
+                ));
+            }
+            if s.written > s.tokens.len() || s.hashes.len() != s.written / self.block_size {
+                return Err(format!(
+                    "{} of {} rows written, {} blocks registered",
+                    s.written,
+                    s.tokens.len(),
+                    s.hashes.len()
                 ));
             }
         }

@@ -136,9 +136,17 @@ impl HttpMetrics {
             one(get(&w.prefills)),
         );
         metric(
+            "rocmforge_prefill_chunks_total",
+            "counter",
+            "Prefill runs of the batching worker: chunks of at most --prefill-chunk tokens, or \
+             whole prompts (a decode step of the batch may run between two).",
+            one(get(&w.prefill_chunks)),
+        );
+        metric(
             "rocmforge_prefill_seconds_total",
             "counter",
-            "Time the batching worker spent in prefills (the batch waits meanwhile).",
+            "Time the batching worker spent in prefills and their chunks (the batch waits \
+             meanwhile).",
             one(get(&w.prefill_micros) * 1e-6),
         );
         metric(
@@ -214,6 +222,7 @@ mod tests {
         w.queued.store(3, Ordering::SeqCst);
         w.kv_blocks_used.store(5, Ordering::Relaxed);
         w.kv_blocks_total.store(64, Ordering::Relaxed);
+        w.prefill_chunks.store(7, Ordering::Relaxed);
         // Steps of 1, 3, 4 and 200 requests.
         for (i, n) in [(0, 1), (2, 2), (7, 1)] {
             w.step_sizes[i].store(n, Ordering::Relaxed);
@@ -230,6 +239,7 @@ mod tests {
             "rocmforge_queue_limit 8",
             "rocmforge_kv_blocks_used 5",
             "rocmforge_kv_blocks_total 64",
+            "rocmforge_prefill_chunks_total 7",
             "rocmforge_batch_size_bucket{le=\"4\"} 3",
             "rocmforge_batch_size_bucket{le=\"+Inf\"} 4",
             "rocmforge_batch_size_count 4",

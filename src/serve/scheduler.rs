@@ -141,10 +141,12 @@ pub struct WorkerStats {
     pub last_tokens_per_s: AtomicU64,
     /// Requests preempted (blocks freed, started again later) by the batching worker.
     pub preempted: AtomicU64,
-    /// The batching worker's time: prefills (count, µs), decode steps (count, µs, and the
-    /// batch size histogram: steps of at most 2^i requests, i < 7, then more), and the host
-    /// work between steps (sampling, text, events; µs).
+    /// The batching worker's time: prefills (prompts begun, the parts they ran in: chunks or
+    /// whole prompts, µs), decode steps (count, µs, and the batch size histogram: steps of at
+    /// most 2^i requests, i < 7, then more), and the host work between steps (sampling, text,
+    /// events; µs).
     pub prefills: AtomicU64,
+    pub prefill_chunks: AtomicU64,
     pub prefill_micros: AtomicU64,
     pub steps: AtomicU64,
     pub step_micros: AtomicU64,

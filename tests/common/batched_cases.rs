@@ -12,7 +12,7 @@ use rocmforge::frontend::llama::Precision;
 use rocmforge::frontend::LlamaModel;
 use rocmforge::generate::{GenerateOptions, Generator};
 use rocmforge::runtime::Device;
-use rocmforge::serve::batched::{BatchOptions, BatchedGenerator};
+use rocmforge::serve::batched::{BatchOptions, BatchedGenerator, Next};
 
 pub fn model_file(name: &str) -> PathBuf {
     let f = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -79,6 +79,7 @@ pub fn options(kv_memory: usize, max_batch: usize) -> BatchOptions {
         max_batch,
         replay: false,
         logits: true,
+        prefill_chunk: 0,
     }
 }
 
@@ -183,4 +184,140 @@ pub fn batch_matches_alone(name: &str, device: &Device, tol: f64) {
         "{name}: every block back in the pool"
     );
     bg.check().unwrap();
+}
+
+/// Prompts for the chunked prefill: lengths 37, 16 (four full blocks of 4), 9 and 1, and 23
+/// whose first 12 tokens (three full blocks) are the first prompt's.
+fn chunk_prompts(vocab: usize) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(2626);
+    let mut draw =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(2..vocab as u32)).collect() };
+    let a = draw(37);
+    let mut e = a[..12].to_vec();
+    e.extend(draw(11));
+    vec![a, draw(16), draw(9), draw(1), e]
+}
+
+/// Runs `seq`'s prefill in `bg` to its end (after `begin`): the next token's logits and the
+/// tokens of each part.
+fn prefill_all(bg: &mut BatchedGenerator, seq: u64) -> (Next, Vec<usize>) {
+    let mut parts = Vec::new();
+    loop {
+        let p = bg.prefill(seq, true).unwrap();
+        parts.push(p.tokens);
+        if let Some(next) = p.next {
+            return (next, parts);
+        }
+    }
+}
+
+/// Asserts `got` within `tol` (relative L2) of `want`, and the same argmax where `want`'s
+/// lead is clear of f32 noise.
+fn close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let err = rel_l2(got, want);
+    assert!(err <= tol, "{what}: logits rel L2 {err:.2e}");
+    let scale = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+    if lead(want) > 1e-3 * scale {
+        assert_eq!(argmax(got), argmax(want), "{what}: token");
+    }
+}
+
+/// The same prompts prefilled whole and in chunks of `chunk` tokens (odd sizes, prompts not
+/// a multiple of the chunk, chunk ends on a block boundary and not, a shared prefix, a prompt
+/// started while another is half prefilled), in two generators of the same pool: the token
+/// after each prompt and its logits agree within `tol`, so do three decode steps of all of
+/// them together (which read the K/V rows the chunks wrote), the block accounting is the same
+/// after each prompt, and every block comes back.
+pub fn chunked_matches_whole(name: &str, device: &Device, chunk: usize, tol: f64) {
+    let file = model_file(name);
+    let vocab = LlamaModel::load(&file).unwrap().config.vocab_size;
+    let bytes = block_bytes(&file, 4) * 128;
+    let x = rocmforge::cpu::Precision::Exact;
+    let load = || LlamaModel::load(&file).unwrap();
+    let mut whole = BatchedGenerator::new(load(), device, options(bytes, 8), x).unwrap();
+    let mut o = options(bytes, 8);
+    o.prefill_chunk = chunk;
+    let mut chunked = BatchedGenerator::new(load(), device, o, x).unwrap();
+    let total = chunked.num_blocks();
+    let prompts = chunk_prompts(vocab);
+    let mut last = Vec::new();
+    for (s, p) in prompts.iter().enumerate() {
+        let seq = s as u64;
+        let want = whole.start(seq, p, true).unwrap();
+        chunked.begin(seq, p).unwrap();
+        let (got, parts) = prefill_all(&mut chunked, seq);
+        let what = format!("{name} chunk {chunk} prompt {s} ({} tokens)", p.len());
+        // The shared prefix (prompt 4: 12 tokens) is not computed again.
+        let cached = if s == 4 { 12 } else { 0 };
+        if p.len() > chunk {
+            assert!(parts.iter().all(|&t| t <= chunk), "{what}: {parts:?}");
+            assert_eq!(parts.iter().sum::<usize>(), p.len() - cached, "{what}");
+        } else {
+            assert_eq!(parts, [p.len()], "{what}");
+        }
+        close(
+            &what,
+            got.logits.as_ref().unwrap(),
+            want.logits.as_ref().unwrap(),
+            tol,
+        );
+        assert_eq!(got.token, argmax(got.logits.as_ref().unwrap()), "{what}");
+        assert_eq!(chunked.free_blocks(), whole.free_blocks(), "{what}: blocks");
+        chunked.check().unwrap();
+        last.push(want.token);
+    }
+    // A prompt sharing a new prompt's opening 12 tokens begins while that one is half
+    // prefilled: it shares only blocks whose rows are in (sharing the others would read rows
+    // not written yet, and its logits would show it).
+    let (twin, late) = (prompts.len() as u64, prompts.len() as u64 + 1);
+    let mut rng = StdRng::seed_from_u64(77);
+    let twin_p: Vec<u32> = (0..37).map(|_| rng.random_range(2..vocab as u32)).collect();
+    let mut late_p = twin_p[..12].to_vec();
+    late_p.extend([5, 6, 7]);
+    chunked.begin(twin, &twin_p).unwrap();
+    let first = chunked.prefill(twin, true).unwrap();
+    assert!(first.next.is_none() || twin_p.len() <= chunk);
+    let want_late = whole.start(late, &late_p, true).unwrap();
+    let got_late = chunked.start(late, &late_p, true).unwrap();
+    let want_twin = whole.start(twin, &twin_p, true).unwrap();
+    let got_twin = match first.next {
+        Some(n) => n,
+        None => prefill_all(&mut chunked, twin).0,
+    };
+    for (what, got, want) in [
+        ("late", &got_late, &want_late),
+        ("twin", &got_twin, &want_twin),
+    ] {
+        close(
+            &format!("{name} chunk {chunk}: the {what} prompt"),
+            got.logits.as_ref().unwrap(),
+            want.logits.as_ref().unwrap(),
+            tol,
+        );
+    }
+    last.push(want_twin.token);
+    last.push(want_late.token);
+    chunked.check().unwrap();
+    let seqs = last.len();
+    for step in 0..3 {
+        let batch: Vec<(u64, u32)> = (0..seqs).map(|s| (s as u64, last[s])).collect();
+        let want = whole.step(&batch, true).unwrap();
+        let got = chunked.step(&batch, true).unwrap();
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            let what = format!("{name} chunk {chunk} seq {s} step {step}");
+            close(
+                &what,
+                g.logits.as_ref().unwrap(),
+                w.logits.as_ref().unwrap(),
+                tol,
+            );
+            last[s] = w.token;
+        }
+    }
+    for s in 0..seqs {
+        chunked.finish(s as u64).unwrap();
+    }
+    assert_eq!(chunked.running(), 0, "{name}: every sequence finished");
+    assert_eq!(chunked.free_blocks(), total, "{name}: every block back");
+    chunked.check().unwrap();
 }

@@ -118,6 +118,22 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
             }),
         );
     }
+    // Prompts prefilled in chunks (the chunk plans: gathered pool rows through the prompt's
+    // flash attention) against the same prompts whole, on this device.
+    for name in ["llama3-tiny", "qwen3-tiny"] {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("serve::chunked_matches_whole_{}", name.replace('-', "_")),
+            Box::new(move || {
+                for chunk in [5, 20] {
+                    crate::common::batched_cases::chunked_matches_whole(name, &d, chunk, 1e-3);
+                }
+                Ok(())
+            }),
+        );
+    }
     // SmolLM2 generation against the PyTorch reference, where the model file is here.
     {
         let missing = crate::llama::missing();

@@ -223,6 +223,12 @@ enum Command {
         /// room for --max-batch requests of the full --max-context; said at start.
         #[arg(long, value_name = "BYTES")]
         kv_memory: Option<usize>,
+        /// The most prompt tokens prefilled between two decode steps of the running requests:
+        /// a longer prompt runs in chunks of N, each followed by a step, so a burst of new
+        /// prompts does not stall the streams already generating (their inter-token latency).
+        /// 0: every new prompt whole before the next step.
+        #[arg(long, value_name = "N", default_value_t = 256)]
+        prefill_chunk: usize,
         /// Require `Authorization: Bearer KEY` on every route but /health.
         #[arg(long, value_name = "KEY")]
         api_key: Option<String>,
@@ -472,6 +478,7 @@ fn main() -> ExitCode {
             max_queue,
             max_batch,
             kv_memory,
+            prefill_chunk,
             api_key,
             greedy,
             no_replay,
@@ -486,6 +493,7 @@ fn main() -> ExitCode {
             max_queue: *max_queue,
             max_batch: max_batch.map(usize::from),
             kv_memory: *kv_memory,
+            prefill_chunk: *prefill_chunk,
             api_key: api_key.as_deref(),
             greedy: *greedy,
             replay: !*no_replay,

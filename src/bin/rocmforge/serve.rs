@@ -24,6 +24,7 @@ pub(crate) struct ServeArgs<'a> {
     pub(crate) max_queue: usize,
     pub(crate) max_batch: Option<usize>,
     pub(crate) kv_memory: Option<usize>,
+    pub(crate) prefill_chunk: usize,
     pub(crate) api_key: Option<&'a str>,
     pub(crate) greedy: bool,
     pub(crate) replay: bool,
@@ -90,9 +91,14 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
             max_batch.saturating_mul(max_context.div_ceil(BLOCK_SIZE)) * block_bytes
         });
         let blocks = kv_memory / block_bytes.max(1);
+        let prefill_chunk = a.prefill_chunk;
+        let chunks = match prefill_chunk {
+            0 => "whole prompts".to_string(),
+            n => format!("prompts in chunks of {n} tokens"),
+        };
         batch_note = format!(
             ", up to {max_batch} requests at once, KV cache {:.1} MiB = {blocks} blocks of \
-             {BLOCK_SIZE} tokens",
+             {BLOCK_SIZE} tokens, {chunks} between decode steps",
             kv_memory as f64 / (1u64 << 20) as f64
         );
         let options = BatchOptions {
@@ -103,6 +109,7 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
             max_batch,
             replay: a.replay,
             logits,
+            prefill_chunk,
         };
         Scheduler::start_batched(a.max_queue, move || {
             let info = info_of(&model);

@@ -235,6 +235,77 @@ impl AttentionStep for Paged {
     }
 }
 
+/// A chunk of one sequence's prompt: `s` new tokens (left-padded; padding rows write no slot)
+/// at the positions `positions` holds, whose K/V rows go to the pools at `slots`, attending
+/// causally, as the last `s` of the `kv_len` keys, over the sequence's rows gathered from the
+/// pools through its block table (`[1, max_blocks]`): those earlier chunks (or a shared prefix)
+/// wrote, and this chunk's. The inputs are [`Paged`]'s for one sequence; the attention is the
+/// prompt's flash attention over the gathered rows rather than `Op::PagedAttention`, whose
+/// kernels serve a decode step's few query rows per K/V head, not a chunk's hundreds. The
+/// gather copies the table's whole reach (`max_blocks · block_size` rows a layer), small next
+/// to a chunk's matrix products.
+pub struct PagedChunk(Paged);
+
+impl PagedChunk {
+    pub fn new(s: usize, pool: PoolShape) -> PagedChunk {
+        PagedChunk(Paged::new(1, s, pool))
+    }
+
+    /// Pool `pool` (`[num_blocks, Hkv, block_size, D]`) read through `table` (`[1,
+    /// max_blocks]`) as one sequence's contiguous cache `[1, Hkv, max_blocks · block_size, D]`.
+    fn gathered(
+        &self,
+        g: &mut Graph,
+        pool: NodeId,
+        table: NodeId,
+        heads: Heads,
+    ) -> Result<NodeId, GraphError> {
+        let PoolShape {
+            block_size,
+            max_blocks,
+            ..
+        } = self.0.pool;
+        let (n, bs, hkv, d) = (
+            max_blocks as i64,
+            block_size as i64,
+            heads.kv as i64,
+            heads.dim as i64,
+        );
+        let ids = g.reshape(table, &[n])?;
+        let blocks = g.gather(pool, ids)?;
+        let heads_first = g.permute(blocks, &[1, 0, 2, 3])?;
+        g.reshape(heads_first, &[1, hkv, n * bs, d])
+    }
+}
+
+impl AttentionStep for PagedChunk {
+    fn rope(&mut self, g: &mut Graph, x: NodeId, spec: &RopeSpec) -> Result<NodeId, GraphError> {
+        self.0.rope(g, x, spec)
+    }
+
+    fn attend(
+        &mut self,
+        g: &mut Graph,
+        layer: usize,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: Heads,
+        _window: Option<usize>,
+        dt: DType,
+    ) -> Result<NodeId, GraphError> {
+        // A sliding window is refused before a paged graph is built, as for `Paged`.
+        let (_, slots, table, kv_len) = self.0.inputs(g)?;
+        // Written first: the gathered rows include this chunk's.
+        let (kp, vp) = self.0.pool.write(g, layer, (k, v), slots, heads, dt)?;
+        let kc = self.gathered(g, kp, table, heads)?;
+        let vc = self.gathered(g, vp, table, heads)?;
+        let scale = 1.0 / (heads.dim as f64).sqrt();
+        let ctx = g.flash_attention_len((q, kc, vc), kv_len, scale, true)?;
+        nn::merge_heads(g, ctx, 1, self.0.s, heads.q, heads.dim)
+    }
+}
+
 /// A prompt of `s` tokens (right-padded) at positions `0..s`, attending causally over itself
 /// as [`Prefill`] does, whose K/V rows also go to the paged pools at `slots` (i32 `[1, s]`;
 /// negative: not written: padding, or rows a shared prefix already holds). The prompt is
@@ -536,6 +607,37 @@ impl LlamaModel {
             &mut step,
         )?;
         g.name = graph_name(precision, &format!("paged_b{seqs}_s{s}"));
+        Ok(g)
+    }
+
+    /// A chunk of `s` tokens of one sequence's prompt through [`PagedChunk`]: inputs
+    /// `input_ids` `[1, s]`, `positions` `[s]`, `slots` `[1, s]`, `block_table` `[1,
+    /// max_blocks]` and `kv_len` `[1]` (the sequence's rows once this chunk's are in); outputs
+    /// `token` (`[1]`, the argmax of the last row) and, when `with_logits`, `logits` `[1,
+    /// vocab]`. A chunk of fewer than `s` tokens is left-padded (padding slots negative), so
+    /// the last row is its last token and every real row sees exactly its causal prefix.
+    pub fn paged_chunk_graph(
+        &self,
+        s: usize,
+        pool: PoolShape,
+        precision: Precision,
+        with_logits: bool,
+    ) -> Result<Graph, GraphError> {
+        if s == 0 || pool.num_blocks == 0 || pool.block_size == 0 || pool.max_blocks == 0 {
+            return Err(GraphError::BadAttribute {
+                node: "llama_paged_chunk".into(),
+                op: "paged_chunk_graph".into(),
+                reason: format!(
+                    "a prompt chunk needs at least one token, block and block row (got {s} \
+                     tokens, {pool:?})"
+                ),
+            });
+        }
+        let mut step = PagedChunk::new(s, pool);
+        let g = Graph::new("llama_paged_chunk");
+        let mut g =
+            self.build_into(g, s, Head::LastOfEach(1), precision, with_logits, &mut step)?;
+        g.name = graph_name(precision, &format!("paged_chunk_s{s}"));
         Ok(g)
     }
 

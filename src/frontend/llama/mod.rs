@@ -36,7 +36,9 @@ use config::config_error;
 use source::Source;
 
 pub use config::{Family, LlamaConfig};
-pub use lower::{io, paged_io, AttentionStep, KvCache, Paged, PagedPrefill, PoolShape, Prefill};
+pub use lower::{
+    io, paged_io, AttentionStep, KvCache, Paged, PagedChunk, PagedPrefill, PoolShape, Prefill,
+};
 pub use source::hf_name;
 pub use weights::unpermute_rows;
 
