@@ -1,4 +1,4 @@
-{% set S = stages %}{% set s_n = block_n // 2 %}{% set o_n = dv // 2 %}{% set kq = d // 16 %}{% set kv_steps = block_n // 16 %}{#- The scores of the tile at j0 held by this thread: masks, bounds and the row maxima. `edge`: the tile needs key checks. -#}
+{% set S = stages %}{% set ahead = S - 2 if overlap else S - 1 %}{% set s_n = block_n // 2 %}{% set o_n = dv // 2 %}{% set kq = d // 16 %}{% set kv_steps = block_n // 16 %}{#- The scores of the tile at j0 held by this thread: masks, bounds and the row maxima. `edge`: the tile needs key checks. -#}
 {%- macro scores(edge) %}
 #pragma unroll
             for (int e = 0; e < {{ s_n }}; ++e) {
@@ -30,7 +30,7 @@
 // A block takes {{ block_m }} query rows of one (batch, head): {{ warpgroups }} warpgroups of 64 rows. Q ({{ block_m }} rows) and
 // each K and V tile ({{ block_n }} keys) sit in dynamic shared memory in the 128-byte-swizzled layout the descriptors name
 // (64-column panels of 128-byte lines); K and V tiles arrive by 16-byte cp.async into a ring of {{ S }}, one commit group a tile,
-// loaded by every thread {{ S - 1 }} tile{% if S > 2 %}s{% endif %} ahead of use. Per tile a warpgroup computes S = Q·Kᵀ by {{ kq }} wgmma steps
+// loaded by every thread {{ ahead }} tile{% if ahead > 1 %}s{% endif %} ahead of use. Per tile a warpgroup computes S = Q·Kᵀ by {{ kq }} wgmma steps
 // ({{ instruction_s }}, A and B from shared memory), the online softmax in registers (log2 domain{% if fold %}, the scale
 // folded into the exponent's FMA{% endif %}), and O += P·V by {{ kv_steps }} steps ({{ instruction_o }}): P's accumulators, converted in
 // place, are the A registers (16 columns of S are one A operand), V is B read N-major through its transposed descriptor.
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         rf_cp_async_commit();
     };
 #pragma unroll
-    for (int t = 0; t < {{ S - 1 }}; ++t) issue(t);
+    for (int t = 0; t < {{ ahead }}; ++t) issue(t);
 {%- if mask %}
     // The mask's offset of each of this thread's rows (clamped into range: rows past Sq are never stored).
     long long mrow[2];
@@ -129,11 +129,15 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     for (int e = 0; e < {{ o_n }}; ++e) o[e] = 0.0f;
     // Row statistics in the log2 domain: running max m and this thread's part of the sum l, per row slot.
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+{%- if overlap %}
+    // P of the previous tile, whose P·V is issued with this tile's QKᵀ.
+    unsigned pa_prev[{{ kv_steps }}][4];
+{%- endif %}
     for (int t = 0; t < ntiles; ++t) {
         const int j0 = t * {{ block_n }};
-        rf_cp_async_wait<{{ S - 2 }}>();  // tile t (and Q) have landed
-        __syncthreads();  // ... for every thread; and every warpgroup is done with the stage tile t - 1 used
-        issue(t + {{ S - 1 }});
+        rf_cp_async_wait<{{ ahead - 1 }}>();  // tile t (and Q) have landed
+        __syncthreads();  // ... for every thread; and every warpgroup is done with the stage the next load takes
+        issue(t + {{ ahead }});  // into the stage of tile t - {{ S - ahead }}
         const unsigned ks = base + {{ q_bytes }}u + (unsigned)(t % {{ S }}) * {{ stage_bytes }}u;
         const unsigned vs = ks + {{ k_bytes }}u;
         float s[{{ s_n }}];
@@ -143,7 +147,18 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
             rf_wgmma_s(s, rf_wg_desc(base + (kk / 4) * {{ q_panel }}u + (unsigned)wg * {{ 64 * 128 }}u + (kk % 4) * 32u),
                        rf_wg_desc(ks + (kk / 4) * {{ kv_panel }}u + (kk % 4) * 32u), kk > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+{%- if overlap %}
+        // P·V of the previous tile, in flight with this tile's QKᵀ and softmax (an empty group at t = 0).
+        if (t > 0) {
+            const unsigned vs_prev = base + {{ q_bytes }}u + (unsigned)((t - 1) % {{ S }}) * {{ stage_bytes }}u + {{ k_bytes }}u;
+#pragma unroll
+            for (int kk = 0; kk < {{ kv_steps }}; ++kk) rf_wgmma_o(o, pa_prev[kk], rf_wg_desc_v(vs_prev + kk * {{ 16 * 128 }}u));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // S(t) done; P·V(t - 1) may run on
+{%- else %}
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+{%- endif %}
         float mx[2] = {-INFINITY, -INFINITY};
         // Key checks only where the tile reaches past Sk{% if causal %} or crosses the diagonal of this warpgroup's first row{% endif %}.
         const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
@@ -152,7 +167,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         } else {
 {{- scores(false) }}
         }
-        float base_r[2];
+        float base_r[2], corr[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             // The row's maximum over the lanes that hold its other columns.
@@ -162,12 +177,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
             const float m_new = fmaxf(m[r], mx[r]{% if fold %} * {{ scale_log2 }}{% endif %});
             // With every key so far masked the row keeps max -inf: subtract 0 instead.
             base_r[r] = m_new == -INFINITY ? 0.0f : m_new;
-            const float corr = exp2f(m[r] - base_r[r]);
+            corr[r] = exp2f(m[r] - base_r[r]);
             m[r] = m_new;
-            l[r] *= corr;
-#pragma unroll
-            for (int e = 0; e < {{ o_n }}; ++e)
-                if ({{ c_slot }} == r) o[e] *= corr;
+            l[r] *= corr[r];
         }
         // P in the A registers of the 16-key steps: elements 8 j .. 8 j + 7 of S are step j's A, in order.
         unsigned pa[{{ kv_steps }}][4];
@@ -179,12 +191,35 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
             l[slot] += p0 + p1;
             pa[e / 8][(e % 8) / 2] = {{ pack }}(p0, p1);
         }
+{%- if overlap %}
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // P·V(t - 1) done: O may be rescaled
+#pragma unroll
+        for (int e = 0; e < {{ o_n }}; ++e) o[e] *= corr[{{ c_slot }}];
+#pragma unroll
+        for (int kk = 0; kk < {{ kv_steps }}; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pa_prev[kk][j] = pa[kk][j];
+    }
+    if (ntiles > 0) {
+        // The last tile's P·V.
+        const unsigned vs_last = base + {{ q_bytes }}u + (unsigned)((ntiles - 1) % {{ S }}) * {{ stage_bytes }}u + {{ k_bytes }}u;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < {{ kv_steps }}; ++kk) rf_wgmma_o(o, pa_prev[kk], rf_wg_desc_v(vs_last + kk * {{ 16 * 128 }}u));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+{%- else %}
+#pragma unroll
+        for (int e = 0; e < {{ o_n }}; ++e) o[e] *= corr[{{ c_slot }}];
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < {{ kv_steps }}; ++kk) rf_wgmma_o(o, pa[kk], rf_wg_desc_v(vs + kk * {{ 16 * 128 }}u));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
+{%- endif %}
+    rf_cp_async_wait<0>();  // no copy outlives the block (the tail's empty groups, Q where no tile ran)
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

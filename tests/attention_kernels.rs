@@ -9,8 +9,9 @@
 //!   (gfx90a, gfx1030), the offline clang (gfx942, gfx1100, gfx1201) and NVRTC + ptxas
 //!   (sm_90): no spills, no scratch, the target's wave size.
 //! - `compile::nvrtc::sm_90a::wgmma` compiles the sm_90a warpgroup FlashAttention (f16 and
-//!   bf16; `codegen/kernels/attention/wgmma.rs`) for every head size, mask kind and
-//!   configuration it chooses with NVRTC + ptxas: no spills, no stack.
+//!   bf16; `codegen/kernels/attention/wgmma.rs`) for every head size, mask kind,
+//!   configuration it chooses and schedule (serial, overlapped) with NVRTC + ptxas: no spills,
+//!   no stack.
 //!
 //! Trials are reported ignored, with the reason, where their tool is missing; the
 //! `ROCMFORGE_REQUIRE_*` variables of `tests/gemm_kernels.rs` turn that into a failure.
@@ -36,7 +37,7 @@ use kernel_compile::KernelSet;
 use libtest_mimic::{Arguments, Failed, Trial};
 use needs::needs;
 use rocmforge::arch::Target;
-use rocmforge::codegen::{generate_with, CodegenOptions};
+use rocmforge::codegen::{generate_with, CodegenOptions, WgmmaAttention};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, Graph};
 use rocmforge::passes::PassManager;
@@ -225,9 +226,18 @@ fn wgmma_cases() -> Vec<(String, Spec)> {
 fn wgmma_set() -> Result<KernelSet, Failed> {
     let target = Target::parse("sm_90a").map_err(|e| e.to_string())?;
     let mut set = KernelSet::new();
-    for (name, spec) in wgmma_cases() {
-        let plan = generate_with(&fused(&spec)?, &target, &CodegenOptions::default())
-            .map_err(|e| format!("{name}: {e}"))?;
+    let schedules = [WgmmaAttention::Auto, WgmmaAttention::Overlapped];
+    for ((name, spec), schedule) in wgmma_cases()
+        .into_iter()
+        .flat_map(|c| schedules.map(|s| (c.clone(), s)))
+    {
+        let options = CodegenOptions {
+            wgmma_attention: schedule,
+            ..CodegenOptions::default()
+        };
+        let plan =
+            generate_with(&fused(&spec)?, &target, &options).map_err(|e| format!("{name}: {e}"))?;
+        let name = format!("{name}_{schedule:?}");
         let k = plan
             .kernels
             .iter()

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocmforge::codegen::TmaWidth;
+use rocmforge::codegen::{TmaWidth, WgmmaAttention};
 use rocmforge::compile::{CompileOptions, Compiled, Poison, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
@@ -31,19 +31,24 @@ pub fn bench_device() -> Device {
 /// `ROCMFORGE_BENCH_WGMMA` chooses the sm_90a GEMM (as `CompileOptions` does by default when
 /// unset or `auto`: the TMA kernel at the width its model picks): `64`, `128` or `256` (that
 /// width), `cp_async` (the warpgroup kernel without TMA), `off` (the mma.sync kernel).
-/// Anything else ends the bench with a message. `ROCMFORGE_BENCH_WGMMA_ATTENTION=off` gives the
-/// mma.sync attention instead of the sm_90a warpgroup one (`on`, or unset, the default).
+/// Anything else ends the bench with a message. `ROCMFORGE_BENCH_WGMMA_ATTENTION` chooses the
+/// sm_90a attention: `auto` (or unset, the default), `serial` or `overlapped` (the warpgroup
+/// kernel's schedules), `off` (the mma.sync kernel).
 pub fn bench_options() -> CompileOptions {
     let wgmma_attention = match std::env::var("ROCMFORGE_BENCH_WGMMA_ATTENTION").as_deref() {
-        Err(_) | Ok("on") => true,
-        Ok("off") => false,
+        Err(_) | Ok("auto") => WgmmaAttention::Auto,
+        Ok("serial") => WgmmaAttention::Serial,
+        Ok("overlapped") => WgmmaAttention::Overlapped,
+        Ok("off") => WgmmaAttention::Off,
         Ok(x) => {
-            eprintln!("error: ROCMFORGE_BENCH_WGMMA_ATTENTION={x}: expected on or off");
+            eprintln!(
+                "error: ROCMFORGE_BENCH_WGMMA_ATTENTION={x}: expected auto, serial, overlapped or off"
+            );
             std::process::exit(2)
         }
     };
-    if !wgmma_attention {
-        println!("sm_90a attention: mma.sync (warpgroup kernel off)");
+    if wgmma_attention != WgmmaAttention::Auto {
+        println!("sm_90a attention: {wgmma_attention:?}");
     }
     let (wgmma_gemm, wgmma_tma) = match std::env::var("ROCMFORGE_BENCH_WGMMA").as_deref() {
         Err(_) | Ok("auto") => (true, TmaWidth::Auto),

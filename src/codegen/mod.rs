@@ -111,10 +111,10 @@ pub struct CodegenOptions {
     /// With `wgmma_gemm`: the TMA kernel's tile width, or the cp.async kernel instead of it.
     pub wgmma_tma: TmaWidth,
     /// f16/bf16 prefill attention on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`)
-    /// where the target has wgmma and the head sizes are whole 64-column panels; off: the
-    /// mma.sync kernel, to measure one against the other (and `attention_access`, which
-    /// shapes that kernel, turns it off too).
-    pub wgmma_attention: bool,
+    /// where the target has wgmma and the head sizes are whole 64-column panels, with its
+    /// schedule; off: the mma.sync kernel, to measure one against the other (and
+    /// `attention_access`, which shapes that kernel, turns it off too).
+    pub wgmma_attention: WgmmaAttention,
     /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
     /// megakernel); off by default: one launch per kernel.
     pub persistent: Persistent,
@@ -129,10 +129,25 @@ impl Default for CodegenOptions {
             int8_gemv: false,
             wgmma_gemm: true,
             wgmma_tma: TmaWidth::Auto,
-            wgmma_attention: true,
+            wgmma_attention: WgmmaAttention::Auto,
             persistent: Persistent::Off,
         }
     }
+}
+
+/// Whether and how attention runs on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WgmmaAttention {
+    /// The warpgroup kernel with the schedule its configuration choice picks.
+    #[default]
+    Auto,
+    /// Each tile's S = Q·Kᵀ, softmax and P·V in turn within a warpgroup.
+    Serial,
+    /// The next tile's QKᵀ in flight during this tile's softmax, the previous P·V during the
+    /// next wait (FlashAttention-3's intra-warpgroup overlap), where a configuration allows it.
+    Overlapped,
+    /// No warpgroup attention: the mma.sync kernel.
+    Off,
 }
 
 /// How the warpgroup GEMM picks its TMA kernel's tile width (`kernels/gemm/wgmma.rs`).

@@ -123,6 +123,12 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
                 Some(format!("{case}: ptxas failed:\n{log}"))
             } else if spills_or_stack(&log) {
                 Some(format!("{case} spills on {arch}:\n{log}"))
+            } else if log.contains("wgmma.mma_async instructions are serialized") {
+                // ptxas waits for every wgmma where it cannot prove the accumulators untouched
+                // while in flight: correct, but the overlap the kernel was written for is gone.
+                Some(format!(
+                    "{case}: ptxas serialized the wgmma on {arch}:\n{log}"
+                ))
             } else if log.contains("C7508") {
                 // setmaxnreg that ptxas could not apply (the warpgroup GEMM's register split).
                 Some(format!(

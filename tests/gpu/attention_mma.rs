@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use rocmforge::codegen::{generate_with, AttentionAccess, CodegenOptions, Kernel};
+use rocmforge::codegen::{generate_with, AttentionAccess, CodegenOptions, Kernel, WgmmaAttention};
 use rocmforge::compile::{CompileOptions, KernelRewrite};
 use rocmforge::ir::DType;
 use rocmforge::passes::PassManager;
@@ -27,8 +27,17 @@ use libtest_mimic::{Failed, Trial};
 enum Kind {
     /// mma.sync, MFMA or WMMA (`kernels/attention/mma.rs`), the warpgroup kernel turned off.
     Mma,
-    /// The sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`).
-    Wgmma,
+    /// The sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`) with this schedule.
+    Wgmma(WgmmaAttention),
+}
+
+impl Kind {
+    fn option(self) -> WgmmaAttention {
+        match self {
+            Kind::Mma => WgmmaAttention::Off,
+            Kind::Wgmma(w) => w,
+        }
+    }
 }
 
 /// The attention kernel of `spec` on the device's target with `access`, which must be the
@@ -49,7 +58,7 @@ fn mma_kernel(
         target,
         &CodegenOptions {
             attention_access: access,
-            wgmma_attention: kind == Kind::Wgmma,
+            wgmma_attention: kind.option(),
             ..CodegenOptions::default()
         },
     )
@@ -61,7 +70,7 @@ fn mma_kernel(
         .ok_or(format!("{spec:?}: attention did not fuse"))?;
     let marker = match kind {
         Kind::Mma => "FlashAttention-2 on matrix cores",
-        Kind::Wgmma => "FlashAttention on Hopper's warpgroup MMA",
+        Kind::Wgmma(_) => "FlashAttention on Hopper's warpgroup MMA",
     };
     if !k.body.contains(marker) {
         return Err(format!("{spec:?} on {}: not the {kind:?} kernel", target.arch).into());
@@ -94,7 +103,7 @@ fn check(
         seed,
         CompileOptions {
             rewrite_kernels: Some(rewrite),
-            wgmma_attention: kind == Kind::Wgmma,
+            wgmma_attention: kind.option(),
             ..crate::harness::options()
         },
     )?;
@@ -172,13 +181,21 @@ pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
                 offset,
                 ..Spec::new(b, hq, sq, d)
             };
-            let dev = device.clone();
-            push(
-                out,
-                ignored,
-                format!("attention_wgmma::{i}::d{d}::{dtype}::{mask:?}"),
-                Box::new(move || check(&dev, spec, 170 + i as u64, None, Kind::Wgmma)),
-            );
+            for (schedule, name) in [
+                (WgmmaAttention::Serial, "serial"),
+                (WgmmaAttention::Overlapped, "overlapped"),
+            ] {
+                let dev = device.clone();
+                let spec = spec;
+                push(
+                    out,
+                    ignored,
+                    format!("attention_wgmma::{name}::{i}::d{d}::{dtype}::{mask:?}"),
+                    Box::new(move || {
+                        check(&dev, spec, 170 + i as u64, None, Kind::Wgmma(schedule))
+                    }),
+                );
+            }
         }
     }
     for (portable, prefix) in [(false, "attention_mma"), (true, "attention_mma_portable")] {

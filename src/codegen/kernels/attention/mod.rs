@@ -26,7 +26,7 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal, i64_literal};
 use super::super::limits::{int_index, launch as checked_launch};
 use super::super::plan::{Buffer, BufferId, BufferRole, IndexCheck, KernelPlan, Launch};
-use super::super::{CodegenError, CodegenOptions};
+use super::super::{CodegenError, CodegenOptions, WgmmaAttention};
 use crate::arch::tuning::{Family, TuneKey, TuneProblem};
 use crate::arch::Target;
 use crate::ir::{Append, Attention, DType, Graph, MaskKind, NodeId, Op, Shape, TensorType};
@@ -285,8 +285,15 @@ pub(crate) fn lower(
         return Ok(());
     }
     args.push(out);
-    let wgmma = if options.wgmma_attention && access.is_none() {
-        wgmma::kernel(&p, node, args.clone(), target, tuned)?
+    let wgmma = if options.wgmma_attention != WgmmaAttention::Off && access.is_none() {
+        wgmma::kernel(
+            &p,
+            node,
+            args.clone(),
+            target,
+            tuned,
+            options.wgmma_attention,
+        )?
     } else {
         None
     };

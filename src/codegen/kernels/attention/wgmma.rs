@@ -20,6 +20,7 @@ use crate::arch::mma::wgmma::{WgmmaAtom, WARPGROUP};
 use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
+use crate::codegen::WgmmaAttention;
 use crate::ir::{DType, MaskKind};
 
 /// Columns of a panel: one 128-byte swizzled line of 16-bit elements.
@@ -49,6 +50,10 @@ pub(crate) struct Config {
     pub block_n: usize,
     /// K/V tiles in the ring.
     pub stages: usize,
+    /// The overlapped schedule (asked for by [`WgmmaAttention::Overlapped`]): tile t's QKᵀ is issued with tile t − 1's P·V, and t's softmax
+    /// runs while that P·V is in flight (two P register sets; at least three stages, since
+    /// V(t − 1) is still read while tile t + stages − 2 loads).
+    pub overlap: bool,
 }
 
 impl Config {
@@ -69,15 +74,16 @@ fn fits(p: &Problem) -> bool {
 }
 
 /// 32-bit registers a thread holds for S (`block_n / 2` floats), O (`dv / 2`), the packed P
-/// (`block_n / 4`) and, with a mask operand, the mask values of a tile's scores (the compiler
-/// loads them ahead of their use: `block_n / 2`).
+/// (`block_n / 4`, twice when overlapped) and, with a mask operand, the mask values of a tile's
+/// scores (the compiler loads them ahead of their use: `block_n / 2`).
 fn fragment_regs(c: &Config, p: &Problem) -> usize {
     let mask = if p.mask == MaskKind::None {
         0
     } else {
         c.block_n / 2
     };
-    c.block_n / 2 + p.dv / 2 + c.block_n / 4 + mask
+    let p_sets = if c.overlap { 2 } else { 1 };
+    c.block_n / 2 + p.dv / 2 + p_sets * c.block_n / 4 + mask
 }
 
 /// Bytes of Q, of one K tile and of one ring stage (K and V).
@@ -105,19 +111,23 @@ pub(crate) fn candidates(p: &Problem, atom: &WgmmaAtom, target: &Target) -> Vec<
             continue;
         }
         for block_n in [128, 64] {
-            for stages in (2..=MAX_STAGES).rev() {
-                let c = Config {
-                    warpgroups,
-                    block_n,
-                    stages,
-                };
-                let regs = fragment_regs(&c, p);
-                if regs > MAX_FRAGMENT_REGS || (regs + OVERHEAD_REGS) * threads > SM_REGS {
-                    continue;
-                }
-                if shared_bytes(&c, p, atom) <= budget {
-                    out.push(c);
-                    break;
+            for overlap in [false, true] {
+                let min_stages = if overlap { 3 } else { 2 };
+                for stages in (min_stages..=MAX_STAGES).rev() {
+                    let c = Config {
+                        warpgroups,
+                        block_n,
+                        stages,
+                        overlap,
+                    };
+                    let regs = fragment_regs(&c, p);
+                    if regs > MAX_FRAGMENT_REGS || (regs + OVERHEAD_REGS) * threads > SM_REGS {
+                        continue;
+                    }
+                    if shared_bytes(&c, p, atom) <= budget {
+                        out.push(c);
+                        break;
+                    }
                 }
             }
         }
@@ -134,12 +144,16 @@ fn blocks(c: &Config, p: &Problem) -> usize {
 /// 64, FlashAttention-3's choice for D 64 and 128); then the most rows a block while the grid has
 /// enough blocks (each K/V tile serves more rows), else the fewest (to fill the SMs); then the
 /// deepest ring.
-pub(crate) fn choose(cands: &[Config], p: &Problem) -> Option<Config> {
+pub(crate) fn choose(cands: &[Config], p: &Problem, schedule: WgmmaAttention) -> Option<Config> {
     cands
         .iter()
+        // Overlapped where asked for and a configuration allows it, else serial; the automatic
+        // choice is serial until the two are measured against each other.
+        .filter(|c| schedule == WgmmaAttention::Overlapped || !c.overlap)
         .max_by_key(|c| {
             let enough = blocks(c, p) >= MIN_BLOCKS;
             (
+                c.overlap,
                 enough,
                 c.block_n,
                 if enough {
@@ -161,6 +175,7 @@ struct Context<'a> {
     block_m: usize,
     block_n: usize,
     stages: usize,
+    overlap: bool,
     threads: usize,
     dtype: String,
     atom_name: &'static str,
@@ -204,6 +219,7 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
     tuned: &Tuned,
+    schedule: WgmmaAttention,
 ) -> Result<Option<Kernel>, CodegenError> {
     let Some(atom) = atom_for(target, p.dtype) else {
         return Ok(None);
@@ -213,7 +229,7 @@ pub(crate) fn kernel(
     }
     let cands = candidates(p, atom, target);
     let key = p.tune_key(Family::AttentionWgmma);
-    let (Some(c), site) = tuned.pick(key, &cands, choose(&cands, p)) else {
+    let (Some(c), site) = tuned.pick(key, &cands, choose(&cands, p, schedule)) else {
         return Ok(None);
     };
     let threads = c.warpgroups * WARPGROUP as usize;
@@ -236,6 +252,7 @@ pub(crate) fn kernel(
         block_m: c.block_m(),
         block_n: c.block_n,
         stages: c.stages,
+        overlap: c.overlap,
         threads,
         dtype: p.dtype.to_string(),
         atom_name: atom.name,
@@ -314,7 +331,7 @@ mod tests {
         let t = Target::parse("sm_90a").unwrap();
         let p = problem(DType::F16, b, hq, sq, d);
         let atom = atom_for(&t, p.dtype).unwrap();
-        choose(&candidates(&p, atom, &t), &p).unwrap()
+        choose(&candidates(&p, atom, &t), &p, WgmmaAttention::Auto).unwrap()
     }
 
     /// The H100's choices per head size at the benchmark's shape (B 16, H 16, S 2048), by hand
@@ -326,12 +343,28 @@ mod tests {
             warpgroups,
             block_n,
             stages,
+            overlap: false,
         };
         assert_eq!(chosen(64, 16, 16, 2048), cfg(3, 128, 3));
         assert_eq!(chosen(128, 16, 16, 2048), cfg(2, 128, 3));
         assert_eq!(chosen(256, 16, 16, 2048), cfg(2, 64, 2));
         // Two heads of 300 rows: too few blocks of 192 rows; one warpgroup a block.
         assert_eq!(chosen(64, 1, 2, 300).warpgroups, 1);
+        // Overlapped: two P register sets leave two warpgroups at D 64; at D 256 the third
+        // stage fits one warpgroup's Q only.
+        let t = Target::parse("sm_90a").unwrap();
+        let over = |d| {
+            let p = problem(DType::F16, 16, 16, 2048, d);
+            let atom = atom_for(&t, p.dtype).unwrap();
+            choose(&candidates(&p, atom, &t), &p, WgmmaAttention::Overlapped).unwrap()
+        };
+        let cfg_o = |warpgroups, block_n, stages| Config {
+            overlap: true,
+            ..cfg(warpgroups, block_n, stages)
+        };
+        assert_eq!(over(64), cfg_o(2, 128, 3));
+        assert_eq!(over(128), cfg_o(2, 128, 3));
+        assert_eq!(over(256), cfg_o(1, 64, 3));
     }
 
     #[test]
