@@ -54,6 +54,10 @@ RF_INLINE void rf_wgmma_o(float (&d)[{{ o_n }}], const unsigned (&a)[4], unsigne
         : {% for i in range(o_n) %}"+f"(d[{{ i }}]){% if not loop.last %}, {% endif %}{% endfor %}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+// Ties registers a wgmma writes (or reads, in flight) to this point of the program: reads after a wait
+// cannot be moved above it, and the registers stay live until it (CUTLASS's warpgroup_fence_operand).
+RF_INLINE void rf_fence(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+RF_INLINE void rf_fence(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
     RF_GRID_ENTER();
     // Q, then the ring, from the first 1024-byte boundary of the dynamic shared memory (the launch asks for 1024
@@ -159,6 +163,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {%- else %}
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 {%- endif %}
+#pragma unroll
+        for (int e = 0; e < {{ s_n }}; ++e) rf_fence(s[e]);
         float mx[2] = {-INFINITY, -INFINITY};
         // Key checks only where the tile reaches past Sk{% if causal %} or crosses the diagonal of this warpgroup's first row{% endif %}.
         const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
@@ -194,7 +200,14 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {%- if overlap %}
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // P·V(t - 1) done: O may be rescaled
 #pragma unroll
-        for (int e = 0; e < {{ o_n }}; ++e) o[e] *= corr[{{ c_slot }}];
+        for (int kk = 0; kk < {{ kv_steps }}; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) rf_fence(pa_prev[kk][j]);
+#pragma unroll
+        for (int e = 0; e < {{ o_n }}; ++e) {
+            rf_fence(o[e]);
+            o[e] *= corr[{{ c_slot }}];
+        }
 #pragma unroll
         for (int kk = 0; kk < {{ kv_steps }}; ++kk)
 #pragma unroll
@@ -208,6 +221,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         for (int kk = 0; kk < {{ kv_steps }}; ++kk) rf_wgmma_o(o, pa_prev[kk], rf_wg_desc_v(vs_last + kk * {{ 16 * 128 }}u));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int e = 0; e < {{ o_n }}; ++e) rf_fence(o[e]);
     }
 {%- else %}
 #pragma unroll
@@ -217,6 +232,12 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         for (int kk = 0; kk < {{ kv_steps }}; ++kk) rf_wgmma_o(o, pa[kk], rf_wg_desc_v(vs + kk * {{ 16 * 128 }}u));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int e = 0; e < {{ o_n }}; ++e) rf_fence(o[e]);
+#pragma unroll
+        for (int kk = 0; kk < {{ kv_steps }}; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) rf_fence(pa[kk][j]);
     }
 {%- endif %}
     rf_cp_async_wait<0>();  // no copy outlives the block (the tail's empty groups, Q where no tile ran)
