@@ -186,7 +186,6 @@ pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
                 (WgmmaAttention::Overlapped, "overlapped"),
             ] {
                 let dev = device.clone();
-                let spec = spec;
                 push(
                     out,
                     ignored,
