@@ -112,8 +112,10 @@ pub struct CodegenOptions {
     pub wgmma_tma: TmaWidth,
     /// f16/bf16 prefill attention on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`)
     /// where the target has wgmma and the head sizes are whole 64-column panels, with its
-    /// schedule; off: the mma.sync kernel, to measure one against the other (and
-    /// `attention_access`, which shapes that kernel, turns it off too).
+    /// schedule; off: the mma.sync kernel (and `attention_access`, which shapes that kernel,
+    /// turns it off too). Off by default: the kernel is compile-checked for sm_90a (NVRTC +
+    /// ptxas, 0 spills) and has GPU trials, but has not yet run on a GPU (no device could be
+    /// lent in the session that wrote it); opt in with `Auto`, `Serial` or `Overlapped`.
     pub wgmma_attention: WgmmaAttention,
     /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
     /// megakernel); off by default: one launch per kernel.
@@ -129,7 +131,7 @@ impl Default for CodegenOptions {
             int8_gemv: false,
             wgmma_gemm: true,
             wgmma_tma: TmaWidth::Auto,
-            wgmma_attention: WgmmaAttention::Auto,
+            wgmma_attention: WgmmaAttention::Off,
             persistent: Persistent::Off,
         }
     }
@@ -139,14 +141,15 @@ impl Default for CodegenOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WgmmaAttention {
     /// The warpgroup kernel with the schedule its configuration choice picks.
-    #[default]
     Auto,
     /// Each tile's S = Q·Kᵀ, softmax and P·V in turn within a warpgroup.
     Serial,
     /// The next tile's QKᵀ in flight during this tile's softmax, the previous P·V during the
     /// next wait (FlashAttention-3's intra-warpgroup overlap), where a configuration allows it.
     Overlapped,
-    /// No warpgroup attention: the mma.sync kernel.
+    /// No warpgroup attention: the mma.sync kernel (the default, see
+    /// [`CodegenOptions::wgmma_attention`]).
+    #[default]
     Off,
 }
 
