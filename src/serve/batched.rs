@@ -361,41 +361,23 @@ impl BatchedGenerator {
     }
 
     fn prefill_session(&mut self, bucket: usize) -> Result<&mut Session<'static>, BatchError> {
-        if !self.prefills.contains_key(&bucket) {
-            let o = &self.options;
-            let graph = self
-                .model
-                .paged_prefill_graph(bucket, self.pool_shape, o.precision, o.logits)
-                .map_err(GenerateError::from)?;
-            let exe = Arc::new(
-                Graph::compile_with(graph, &self.device, &self.compile)
-                    .map_err(GenerateError::from)?,
-            );
-            // A prefill runs once per prompt: capturing it would cost more than it saves.
-            let session = Session::new_sharing(exe, &SessionOptions { replay: false }, &self.owner)
-                .map_err(GenerateError::from)?;
-            self.prefills.insert(bucket, session);
-        }
-        Ok(self.prefills.get_mut(&bucket).expect("inserted above"))
+        let (model, o, pool) = (&self.model, &self.options, self.pool_shape);
+        prompt_session(
+            &mut self.prefills,
+            bucket,
+            (&self.device, &self.compile, &self.owner),
+            || model.paged_prefill_graph(bucket, pool, o.precision, o.logits),
+        )
     }
 
     fn chunk_session(&mut self, bucket: usize) -> Result<&mut Session<'static>, BatchError> {
-        if !self.chunks.contains_key(&bucket) {
-            let o = &self.options;
-            let graph = self
-                .model
-                .paged_chunk_graph(bucket, self.pool_shape, o.precision, o.logits)
-                .map_err(GenerateError::from)?;
-            let exe = Arc::new(
-                Graph::compile_with(graph, &self.device, &self.compile)
-                    .map_err(GenerateError::from)?,
-            );
-            // As a prefill's: a chunk's launches are few next to its work.
-            let session = Session::new_sharing(exe, &SessionOptions { replay: false }, &self.owner)
-                .map_err(GenerateError::from)?;
-            self.chunks.insert(bucket, session);
-        }
-        Ok(self.chunks.get_mut(&bucket).expect("inserted above"))
+        let (model, o, pool) = (&self.model, &self.options, self.pool_shape);
+        prompt_session(
+            &mut self.chunks,
+            bucket,
+            (&self.device, &self.compile, &self.owner),
+            || model.paged_chunk_graph(bucket, pool, o.precision, o.logits),
+        )
     }
 
     /// Starts sequence `seq` on `prompt`: takes its blocks (a full leading block another
@@ -700,6 +682,26 @@ impl BatchedGenerator {
     pub fn check(&self) -> Result<(), String> {
         self.blocks.check()
     }
+}
+
+/// The session of `bucket` in `sessions` (a prompt's or a chunk's plans), compiled from `graph`
+/// on first use and sharing the pools of `owner`. Never captured for replay: a prompt or chunk
+/// runs once, and its launches are few next to its work.
+fn prompt_session<'m>(
+    sessions: &'m mut BTreeMap<usize, Session<'static>>,
+    bucket: usize,
+    (device, compile, owner): (&Device, &CompileOptions, &Session<'static>),
+    graph: impl FnOnce() -> Result<Graph, crate::ir::GraphError>,
+) -> Result<&'m mut Session<'static>, BatchError> {
+    if let std::collections::btree_map::Entry::Vacant(slot) = sessions.entry(bucket) {
+        let graph = graph().map_err(GenerateError::from)?;
+        let exe =
+            Arc::new(Graph::compile_with(graph, device, compile).map_err(GenerateError::from)?);
+        let session = Session::new_sharing(exe, &SessionOptions { replay: false }, owner)
+            .map_err(GenerateError::from)?;
+        slot.insert(session);
+    }
+    Ok(sessions.get_mut(&bucket).expect("inserted above"))
 }
 
 fn int(dtype: DType, dims: &[usize], values: Vec<i64>) -> Tensor {

@@ -146,6 +146,20 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// The attention graph of a case: scores scaled by multiplication, the softmax in f32.
+fn spec_of((b, hq, hkv, sq, sk, d, dtype, mask, offset): Case) -> Spec {
+    Spec {
+        hkv,
+        sk,
+        dtype,
+        mask,
+        scale: Scale::MulScores,
+        cast_softmax: true,
+        offset,
+        ..Spec::new(b, hq, sq, d)
+    }
+}
+
 /// Cases of the warpgroup kernel beyond [`cases`]: D 192 (three panels), the benchmark's
 /// shapes (three warpgroups a block at D 64), a kv tile count of one, and a problem of one
 /// block.
@@ -167,20 +181,12 @@ pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
     let wgmma = device.target().is_some_and(|t| !t.caps.wgmma.is_empty());
     if wgmma {
         let all = cases().into_iter().chain(wgmma_cases());
-        for (i, (b, hq, hkv, sq, sk, d, dtype, mask, offset)) in all.enumerate() {
+        for (i, case) in all.enumerate() {
+            let (spec, d) = (spec_of(case), case.5);
             if d % 64 != 0 {
                 continue;
             }
-            let spec = Spec {
-                hkv,
-                sk,
-                dtype,
-                mask,
-                scale: Scale::MulScores,
-                cast_softmax: true,
-                offset,
-                ..Spec::new(b, hq, sq, d)
-            };
+            let (dtype, mask) = (spec.dtype, spec.mask);
             for (schedule, name) in [
                 (WgmmaAttention::Serial, "serial"),
                 (WgmmaAttention::Overlapped, "overlapped"),
@@ -198,22 +204,14 @@ pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
         }
     }
     for (portable, prefix) in [(false, "attention_mma"), (true, "attention_mma_portable")] {
-        for (i, (b, hq, hkv, sq, sk, d, dtype, mask, offset)) in cases().into_iter().enumerate() {
+        for (i, case) in cases().into_iter().enumerate() {
+            let (spec, d) = (spec_of(case), case.5);
             // The portable structure needs more registers per head element: the head sizes
             // it takes on NVIDIA (`AttentionAccess::PORTABLE` falls back to the scalar kernel past them).
             if portable && d > 96 {
                 continue;
             }
-            let spec = Spec {
-                hkv,
-                sk,
-                dtype,
-                mask,
-                scale: Scale::MulScores,
-                cast_softmax: true,
-                offset,
-                ..Spec::new(b, hq, sq, d)
-            };
+            let (dtype, mask) = (spec.dtype, spec.mask);
             let dev = device.clone();
             let access = portable.then_some(AttentionAccess::PORTABLE);
             push(

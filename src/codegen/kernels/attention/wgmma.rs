@@ -293,38 +293,20 @@ pub(crate) fn kernel(
 
 #[cfg(test)]
 mod tests {
-    use super::super::KvLen;
     use super::*;
+    use crate::ir::{Graph, Op};
 
+    /// The problem of a plain attention node (no mask, not causal) of these sizes.
     fn problem(dtype: DType, b: usize, hq: usize, sq: usize, d: usize) -> Problem {
-        Problem {
-            b,
-            hq,
-            hkv: hq,
-            group: 1,
-            sq,
-            sk: sq,
-            d,
-            dv: d,
-            dtype,
-            scale: 0.125,
-            scale_f: "1.25e-1f".into(),
-            causal: false,
-            offset: "0LL".into(),
-            offset_text: 0,
-            mask: MaskKind::None,
-            mask_ctype: "float",
-            mask_load_pre: "",
-            mask_load_post: "",
-            ms: vec![0; 4],
-            kv_len: KvLen::Static,
-            keys: sq.to_string(),
-            ctype: "rf_half",
-            load_pre: "",
-            load_post: "",
-            store_pre: "",
-            store_post: "",
-        }
+        let mut g = Graph::new("attention");
+        let q = g.input("q", dtype, &[b, hq, sq, d]).unwrap();
+        let k = g.input("k", dtype, &[b, hq, sq, d]).unwrap();
+        let v = g.input("v", dtype, &[b, hq, sq, d]).unwrap();
+        let o = g.flash_attention(q, k, v, None, 0.125, None).unwrap();
+        let Op::FlashAttention(att) = g.op(o).clone() else {
+            unreachable!("a FlashAttention node")
+        };
+        Problem::new(&g, o, &att).unwrap()
     }
 
     fn chosen(d: usize, b: usize, hq: usize, sq: usize) -> Config {
