@@ -367,11 +367,16 @@ impl<E: BatchEngine> Worker<'_, E> {
 
     /// After a prefill part of `a`: back at the head of the prefills while its prompt is not
     /// all in, else its first token taken and into the batch (or ended).
-    fn prefilled(&mut self, mut a: Active, next: Option<Next>) {
+    fn prefilled(&mut self, a: Active, next: Option<Next>) {
         let Some(next) = next else {
             self.prefilling.push_front(a);
             return;
         };
+        self.advance(a, next);
+    }
+
+    /// `a` takes its token `next`: it runs on in the batch, or ends (its blocks freed).
+    fn advance(&mut self, mut a: Active, next: Next) {
         match take(&mut a, next, self.eos, self.cancel, &self.decode) {
             After::Continue => self.running.push(a),
             After::Finished(outcome, flush) => {
@@ -425,14 +430,8 @@ impl<E: BatchEngine> Worker<'_, E> {
     /// Each running request takes its token of the step.
     fn stepped(&mut self, nexts: Vec<Next>) {
         let running = std::mem::take(&mut self.running);
-        for (mut a, next) in running.into_iter().zip(nexts) {
-            match take(&mut a, next, self.eos, self.cancel, &self.decode) {
-                After::Continue => self.running.push(a),
-                After::Finished(outcome, flush) => {
-                    self.retire(a.seq);
-                    self.end(a, outcome, flush);
-                }
-            }
+        for (a, next) in running.into_iter().zip(nexts) {
+            self.advance(a, next);
         }
     }
 
