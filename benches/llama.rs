@@ -375,6 +375,25 @@ fn batched(
                 slot.1 = n.token;
             }
         });
+        // Where a batched step's time goes (ROCMFORGE_BENCH_BREAKDOWN=1; GPU only).
+        if std::env::var("ROCMFORGE_BENCH_BREAKDOWN").is_ok_and(|v| v == "1") {
+            if let Ok(profile) = bg.profile_step(bg.batch_bucket(b)) {
+                eprintln!(
+                    "batched_b{b}{suffix} kernel by kernel:\n{}",
+                    profile.family_table()
+                );
+                let mut slowest: Vec<_> = profile.kernels.iter().collect();
+                slowest.sort_by_key(|k| std::cmp::Reverse(k.time));
+                for k in slowest.iter().take(12) {
+                    eprintln!(
+                        "  {:>9.1} us  {:<40} {}",
+                        k.time.as_secs_f64() * 1e6,
+                        k.entry,
+                        k.node
+                    );
+                }
+            }
+        }
         for &(seq, _) in &batch {
             bg.finish(seq).unwrap();
         }

@@ -301,6 +301,14 @@ impl BatchedGenerator {
         s.executable().plan().map(|p| p.kernels.len())
     }
 
+    /// Every kernel of the last decode step of `bucket`, rerun one by one on the device's clock
+    /// (the step's inputs as the last [`BatchedGenerator::step`] left them: its K/V rows are
+    /// written again, the same values). For the bench's breakdown; an error on the CPU devices.
+    pub fn profile_step(&mut self, bucket: usize) -> Result<crate::compile::Profile, BatchError> {
+        let s = self.decode_session(bucket)?;
+        s.profile().map_err(|e| GenerateError::from(e).into())
+    }
+
     /// Compiles the decode plans of every bucket up to `max_batch`, the prefill plan of every
     /// prompt bucket up to `max_prompt` tokens, and the chunk plans of the buckets up to the
     /// same length (so no request waits on a compile).

@@ -1,4 +1,4 @@
-//! `compile --model FILE.gguf --phase decode|prefill`: the plan of a real model's step, made
+//! `compile --model FILE.gguf --phase decode|prefill|batched`: the plan of a real model's step, made
 //! without a GPU, checked against the library's own lowering, passes and codegen of the same
 //! step; and the errors a user meets (missing file, not a GGUF, bad phase, no target).
 
@@ -183,6 +183,65 @@ fn compile_model_prefill_plans_the_prompt_bucket() {
         decode.kernels.iter().map(|k| &k.entry).collect::<Vec<_>>(),
         plan.kernels.iter().map(|k| &k.entry).collect::<Vec<_>>()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--phase batched --batch 5`: serve's decode step of the bucket of 8 sequences through the
+/// paged cache, the same launches as the library's paged graph of that bucket after the same
+/// passes and codegen.
+#[test]
+fn compile_model_batched_plans_the_batch_bucket() {
+    let dir = scratch("model-batched");
+    let model = tiny_model(&dir);
+    let m = model.to_str().unwrap();
+    let (ok, out, err) = rocmforge(&[
+        "compile",
+        "--model",
+        m,
+        "--phase",
+        "batched",
+        "--batch",
+        "5",
+        "--max-context",
+        "40",
+        "--precision",
+        "f16",
+        "--target",
+        "sm_90",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let lm = LlamaModel::load(&model).unwrap();
+    let pool = rocmforge::frontend::llama::PoolShape {
+        num_blocks: 3 * 8,
+        block_size: 16,
+        max_blocks: 3,
+    };
+    let mut g = lm.paged_graph(8, 1, pool, Precision::F16, false).unwrap();
+    PassManager::pipeline(true).run(&mut g).unwrap();
+    // As a compile does: the gate/up weights concatenated once, not a kernel a step.
+    rocmforge::compile::fold::fold_weight_concats(&mut g).unwrap();
+    let target = Target::parse("sm_90").unwrap();
+    let plan = codegen::generate_with(&g, &target, &CodegenOptions::default()).unwrap();
+    assert_eq!(v["phase"], "batched", "{v}");
+    assert_eq!(v["tokens"], 8, "{v}");
+    assert_eq!(v["kernels"], plan.kernels.len(), "{v}");
+    assert!(
+        v["families"]["paged_decode"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "{v}"
+    );
+    assert!(err.contains("a step of 8 sequences"), "{err}");
+    // --batch belongs to the batched phase; a batch of none is refused.
+    let (ok, _, err) = rocmforge(&["compile", "--model", m, "--batch", "4", "--target", "sm_90"]);
+    assert_clean_error("batch for decode", ok, &err);
+    assert!(err.contains("--phase batched"), "{err}");
+    let (ok, _, err) = rocmforge(&[
+        "compile", "--model", m, "--phase", "batched", "--batch", "0", "--target", "sm_90",
+    ]);
+    assert_clean_error("batch of none", ok, &err);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,7 +1,7 @@
-//! `rocmforge compile --model FILE.gguf --phase decode|prefill`: the plan a LLaMA-class model
-//! runs (the graph `generate` compiles, after the same passes and codegen) for a target, without
-//! a GPU: the launch list, the kernel sources, the resource report, and a summary with the
-//! kernels per token.
+//! `rocmforge compile --model FILE.gguf --phase decode|prefill|batched`: the plan a LLaMA-class
+//! model runs (the graph `generate` or `serve` compiles, after the same passes and codegen) for a
+//! target, without a GPU: the launch list, the kernel sources, the resource report, and a summary
+//! with the kernels per token.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
@@ -10,20 +10,23 @@ use std::path::Path;
 use rocmforge::arch::Target;
 use rocmforge::codegen::{self, display_name, Access, KernelPlan};
 use rocmforge::compile::report;
-use rocmforge::frontend::llama::Precision;
+use rocmforge::frontend::llama::{PoolShape, Precision};
 use rocmforge::frontend::LlamaModel;
 use rocmforge::generate::prompt_bucket;
 use rocmforge::ir::DType;
+use rocmforge::serve::batched::BLOCK_SIZE;
 use serde::Serialize;
 
 use crate::compile::{optimise, resource_report, write_sources, CodegenArgs};
 
-/// What `generate` runs per token after the prompt, or the prompt's one pass.
+/// What `generate` runs per token after the prompt, the prompt's one pass, or `serve`'s decode
+/// step of a batch of sequences through the paged KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Phase {
     Decode,
     Prefill,
+    Batched,
 }
 
 impl std::fmt::Display for Phase {
@@ -31,6 +34,7 @@ impl std::fmt::Display for Phase {
         f.write_str(match self {
             Phase::Decode => "decode",
             Phase::Prefill => "prefill",
+            Phase::Batched => "batched",
         })
     }
 }
@@ -40,8 +44,9 @@ impl Phase {
         match s {
             "decode" => Ok(Phase::Decode),
             "prefill" => Ok(Phase::Prefill),
+            "batched" => Ok(Phase::Batched),
             other => Err(format!(
-                "unknown phase {other:?}: expected decode or prefill"
+                "unknown phase {other:?}: expected decode, prefill or batched"
             )),
         }
     }
@@ -52,6 +57,8 @@ pub(crate) struct ModelArgs<'a> {
     pub(crate) model: &'a Path,
     pub(crate) phase: Phase,
     pub(crate) prompt_len: Option<usize>,
+    /// With `Phase::Batched`: the sequences of the step (its plan is of their bucket).
+    pub(crate) batch: Option<u16>,
     pub(crate) max_context: Option<usize>,
     /// `f32`, `f16`, or `q`/`q4` (the file's blocks kept, f16 activations as on a GPU).
     pub(crate) precision: &'a str,
@@ -62,6 +69,8 @@ pub(crate) struct ModelArgs<'a> {
 const DEFAULT_MAX_CONTEXT: usize = 2048;
 /// The prompt length `--phase prefill` assumes without `--prompt-len`.
 const DEFAULT_PROMPT_LEN: usize = 128;
+/// The sequences `--phase batched` assumes without `--batch`.
+const DEFAULT_BATCH: usize = 32;
 
 /// `compile --model --json`.
 #[derive(Serialize)]
@@ -70,7 +79,8 @@ struct Summary {
     phase: Phase,
     target: String,
     precision: Precision,
-    /// Tokens the step computes: 1 for decode, the padded prompt bucket for prefill.
+    /// Tokens the step computes: 1 for decode, the padded prompt bucket for prefill, the
+    /// batch bucket for batched.
     tokens: usize,
     /// The prompt length asked for (prefill), before padding to `tokens`.
     prompt_len: Option<usize>,
@@ -112,12 +122,15 @@ pub(crate) fn cmd_compile_model(
                 .into(),
         );
     };
-    if m.phase == Phase::Decode && m.prompt_len.is_some() {
+    if m.phase != Phase::Prefill && m.prompt_len.is_some() {
         return Err(
             "--prompt-len applies to --phase prefill: a decode step's plan is the same at every \
              position"
                 .into(),
         );
+    }
+    if m.phase != Phase::Batched && m.batch.is_some() {
+        return Err("--batch applies to --phase batched (serve's decode step of a batch)".into());
     }
     // With --report, hiprtc's own list of targets decides first (as for graph files).
     let target = if cg.report {
@@ -135,6 +148,14 @@ pub(crate) fn cmd_compile_model(
     }
     let (tokens, prompt_len) = match m.phase {
         Phase::Decode => (1, None),
+        Phase::Batched => {
+            let n = m.batch.map_or(DEFAULT_BATCH, usize::from);
+            if n == 0 {
+                return Err("--batch 0: a step decodes at least one sequence".into());
+            }
+            // The bucket `serve` runs a step of n sequences in.
+            (n.next_power_of_two(), None)
+        }
         Phase::Prefill => {
             let n = m.prompt_len.unwrap_or(DEFAULT_PROMPT_LEN.min(max_context));
             if n == 0 || n > max_context {
@@ -151,9 +172,21 @@ pub(crate) fn cmd_compile_model(
         // The blocks as `generate --dtype q4` keeps them on a GPU: f16 activations.
         _ => Precision::quantized(DType::F16),
     };
-    let mut graph = model
-        .kv_graph(tokens, max_context, precision, false)
-        .map_err(|e| e.to_string())?;
+    let mut graph = match m.phase {
+        Phase::Decode | Phase::Prefill => model.kv_graph(tokens, max_context, precision, false),
+        Phase::Batched => {
+            // Every sequence can reach the maximum context: the pool's size does not change
+            // the plan's kernels, only a buffer's length.
+            let max_blocks = max_context.div_ceil(BLOCK_SIZE);
+            let pool = PoolShape {
+                num_blocks: max_blocks * tokens,
+                block_size: BLOCK_SIZE,
+                max_blocks,
+            };
+            model.paged_graph(tokens, 1, pool, precision, false)
+        }
+    }
+    .map_err(|e| e.to_string())?;
     let nodes_before = graph.node_count();
     optimise(&mut graph, dump, explain, no_fuse)?;
     let plan = codegen::generate_with(&graph, &target, &cg.options()).map_err(|e| e.to_string())?;
@@ -254,6 +287,10 @@ fn launches_in_layers(plan: &KernelPlan, layers: usize) -> usize {
 fn headline(s: &Summary) -> String {
     let per_token = match s.phase {
         Phase::Decode => format!("{} kernels per token", s.kernels),
+        Phase::Batched => format!(
+            "{} kernels a step of {} sequences ({:.2} per token)",
+            s.kernels, s.tokens, s.kernels_per_token
+        ),
         Phase::Prefill => format!(
             "{:.2} kernels per token over a bucket of {}",
             s.kernels_per_token, s.tokens
@@ -352,6 +389,7 @@ mod tests {
     fn phases_parse_and_refuse_others() {
         assert_eq!(Phase::parse("decode"), Ok(Phase::Decode));
         assert_eq!(Phase::parse("prefill"), Ok(Phase::Prefill));
+        assert_eq!(Phase::parse("batched"), Ok(Phase::Batched));
         assert!(Phase::parse("Decode").is_err());
     }
 }

@@ -263,7 +263,7 @@ enum Command {
     /// that list as plan.txt; --json prints a summary (kernels per token and per layer,
     /// launches per family); --report compiles every distinct kernel (AMD targets).
     #[command(
-        after_help = "Examples:\n  rocmforge compile graphs/llama_block.json --target gfx90a --emit hip --out kernels\n  rocmforge compile --model SmolLM2-135M-Instruct.Q4_1.gguf --phase decode --precision q --target sm_90 --emit hip --out decode\n  rocmforge compile --model model.gguf --phase prefill --prompt-len 100 --target gfx90a --json\n  rocmforge compile --model model.gguf --phase decode --target gfx1100 --report"
+        after_help = "Examples:\n  rocmforge compile graphs/llama_block.json --target gfx90a --emit hip --out kernels\n  rocmforge compile --model SmolLM2-135M-Instruct.Q4_1.gguf --phase decode --precision q --target sm_90 --emit hip --out decode\n  rocmforge compile --model model.gguf --phase prefill --prompt-len 100 --target gfx90a --json\n  rocmforge compile --model model.gguf --phase decode --target gfx1100 --report\n  rocmforge compile --model model.gguf --phase batched --batch 8 --precision f16 --target sm_90 --json"
     )]
     Compile {
         /// The graph file (JSON).
@@ -274,13 +274,19 @@ enum Command {
         #[arg(long, value_name = "FILE|DIR")]
         model: Option<PathBuf>,
         /// With --model: `decode` (one token through the KV cache, what every generated token
-        /// runs) or `prefill` (the prompt in one pass, padded to its power-of-two bucket).
-        #[arg(long, requires = "model", value_parser = ["decode", "prefill"])]
+        /// runs), `prefill` (the prompt in one pass, padded to its power-of-two bucket) or
+        /// `batched` (`serve`'s decode step of --batch sequences through the paged KV cache,
+        /// in blocks of 16 tokens).
+        #[arg(long, requires = "model", value_parser = ["decode", "prefill", "batched"])]
         phase: Option<String>,
         /// With --phase prefill: the prompt's tokens (default 128); the plan is of the bucket
         /// `generate` pads it to.
         #[arg(long, value_name = "N", requires = "model")]
         prompt_len: Option<usize>,
+        /// With --phase batched: the sequences decoded together (default 32); the plan is of
+        /// the power-of-two bucket `serve` runs them in.
+        #[arg(long, value_name = "N", requires = "model")]
+        batch: Option<u16>,
         /// With --model: the KV cache's length (default 2048, as `generate` on a GPU, capped
         /// at the model's context length).
         #[arg(long, value_name = "N", requires = "model")]
@@ -504,6 +510,7 @@ fn main() -> ExitCode {
             model,
             phase,
             prompt_len,
+            batch,
             max_context,
             precision,
             json,
@@ -556,6 +563,7 @@ fn main() -> ExitCode {
                         model,
                         phase,
                         prompt_len: *prompt_len,
+                        batch: *batch,
                         max_context: *max_context,
                         precision,
                         json: *json,
