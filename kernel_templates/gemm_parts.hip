@@ -17,42 +17,65 @@ RF_INLINE long long rf_c_at(long long bz, long long m, long long n) { return {{ 
 {#- The prologue (a folded RMSNorm/LayerNorm, `ir::gemm::Prologue`), in four pieces any GEMV
     kernel includes: its buffer parameters, its helpers (in the kernel's namespace, after
     `views`; they read RF_M, RF_K and RF_THREADS), the row statistics (every thread of the block,
-    before the products: two block reductions over K per row for LayerNorm, one for RMSNorm,
-    as the standalone norm kernels), and the normalised value of one loaded A element. -#}
+    before the products: two block reductions over K of all rows at once for LayerNorm, one for
+    RMSNorm), and the normalised value of one loaded A element. -#}
 {% macro norm_params(p) -%}
 {% if p.prologue %}const {{ p.prologue.w_t }}* __restrict__ NW, {% if p.prologue.layer %}const {{ p.prologue.b_t }}* __restrict__ NB, {% endif %}{% endif %}
 {%- endmacro %}
 {% macro norm_helpers(p) -%}
 {% if p.prologue %}// Prologue: A's rows are {{ "LayerNorm" if p.prologue.layer else "RMSNorm" }}-normalised over K (eps {{ p.prologue.eps_f }}) as they are loaded;
 // each block computes the statistics of its RF_M rows itself (the normalised rows are never stored).
-RF_INLINE float rf_norm_sum(float v, float* red) {
-    v = rf_wave_sum(v);
+// Each of `v`'s RF_M values summed over the block, in place: a wave's shuffles, one barrier, then every
+// thread adds the waves' partials in the same order (`red`: RF_THREADS / RF_WAVE × RF_M floats).
+RF_INLINE void rf_norm_sums(float* v, float* red) {
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) v[m] = rf_wave_sum(v[m]);
+    // `red` may still be read by the previous call's threads.
     __syncthreads();
-    if (lane == 0) red[wave] = v;
+    if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) red[wave * RF_M + m] = v[m];
     __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) t += red[w];
-    return t;
-}
-// Row `m`'s mean (0 for RMSNorm) and 1/√(var + eps) into stats[2m], stats[2m + 1].
-RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, float* red, float* stats) {
+#pragma unroll
     for (int m = 0; m < RF_M; ++m) {
-{% if p.prologue.layer %}        float s = 0.0f;
-        for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS) s += {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
-        const float mean = rf_norm_sum(s, red) / (float)RF_K;
-{% else %}        const float mean = 0.0f;
-{% endif %}        float q = 0.0f;
-        for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS) {
-            const float c = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} - mean;
-            q += c * c;
-        }
-        const float var = rf_norm_sum(q, red) / (float)RF_K;
-        if (threadIdx.x == 0) {
-            stats[2 * m] = mean;
-            stats[2 * m + 1] = 1.0f / sqrtf(var + {{ p.prologue.eps_f }});  // correctly rounded, as the interpreter
-        }
+        float t = 0.0f;
+        for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) t += red[w * RF_M + m];
+        v[m] = t;
     }
+}
+// Each row `m`'s mean (0 for RMSNorm) and 1/√(var + eps) into stats[2m], stats[2m + 1]. All RF_M rows at
+// once: a thread's loads of every row are in flight together and each pass ends in one block reduction
+// of RF_M sums (a reduction and two barriers per row, one row after another, cost a batched decode step
+// RF_M round trips to L2 per kernel).
+RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, float* red, float* stats) {
+    float mean[RF_M];
+{% if p.prologue.layer %}#pragma unroll
+    for (int m = 0; m < RF_M; ++m) mean[m] = 0.0f;
+    for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) mean[m] += {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+    rf_norm_sums(mean, red);
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) mean[m] /= (float)RF_K;
+{% else %}#pragma unroll
+    for (int m = 0; m < RF_M; ++m) mean[m] = 0.0f;
+{% endif %}    float q[RF_M];
+#pragma unroll
+    for (int m = 0; m < RF_M; ++m) q[m] = 0.0f;
+    for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) {
+            const float c = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} - mean[m];
+            q[m] += c * c;
+        }
+    rf_norm_sums(q, red);
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int m = 0; m < RF_M; ++m) {
+            stats[2 * m] = mean[m];
+            stats[2 * m + 1] = 1.0f / sqrtf(q[m] / (float)RF_K + {{ p.prologue.eps_f }});  // correctly rounded, as the interpreter
+        }
     __syncthreads();
 }
 // The normalised value of A's element `v` at (row with `mean`, `inv`; column k < K).
@@ -62,7 +85,7 @@ RF_INLINE float rf_norm_a(float v, float mean, float inv, const {{ p.prologue.w_
 {% endif %}
 {%- endmacro %}
 {% macro norm_stats(p, pad) -%}
-{% if p.prologue %}{{ pad }}__shared__ float rf_norm_red[RF_THREADS / RF_WAVE];
+{% if p.prologue %}{{ pad }}__shared__ float rf_norm_red[(RF_THREADS / RF_WAVE) * RF_M];
 {{ pad }}__shared__ float rf_norm[2 * RF_M];
 {{ pad }}rf_norm_stats(A, bz, rf_norm_red, rf_norm);
 {% endif %}
