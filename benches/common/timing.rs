@@ -32,14 +32,14 @@ pub fn bench_device() -> Device {
 /// unset or `auto`: the TMA kernel at the width its model picks): `64`, `128` or `256` (that
 /// width), `cp_async` (the warpgroup kernel without TMA), `off` (the mma.sync kernel).
 /// Anything else ends the bench with a message. `ROCMFORGE_BENCH_WGMMA_ATTENTION` chooses the
-/// sm_90a attention: `auto`, `serial` or `overlapped` (the warpgroup kernel and its schedules),
-/// `off` (or unset, the default as `CompileOptions`'s: the mma.sync kernel).
+/// sm_90a attention: `auto` (or unset, the default as `CompileOptions`'s), `serial` or
+/// `overlapped` (the warpgroup kernel and its schedules), `off` (the mma.sync kernel).
 pub fn bench_options() -> CompileOptions {
     let wgmma_attention = match std::env::var("ROCMFORGE_BENCH_WGMMA_ATTENTION").as_deref() {
-        Ok("auto") => WgmmaAttention::Auto,
+        Err(_) | Ok("auto") => WgmmaAttention::Auto,
         Ok("serial") => WgmmaAttention::Serial,
         Ok("overlapped") => WgmmaAttention::Overlapped,
-        Err(_) | Ok("off") => WgmmaAttention::Off,
+        Ok("off") => WgmmaAttention::Off,
         Ok(x) => {
             eprintln!(
                 "error: ROCMFORGE_BENCH_WGMMA_ATTENTION={x}: expected auto, serial, overlapped or off"
@@ -47,7 +47,7 @@ pub fn bench_options() -> CompileOptions {
             std::process::exit(2)
         }
     };
-    if wgmma_attention != WgmmaAttention::Off {
+    if wgmma_attention != WgmmaAttention::Auto {
         println!("sm_90a attention: {wgmma_attention:?}");
     }
     let (wgmma_gemm, wgmma_tma) = match std::env::var("ROCMFORGE_BENCH_WGMMA").as_deref() {

@@ -158,7 +158,7 @@ pub struct CompileOptions {
     /// With `wgmma_gemm`: the TMA kernel's tile width ([`CodegenOptions::wgmma_tma`]).
     pub wgmma_tma: crate::codegen::TmaWidth,
     /// f16/bf16 attention on the sm_90a warpgroup kernel where the device has it
-    /// ([`CodegenOptions::wgmma_attention`]; off by default until it has run on a GPU).
+    /// ([`CodegenOptions::wgmma_attention`]; on by default).
     pub wgmma_attention: crate::codegen::WgmmaAttention,
     /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
     pub persistent: crate::codegen::Persistent,
@@ -179,7 +179,7 @@ impl Default for CompileOptions {
             cpu_precision: crate::cpu::Precision::Exact,
             wgmma_gemm: true,
             wgmma_tma: crate::codegen::TmaWidth::Auto,
-            wgmma_attention: crate::codegen::WgmmaAttention::Off,
+            wgmma_attention: crate::codegen::WgmmaAttention::Auto,
             persistent: crate::codegen::Persistent::Off,
         }
     }

@@ -4,7 +4,7 @@
 //! - `decode`: flash-decoding for few query rows per K/V head (Sq·group ≤ 16), split along
 //!   the keys, the splits combined by the last block of each K/V head (one kernel);
 //! - `wgmma`: on sm_90a, the warpgroup-MMA FlashAttention (f16/bf16, head sizes in 64-column
-//!   panels), where `CodegenOptions::wgmma_attention` asks for it (off by default);
+//!   panels), where `CodegenOptions::wgmma_attention` asks for it (by default);
 //! - `mma`: the matrix-core FlashAttention (FlashAttention-2's recipe), on the target's MMA atom
 //!   for f16/bf16: mma.sync on NVIDIA, MFMA and WMMA on AMD;
 //! - `simt`: f32 on CUDA cores, both products register-tiled, head sizes up to 256;
