@@ -42,6 +42,18 @@ impl TileLayout {
         }
     }
 
+    /// A padded tile of f32 (TF32) elements: rows of `cols` floats plus one 16-byte chunk (four
+    /// floats). Never swizzled: the TF32 atoms load element by element, not by `ldmatrix`.
+    pub(crate) fn padded_f32(rows: usize, cols: usize) -> TileLayout {
+        TileLayout {
+            rows,
+            cols,
+            ld: cols + CHUNK / 2,
+            swz_div: 1,
+            swz_mod: 1,
+        }
+    }
+
     pub(crate) fn elems(&self) -> usize {
         self.rows * self.ld
     }
