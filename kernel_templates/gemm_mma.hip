@@ -46,8 +46,8 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const void* p, bool ok) {
 {%- macro fetch_b() %}{% if b_form == "nk" %}{% if b_vec %}rf_gemm_load16(B + b_base[i] + rf_b_at(0, k0_ + b_c[i], 0), b_ok[i] && k0_ + b_c[i] < {{ p.k }}){% else %}{{ pack8(b_elem_nk) }}{% endif %}{% else %}{% if b_vec %}rf_gemm_load16(B + b_base[i] + rf_b_at(0, k0_ + b_r[i], 0), b_ok[i] && k0_ + b_r[i] < {{ p.k }}){% else %}{{ pack8(b_elem_kn) }}{% endif %}{% endif %}{% endmacro -%}
 {#- The block's fragments of one stage, multiplied into the accumulators. -#}
 {%- macro compute(stage) %}        {
-            const {{ st }}* as = As[{{ stage }}];
-            const {{ st }}* bs = Bs[{{ stage }}];
+            const {{ smem_t }}* as = As[{{ stage }}];
+            const {{ smem_t }}* bs = Bs[{{ stage }}];
 #pragma unroll
             for (int kk = 0; kk < {{ c.bk }}; kk += {{ P }}_K) {
                 {{ P }}_a af[{{ fm }}];
@@ -76,7 +76,7 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const void* p, bool ok) {
             const int st_ = {{ st }}, k0_ = {{ k0 }};
 #pragma unroll
             for (int i = 0; i < {{ a_iters }}; ++i) {
-                {{ st }}* dst = &As[st_][rf_gemm_sa(a_r[i], a_c[i])];
+                {{ smem_t }}* dst = &As[st_][rf_gemm_sa(a_r[i], a_c[i])];
 {%- if a_vec %}
                 const bool ok = a_ok[i] && k0_ + a_c[i] < {{ p.k }};
                 rf_cp_async16(dst, ok ? A + a_base[i] + rf_a_at(0, 0, k0_ + a_c[i]) : A, ok);
@@ -86,7 +86,7 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const void* p, bool ok) {
             }
 #pragma unroll
             for (int i = 0; i < {{ b_iters }}; ++i) {
-                {{ st }}* dst = &Bs[st_][rf_gemm_sb(b_r[i], b_c[i])];
+                {{ smem_t }}* dst = &Bs[st_][rf_gemm_sb(b_r[i], b_c[i])];
 {%- if b_vec and b_form == "nk" %}
                 const bool ok = b_ok[i] && k0_ + b_c[i] < {{ p.k }};
                 rf_cp_async16(dst, ok ? B + b_base[i] + rf_b_at(0, k0_ + b_c[i], 0) : B, ok);
@@ -138,8 +138,8 @@ RF_INLINE void rf_gemm_store2(unsigned short* p, unsigned short a, unsigned shor
 {%- endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
     RF_GRID_ENTER();
-    __shared__ __align__(16) {{ st }} As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
-    __shared__ __align__(16) {{ st }} Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
+    __shared__ __align__(16) {{ smem_t }} As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
+    __shared__ __align__(16) {{ smem_t }} Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
     const int lane = threadIdx.x % {{ P }}_LANES, warp = threadIdx.x / {{ P }}_LANES;
     const int wm0 = (warp / {{ c.warps_n }}) * {{ wm }}, wn0 = (warp % {{ c.warps_n }}) * {{ wn }};
     const int m0 = blockIdx.y * {{ c.bm }}, n0 = blockIdx.x * {{ c.bn }};

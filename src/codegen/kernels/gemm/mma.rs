@@ -321,7 +321,7 @@ struct Context<'a> {
     /// Elements of a 16-byte chunk (8 halves or 4 floats), the shared tiles' element type,
     /// and an operand element's zero.
     ce: usize,
-    st: &'static str,
+    smem_t: &'static str,
     zero: &'static str,
     /// The operands are f32 multiplied at TF32 precision.
     tf32: bool,
@@ -374,7 +374,7 @@ pub(crate) fn kernel(
         a_iters: a_chunks / threads,
         b_iters: b_chunks / threads,
         ce,
-        st: super::super::super::mma::stored_element(atom),
+        smem_t: super::super::super::mma::stored_element(atom),
         zero: if f32_operands {
             "0.0f"
         } else {
