@@ -18,7 +18,7 @@ RF_INLINE int rf_gemm_sb(int r, int c) { return r * {{ tb.ld }} + ((((c >> 3) ^ 
 struct __align__(16) rf_gemm_u4 { unsigned x, y, z, w; };
 // 16 bytes at `p` where `ok`, else zeros. (A conditional expression choosing between two such
 // structs is lowered through a stack copy on AMD: scratch.)
-RF_INLINE rf_gemm_u4 rf_gemm_load16(const void* p, bool ok) {
+RF_INLINE rf_gemm_u4 rf_gemm_load16(const {{ smem_t }}* p, bool ok) {
     rf_gemm_u4 r;
     r.x = r.y = r.z = r.w = 0u;
     if (ok) r = *(const rf_gemm_u4*)p;

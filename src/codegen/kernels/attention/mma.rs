@@ -163,15 +163,16 @@ fn fits(p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> bool {
 /// padded, which also puts the 8 rows an ldmatrix phase reads on distinct banks (a row of
 /// 13 chunks starts 5 chunks further along the 8 bank groups).
 fn tiles(c: &Config, p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> (TileLayout, TileLayout) {
-    let tile = |cols: usize| {
+    // K is read as Bᵀ (rows are N), V as B (rows are K).
+    let tile = |cols: usize, k_rows: bool| {
         if !atom.packs_pairs() {
             // f32 (TF32): element loads only, from padded rows.
-            return TileLayout::padded_f32(c.block_n, cols);
+            return TileLayout::padded_f32(c.block_n, cols, k_rows);
         }
         let swizzle = acc.ldmatrix && (cols / chunk(atom)).is_power_of_two();
         TileLayout::new(c.block_n, cols, swizzle)
     };
-    (tile(p.d), tile(p.dv))
+    (tile(p.d, false), tile(p.dv, true))
 }
 
 /// Row length (elements) of the P tile: padded like the element-load tiles.

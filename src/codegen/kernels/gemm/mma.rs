@@ -182,17 +182,17 @@ pub(crate) fn atom_for(p: &Problem, caps: &Arch, f32_matmul: F32Matmul) -> Optio
 }
 
 fn tiles(c: &Config, acc: &Access) -> (TileLayout, TileLayout) {
-    let tile = |rows, cols| {
+    let tile = |rows, cols, k_rows| {
         if acc.elem_bytes == 4 {
-            TileLayout::padded_f32(rows, cols)
+            TileLayout::padded_f32(rows, cols, k_rows)
         } else {
             TileLayout::new(rows, cols, acc.ldmatrix)
         }
     };
-    let a = tile(c.bm, c.bk);
+    let a = tile(c.bm, c.bk, false);
     let b = match acc.b_form {
-        BForm::Nk => tile(c.bn, c.bk),
-        BForm::Kn => tile(c.bk, c.bn),
+        BForm::Nk => tile(c.bn, c.bk, false),
+        BForm::Kn => tile(c.bk, c.bn, true),
     };
     (a, b)
 }
@@ -719,8 +719,7 @@ mod tests {
             }
         );
         assert_eq!(shared_bytes(&cs[0], &acc), 48 * 1024);
-        // TF32 on the H100: f32 tiles of 16 K (64-byte rows, padded by 16 bytes), so 128x128
-        // still fits two stages: 2 * (128 + 128) * 20 floats * 4 bytes = 40 KiB.
+        // TF32 on the H100: f32 tiles of 16 K (64-byte rows), so 128x128 still fits two stages.
         let tf32 = &crate::arch::mma::atoms::M16N8K8_TF32;
         let acc = Access {
             elem_bytes: 4,
@@ -729,8 +728,8 @@ mod tests {
         };
         let cs = candidates(tf32, &acc, caps);
         assert_eq!((cs[0].bm, cs[0].bn, cs[0].bk, cs[0].stages), (128, 128, 16, 2));
-        // A: 128 rows of 16 + 4 floats; B [K, N]: 16 rows of 128 + 4; two stages, 4 bytes each.
-        assert_eq!(shared_bytes(&cs[0], &acc), 2 * (128 * 20 + 16 * 132) * 4);
+        // A: 128 rows of 16 + 4 floats; B [K, N]: 16 rows of 128 + 8; two stages, 4 bytes each.
+        assert_eq!(shared_bytes(&cs[0], &acc), 2 * (128 * 20 + 16 * 136) * 4);
     }
 
     #[test]
