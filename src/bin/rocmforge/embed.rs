@@ -18,6 +18,7 @@ pub(crate) fn cmd_embed(
     dtype: &str,
     texts: &[String],
     tune: bool,
+    f32_matmul: rocmforge::codegen::F32Matmul,
     json: bool,
 ) -> Result<(), String> {
     let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
@@ -32,9 +33,11 @@ pub(crate) fn cmd_embed(
     let options = CompileOptions {
         weights,
         tune,
+        f32_matmul,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
+    crate::common::print_plan_notes(&compiled);
     let mut bindings = Bindings::default();
     for (n, t) in enc.inputs(&batch) {
         bindings.inputs.insert(n, t);

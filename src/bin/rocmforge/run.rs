@@ -42,6 +42,7 @@ pub(crate) fn cmd_run(
     verify: bool,
     no_fuse: bool,
     tune: bool,
+    f32_matmul: rocmforge::codegen::F32Matmul,
 ) -> Result<(), String> {
     let graph = load(file)?;
     let device = pick_device(device)?;
@@ -49,9 +50,11 @@ pub(crate) fn cmd_run(
         fuse: !no_fuse,
         seed,
         tune,
+        f32_matmul,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
+    crate::common::print_plan_notes(&compiled);
     let bindings = Bindings::random(&graph, seed);
     outln!(
         "graph:  {} ({} nodes, {} after passes)",
