@@ -19,8 +19,7 @@ use attention_graphs::{build, Mask, Spec};
 use rocmforge::arch::{ArchError, Target};
 use rocmforge::codegen::{
     generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, F32Matmul,
-    KernelPlan,
-    TmaWidth, MAX_KERNEL_ARGS,
+    KernelPlan, TmaWidth, MAX_KERNEL_ARGS,
 };
 use rocmforge::compile::plan_memory;
 use rocmforge::ir::expr::{MAX_INPUTS, MAX_OPS};
@@ -622,7 +621,12 @@ fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
                 );
                 // Asked for TF32 and not given it: the plan says so.
                 let fell_back = dt == DType::F32 && f32_matmul == F32Matmul::Tf32 && !has_atom;
-                assert_eq!(plan.notes.len(), usize::from(fell_back), "{arch} {}", g.name);
+                assert_eq!(
+                    plan.notes.len(),
+                    usize::from(fell_back),
+                    "{arch} {}",
+                    g.name
+                );
                 if fell_back {
                     assert!(plan.notes[0].contains("has no TF32 matrix instruction: exact f32"));
                     assert!(plan.listing().contains("// note: "));
@@ -733,7 +737,10 @@ fn f32_attention_takes_the_tf32_atom_only_when_asked() {
         assert!(!attention(&exact).contains("at TF32 precision"), "{arch}");
         if arch == "sm_90" {
             files::snapshot_settings().bind(|| {
-                insta::assert_snapshot!("kernels__flash_attention_mma_f32_tf32__sm_90", attention(&plan))
+                insta::assert_snapshot!(
+                    "kernels__flash_attention_mma_f32_tf32__sm_90",
+                    attention(&plan)
+                )
             });
         }
     }

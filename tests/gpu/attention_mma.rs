@@ -198,7 +198,7 @@ fn check_tf32(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed> {
         .kernels
         .iter()
         .any(|k| k.family == "flash_attention" && k.body.contains("at TF32 precision"));
-    if tf32 != has_tf32 || plan.notes.is_empty() == !has_tf32 {
+    if tf32 != has_tf32 || plan.notes.is_empty() != has_tf32 {
         return Err(format!(
             "{spec:?} on {}: TF32 kernel {tf32}, notes {:?}",
             target.arch, plan.notes
@@ -215,7 +215,11 @@ fn check_tf32(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed> {
         },
         crate::common::accuracy::TF32_REL_L2,
     )?;
-    if has_tf32 && !ran.iter().any(|(_, body)| body.contains("at TF32 precision")) {
+    if has_tf32
+        && !ran
+            .iter()
+            .any(|(_, body)| body.contains("at TF32 precision"))
+    {
         return Err(format!("{spec:?}: the plan that ran has no TF32 attention kernel").into());
     }
     Ok(())

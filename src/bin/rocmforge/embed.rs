@@ -17,10 +17,10 @@ pub(crate) fn cmd_embed(
     values: usize,
     dtype: &str,
     texts: &[String],
-    tune: bool,
-    f32_matmul: rocmforge::codegen::F32Matmul,
+    choices: crate::common::Choices,
     json: bool,
 ) -> Result<(), String> {
+    let crate::common::Choices { tune, f32_matmul } = choices;
     let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
     let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
     let device = pick_device(device)?;

@@ -453,8 +453,10 @@ fn main() -> ExitCode {
             device.as_deref(),
             *verify,
             *no_fuse,
-            *tune,
-            common::f32_matmul(*tf32),
+            common::Choices {
+                tune: *tune,
+                f32_matmul: common::f32_matmul(*tf32),
+            },
         ),
         Command::Cache { action } => cache::cmd_cache(action),
         Command::Embed {
@@ -472,8 +474,10 @@ fn main() -> ExitCode {
             *values,
             dtype,
             texts,
-            *tune,
-            common::f32_matmul(*tf32),
+            common::Choices {
+                tune: *tune,
+                f32_matmul: common::f32_matmul(*tf32),
+            },
             *json,
         ),
         Command::Generate {

@@ -41,9 +41,9 @@ pub(crate) fn cmd_run(
     device: Option<&str>,
     verify: bool,
     no_fuse: bool,
-    tune: bool,
-    f32_matmul: rocmforge::codegen::F32Matmul,
+    choices: crate::common::Choices,
 ) -> Result<(), String> {
+    let crate::common::Choices { tune, f32_matmul } = choices;
     let graph = load(file)?;
     let device = pick_device(device)?;
     let options = CompileOptions {

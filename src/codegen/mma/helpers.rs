@@ -258,10 +258,7 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
             MmaKind::MmaSync if atom.precision == Precision::Tf32 => {
                 // One f32 per register, rounded to TF32 as it is loaded.
                 let v = value(format!("{p}_cvt(t[{}])", at("e")), "0u");
-                let _ = writeln!(
-                    w,
-                    "    for (int e = 0; e < {elems}; ++e) x[e] = {v};\n}}"
-                );
+                let _ = writeln!(w, "    for (int e = 0; e < {elems}; ++e) x[e] = {v};\n}}");
             }
             MmaKind::MmaSync if pairs_adjacent(layout, transposed) => {
                 // Both halves of a register are one aligned 32-bit word (t 4-byte aligned, ld
@@ -352,7 +349,8 @@ fn mma(w: &mut String, atom: &MmaAtom, p: &str) {
 /// same (row, column) in the same lane; `None` where some slot has no such partner.
 pub(crate) fn c_to_a(atom: &MmaAtom) -> Option<Vec<(u32, u32)>> {
     // The helper converts and packs 16-bit pairs (no TF32 atom's layouts line up anyway).
-    if !atom.packs_pairs() || !atom.k.is_multiple_of(atom.n)
+    if !atom.packs_pairs()
+        || !atom.k.is_multiple_of(atom.n)
         || atom.a.rows != atom.c.rows
         || atom.a.lanes() != atom.c.lanes()
     {

@@ -528,12 +528,14 @@ fn generated_helpers_spell_the_instruction_and_the_layouts() {
     assert!(tf32.contains("typedef unsigned rf_m16n8k8_tf32_a[4];"));
     assert!(tf32.contains("cvt.rna.tf32.f32"));
     assert!(tf32.contains("rf_m16n8k8_tf32_load_a(rf_m16n8k8_tf32_a& x, const float* t,"));
-    assert!(tf32.contains("x[e] = (row0 + rf_m16n8k8_tf32_a_row(lane, e) < rows ? rf_m16n8k8_tf32_cvt(t["));
+    assert!(tf32
+        .contains("x[e] = (row0 + rf_m16n8k8_tf32_a_row(lane, e) < rows ? rf_m16n8k8_tf32_cvt(t["));
     assert!(!tf32.contains("c_to_a") && !tf32.contains("ldsm"));
     let xf32 = fragment_helpers(&super::atoms::MFMA_16X16X8_XF32);
     assert!(xf32.contains("c = __builtin_amdgcn_mfma_f32_16x16x8_xf32(a, b, c, 0, 0, 0);"));
-    assert!(xf32
-        .contains("typedef float rf_mfma_16x16x8_xf32_a __attribute__((ext_vector_type(2)));"));
+    assert!(
+        xf32.contains("typedef float rf_mfma_16x16x8_xf32_a __attribute__((ext_vector_type(2)));")
+    );
     assert!(!xf32.contains("cvt.rna"));
     for atom in ALL {
         let h = fragment_helpers(atom);
@@ -583,7 +585,10 @@ fn tf32_rounding_is_to_nearest_with_ties_away() {
     // The carry out of the mantissa steps the exponent.
     assert_eq!(r(2.0 - one_ulp / 2.0), 2.0);
     assert!(r(f32::INFINITY).is_infinite() && r(f32::NAN).is_nan());
-    assert_eq!(Precision::Exact.round(1.0 + one_ulp / 4.0), 1.0 + one_ulp / 4.0);
+    assert_eq!(
+        Precision::Exact.round(1.0 + one_ulp / 4.0),
+        1.0 + one_ulp / 4.0
+    );
     for (i, x) in fractions(4096, 77).into_iter().enumerate() {
         let x = x as f32 * 2f32.powi(i as i32 % 60 - 30);
         let got = r(x);
@@ -628,7 +633,11 @@ fn tf32_atoms_multiply_the_rounded_inputs() {
                 rounded_differs |= (g - exact).abs() > 1e-7 * mag;
             }
         }
-        assert!(rounded_differs, "{}: the rounding is not modelled", atom.name);
+        assert!(
+            rounded_differs,
+            "{}: the rounding is not modelled",
+            atom.name
+        );
     }
     assert_eq!(tf32, 3, "m16n8k8 tf32 and the two xf32 MFMAs");
 }

@@ -28,9 +28,9 @@ use super::Problem;
 use crate::arch::mma::Precision;
 use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Target;
-use crate::codegen::F32Matmul;
 use crate::codegen::kernel::finish;
 use crate::codegen::mma::AtomHelpers;
+use crate::codegen::F32Matmul;
 use crate::ir::{DType, MaskKind};
 
 /// Bytes of a 16-byte piece: the unit of staging copies and of the tiles' padding.
@@ -135,11 +135,7 @@ pub(crate) fn atom_for(
         .mma
         .iter()
         .copied()
-        .filter(|a| {
-            a.input == dtype
-                && a.acc == DType::F32
-                && f32_matmul.admits(a)
-        })
+        .filter(|a| a.input == dtype && a.acc == DType::F32 && f32_matmul.admits(a))
         .min_by_key(|a| (a.c.row_slots(), std::cmp::Reverse(a.m * a.n * a.k)))
 }
 
@@ -162,7 +158,12 @@ fn fits(p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> bool {
 /// groups of 8, so it needs a power-of-two count of them; other rows (D 96: 12 chunks) are
 /// padded, which also puts the 8 rows an ldmatrix phase reads on distinct banks (a row of
 /// 13 chunks starts 5 chunks further along the 8 bank groups).
-fn tiles(c: &Config, p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> (TileLayout, TileLayout) {
+fn tiles(
+    c: &Config,
+    p: &Problem,
+    atom: &MmaAtom,
+    acc: &AttentionAccess,
+) -> (TileLayout, TileLayout) {
     // K is read as Bᵀ (rows are N), V as B (rows are K).
     let tile = |cols: usize, k_rows: bool| {
         if !atom.packs_pairs() {
@@ -512,7 +513,14 @@ mod tests {
         let c = chosen("sm_90", 64, Some(AttentionAccess::PORTABLE));
         assert_eq!((c.stages, c.block_n, c.block_m, c.atoms), (1, 64, 128, 1));
         let p = problem(DType::F16, 4, 16, 2048, 2048, 64);
-        assert!(shared_bytes(&c, &p, atom_for(&target("sm_90"), DType::F16, F32Matmul::Exact).unwrap(), &AttentionAccess::PORTABLE) <= 48 * 1024);
+        assert!(
+            shared_bytes(
+                &c,
+                &p,
+                atom_for(&target("sm_90"), DType::F16, F32Matmul::Exact).unwrap(),
+                &AttentionAccess::PORTABLE
+            ) <= 48 * 1024
+        );
     }
 
     #[test]
@@ -600,7 +608,9 @@ mod tests {
         assert!(atom_for(&target("gfx1030"), DType::F16, F32Matmul::Exact).is_none());
         assert!(atom_for(&sm90, DType::F32, F32Matmul::Exact).is_none());
         assert_eq!(
-            atom_for(&target("gfx942"), DType::F16, F32Matmul::Exact).unwrap().name,
+            atom_for(&target("gfx942"), DType::F16, F32Matmul::Exact)
+                .unwrap()
+                .name,
             "mfma_16x16x16_f16"
         );
     }

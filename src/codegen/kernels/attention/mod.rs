@@ -314,7 +314,8 @@ pub(crate) fn lower(
         // f32 that asked for TF32 and found no atom or configuration for it: exact f32, and the
         // plan says so.
         if tf32_asked {
-            plan.notes.push(super::gemm::tf32_fallback_note(node, target));
+            plan.notes
+                .push(super::gemm::tf32_fallback_note(node, target));
         }
         if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
             k

@@ -28,9 +28,9 @@ use super::Problem;
 use crate::arch::mma::Precision;
 use crate::arch::tuning::{Family, TuneKey, TuneProblem, Tuned};
 use crate::arch::Arch;
-use crate::codegen::F32Matmul;
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
+use crate::codegen::F32Matmul;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::Gemm;
 
@@ -173,7 +173,11 @@ pub(crate) fn access(g: &Gemm, atom: &MmaAtom, caps: &Arch) -> Access {
 
 /// The atom for a problem on a target: the largest whose input type is the operands' and whose
 /// precision the caller allows (a TF32 atom only where `f32_matmul` opts in).
-pub(crate) fn atom_for(p: &Problem, caps: &Arch, f32_matmul: F32Matmul) -> Option<&'static MmaAtom> {
+pub(crate) fn atom_for(
+    p: &Problem,
+    caps: &Arch,
+    f32_matmul: F32Matmul,
+) -> Option<&'static MmaAtom> {
     caps.mma
         .iter()
         .copied()
@@ -727,7 +731,10 @@ mod tests {
             ..acc
         };
         let cs = candidates(tf32, &acc, caps);
-        assert_eq!((cs[0].bm, cs[0].bn, cs[0].bk, cs[0].stages), (128, 128, 16, 2));
+        assert_eq!(
+            (cs[0].bm, cs[0].bn, cs[0].bk, cs[0].stages),
+            (128, 128, 16, 2)
+        );
         // A: 128 rows of 16 + 4 floats; B [K, N]: 16 rows of 128 + 8; two stages, 4 bytes each.
         assert_eq!(shared_bytes(&cs[0], &acc), 2 * (128 * 20 + 16 * 136) * 4);
     }
@@ -747,7 +754,9 @@ mod tests {
             "mfma_32x32x8_bf16"
         );
         assert_eq!(
-            atom_for(&p(crate::ir::DType::F16), caps, exact).unwrap().name,
+            atom_for(&p(crate::ir::DType::F16), caps, exact)
+                .unwrap()
+                .name,
             "mfma_32x32x8_f16"
         );
         assert!(atom_for(&p(crate::ir::DType::F16), arch("gfx1030").unwrap(), exact).is_none());
@@ -755,7 +764,9 @@ mod tests {
         assert!(atom_for(&p(crate::ir::DType::F32), caps, exact).is_none());
         let tf32 = F32Matmul::Tf32;
         assert_eq!(
-            atom_for(&p(crate::ir::DType::F32), caps, tf32).unwrap().name,
+            atom_for(&p(crate::ir::DType::F32), caps, tf32)
+                .unwrap()
+                .name,
             "mfma_32x32x4_xf32"
         );
         assert_eq!(
@@ -769,7 +780,9 @@ mod tests {
         }
         // Asking for TF32 changes nothing for 16-bit operands.
         assert_eq!(
-            atom_for(&p(crate::ir::DType::F16), caps, tf32).unwrap().name,
+            atom_for(&p(crate::ir::DType::F16), caps, tf32)
+                .unwrap()
+                .name,
             "mfma_32x32x8_f16"
         );
     }

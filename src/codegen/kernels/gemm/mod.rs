@@ -376,7 +376,15 @@ pub(crate) fn lower(
     }
     // f32 reaches the matrix cores only on a TF32 atom the caller opted in to
     // (`CodegenOptions::f32_matmul`); where none serves, the plan says so and runs exact f32.
-    if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned, options.f32_matmul)? {
+    if let Some(k) = mma::kernel(
+        &p,
+        gemm,
+        node,
+        args.clone(),
+        target,
+        tuned,
+        options.f32_matmul,
+    )? {
         return Ok(k);
     }
     if dtype == DType::F32 && options.f32_matmul == crate::codegen::F32Matmul::Tf32 {
@@ -397,7 +405,10 @@ pub(crate) fn tf32_fallback_note(node: &str, target: &Target) -> String {
     } else {
         format!("{} has no TF32 matrix instruction", target.caps.name)
     };
-    format!("{}: TF32 was asked for, but {why}: exact f32", display_name(node))
+    format!(
+        "{}: TF32 was asked for, but {why}: exact f32",
+        display_name(node)
+    )
 }
 
 #[cfg(test)]
