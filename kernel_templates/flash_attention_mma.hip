@@ -33,7 +33,8 @@
                 }
             }
 {%- endmacro -%}
-// FlashAttention-2 on matrix cores ({{ dtype }}, the {{ atom }} atom with f32 accumulation): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}],
+// FlashAttention-2 on matrix cores ({{ dtype }}{% if tf32 %} at TF32 precision (opt-in: Q, K, V and P rounded to a 10-bit mantissa as fragments
+// load){% endif %}, the {{ atom }} atom with f32 accumulation): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}],
 // k/v [{{ b }}, {{ hkv }}, {{ sk }}, {{ d }}/{{ dv }}], scale {{ scale }}{% if causal %}, causal (k <= q + {{ offset_text }}, the offset clamped to [-Sq, Sk]){% endif %}{% if mask %}, {{ mask }} mask{% endif %}.
 // A block of {{ warps }} warps takes {{ block_m }} query rows of one (batch, head), {{ rows_w }} per warp ({{ atoms }} atom tile{% if atoms > 1 %}s{% endif %} of {{ am }} rows), so
 // each K/V fragment a warp reads from shared memory serves {{ rows_w }} rows.
@@ -51,10 +52,10 @@
 // Fragments are indexed only through the {{ P }}_* helpers generated from the atom.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, {% if mask %}const {{ mask_ctype }}* __restrict__ mask, {% endif %}{% if kv_len %}const int* __restrict__ kv_len, {% endif %}{{ ctype }}* __restrict__ out) {
     RF_GRID_ENTER();
-    __shared__ __align__(16) unsigned short Ks[{{ S }}][{{ tk.rows * tk.ld }}];
-    __shared__ __align__(16) unsigned short Vs[{{ S }}][{{ tv.rows * tv.ld }}];
+    __shared__ __align__(16) {{ st }} Ks[{{ S }}][{{ tk.rows * tk.ld }}];
+    __shared__ __align__(16) {{ st }} Vs[{{ S }}][{{ tv.rows * tv.ld }}];
 {%- if not p_in_registers %}
-    __shared__ __align__(16) unsigned short Ps[{{ block_m }}][{{ p_ld }}];
+    __shared__ __align__(16) {{ st }} Ps[{{ block_m }}][{{ p_ld }}];
 {%- endif %}
 {%- if mask == "additive" %}
     const float LOG2E = 1.4426950408889634f;
@@ -116,11 +117,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     // K(t) or V(t) is read the {{ 2 * S - 2 }} groups issued after it may still be in flight.
     auto issue_k = [&](int t) {
         if (t < ntiles) {
-            unsigned short* dst = Ks[t % {{ S }}];
+            {{ st }}* dst = Ks[t % {{ S }}];
             const int j0 = t * {{ block_n }};
 #pragma unroll
-            for (int x = threadIdx.x; x < {{ block_n * d // 8 }}; x += {{ threads }}) {
-                const int r = x / {{ d // 8 }}, c = (x % {{ d // 8 }}) * 8;
+            for (int x = threadIdx.x; x < {{ block_n * d // ce }}; x += {{ threads }}) {
+                const int r = x / {{ d // ce }}, c = (x % {{ d // ce }}) * {{ ce }};
                 const bool ok = j0 + r < {{ keys }};
                 rf_cp_async16(dst + {{ at(tk, "r", "c") }}, k + k_base + (long long)(ok ? j0 + r : 0) * {{ d }} + c, ok);
             }
@@ -129,11 +130,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     };
     auto issue_v = [&](int t) {
         if (t < ntiles) {
-            unsigned short* dst = Vs[t % {{ S }}];
+            {{ st }}* dst = Vs[t % {{ S }}];
             const int j0 = t * {{ block_n }};
 #pragma unroll
-            for (int x = threadIdx.x; x < {{ block_n * dv // 8 }}; x += {{ threads }}) {
-                const int r = x / {{ dv // 8 }}, c = (x % {{ dv // 8 }}) * 8;
+            for (int x = threadIdx.x; x < {{ block_n * dv // ce }}; x += {{ threads }}) {
+                const int r = x / {{ dv // ce }}, c = (x % {{ dv // ce }}) * {{ ce }};
                 const bool ok = j0 + r < {{ keys }};
                 rf_cp_async16(dst + {{ at(tv, "r", "c") }}, v + v_base + (long long)(ok ? j0 + r : 0) * {{ dv }} + c, ok);
             }
@@ -156,9 +157,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
         for (int i = 0; i < {{ iters }}; ++i) {
             const int x = threadIdx.x + i * {{ threads }};
-            const int r = x / {{ cols // 8 }}, c = (x % {{ cols // 8 }}) * 8;
+            const int r = x / {{ cols // ce }}, c = (x % {{ cols // ce }}) * {{ ce }};
             uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (x < {{ block_n * cols // 8 }} && t < ntiles && j0 + r < {{ keys }})
+            if (x < {{ block_n * cols // ce }} && t < ntiles && j0 + r < {{ keys }})
                 val = *(const uint4*)({{ w[0] }} + {{ w[0] }}_base + (long long)(j0 + r) * {{ cols }} + c);
             {{ w[1] }}[i] = val;
         }
@@ -167,8 +168,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
         for (int i = 0; i < {{ iters }}; ++i) {
             const int x = threadIdx.x + i * {{ threads }};
-            const int r = x / {{ cols // 8 }}, c = (x % {{ cols // 8 }}) * 8;
-            if (x < {{ block_n * cols // 8 }}) *(uint4*)&{{ w[5] }}[0][{{ at(tl, "r", "c") }}] = {{ w[1] }}[i];
+            const int r = x / {{ cols // ce }}, c = (x % {{ cols // ce }}) * {{ ce }};
+            if (x < {{ block_n * cols // ce }}) *(uint4*)&{{ w[5] }}[0][{{ at(tl, "r", "c") }}] = {{ w[1] }}[i];
         }
     };
 {%- endfor %}
@@ -182,14 +183,14 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         rf_cp_async_wait<{{ 2 * S - 2 }}>();  // K(t) has landed
         __syncthreads();  // ... for every thread; and every warp is done with V(t - 1)
         issue_v(t + {{ S - 1 }});
-        const unsigned short* ks = Ks[t % {{ S }}];
-        const unsigned short* vs = Vs[t % {{ S }}];
+        const {{ st }}* ks = Ks[t % {{ S }}];
+        const {{ st }}* vs = Vs[t % {{ S }}];
 {%- else %}
         __syncthreads();  // K(t) is stored for every thread; every warp is done with V(t - 1)
         store_v();        // V(t), read after the next barrier
         fetch_k(t + 1);   // in flight while S(t) is computed
-        const unsigned short* ks = Ks[0];
-        const unsigned short* vs = Vs[0];
+        const {{ st }}* ks = Ks[0];
+        const {{ st }}* vs = Vs[0];
 {%- endif %}
         {{ P }}_c s[{{ atoms }}][{{ ntile_n }}];
 #pragma unroll

@@ -1,5 +1,7 @@
-{% set P = atom %}{% set cpr_a = ta.cols // 8 %}{% set cpr_b = tb.cols // 8 %}{% set ktiles = (p.k + c.bk - 1) // c.bk %}// GEMM on matrix cores ({{ atom_name }}, f32 accumulation): {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
-// place through their views; {{ p.what }}.
+{% set P = atom %}{% set cpr_a = ta.cols // ce %}{% set cpr_b = tb.cols // ce %}{% set ktiles = (p.k + c.bk - 1) // c.bk %}// GEMM on matrix cores ({{ atom_name }}, f32 accumulation): {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
+// place through their views; {{ p.what }}.{% if tf32 %}
+// f32 operands at TF32 precision (opt-in): staged as f32, rounded to a 10-bit mantissa as fragments load,
+// products accumulated in f32.{% endif %}
 // Block tile {{ c.bm }}×{{ c.bn }}, K in steps of {{ c.bk }}; {{ c.warps_m }}×{{ c.warps_n }} warps, each owning {{ wm }}×{{ wn }} ({{ fm }}×{{ fn_ }} atom tiles).
 // A is read {% if a_vec %}in 16-byte pieces{% else %}element by element{% endif %}, B ({{ b_form }} in shared memory) {% if b_vec %}in 16-byte pieces{% else %}element by element{% endif %}; past M, N and K tiles
 // are zero-filled. {% if cp_async %}Tiles arrive by cp.async, up to {{ c.stages - 1 }} ahead of use ({{ c.stages }} buffers){% else %}Two tile buffers: the next tile is loaded into registers while this one is
@@ -16,7 +18,7 @@ RF_INLINE int rf_gemm_sb(int r, int c) { return r * {{ tb.ld }} + ((((c >> 3) ^ 
 struct __align__(16) rf_gemm_u4 { unsigned x, y, z, w; };
 // 16 bytes at `p` where `ok`, else zeros. (A conditional expression choosing between two such
 // structs is lowered through a stack copy on AMD: scratch.)
-RF_INLINE rf_gemm_u4 rf_gemm_load16(const unsigned short* p, bool ok) {
+RF_INLINE rf_gemm_u4 rf_gemm_load16(const {{ smem_t }}* p, bool ok) {
     rf_gemm_u4 r;
     r.x = r.y = r.z = r.w = 0u;
     if (ok) r = *(const rf_gemm_u4*)p;
@@ -28,20 +30,24 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const unsigned short* p, bool ok) {
 {%- macro pack8(one) %}[&] {
                 rf_gemm_u4 r;
 {%- for w in ["x", "y", "z", "w"] %}
+{%- if ce == 4 %}
+                r.{{ w }} = __float_as_uint({{ one(loop.index0) }});
+{%- else %}
                 r.{{ w }} = (unsigned){{ one(2 * loop.index0) }} | ((unsigned){{ one(2 * loop.index0 + 1) }} << 16);
+{%- endif %}
 {%- endfor %}
                 return r;
             }(){% endmacro -%}
-{%- macro a_elem(e) %}(a_ok[i] && k0_ + a_c[i] + {{ e }} < {{ p.k }} ? A[a_base[i] + rf_a_at(0, 0, k0_ + a_c[i] + {{ e }})] : (unsigned short)0){% endmacro -%}
-{%- macro b_elem_nk(e) %}(b_ok[i] && k0_ + b_c[i] + {{ e }} < {{ p.k }} ? B[b_base[i] + rf_b_at(0, k0_ + b_c[i] + {{ e }}, 0)] : (unsigned short)0){% endmacro -%}
-{%- macro b_elem_kn(e) %}(k0_ + b_r[i] < {{ p.k }} && n0 + b_c[i] + {{ e }} < {{ p.n }} ? B[rf_b_at(bz, k0_ + b_r[i], n0 + b_c[i] + {{ e }})] : (unsigned short)0){% endmacro -%}
+{%- macro a_elem(e) %}(a_ok[i] && k0_ + a_c[i] + {{ e }} < {{ p.k }} ? A[a_base[i] + rf_a_at(0, 0, k0_ + a_c[i] + {{ e }})] : {{ zero }}){% endmacro -%}
+{%- macro b_elem_nk(e) %}(b_ok[i] && k0_ + b_c[i] + {{ e }} < {{ p.k }} ? B[b_base[i] + rf_b_at(0, k0_ + b_c[i] + {{ e }}, 0)] : {{ zero }}){% endmacro -%}
+{%- macro b_elem_kn(e) %}(k0_ + b_r[i] < {{ p.k }} && n0 + b_c[i] + {{ e }} < {{ p.n }} ? B[rf_b_at(bz, k0_ + b_r[i], n0 + b_c[i] + {{ e }})] : {{ zero }}){% endmacro -%}
 {#- Chunk i of tile k0_ (the caller's name for the tile's first K). -#}
 {%- macro fetch_a() %}{% if a_vec %}rf_gemm_load16(A + a_base[i] + rf_a_at(0, 0, k0_ + a_c[i]), a_ok[i] && k0_ + a_c[i] < {{ p.k }}){% else %}{{ pack8(a_elem) }}{% endif %}{% endmacro -%}
 {%- macro fetch_b() %}{% if b_form == "nk" %}{% if b_vec %}rf_gemm_load16(B + b_base[i] + rf_b_at(0, k0_ + b_c[i], 0), b_ok[i] && k0_ + b_c[i] < {{ p.k }}){% else %}{{ pack8(b_elem_nk) }}{% endif %}{% else %}{% if b_vec %}rf_gemm_load16(B + b_base[i] + rf_b_at(0, k0_ + b_r[i], 0), b_ok[i] && k0_ + b_r[i] < {{ p.k }}){% else %}{{ pack8(b_elem_kn) }}{% endif %}{% endif %}{% endmacro -%}
 {#- The block's fragments of one stage, multiplied into the accumulators. -#}
 {%- macro compute(stage) %}        {
-            const unsigned short* as = As[{{ stage }}];
-            const unsigned short* bs = Bs[{{ stage }}];
+            const {{ smem_t }}* as = As[{{ stage }}];
+            const {{ smem_t }}* bs = Bs[{{ stage }}];
 #pragma unroll
             for (int kk = 0; kk < {{ c.bk }}; kk += {{ P }}_K) {
                 {{ P }}_a af[{{ fm }}];
@@ -70,7 +76,7 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const unsigned short* p, bool ok) {
             const int st_ = {{ st }}, k0_ = {{ k0 }};
 #pragma unroll
             for (int i = 0; i < {{ a_iters }}; ++i) {
-                unsigned short* dst = &As[st_][rf_gemm_sa(a_r[i], a_c[i])];
+                {{ smem_t }}* dst = &As[st_][rf_gemm_sa(a_r[i], a_c[i])];
 {%- if a_vec %}
                 const bool ok = a_ok[i] && k0_ + a_c[i] < {{ p.k }};
                 rf_cp_async16(dst, ok ? A + a_base[i] + rf_a_at(0, 0, k0_ + a_c[i]) : A, ok);
@@ -80,7 +86,7 @@ RF_INLINE rf_gemm_u4 rf_gemm_load16(const unsigned short* p, bool ok) {
             }
 #pragma unroll
             for (int i = 0; i < {{ b_iters }}; ++i) {
-                unsigned short* dst = &Bs[st_][rf_gemm_sb(b_r[i], b_c[i])];
+                {{ smem_t }}* dst = &Bs[st_][rf_gemm_sb(b_r[i], b_c[i])];
 {%- if b_vec and b_form == "nk" %}
                 const bool ok = b_ok[i] && k0_ + b_c[i] < {{ p.k }};
                 rf_cp_async16(dst, ok ? B + b_base[i] + rf_b_at(0, k0_ + b_c[i], 0) : B, ok);
@@ -132,8 +138,8 @@ RF_INLINE void rf_gemm_store2(unsigned short* p, unsigned short a, unsigned shor
 {%- endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{ p.a_t }}* __restrict__ A, const {{ p.b_t }}* __restrict__ B, {% for e in p.extras %}const {{ e.ctype }}* __restrict__ in{{ e.index }}, {% endfor %}{{ p.c_t }}* __restrict__ C) {
     RF_GRID_ENTER();
-    __shared__ __align__(16) unsigned short As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
-    __shared__ __align__(16) unsigned short Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
+    __shared__ __align__(16) {{ smem_t }} As[{{ c.stages }}][{{ ta.rows * ta.ld }}];
+    __shared__ __align__(16) {{ smem_t }} Bs[{{ c.stages }}][{{ tb.rows * tb.ld }}];
     const int lane = threadIdx.x % {{ P }}_LANES, warp = threadIdx.x / {{ P }}_LANES;
     const int wm0 = (warp / {{ c.warps_n }}) * {{ wm }}, wn0 = (warp % {{ c.warps_n }}) * {{ wn }};
     const int m0 = blockIdx.y * {{ c.bm }}, n0 = blockIdx.x * {{ c.bn }};
@@ -148,7 +154,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     for (int i = 0; i < {{ a_iters }}; ++i) {
         const int t = threadIdx.x + i * {{ threads }};
         a_r[i] = t / {{ cpr_a }};
-        a_c[i] = (t % {{ cpr_a }}) * 8;
+        a_c[i] = (t % {{ cpr_a }}) * {{ ce }};
         a_ok[i] = m0 + a_r[i] < {{ p.m }};
         a_base[i] = a_ok[i] ? rf_a_at(bz, m0 + a_r[i], 0) : 0;
     }
@@ -156,7 +162,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     for (int i = 0; i < {{ b_iters }}; ++i) {
         const int t = threadIdx.x + i * {{ threads }};
         b_r[i] = t / {{ cpr_b }};
-        b_c[i] = (t % {{ cpr_b }}) * 8;
+        b_c[i] = (t % {{ cpr_b }}) * {{ ce }};
 {% if b_form == "nk" %}        b_ok[i] = n0 + b_r[i] < {{ p.n }};
         b_base[i] = b_ok[i] ? rf_b_at(bz, 0, n0 + b_r[i]) : 0;
 {% else %}        b_ok[i] = n0 + b_c[i] < {{ p.n }};

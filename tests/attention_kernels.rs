@@ -37,7 +37,7 @@ use kernel_compile::KernelSet;
 use libtest_mimic::{Arguments, Failed, Trial};
 use needs::needs;
 use rocmforge::arch::Target;
-use rocmforge::codegen::{generate_with, CodegenOptions, WgmmaAttention};
+use rocmforge::codegen::{generate_with, CodegenOptions, F32Matmul, WgmmaAttention};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, Graph};
 use rocmforge::passes::PassManager;
@@ -252,10 +252,67 @@ fn wgmma_set() -> Result<KernelSet, Failed> {
     Ok(set)
 }
 
+/// f32 cases with TF32 asked for: the head sizes the TF32 matrix-core kernel takes (64, 96,
+/// 128), masks (none, causal with offsets either way, boolean, additive, padding), GQA and sizes
+/// off the tiles; every one must be the matrix-core kernel on the TF32 atom of `arch`.
+fn tf32_cases() -> Vec<(String, Spec)> {
+    let shapes = [
+        (2, 12, 4, 701, 903, 64, Mask::None, 0),
+        (2, 12, 4, 701, 903, 64, Mask::Causal, 202),
+        (2, 12, 4, 650, 517, 96, Mask::Padding, 0),
+        (2, 12, 12, 555, 777, 128, Mask::BoolNegInf, 0),
+        (2, 12, 4, 555, 777, 128, Mask::Causal, 222),
+        (1, 3, 1, 77, 45, 64, Mask::Causal, -20),
+        (2, 3, 1, 50, 130, 128, Mask::Dense2d, 0),
+        (1, 6, 2, 19, 1000, 96, Mask::PerHead, 0),
+    ];
+    shapes
+        .into_iter()
+        .map(|(b, hq, hkv, sq, sk, d, mask, offset)| {
+            (
+                format!("f32_b{b}_h{hq}x{hkv}_s{sq}x{sk}_d{d}_{mask:?}_{offset}"),
+                Spec {
+                    hkv,
+                    sk,
+                    dtype: DType::F32,
+                    mask,
+                    offset,
+                    ..Spec::new(b, hq, sq, d)
+                },
+            )
+        })
+        .collect()
+}
+
+fn tf32_set(arch: &str) -> Result<KernelSet, Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = CodegenOptions {
+        f32_matmul: F32Matmul::Tf32,
+        ..CodegenOptions::default()
+    };
+    let mut set = KernelSet::new();
+    for (name, spec) in tf32_cases() {
+        let plan =
+            generate_with(&fused(&spec)?, &target, &options).map_err(|e| format!("{name}: {e}"))?;
+        let k = plan
+            .kernels
+            .iter()
+            .find(|k| k.family == "flash_attention")
+            .ok_or(format!("{name}: no attention kernel"))?;
+        if !k.body.contains("at TF32 precision") {
+            return Err(format!("{name} on {arch}: not the TF32 matrix-core kernel").into());
+        }
+        set.entry(k.entry.clone())
+            .or_insert((plan.source(k), k.body.clone(), name));
+    }
+    Ok(set)
+}
+
 fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
     let mut trials: Vec<Trial> = kernel_compile::compile_trials(compile_set);
+    trials.extend(kernel_compile::tf32_trials(tf32_set));
     trials.push(needs(
         &kernel_compile::ptxas(),
         "ROCMFORGE_REQUIRE_PTXAS",

@@ -433,3 +433,29 @@ mod cache_bundles_generate;
 
 #[path = "cli/compile_model.rs"]
 mod compile_model;
+
+/// `--tf32` is opt-in and never silent: on a target without a TF32 atom every f32 matmul of the
+/// plan carries a note that it runs exact f32; on sm_90 the plan takes it without a note, and
+/// without the flag nothing changes.
+#[test]
+fn compile_tf32_is_opt_in_and_notes_a_fallback() {
+    let g = "graphs/bert_layer.json";
+    let (ok, out, err) = rocmforge(&["compile", g, "--target", "gfx90a", "--tf32"]);
+    assert!(ok, "{err}");
+    let notes: Vec<&str> = out.lines().filter(|l| l.starts_with("// note: ")).collect();
+    assert!(!notes.is_empty(), "{out}");
+    assert!(notes
+        .iter()
+        .all(|n| n.ends_with("gfx90a has no TF32 matrix instruction: exact f32")));
+    assert!(notes.iter().any(|n| n.contains("flash_attention")), "{out}");
+    for args in [
+        &["compile", g, "--target", "sm_90", "--tf32"][..],
+        &["compile", g, "--target", "gfx90a"][..],
+    ] {
+        let (ok, out, err) = rocmforge(args);
+        assert!(ok, "{err}");
+        assert!(!out.contains("// note: "), "{args:?}: {out}");
+    }
+    let (ok, help, _) = rocmforge(&["compile", "--help"]);
+    assert!(ok && help.contains("--tf32") && help.contains("1e-3 relative"));
+}

@@ -18,8 +18,8 @@ use std::path::Path;
 use attention_graphs::{build, Mask, Spec};
 use rocmforge::arch::{ArchError, Target};
 use rocmforge::codegen::{
-    generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, KernelPlan,
-    TmaWidth, MAX_KERNEL_ARGS,
+    generate, generate_with, prelude, BufferRole, CodegenError, CodegenOptions, F32Matmul,
+    KernelPlan, TmaWidth, MAX_KERNEL_ARGS,
 };
 use rocmforge::compile::plan_memory;
 use rocmforge::ir::expr::{MAX_INPUTS, MAX_OPS};
@@ -590,14 +590,47 @@ fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
         "sm_80", "sm_90", "gfx90a", "gfx942", "gfx1100", "gfx1201", "gfx1030",
     ] {
         let t = Target::parse(arch).unwrap();
-        for dt in [DType::F16, DType::BF16, DType::F32] {
+        for (dt, f32_matmul) in [
+            (DType::F16, F32Matmul::Exact),
+            (DType::BF16, F32Matmul::Exact),
+            (DType::F32, F32Matmul::Exact),
+            (DType::F16, F32Matmul::Tf32),
+            (DType::F32, F32Matmul::Tf32),
+        ] {
+            let options = CodegenOptions {
+                f32_matmul,
+                ..CodegenOptions::default()
+            };
             for g in gemm_cases::cases(dt, true) {
-                let plan = generate(&g, &t).unwrap();
+                let plan = generate_with(&g, &t, &options).unwrap();
                 assert_eq!(plan.kernels.len(), 1, "{arch} {}", g.name);
                 let k = &plan.kernels[0];
-                let has_atom = t.caps.mma.iter().any(|a| a.input == dt);
+                // f32 takes a TF32 atom only when asked (sm_80+, gfx942); never otherwise.
+                let has_atom = t
+                    .caps
+                    .mma
+                    .iter()
+                    .any(|a| a.input == dt && f32_matmul.admits(a));
                 let want = if has_atom { "gemm_mma" } else { "gemm" };
-                assert_eq!(k.family, want, "{arch} {}", g.name);
+                assert_eq!(k.family, want, "{arch} {} {f32_matmul:?}", g.name);
+                assert_eq!(
+                    k.body.contains("at TF32 precision"),
+                    dt == DType::F32 && has_atom,
+                    "{arch} {}",
+                    g.name
+                );
+                // Asked for TF32 and not given it: the plan says so.
+                let fell_back = dt == DType::F32 && f32_matmul == F32Matmul::Tf32 && !has_atom;
+                assert_eq!(
+                    plan.notes.len(),
+                    usize::from(fell_back),
+                    "{arch} {}",
+                    g.name
+                );
+                if fell_back {
+                    assert!(plan.notes[0].contains("has no TF32 matrix instruction: exact f32"));
+                    assert!(plan.listing().contains("// note: "));
+                }
                 if has_atom {
                     // Threads are whole waves; the grid covers M and N with the tile the
                     // kernel's comment names.
@@ -647,6 +680,86 @@ fn gemm_nodes_go_to_the_matrix_cores_where_the_target_has_an_atom() {
             )
         });
     }
+    // The TF32 GEMM on both kinds of TF32 atom.
+    let tf32 = CodegenOptions {
+        f32_matmul: F32Matmul::Tf32,
+        ..CodegenOptions::default()
+    };
+    for arch in ["sm_90", "gfx942"] {
+        let t = Target::parse(arch).unwrap();
+        let g = gemm_cases::cases(DType::F32, false)
+            .into_iter()
+            .find(|g| g.name.contains("odd_kn"))
+            .unwrap();
+        let plan = generate_with(&g, &t, &tf32).unwrap();
+        files::snapshot_settings().bind(|| {
+            insta::assert_snapshot!(
+                format!("kernels__gemm_mma_odd_kn_f32_tf32__{arch}"),
+                plan.kernels[0].body
+            )
+        });
+    }
+}
+
+/// f32 attention asked to run at TF32: the matrix-core kernel on the TF32 atom where the target
+/// has one and the head size fits (D ≤ 128), with a note where it falls back to exact f32; never
+/// without being asked.
+#[test]
+fn f32_attention_takes_the_tf32_atom_only_when_asked() {
+    let spec = Spec {
+        hkv: 2,
+        sk: 130,
+        dtype: DType::F32,
+        mask: Mask::Causal,
+        offset: 3,
+        ..Spec::new(1, 4, 77, 64)
+    };
+    let mut g = build(&spec);
+    PassManager::default_pipeline().run(&mut g).unwrap();
+    let tf32 = CodegenOptions {
+        f32_matmul: F32Matmul::Tf32,
+        ..CodegenOptions::default()
+    };
+    let attention = |plan: &KernelPlan| {
+        plan.kernels
+            .iter()
+            .find(|k| k.family == "flash_attention")
+            .unwrap()
+            .body
+            .clone()
+    };
+    for arch in ["sm_80", "sm_90", "gfx942"] {
+        let t = Target::parse(arch).unwrap();
+        let plan = generate_with(&g, &t, &tf32).unwrap();
+        assert!(attention(&plan).contains("at TF32 precision"), "{arch}");
+        assert!(plan.notes.is_empty(), "{arch}");
+        let exact = generate(&g, &t).unwrap();
+        assert!(!attention(&exact).contains("at TF32 precision"), "{arch}");
+        if arch == "sm_90" {
+            files::snapshot_settings().bind(|| {
+                insta::assert_snapshot!(
+                    "kernels__flash_attention_mma_f32_tf32__sm_90",
+                    attention(&plan)
+                )
+            });
+        }
+    }
+    for arch in ["gfx90a", "gfx1100", "gfx1201", "gfx1030"] {
+        let t = Target::parse(arch).unwrap();
+        let plan = generate_with(&g, &t, &tf32).unwrap();
+        assert!(!attention(&plan).contains("at TF32 precision"), "{arch}");
+        assert_eq!(plan.notes.len(), 1, "{arch}");
+        assert!(plan.notes[0].contains(&format!("{arch} has no TF32 matrix instruction")));
+    }
+    // D 256: the TF32 kernel's O accumulators alone pass its register budget; exact f32, noted.
+    let mut g = build(&Spec {
+        dtype: DType::F32,
+        ..Spec::new(1, 2, 40, 256)
+    });
+    PassManager::default_pipeline().run(&mut g).unwrap();
+    let plan = generate_with(&g, &Target::parse("sm_90").unwrap(), &tf32).unwrap();
+    assert!(!attention(&plan).contains("at TF32 precision"));
+    assert!(plan.notes[0].contains("no TF32 configuration of its kernel fits"));
 }
 
 /// A field `name: N` of a configuration as its `Debug` text shows it.

@@ -52,7 +52,7 @@ use int8_gemv::{Epilogue, Int8Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
 use rocmforge::arch::Target;
-use rocmforge::codegen::{generate_with, CodegenOptions, Kernel, TmaWidth};
+use rocmforge::codegen::{generate_with, CodegenOptions, F32Matmul, Kernel, TmaWidth};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, QuantScheme};
 
@@ -513,6 +513,28 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     Ok(out)
 }
 
+/// The f32 GEMM cases (odd sizes, both B layouts, K 36, views, epilogues, a batch, the large
+/// shapes) compiled with TF32 asked for: every one must be the matrix-core kernel on the TF32
+/// atom of `arch`.
+fn tf32_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
+    let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    let options = CodegenOptions {
+        f32_matmul: F32Matmul::Tf32,
+        ..CodegenOptions::default()
+    };
+    let mut out = BTreeMap::new();
+    for g in gemm_cases::cases(DType::F32, true) {
+        let plan = generate_with(&g, &target, &options).map_err(|e| format!("{}: {e}", g.name))?;
+        let k = match plan.kernels.as_slice() {
+            [k] if k.family == "gemm_mma" && k.body.contains("at TF32 precision") => k,
+            _ => return Err(format!("{} on {arch}: not the TF32 matrix-core GEMM", g.name).into()),
+        };
+        out.entry(k.entry.clone())
+            .or_insert((plan.source(k), k.body.clone(), g.name.clone()));
+    }
+    Ok(out)
+}
+
 /// The body of one kernel of each family, as generated for sm_90.
 fn snapshot(name: &'static str, case: Case) -> Result<(), Failed> {
     let (k, _) = gemm_kernel(&case, "sm_90")?;
@@ -559,6 +581,7 @@ fn main() {
     let args = Arguments::from_args();
     let cxx = host_kernels::host_cxx();
     let mut trials = kernel_compile::compile_trials(compile_set);
+    trials.extend(kernel_compile::tf32_trials(tf32_set));
     // Each case runs on one of the two wave sizes (the sampled sweep, `common/sample.rs`), every
     // case on both with ROCMFORGE_LONG_TESTS=1.
     const HOST: [&str; 2] = ["gfx90a", "gfx1030"];

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocmforge::codegen::{TmaWidth, WgmmaAttention};
+use rocmforge::codegen::{F32Matmul, TmaWidth, WgmmaAttention};
 use rocmforge::compile::{CompileOptions, Compiled, Poison, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
@@ -34,7 +34,20 @@ pub fn bench_device() -> Device {
 /// Anything else ends the bench with a message. `ROCMFORGE_BENCH_WGMMA_ATTENTION` chooses the
 /// sm_90a attention: `auto` (or unset, the default as `CompileOptions`'s), `serial` or
 /// `overlapped` (the warpgroup kernel and its schedules), `off` (the mma.sync kernel).
+/// `ROCMFORGE_BENCH_TF32=1` compiles f32 matmuls (the f32 GEMM and attention rows) at TF32
+/// precision on the device's TF32 atom (`CompileOptions::f32_matmul`); `0` or unset: exact f32.
 pub fn bench_options() -> CompileOptions {
+    let f32_matmul = match std::env::var("ROCMFORGE_BENCH_TF32").as_deref() {
+        Err(_) | Ok("0") => F32Matmul::Exact,
+        Ok("1") => F32Matmul::Tf32,
+        Ok(x) => {
+            eprintln!("error: ROCMFORGE_BENCH_TF32={x}: expected 1 or 0");
+            std::process::exit(2)
+        }
+    };
+    if f32_matmul == F32Matmul::Tf32 {
+        println!("f32 matmuls: TF32 (opt-in; ~1e-3 relative error, f32 rows are not exact f32)");
+    }
     let wgmma_attention = match std::env::var("ROCMFORGE_BENCH_WGMMA_ATTENTION").as_deref() {
         Err(_) | Ok("auto") => WgmmaAttention::Auto,
         Ok("serial") => WgmmaAttention::Serial,
@@ -73,6 +86,7 @@ pub fn bench_options() -> CompileOptions {
         wgmma_gemm,
         wgmma_tma,
         wgmma_attention,
+        f32_matmul,
         ..CompileOptions::default()
     }
 }

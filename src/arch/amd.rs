@@ -9,8 +9,9 @@
 use super::caps::{Arch, AsyncCopy, Dot4, Registers};
 use super::Platform;
 use crate::arch::mma::atoms::{
-    MFMA_16X16X16_BF16, MFMA_16X16X16_F16, MFMA_32X32X8_BF16, MFMA_32X32X8_F16,
-    WMMA11_16X16X16_BF16, WMMA11_16X16X16_F16, WMMA12_16X16X16_BF16, WMMA12_16X16X16_F16,
+    MFMA_16X16X16_BF16, MFMA_16X16X16_F16, MFMA_16X16X8_XF32, MFMA_32X32X4_XF32, MFMA_32X32X8_BF16,
+    MFMA_32X32X8_F16, WMMA11_16X16X16_BF16, WMMA11_16X16X16_F16, WMMA12_16X16X16_BF16,
+    WMMA12_16X16X16_F16,
 };
 
 const LDS: u32 = 64 * 1024;
@@ -127,7 +128,8 @@ pub static GFX90A: Arch = amd(
     CDNA2_REGS,
     Dot4::Sdot4,
 );
-/// MI300.
+/// MI300: the CDNA2 atoms, and the xf32 MFMA (f32 inputs at TF32 precision; taken only by an
+/// f32 matmul that opts in to TF32). gfx90a has no xf32 form.
 pub static GFX942: Arch = amd(
     "gfx942",
     "CDNA3",
@@ -137,6 +139,8 @@ pub static GFX942: Arch = amd(
         &MFMA_16X16X16_F16,
         &MFMA_32X32X8_BF16,
         &MFMA_16X16X16_BF16,
+        &MFMA_32X32X4_XF32,
+        &MFMA_16X16X8_XF32,
     ],
     XNACK_SRAMECC,
     (9, 4, 2),

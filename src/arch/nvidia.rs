@@ -5,13 +5,14 @@
 
 use super::caps::{Arch, ArchSpecific, AsyncCopy, Dot4, Registers};
 use super::Platform;
-use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16};
+use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16, M16N8K8_TF32};
 use crate::arch::mma::wgmma::{WGMMA_M64K16_BF16, WGMMA_M64K16_F16};
 use crate::arch::mma::{MmaAtom, WgmmaAtom};
 
 const STATIC_SHARED: u32 = 48 * 1024;
-/// `mma.sync.m16n8k16` with f16 or bf16 inputs: sm_80 and later.
-const MMA_SYNC: &[&MmaAtom] = &[&M16N8K16_F16, &M16N8K16_BF16];
+/// `mma.sync.m16n8k16` with f16 or bf16 inputs, and `mma.sync.m16n8k8` with tf32 inputs (taken
+/// only by an f32 matmul that opts in to TF32): sm_80 and later.
+const MMA_SYNC: &[&MmaAtom] = &[&M16N8K16_F16, &M16N8K16_BF16, &M16N8K8_TF32];
 
 /// `wgmma.mma_async.m64nNk16` with f16 or bf16 inputs and f32 accumulators: sm_90a.
 const WGMMA: &[&WgmmaAtom] = &[&WGMMA_M64K16_F16, &WGMMA_M64K16_BF16];

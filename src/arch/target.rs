@@ -167,7 +167,7 @@ impl fmt::Display for Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::mma::MmaKind;
+    use crate::arch::mma::{MmaKind, Precision};
     use crate::arch::AsyncCopy;
     use crate::ir::DType;
 
@@ -231,9 +231,15 @@ mod tests {
                 kinds(n),
                 [
                     (MmaKind::MmaSync, DType::F16),
-                    (MmaKind::MmaSync, DType::BF16)
+                    (MmaKind::MmaSync, DType::BF16),
+                    (MmaKind::MmaSync, DType::F32)
                 ]
             );
+            // The f32 atom is the TF32 one: an opt-in precision, never exact f32.
+            assert!(row(n)
+                .mma
+                .iter()
+                .all(|a| (a.input == DType::F32) == (a.precision == Precision::Tf32)));
             assert!(row(n).async_copy.has_cp_async());
             assert_eq!(row(n).static_shared_bytes, 48 * 1024);
         }
@@ -244,8 +250,22 @@ mod tests {
         assert!(row("sm_75").mma.is_empty() && !row("sm_75").async_copy.has_cp_async());
         for n in ["gfx90a", "gfx942"] {
             assert!(kinds(n).iter().all(|k| k.0 == MmaKind::Mfma), "{n}");
-            assert_eq!(kinds(n).len(), 4, "{n}: 32x32x8 and 16x16x16, f16 and bf16");
+            let exact = kinds(n).iter().filter(|k| k.1 != DType::F32).count();
+            assert_eq!(exact, 4, "{n}: 32x32x8 and 16x16x16, f16 and bf16");
             assert!(row(n).mma.iter().all(|a| a.lanes == row(n).wave_size));
+        }
+        // xf32 (TF32 precision) exists on CDNA3 only; CDNA2 and RDNA have no f32 atom.
+        let tf32 = |n: &str| -> Vec<&str> {
+            row(n)
+                .mma
+                .iter()
+                .filter(|a| a.precision == Precision::Tf32)
+                .map(|a| a.name)
+                .collect()
+        };
+        assert_eq!(tf32("gfx942"), ["mfma_32x32x4_xf32", "mfma_16x16x8_xf32"]);
+        for n in ["gfx90a", "gfx908", "gfx1100", "gfx1201"] {
+            assert!(tf32(n).is_empty(), "{n}");
         }
         assert_eq!(
             kinds("gfx1100"),

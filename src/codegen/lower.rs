@@ -32,6 +32,7 @@ pub(crate) fn generate(
         outputs: Vec::new(),
         checks: Vec::new(),
         stall: None,
+        notes: Vec::new(),
     };
     let mut buf: HashMap<NodeId, BufferId> = HashMap::new();
     // Buffers holding a quantized weight's blocks (the weight's, which its reshapes alias), and

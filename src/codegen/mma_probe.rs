@@ -10,8 +10,8 @@ use crate::arch::Target;
 
 /// The probe of one atom on one target: `entry(a, b, bt, c)` run by one wave (`lanes` threads)
 /// computes `c = a · b`, where `a` is `m × k` row-major, `b` is `k × n` row-major and `bt` is
-/// the same `b` transposed (`n × k`), all 16-bit values of the atom's input type, and `c` is
-/// `m × n` f32.
+/// the same `b` transposed (`n × k`), all values of the atom's input type (16-bit, or f32 for
+/// the TF32 atoms), and `c` is `m × n` f32.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MmaProbe {
     pub entry: String,
@@ -33,6 +33,8 @@ struct ProbeContext<'a> {
     k: u32,
     lanes: u32,
     entry: &'a str,
+    /// The element type of A and B in memory.
+    et: &'static str,
 }
 
 pub fn mma_probe_kernel(target: &Target, atom: &'static MmaAtom) -> Result<MmaProbe, CodegenError> {
@@ -50,6 +52,7 @@ pub fn mma_probe_kernel(target: &Target, atom: &'static MmaAtom) -> Result<MmaPr
         k: atom.k,
         lanes: atom.lanes,
         entry: &entry,
+        et: super::mma::stored_element(atom),
     };
     let body = templates::render("mma_probe.hip", minijinja::Value::from_serialize(&ctx))?;
     Ok(MmaProbe {

@@ -121,6 +121,9 @@ pub struct CodegenOptions {
     /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
     /// megakernel); off by default: one launch per kernel.
     pub persistent: Persistent,
+    /// How f32 GEMMs and f32 attention multiply: exact f32 on CUDA cores (the default), or on
+    /// the target's TF32 matrix atom where the caller opts in and the target has one.
+    pub f32_matmul: F32Matmul,
 }
 
 impl Default for CodegenOptions {
@@ -134,6 +137,41 @@ impl Default for CodegenOptions {
             wgmma_tma: TmaWidth::Auto,
             wgmma_attention: WgmmaAttention::Auto,
             persistent: Persistent::Off,
+            f32_matmul: F32Matmul::Exact,
+        }
+    }
+}
+
+/// How f32 matrix products are computed: the f32 GEMMs (`Op::Gemm` on f32 operands) and both
+/// products of f32 attention (QKᵀ and P·V).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum F32Matmul {
+    /// Exact f32 (CUDA cores / SIMD): within f32 rounding of the interpreter (relative L2
+    /// ~1e-6). The default, and what every target without a TF32 atom runs whatever is asked.
+    #[default]
+    Exact,
+    /// Operands rounded to TF32 (10-bit mantissa), products accumulated in f32, on the
+    /// target's TF32 atom (`mma.sync m16n8k8 .tf32` on sm_80+, the xf32 MFMA on gfx942): each
+    /// product is off by at most 2⁻¹⁰ relative, so results differ from exact f32 by about 1e-3
+    /// relative. Opt-in only; targets without such an atom (gfx90a, RDNA, sm_75) keep exact f32
+    /// and their plan says so (`KernelPlan::notes`).
+    Tf32,
+}
+
+impl F32Matmul {
+    /// Whether a matrix atom's precision is one this choice accepts: exact atoms always, a TF32
+    /// atom only where TF32 was asked for.
+    pub fn admits(self, atom: &crate::arch::mma::MmaAtom) -> bool {
+        match atom.precision {
+            crate::arch::mma::Precision::Exact => true,
+            crate::arch::mma::Precision::Tf32 => self == F32Matmul::Tf32,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            F32Matmul::Exact => "exact",
+            F32Matmul::Tf32 => "tf32",
         }
     }
 }
@@ -185,6 +223,7 @@ pub fn generate_with(
         wgmma_tma,
         wgmma_attention,
         persistent,
+        f32_matmul,
     } = options;
     let plan = lower::generate(
         graph,
@@ -199,6 +238,7 @@ pub fn generate_with(
             wgmma_attention: *wgmma_attention,
             // Read by the families that shape their blocks for a persistent plan.
             persistent: *persistent,
+            f32_matmul: *f32_matmul,
         },
     )?;
     persistent::fold(plan, *persistent)

@@ -584,6 +584,7 @@ mod tests {
             outputs: Vec::new(),
             checks: Vec::new(),
             stall: None,
+            notes: Vec::new(),
         }
     }
 

@@ -188,6 +188,10 @@ pub struct KernelPlan {
     pub checks: Vec<IndexCheck>,
     /// A persistent plan's report of a wait that never ended ([`super::persistent`]).
     pub stall: Option<StallCheck>,
+    /// What codegen was asked for and could not do here, one line each (an f32 matmul that
+    /// asked for TF32 on a target without a TF32 atom runs exact f32, and says so): printed by
+    /// the plan's listing, so `compile` shows it.
+    pub notes: Vec<String>,
 }
 
 /// Where a persistent kernel records a dependency it waited for in vain (its bounded spin ran
@@ -378,6 +382,9 @@ impl KernelPlan {
             self.kernels.len(),
             self.buffers.len()
         );
+        for note in &self.notes {
+            let _ = writeln!(out, "// note: {note}");
+        }
         for (i, k) in self.kernels.iter().enumerate() {
             // The mark names the kernel's result: its written buffers other than a status
             // buffer (the error channel of gathers and cache writes), or the status buffer

@@ -162,6 +162,10 @@ pub struct CompileOptions {
     pub wgmma_attention: crate::codegen::WgmmaAttention,
     /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
     pub persistent: crate::codegen::Persistent,
+    /// f32 GEMMs and f32 attention at TF32 precision on the device's TF32 matrix atom
+    /// ([`CodegenOptions::f32_matmul`]): opt-in, about 1e-3 relative error; exact f32 by
+    /// default, and wherever the device has no TF32 atom.
+    pub f32_matmul: crate::codegen::F32Matmul,
 }
 
 impl Default for CompileOptions {
@@ -181,6 +185,7 @@ impl Default for CompileOptions {
             wgmma_tma: crate::codegen::TmaWidth::Auto,
             wgmma_attention: crate::codegen::WgmmaAttention::Auto,
             persistent: crate::codegen::Persistent::Off,
+            f32_matmul: crate::codegen::F32Matmul::Exact,
         }
     }
 }
@@ -552,6 +557,7 @@ fn compile(
         device,
         &target,
         options.tune,
+        options.f32_matmul,
         &compile_opts,
         show,
     )?;
@@ -566,6 +572,7 @@ fn compile(
         },
         wgmma_attention: options.wgmma_attention,
         persistent: options.persistent,
+        f32_matmul: options.f32_matmul,
         ..codegen_options
     };
     let codegen_start = Instant::now();

@@ -47,10 +47,16 @@ pub(super) fn codegen_options(
     device: &Device,
     target: &Target,
     tune: bool,
+    f32_matmul: crate::codegen::F32Matmul,
     compile_opts: &[String],
     show_progress: bool,
 ) -> Result<(CodegenOptions, TuneStats), CompileError> {
-    let base = CodegenOptions::default();
+    // The precision decides which kernels (and so which tunable problems) the plan has: a TF32
+    // GEMM is a matrix-core problem, its exact twin a CUDA-core one.
+    let base = CodegenOptions {
+        f32_matmul,
+        ..CodegenOptions::default()
+    };
     if !tune {
         return Ok((base, TuneStats::default()));
     }
@@ -95,7 +101,15 @@ pub(super) fn codegen_options(
         }
     }
     if !pending.is_empty() {
-        let times = time_candidates(graph, device, target, &pending, compile_opts, show_progress)?;
+        let times = time_candidates(
+            graph,
+            device,
+            target,
+            &pending,
+            f32_matmul,
+            compile_opts,
+            show_progress,
+        )?;
         for ((site, key), times) in pending.iter().zip(times) {
             stats.timed += 1;
             stats.candidates_timed += times.iter().flatten().count();
@@ -144,6 +158,7 @@ pub(super) fn codegen_options(
     Ok((
         CodegenOptions {
             tuned,
+            f32_matmul,
             ..CodegenOptions::default()
         },
         stats,
@@ -189,6 +204,7 @@ fn time_candidates(
     device: &Device,
     target: &Target,
     pending: &[(TuneSite, TuneCacheKey)],
+    f32_matmul: crate::codegen::F32Matmul,
     compile_opts: &[String],
     show_progress: bool,
 ) -> Result<Vec<Vec<Option<Duration>>>, CompileError> {
@@ -213,6 +229,7 @@ fn time_candidates(
         }
         let options = CodegenOptions {
             tuned: table,
+            f32_matmul,
             ..CodegenOptions::default()
         };
         let plan = codegen::generate_with(graph, target, &options)?;

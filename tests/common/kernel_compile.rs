@@ -196,6 +196,29 @@ pub fn compile_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> 
     trials
 }
 
+/// The TF32 kernels of `set(arch)` (f32 matmuls compiled with `F32Matmul::Tf32`) for the
+/// targets that have a TF32 atom: NVRTC + `ptxas -v` for sm_80 and sm_90 (mma.sync m16n8k8
+/// .tf32), the offline clang for gfx942 (the xf32 MFMA); no spills, no scratch or stack.
+pub fn tf32_trials(set: fn(&str) -> Result<KernelSet, Failed>) -> Vec<Trial> {
+    let clang = AmdClang::probe().map(|c| Arc::new(AmdCompiler::Clang(c)));
+    let mut trials = Vec::new();
+    for arch in ["sm_80", "sm_90"] {
+        trials.push(super::needs::needs(
+            &ptxas(),
+            "ROCMFORGE_REQUIRE_PTXAS",
+            format!("compile::nvrtc::{arch}::tf32"),
+            move |p| nvrtc(&p, arch, &set(arch)?),
+        ));
+    }
+    trials.push(super::needs::needs(
+        &clang,
+        "ROCMFORGE_REQUIRE_CLANG",
+        "compile::offline::gfx942::tf32".to_string(),
+        move |clang| amd(&clang, "gfx942", &set("gfx942")?),
+    ));
+    trials
+}
+
 /// The kernels of `set` whose bodies `other` does not hold.
 pub fn differing(mut set: KernelSet, other: &KernelSet) -> KernelSet {
     let bodies: std::collections::HashSet<&str> =

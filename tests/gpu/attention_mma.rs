@@ -11,13 +11,15 @@
 
 use std::sync::Arc;
 
-use rocmforge::codegen::{generate_with, AttentionAccess, CodegenOptions, Kernel, WgmmaAttention};
+use rocmforge::codegen::{
+    generate_with, AttentionAccess, CodegenOptions, F32Matmul, Kernel, WgmmaAttention,
+};
 use rocmforge::compile::{CompileOptions, KernelRewrite};
 use rocmforge::ir::DType;
 use rocmforge::passes::PassManager;
 use rocmforge::runtime::Device;
 
-use crate::attention::check_attention_plan;
+use crate::attention::{check_attention_plan, check_attention_plan_within};
 use crate::common::attention_graphs::{build, Mask, Scale, Spec};
 use crate::harness::push;
 use libtest_mimic::{Failed, Trial};
@@ -173,11 +175,87 @@ fn wgmma_cases() -> Vec<Case> {
     ]
 }
 
+/// f32 attention at TF32 (`F32Matmul::Tf32`, opt-in) against the exact f32 interpreter within
+/// `TF32_REL_L2`: the plan's attention kernel must be the matrix-core one on the TF32 atom where
+/// the target has one (head sizes up to 128), else exact f32 with the plan's note saying so.
+fn check_tf32(device: &Device, spec: Spec, seed: u64) -> Result<(), Failed> {
+    let target = device.target().ok_or("the device has no codegen target")?;
+    let has_tf32 = target
+        .caps
+        .mma
+        .iter()
+        .any(|a| a.precision == rocmforge::arch::mma::Precision::Tf32);
+    let mut g = build(&spec);
+    PassManager::default_pipeline()
+        .run(&mut g)
+        .map_err(|e| e.to_string())?;
+    let on = CodegenOptions {
+        f32_matmul: F32Matmul::Tf32,
+        ..CodegenOptions::default()
+    };
+    let plan = generate_with(&g, target, &on).map_err(|e| e.to_string())?;
+    let tf32 = plan
+        .kernels
+        .iter()
+        .any(|k| k.family == "flash_attention" && k.body.contains("at TF32 precision"));
+    if tf32 != has_tf32 || plan.notes.is_empty() != has_tf32 {
+        return Err(format!(
+            "{spec:?} on {}: TF32 kernel {tf32}, notes {:?}",
+            target.arch, plan.notes
+        )
+        .into());
+    }
+    let ran = check_attention_plan_within(
+        device,
+        spec,
+        seed,
+        CompileOptions {
+            f32_matmul: F32Matmul::Tf32,
+            ..crate::harness::options()
+        },
+        crate::common::accuracy::TF32_REL_L2,
+    )?;
+    if has_tf32
+        && !ran
+            .iter()
+            .any(|(_, body)| body.contains("at TF32 precision"))
+    {
+        return Err(format!("{spec:?}: the plan that ran has no TF32 attention kernel").into());
+    }
+    Ok(())
+}
+
+/// f32 cases for the TF32 kernel: the head sizes it takes (64, 96, 128), masks, causal offsets
+/// either way (rows with no visible key), GQA, sizes off the tiles.
+fn tf32_cases() -> Vec<Case> {
+    vec![
+        (2, 12, 4, 701, 903, 64, DType::F32, Mask::None, 0),
+        (2, 12, 4, 701, 903, 64, DType::F32, Mask::Causal, 202),
+        (2, 12, 4, 650, 517, 96, DType::F32, Mask::Padding, 0),
+        (2, 12, 12, 555, 777, 128, DType::F32, Mask::BoolNegInf, 0),
+        (2, 12, 4, 555, 777, 128, DType::F32, Mask::Causal, 222),
+        (1, 3, 1, 77, 45, 64, DType::F32, Mask::Causal, -20),
+        (2, 3, 1, 50, 130, 128, DType::F32, Mask::Dense2d, 0),
+        (1, 6, 2, 19, 1000, 96, DType::F32, Mask::PerHead, 0),
+    ]
+}
+
 /// `attention_mma::{i}` (the target's own choices, the warpgroup kernel off),
 /// `attention_mma_portable::{i}` and, where the device has warpgroup MMA (sm_90a),
 /// `attention_wgmma::{i}` over the same cases where the head size is whole 64-column panels,
 /// and more.
 pub fn trials(device: &Device, ignored: &Option<String>, out: &mut Vec<Trial>) {
+    for (i, case) in tf32_cases().into_iter().enumerate() {
+        let (spec, d) = (spec_of(case), case.5);
+        let mask = spec.mask;
+        let dev = device.clone();
+        push(
+            out,
+            ignored,
+            format!("attention_tf32::{i}::d{d}::{mask:?}"),
+            Box::new(move || check_tf32(&dev, spec, 90 + i as u64)),
+        );
+    }
     let wgmma = device.target().is_some_and(|t| !t.caps.wgmma.is_empty());
     if wgmma {
         let all = cases().into_iter().chain(wgmma_cases());

@@ -114,7 +114,7 @@ pub fn planted_bug_is_caught(device: &Device) -> Result<(), Failed> {
 
 /// One matrix atom of the device's target, run by its probe kernel (one wave, two accumulating
 /// MMAs through the generated fragment helpers) on integer matrices: every product and sum is
-/// exact in f16, bf16 and f32, so the result must equal the f64 product exactly. A wrong
+/// exact in f16, bf16, TF32 and f32, so the result must equal the f64 product exactly. A wrong
 /// fragment layout puts some element in the wrong place and fails this.
 pub fn mma_atom_probe(device: &Device, atom: &'static MmaAtom) -> Result<(), Failed> {
     let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
@@ -134,8 +134,10 @@ pub fn mma_atom_probe(device: &Device, atom: &'static MmaAtom) -> Result<(), Fai
     let bits = |v: &[f64]| -> Vec<u8> {
         v.iter()
             .flat_map(|&x| match atom.input {
-                DType::BF16 => half::bf16::from_f64(x).to_bits().to_le_bytes(),
-                _ => half::f16::from_f64(x).to_bits().to_le_bytes(),
+                DType::BF16 => half::bf16::from_f64(x).to_bits().to_le_bytes().to_vec(),
+                // The TF32 atoms read f32 (small integers are exact at TF32 precision).
+                DType::F32 => (x as f32).to_le_bytes().to_vec(),
+                _ => half::f16::from_f64(x).to_bits().to_le_bytes().to_vec(),
             })
             .collect()
     };

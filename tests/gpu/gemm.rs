@@ -150,6 +150,18 @@ pub fn layouts_and_mma(device: &Device, ignored: &Option<String>, trials: &mut V
             );
         }
     }
+    // f32 Gemm nodes at TF32 (opt-in): the same odd sizes, element loads (K 36 reads in
+    // pieces of four floats, N 45 does not), both B layouts, views, epilogues, a batch with a
+    // shared B and the large shapes, on the TF32 atom, within the TF32 bound.
+    for g in gemm_cases::cases(DType::F32, true) {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("gemm_tf32::{}", g.name),
+            Box::new(move || check_graph_tf32(&d, &g, 14)),
+        );
+    }
 }
 
 /// Gemm nodes on the warpgroup kernel (sm_90a: an H100 or H200): sizes no tile divides, K

@@ -160,6 +160,50 @@ pub fn check_graph_with(
     Ok(())
 }
 
+/// Graph `g` compiled with f32 matmuls at TF32 (`F32Matmul::Tf32`) against the exact f32
+/// interpreter within [`TF32_REL_L2`]: on a device whose target has a TF32 atom every Gemm must
+/// run on it (the plan holds a TF32 kernel and no fallback note), so an exact kernel cannot pass
+/// in its place; elsewhere the plan must say it falls back.
+pub fn check_graph_tf32(device: &Device, g: &Graph, seed: u64) -> Result<(), Failed> {
+    use crate::common::accuracy::TF32_REL_L2;
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let target = device.target().ok_or("the device has no codegen target")?;
+    let options = CompileOptions {
+        fuse: false,
+        f32_matmul: rocmforge::codegen::F32Matmul::Tf32,
+        ..options()
+    };
+    let c = Graph::compile_with(g, device, &options).map_err(|e| e.to_string())?;
+    let plan = c.plan().ok_or("no kernel plan")?;
+    let has_tf32 = target
+        .caps
+        .mma
+        .iter()
+        .any(|a| a.precision == rocmforge::arch::mma::Precision::Tf32);
+    let tf32_kernels = plan
+        .kernels
+        .iter()
+        .filter(|k| k.body.contains("at TF32 precision"))
+        .count();
+    if has_tf32 && (tf32_kernels == 0 || !plan.notes.is_empty()) {
+        return Err(format!("{}: not on the TF32 atom ({:?})", g.name, plan.notes).into());
+    }
+    if !has_tf32 && plan.notes.is_empty() {
+        return Err(format!("{}: fell back to exact f32 without a note", g.name).into());
+    }
+    let b = Bindings::random(g, seed);
+    let got = c.run(&b).map_err(|e| e.to_string())?;
+    let want = run(g, &with_weights(g, &b)).map_err(|e| e.to_string())?;
+    for ((o, gt), wt) in g.outputs().iter().zip(&got).zip(&want) {
+        let what = format!("{} %{} (tf32)", g.name, g.node(*o).name);
+        let err = compare(gt, wt, TF32_REL_L2, &what)?;
+        if err > TF32_REL_L2 {
+            return Err(format!("{what}: relative L2 {err:e} > {TF32_REL_L2:e}").into());
+        }
+    }
+    Ok(())
+}
+
 pub type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 pub type DeviceTrial = fn(&Device) -> Result<(), Failed>;

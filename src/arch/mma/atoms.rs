@@ -6,7 +6,7 @@
 //! agree between A and B (the instruction pairs slot i of A with slot i of B); the C layout
 //! decides where results land and must be exact.
 
-use super::{Bit, Layout, MmaAtom, MmaKind};
+use super::{Bit, Layout, MmaAtom, MmaKind, Precision};
 use crate::ir::DType;
 
 use Bit::{Col, Copy, Row};
@@ -44,6 +44,7 @@ pub static M16N8K16_F16: MmaAtom = MmaAtom {
     n: 8,
     k: 16,
     input: DType::F16,
+    precision: Precision::Exact,
     acc: DType::F32,
     lanes: 32,
     a: NV_A,
@@ -59,6 +60,44 @@ pub static M16N8K16_BF16: MmaAtom = MmaAtom {
     intrinsic: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     mnemonics: &["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"],
     ..M16N8K16_F16
+};
+
+// ---- NVIDIA mma.sync.aligned.m16n8k8 with .tf32 inputs (PTX ISA, "Matrix Fragments for
+// mma.m16n8k8", the .tf32 A and B tables; sm_80+). One 32-bit register per element; the
+// operands are f32 rounded to TF32 by `cvt.rna.tf32.f32` when loaded (the instruction reads
+// only the TF32 bits of each register):
+//   A (16x8, .row): a_i at row groupID + 8*(i & 1), col threadID_in_group + 4*(i >> 1)
+//   B (8x8, .col):  b_i at row threadID_in_group + 4*i, col groupID
+//   C (16x8):       as m16n8k16
+const NV_TF32_A: Layout = Layout {
+    rows: 16,
+    cols: 8,
+    lane_bits: &[Col(0), Col(1), Row(0), Row(1), Row(2)],
+    elem_bits: &[Row(3), Col(2)],
+};
+const NV_TF32_B: Layout = Layout {
+    rows: 8,
+    cols: 8,
+    lane_bits: &[Row(0), Row(1), Col(0), Col(1), Col(2)],
+    elem_bits: &[Row(2)],
+};
+
+pub static M16N8K8_TF32: MmaAtom = MmaAtom {
+    name: "m16n8k8_tf32",
+    kind: MmaKind::MmaSync,
+    m: 16,
+    n: 8,
+    k: 8,
+    input: DType::F32,
+    precision: Precision::Tf32,
+    acc: DType::F32,
+    lanes: 32,
+    a: NV_TF32_A,
+    b: NV_TF32_B,
+    c: NV_C,
+    intrinsic: "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    mnemonics: &["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"],
+    source: "PTX ISA, Matrix Fragments for mma.m16n8k8 (.tf32)",
 };
 
 // ---- AMD MFMA, wave64 (AMD Instinct MI200 / MI300 ISA reference, chapter "Matrix Arithmetic
@@ -114,6 +153,7 @@ pub static MFMA_32X32X8_F16: MmaAtom = MmaAtom {
     n: 32,
     k: 8,
     input: DType::F16,
+    precision: Precision::Exact,
     acc: DType::F32,
     lanes: 64,
     a: MFMA32_A,
@@ -137,6 +177,7 @@ pub static MFMA_16X16X16_F16: MmaAtom = MmaAtom {
     n: 16,
     k: 16,
     input: DType::F16,
+    precision: Precision::Exact,
     acc: DType::F32,
     lanes: 64,
     a: MFMA16_A,
@@ -152,6 +193,72 @@ pub static MFMA_16X16X16_BF16: MmaAtom = MmaAtom {
     intrinsic: "__builtin_amdgcn_mfma_f32_16x16x16bf16_1k",
     mnemonics: &["v_mfma_f32_16x16x16bf16_1k", "v_mfma_f32_16x16x16_bf16"],
     ..MFMA_16X16X16_F16
+};
+
+// ---- AMD MFMA xf32, wave64, CDNA3 only (gfx940/941/942; AMD Instinct MI300 ISA, "Matrix
+// Arithmetic Instructions": v_mfma_f32_32x32x4_xf32, v_mfma_f32_16x16x8_xf32; removed again in
+// gfx950). f32 operands, two per lane, which the instruction reduces to xf32 (TF32's 10-bit
+// mantissa) itself; K is spread over the lane groups exactly as the 16-bit forms spread theirs,
+// with two values per lane instead of four (AMD's Matrix Instruction Calculator):
+//   32x32x4: A[i][k]: lane i + 32*(k / 2), slot k % 2;  B[k][j]: lane j + 32*(k / 2), slot k % 2;
+//            D as 32x32x8
+//   16x16x8: A[i][k]: lane i + 16*(k / 2), slot k % 2;  B[k][j]: lane j + 16*(k / 2), slot k % 2;
+//            D as 16x16x16
+const MFMA32_XF32_A: Layout = Layout {
+    rows: 32,
+    cols: 4,
+    lane_bits: &[Row(0), Row(1), Row(2), Row(3), Row(4), Col(1)],
+    elem_bits: &[Col(0)],
+};
+const MFMA32_XF32_B: Layout = Layout {
+    rows: 4,
+    cols: 32,
+    lane_bits: &[Col(0), Col(1), Col(2), Col(3), Col(4), Row(1)],
+    elem_bits: &[Row(0)],
+};
+const MFMA16_XF32_A: Layout = Layout {
+    rows: 16,
+    cols: 8,
+    lane_bits: &[Row(0), Row(1), Row(2), Row(3), Col(1), Col(2)],
+    elem_bits: &[Col(0)],
+};
+const MFMA16_XF32_B: Layout = Layout {
+    rows: 8,
+    cols: 16,
+    lane_bits: &[Col(0), Col(1), Col(2), Col(3), Row(1), Row(2)],
+    elem_bits: &[Row(0)],
+};
+const MFMA_XF32_SOURCE: &str =
+    "AMD Instinct MI300 ISA, Matrix Arithmetic Instructions (xf32 MFMA register layouts)";
+
+pub static MFMA_32X32X4_XF32: MmaAtom = MmaAtom {
+    name: "mfma_32x32x4_xf32",
+    kind: MmaKind::Mfma,
+    m: 32,
+    n: 32,
+    k: 4,
+    input: DType::F32,
+    precision: Precision::Tf32,
+    acc: DType::F32,
+    lanes: 64,
+    a: MFMA32_XF32_A,
+    b: MFMA32_XF32_B,
+    c: MFMA32_C,
+    intrinsic: "__builtin_amdgcn_mfma_f32_32x32x4_xf32",
+    mnemonics: &["v_mfma_f32_32x32x4_xf32", "v_mfma_f32_32x32x4xf32"],
+    source: MFMA_XF32_SOURCE,
+};
+pub static MFMA_16X16X8_XF32: MmaAtom = MmaAtom {
+    name: "mfma_16x16x8_xf32",
+    m: 16,
+    n: 16,
+    k: 8,
+    a: MFMA16_XF32_A,
+    b: MFMA16_XF32_B,
+    c: MFMA16_C,
+    intrinsic: "__builtin_amdgcn_mfma_f32_16x16x8_xf32",
+    mnemonics: &["v_mfma_f32_16x16x8_xf32", "v_mfma_f32_16x16x8xf32"],
+    ..MFMA_32X32X4_XF32
 };
 
 // ---- AMD WMMA on RDNA3, wave32 (RDNA3 ISA reference, section "Wave Matrix Multiply
@@ -185,6 +292,7 @@ pub static WMMA11_16X16X16_F16: MmaAtom = MmaAtom {
     n: 16,
     k: 16,
     input: DType::F16,
+    precision: Precision::Exact,
     acc: DType::F32,
     lanes: 32,
     a: WMMA11_A,
@@ -238,6 +346,7 @@ pub static WMMA12_16X16X16_F16: MmaAtom = MmaAtom {
     n: 16,
     k: 16,
     input: DType::F16,
+    precision: Precision::Exact,
     acc: DType::F32,
     lanes: 32,
     a: WMMA12_A,
@@ -267,4 +376,7 @@ pub static ALL: &[&MmaAtom] = &[
     &WMMA11_16X16X16_BF16,
     &WMMA12_16X16X16_F16,
     &WMMA12_16X16X16_BF16,
+    &M16N8K8_TF32,
+    &MFMA_32X32X4_XF32,
+    &MFMA_16X16X8_XF32,
 ];

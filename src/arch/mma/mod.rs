@@ -30,6 +30,32 @@ pub enum MmaKind {
     WmmaGfx12,
 }
 
+/// What the instruction does to its inputs before multiplying.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// The inputs are used as their type holds them (f16, bf16): products are exact.
+    #[default]
+    Exact,
+    /// f32 inputs reduced to TF32 (8-bit exponent, 10-bit mantissa): NVIDIA's `.tf32` mma
+    /// (operands rounded by `cvt.rna.tf32.f32`, to nearest, ties away from zero) and CDNA3's
+    /// `xf32` MFMA. Only an f32 matmul that opts in (`codegen::F32Matmul::Tf32`) takes such an
+    /// atom.
+    Tf32,
+}
+
+impl Precision {
+    /// `x` as the instruction sees it: for TF32, rounded to 10 mantissa bits to nearest with
+    /// ties away from zero (`cvt.rna.tf32.f32`: add half an ulp of the kept mantissa to the
+    /// magnitude, then clear the 13 dropped bits). Infinities and NaNs are left as they are.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::Exact => x,
+            Precision::Tf32 if !x.is_finite() => x,
+            Precision::Tf32 => f32::from_bits((x.to_bits() + 0x1000) & !0x1fff),
+        }
+    }
+}
+
 /// Where one bit of a lane index or element index goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Bit {
@@ -140,8 +166,10 @@ pub struct MmaAtom {
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    /// A and B element type.
+    /// A and B element type (as stored: f32 for the TF32 atoms).
     pub input: DType,
+    /// What the instruction does to the inputs (TF32 atoms round f32 to a 10-bit mantissa).
+    pub precision: Precision,
     /// C and D element type.
     pub acc: DType,
     /// Lanes that execute it together (the wave).
@@ -162,5 +190,17 @@ impl MmaAtom {
     /// The prefix of its generated helpers.
     pub fn prefix(&self) -> String {
         format!("rf_{}", self.name)
+    }
+
+    /// 32-bit registers a lane's fragment of `layout` takes: 16-bit inputs pack two to a
+    /// register, f32 (TF32) inputs one.
+    pub fn regs(&self, layout: &Layout) -> u32 {
+        (layout.elems() * self.input.size_bytes() as u32).div_ceil(4)
+    }
+
+    /// Whether the operands are 16-bit (packed in pairs; `ldmatrix` and the 16-bit tiles serve
+    /// them).
+    pub fn packs_pairs(&self) -> bool {
+        self.input.size_bytes() == 2
     }
 }

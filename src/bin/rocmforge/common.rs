@@ -70,3 +70,31 @@ pub(crate) fn load(path: &Path) -> Result<Graph, String> {
         _ => format!("{}: {e}", path.display()),
     })
 }
+
+/// The compile choices `run` and `embed` take from their flags (`--tune`, `--tf32`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Choices {
+    pub(crate) tune: bool,
+    pub(crate) f32_matmul: rocmforge::codegen::F32Matmul,
+}
+
+/// `--tf32` as the option it sets.
+pub(crate) fn f32_matmul(tf32: bool) -> rocmforge::codegen::F32Matmul {
+    if tf32 {
+        rocmforge::codegen::F32Matmul::Tf32
+    } else {
+        rocmforge::codegen::F32Matmul::Exact
+    }
+}
+
+/// The plan's notes (what was asked for and not done here, e.g. TF32 on a target without it),
+/// on stderr so that a TF32 request that ran exact f32 is never silent.
+pub(crate) fn print_plan_notes(compiled: &rocmforge::compile::Compiled) {
+    for note in compiled
+        .plan()
+        .map(|p| p.notes.as_slice())
+        .unwrap_or_default()
+    {
+        eprintln!("note: {note}");
+    }
+}

@@ -22,6 +22,8 @@ pub(crate) struct CodegenArgs<'a> {
     pub(crate) bundle: Option<(u64, u64)>,
     /// `--megakernel`: the plan as one persistent kernel.
     pub(crate) megakernel: bool,
+    /// `--tf32`: f32 matmuls at TF32 precision where the target has a TF32 atom.
+    pub(crate) f32_matmul: codegen::F32Matmul,
 }
 
 impl CodegenArgs<'_> {
@@ -33,6 +35,7 @@ impl CodegenArgs<'_> {
             } else {
                 codegen::Persistent::Off
             },
+            f32_matmul: self.f32_matmul,
             ..CodegenOptions::default()
         }
     }

@@ -17,9 +17,10 @@ pub(crate) fn cmd_embed(
     values: usize,
     dtype: &str,
     texts: &[String],
-    tune: bool,
+    choices: crate::common::Choices,
     json: bool,
 ) -> Result<(), String> {
+    let crate::common::Choices { tune, f32_matmul } = choices;
     let dtype = DType::parse(dtype).ok_or_else(|| format!("--dtype {dtype}: not a dtype"))?;
     let enc = BertEncoder::load(model).map_err(|e| e.to_string())?;
     let device = pick_device(device)?;
@@ -32,9 +33,11 @@ pub(crate) fn cmd_embed(
     let options = CompileOptions {
         weights,
         tune,
+        f32_matmul,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
+    crate::common::print_plan_notes(&compiled);
     let mut bindings = Bindings::default();
     for (n, t) in enc.inputs(&batch) {
         bindings.inputs.insert(n, t);

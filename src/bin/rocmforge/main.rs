@@ -101,6 +101,13 @@ enum Command {
         /// (`rocmforge cache ls` lists them), so only the first compile of a problem pays for it.
         #[arg(long)]
         tune: bool,
+        /// Opt-in TF32: f32 matrix products (GEMMs, attention's QKᵀ and P·V) on the GPU's TF32
+        /// matrix instructions (NVIDIA sm_80+, AMD gfx942): operands rounded to a 10-bit
+        /// mantissa, f32 accumulation, so results differ from exact f32 by about 1e-3 relative
+        /// (exact f32: ~1e-6). Never the default; a target without TF32 runs exact f32 and its
+        /// plan says so. f16/bf16 are unaffected.
+        #[arg(long)]
+        tf32: bool,
     },
     /// Sentence embeddings with a BERT-class model directory (all-MiniLM-L6-v2: scripts/fetch-models).
     ///
@@ -125,6 +132,13 @@ enum Command {
         /// (`rocmforge cache ls` lists them), so only the first compile of a problem pays for it.
         #[arg(long)]
         tune: bool,
+        /// Opt-in TF32: f32 matrix products (GEMMs, attention's QKᵀ and P·V) on the GPU's TF32
+        /// matrix instructions (NVIDIA sm_80+, AMD gfx942): operands rounded to a 10-bit
+        /// mantissa, f32 accumulation, so results differ from exact f32 by about 1e-3 relative
+        /// (exact f32: ~1e-6). Never the default; a target without TF32 runs exact f32 and its
+        /// plan says so. f16/bf16 are unaffected.
+        #[arg(long)]
+        tf32: bool,
         /// Print one JSON object instead: the embeddings (every value) and the cosine
         /// similarity matrix.
         #[arg(long)]
@@ -340,6 +354,13 @@ enum Command {
         /// the steps they read (see docs/decisions.md, "The persistent decode kernel").
         #[arg(long)]
         megakernel: bool,
+        /// Opt-in TF32: f32 matrix products (GEMMs, attention's QKᵀ and P·V) on the GPU's TF32
+        /// matrix instructions (NVIDIA sm_80+, AMD gfx942): operands rounded to a 10-bit
+        /// mantissa, f32 accumulation, so results differ from exact f32 by about 1e-3 relative
+        /// (exact f32: ~1e-6). Never the default; a target without TF32 runs exact f32 and its
+        /// plan says so. f16/bf16 are unaffected.
+        #[arg(long)]
+        tf32: bool,
     },
     /// Replay a bundle (`compile --emit bundle`) on a GPU and compare every computed buffer.
     ///
@@ -424,6 +445,7 @@ fn main() -> ExitCode {
             verify,
             no_fuse,
             tune,
+            tf32,
         } => run::cmd_run(
             file,
             *seed,
@@ -431,7 +453,10 @@ fn main() -> ExitCode {
             device.as_deref(),
             *verify,
             *no_fuse,
-            *tune,
+            common::Choices {
+                tune: *tune,
+                f32_matmul: common::f32_matmul(*tf32),
+            },
         ),
         Command::Cache { action } => cache::cmd_cache(action),
         Command::Embed {
@@ -441,6 +466,7 @@ fn main() -> ExitCode {
             dtype,
             texts,
             tune,
+            tf32,
             json,
         } => embed::cmd_embed(
             model,
@@ -448,7 +474,10 @@ fn main() -> ExitCode {
             *values,
             dtype,
             texts,
-            *tune,
+            common::Choices {
+                tune: *tune,
+                f32_matmul: common::f32_matmul(*tf32),
+            },
             *json,
         ),
         Command::Generate {
@@ -525,6 +554,7 @@ fn main() -> ExitCode {
             seed,
             max_bundle_bytes,
             megakernel,
+            tf32,
         } => {
             let is_bundle = emit.as_deref() == Some("bundle");
             let emit_dir = emit.as_ref().map(|_| {
@@ -553,6 +583,7 @@ fn main() -> ExitCode {
                 },
                 emit_dir: emit_dir.as_deref(),
                 megakernel: *megakernel,
+                f32_matmul: common::f32_matmul(*tf32),
             };
             match (model, file) {
                 (Some(model), _) => compile_model::Phase::parse(

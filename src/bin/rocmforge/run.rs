@@ -41,17 +41,20 @@ pub(crate) fn cmd_run(
     device: Option<&str>,
     verify: bool,
     no_fuse: bool,
-    tune: bool,
+    choices: crate::common::Choices,
 ) -> Result<(), String> {
+    let crate::common::Choices { tune, f32_matmul } = choices;
     let graph = load(file)?;
     let device = pick_device(device)?;
     let options = CompileOptions {
         fuse: !no_fuse,
         seed,
         tune,
+        f32_matmul,
         ..CompileOptions::default()
     };
     let compiled = Graph::compile_with(&graph, &device, &options).map_err(|e| e.to_string())?;
+    crate::common::print_plan_notes(&compiled);
     let bindings = Bindings::random(&graph, seed);
     outln!(
         "graph:  {} ({} nodes, {} after passes)",

@@ -42,6 +42,21 @@ impl TileLayout {
         }
     }
 
+    /// A padded tile of f32 (TF32) elements, never swizzled (the TF32 atoms load element by
+    /// element, not by `ldmatrix`). `k_rows`: the tile's rows run along K (B stored `[K, N]`, V),
+    /// so a fragment load's lanes read 4 rows (K) × 8 columns: rows 8 floats apart put those
+    /// 32 words on 32 banks. Otherwise a load reads 8 rows × 4 columns: rows 4 floats (one
+    /// 16-byte chunk) apart do. Both keep rows 16-byte aligned for the staging copies.
+    pub(crate) fn padded_f32(rows: usize, cols: usize, k_rows: bool) -> TileLayout {
+        TileLayout {
+            rows,
+            cols,
+            ld: cols + if k_rows { 8 } else { CHUNK / 2 },
+            swz_div: 1,
+            swz_mod: 1,
+        }
+    }
+
     pub(crate) fn elems(&self) -> usize {
         self.rows * self.ld
     }

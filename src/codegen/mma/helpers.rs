@@ -22,7 +22,7 @@
 
 use std::fmt::Write;
 
-use super::{Bit, Layout, MmaAtom, MmaKind};
+use super::{Bit, Layout, MmaAtom, MmaKind, Precision};
 use super::{Field, Linear, Var};
 use crate::ir::DType;
 
@@ -31,15 +31,17 @@ pub fn fragment_helpers(atom: &MmaAtom) -> String {
     let p = atom.prefix();
     let mut s = String::new();
     let w = &mut s;
+    let input = match atom.precision {
+        Precision::Exact => atom.input.to_string(),
+        Precision::Tf32 => format!("{} at tf32 precision", atom.input),
+    };
     let _ = writeln!(
         w,
-        "// {p}: {} ({}x{}x{}, {} x {} -> {}, {} lanes; A/B/C {}/{}/{} elements per lane).\n// Layouts: {}.",
+        "// {p}: {} ({}x{}x{}, {input} x {input} -> {}, {} lanes; A/B/C {}/{}/{} elements per lane).\n// Layouts: {}.",
         atom.intrinsic,
         atom.m,
         atom.n,
         atom.k,
-        atom.input,
-        atom.input,
         atom.acc,
         atom.lanes,
         atom.a.elems(),
@@ -131,25 +133,44 @@ pub fn fragment_helpers(atom: &MmaAtom) -> String {
     s
 }
 
-/// How 16-bit values of the input type become a fragment element on AMD (vector element type).
+/// The vector element type of an AMD fragment for the input type.
 fn amd_element(input: DType) -> &'static str {
     match input {
         DType::BF16 => "short",
+        DType::F32 => "float",
         _ => "_Float16",
+    }
+}
+
+/// The element type of the memory the fragment loads read: 16-bit patterns, or f32.
+pub fn stored_element(atom: &MmaAtom) -> &'static str {
+    if atom.packs_pairs() {
+        "unsigned short"
+    } else {
+        "float"
     }
 }
 
 fn types(w: &mut String, atom: &MmaAtom, p: &str) {
     match atom.kind {
         MmaKind::MmaSync => {
-            // Two 16-bit elements per 32-bit register, element 2i in the low half of register i.
+            // Two 16-bit elements per 32-bit register, element 2i in the low half of register i;
+            // a TF32 element takes a register of its own.
             let _ = writeln!(
                 w,
                 "typedef unsigned {p}_a[{}];\ntypedef unsigned {p}_b[{}];\ntypedef float {p}_c[{}];",
-                atom.a.elems() / 2,
-                atom.b.elems() / 2,
+                atom.regs(&atom.a),
+                atom.regs(&atom.b),
                 atom.c.elems()
             );
+            if atom.precision == Precision::Tf32 {
+                // The mma reads only the TF32 bits of a register; cvt.rna rounds to them (to
+                // nearest, ties away) rather than letting the hardware truncate.
+                let _ = writeln!(
+                    w,
+                    "RF_INLINE unsigned {p}_cvt(float x) {{ unsigned r; asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(r) : \"f\"(x)); return r; }}"
+                );
+            }
         }
         MmaKind::Mfma | MmaKind::WmmaGfx11 | MmaKind::WmmaGfx12 => {
             let el = amd_element(atom.input);
@@ -216,6 +237,7 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
             "B[k][n] = t[k*ld + n]",
         ),
     ];
+    let et = stored_element(atom);
     for (name, op, layout, transposed, bounded, doc) in forms {
         let elems = format!("{p}_{}_ELEMS", op.to_uppercase());
         let params = if bounded { ", int row0, int rows" } else { "" };
@@ -229,10 +251,15 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
         };
         let _ = writeln!(
             w,
-            "// {doc}.\nRF_INLINE void {p}_{name}({p}_{op}& x, const unsigned short* t, long long ld{params}, int lane) {{\n    #pragma unroll"
+            "// {doc}.\nRF_INLINE void {p}_{name}({p}_{op}& x, const {et}* t, long long ld{params}, int lane) {{\n    #pragma unroll"
         );
         let at = |e: &str| address(p, op, transposed, e, bounded);
         match atom.kind {
+            MmaKind::MmaSync if atom.precision == Precision::Tf32 => {
+                // One f32 per register, rounded to TF32 as it is loaded.
+                let v = value(format!("{p}_cvt(t[{}])", at("e")), "0u");
+                let _ = writeln!(w, "    for (int e = 0; e < {elems}; ++e) x[e] = {v};\n}}");
+            }
             MmaKind::MmaSync if pairs_adjacent(layout, transposed) => {
                 // Both halves of a register are one aligned 32-bit word (t 4-byte aligned, ld
                 // and the column even).
@@ -256,9 +283,16 @@ fn loads(w: &mut String, atom: &MmaAtom, p: &str) {
                 );
             }
             MmaKind::Mfma | MmaKind::WmmaGfx11 | MmaKind::WmmaGfx12 => {
-                let v = value(format!("t[{}]", at("e")), "(unsigned short)0");
+                let zero = if atom.packs_pairs() {
+                    "(unsigned short)0"
+                } else {
+                    "0.0f"
+                };
+                let v = value(format!("t[{}]", at("e")), zero);
                 let conv = match atom.input {
                     DType::BF16 => format!("(short){v}"),
+                    // xf32: the instruction reduces the f32 values itself.
+                    DType::F32 => v,
                     _ => format!("__builtin_bit_cast(_Float16, (unsigned short){v})"),
                 };
                 let _ = writeln!(
@@ -277,7 +311,7 @@ fn mma(w: &mut String, atom: &MmaAtom, p: &str) {
     );
     match atom.kind {
         MmaKind::MmaSync => {
-            let (na, nb, nc) = (atom.a.elems() / 2, atom.b.elems() / 2, atom.c.elems());
+            let (na, nb, nc) = (atom.regs(&atom.a), atom.regs(&atom.b), atom.c.elems());
             let list = |from: u32, n: u32| -> String {
                 (from..from + n)
                     .map(|i| format!("%{i}"))
@@ -314,7 +348,9 @@ fn mma(w: &mut String, atom: &MmaAtom, p: &str) {
 /// For each A element slot, the C tile (of the `k / n` tiles side by side) and slot holding the
 /// same (row, column) in the same lane; `None` where some slot has no such partner.
 pub(crate) fn c_to_a(atom: &MmaAtom) -> Option<Vec<(u32, u32)>> {
-    if !atom.k.is_multiple_of(atom.n)
+    // The helper converts and packs 16-bit pairs (no TF32 atom's layouts line up anyway).
+    if !atom.packs_pairs()
+        || !atom.k.is_multiple_of(atom.n)
         || atom.a.rows != atom.c.rows
         || atom.a.lanes() != atom.c.lanes()
     {
@@ -389,7 +425,8 @@ pub struct LdmatrixPairs {
 /// piece of B: its two elements sit at k = k0 + 2·(T % 4) + {0, 1}, n = n0 + T / 4.
 pub fn ldmatrix_pairs(atom: &MmaAtom) -> Option<LdmatrixPairs> {
     let regs = atom.b.elems() / 2;
-    if atom.kind != MmaKind::MmaSync || regs != 2 || atom.lanes != 32 {
+    // ldmatrix moves 16-bit elements in pairs; the TF32 atoms load element by element.
+    if atom.kind != MmaKind::MmaSync || !atom.packs_pairs() || regs != 2 || atom.lanes != 32 {
         return None;
     }
     // Origins (k0, n0) of matrix j = 2·fragment + register.
@@ -460,7 +497,11 @@ pub struct LdmatrixA {
 /// piece of A: its two elements sit at m = m0 + T / 4, k = k0 + 2·(T % 4) + {0, 1} for thread T.
 /// Register j then receives matrix j, whose row L % 8 lane L addresses.
 pub fn ldmatrix_a(atom: &MmaAtom) -> Option<LdmatrixA> {
-    if atom.kind != MmaKind::MmaSync || atom.a.elems() != 8 || atom.lanes != 32 {
+    if atom.kind != MmaKind::MmaSync
+        || !atom.packs_pairs()
+        || atom.a.elems() != 8
+        || atom.lanes != 32
+    {
         return None;
     }
     let mut origin = [(0u32, 0u32); 4];

@@ -6,8 +6,10 @@ mod helpers;
 #[cfg(test)]
 mod simulate;
 
-pub use crate::arch::mma::{atoms, Bit, Field, Layout, Linear, MmaAtom, MmaKind, Var};
-pub use helpers::{fragment_helpers, ldmatrix_a, ldmatrix_pairs, LdmatrixA, LdmatrixPairs};
+pub use crate::arch::mma::{atoms, Bit, Field, Layout, Linear, MmaAtom, MmaKind, Precision, Var};
+pub use helpers::{
+    fragment_helpers, ldmatrix_a, ldmatrix_pairs, stored_element, LdmatrixA, LdmatrixPairs,
+};
 
 /// What the generated helpers can do for an atom, decided by the helper generators themselves.
 pub trait AtomHelpers {

@@ -7,7 +7,7 @@
 
 use super::atoms::ALL;
 use super::helpers::{c_to_a, fragment_helpers, ldmatrix_a, ldmatrix_pairs};
-use super::{Layout, MmaAtom, MmaKind};
+use super::{Layout, MmaAtom, MmaKind, Precision};
 
 /// Which operand a formula is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -25,9 +25,23 @@ enum Operand {
 ///   interleaved between them);
 /// - RDNA4 ISA, "Wave Matrix Multiply Accumulate", and AMD's matrix instruction calculator for
 ///   rdna4 (K split between the half-waves in groups of four: lanes 0-15 K {0-3, 8-11}, lanes
-///   16-31 K {4-7, 12-15}; D rows 0-7 in the lower half-wave, 8-15 in the upper).
+///   16-31 K {4-7, 12-15}; D rows 0-7 in the lower half-wave, 8-15 in the upper);
+/// - PTX ISA, "Matrix Fragments for mma.m16n8k8" (.tf32: one element per register);
+/// - AMD MI300 ISA, v_mfma_f32_32x32x4_xf32 and v_mfma_f32_16x16x8_xf32 (two K per lane).
 fn documented(atom: &MmaAtom, op: Operand, l: u32, e: u32) -> (u32, u32) {
     match (atom.kind, atom.m, op) {
+        (MmaKind::MmaSync, _, op) if atom.k == 8 => {
+            let (g, t) = (l >> 2, l % 4);
+            match op {
+                Operand::A => (g + 8 * (e & 1), t + 4 * (e >> 1)),
+                Operand::B => (t + 4 * e, g),
+                Operand::C => (g + 8 * (e >> 1), 2 * t + (e & 1)),
+            }
+        }
+        (MmaKind::Mfma, 32, Operand::A) if atom.k == 4 => (l % 32, 2 * (l / 32) + e),
+        (MmaKind::Mfma, 32, Operand::B) if atom.k == 4 => (2 * (l / 32) + e, l % 32),
+        (MmaKind::Mfma, 16, Operand::A) if atom.k == 8 => (l % 16, 2 * (l / 16) + e),
+        (MmaKind::Mfma, 16, Operand::B) if atom.k == 8 => (2 * (l / 16) + e, l % 16),
         (MmaKind::MmaSync, _, op) => {
             let (g, t) = (l >> 2, l % 4);
             match op {
@@ -106,6 +120,15 @@ fn small_ints(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// An input value as the instruction multiplies it: TF32 atoms round f32 to a 10-bit mantissa
+/// (`cvt.rna` on NVIDIA, the xf32 MFMA itself on CDNA3), others use the value as stored.
+fn seen(atom: &MmaAtom, v: f64) -> f64 {
+    match atom.precision {
+        Precision::Exact => v,
+        Precision::Tf32 => f64::from(atom.precision.round(v as f32)),
+    }
+}
+
 /// Runs the probe kernel (`kernel_templates/mma_probe.hip`) in simulation: the helpers' index
 /// expressions fill the fragments from memory, the instruction computes as documented, and the
 /// store helper's expressions write C back.
@@ -148,6 +171,7 @@ fn simulate_probe(atom: &MmaAtom, a: &[f64], b: &[f64], bt: &[f64]) -> Vec<f64> 
             let mut out = vec![f64::NAN; (rows * cols) as usize];
             for l in 0..lanes {
                 for (e, &v) in f[l as usize].iter().enumerate() {
+                    let v = seen(atom, v);
                     let (r, c) = documented(atom, op, l, e as u32);
                     let slot = &mut out[(r * cols + c) as usize];
                     assert!(slot.is_nan() || *slot == v, "{}: copies differ", atom.name);
@@ -225,8 +249,10 @@ fn a_wrong_layout_is_caught() {
 fn listed_b(atom: &MmaAtom, l: u32, e: u32) -> (u32, u32) {
     const GFX12_K: [u32; 8] = [0, 1, 2, 3, 8, 9, 10, 11];
     match atom.kind {
+        MmaKind::MmaSync if atom.precision == Precision::Tf32 => (l % 4 + 4 * e, l >> 2),
         MmaKind::MmaSync => (2 * (l % 4) + (e & 1) + 8 * (e >> 1), l >> 2),
-        MmaKind::Mfma => (4 * (l / atom.n) + e, l % atom.n),
+        // Each lane group holds B_ELEMS consecutive K (four 16-bit values, two xf32).
+        MmaKind::Mfma => (atom.b.elems() * (l / atom.n) + e, l % atom.n),
         MmaKind::WmmaGfx11 => (e, l % 16),
         MmaKind::WmmaGfx12 => (GFX12_K[e as usize] + 4 * (l / 16), l % 16),
     }
@@ -291,7 +317,7 @@ fn accumulators_become_an_a_operand_in_place_only_where_the_layouts_line_up() {
         let map = c_to_a(atom);
         assert_eq!(
             map.is_some(),
-            atom.kind == MmaKind::MmaSync,
+            atom.kind == MmaKind::MmaSync && atom.packs_pairs(),
             "{}",
             atom.name
         );
@@ -323,7 +349,7 @@ fn ldmatrix_pairs_load_the_documented_b_fragments() {
         let pairs = ldmatrix_pairs(atom);
         assert_eq!(
             pairs.is_some(),
-            atom.kind == MmaKind::MmaSync,
+            atom.kind == MmaKind::MmaSync && atom.packs_pairs(),
             "{}",
             atom.name
         );
@@ -375,7 +401,12 @@ fn ldmatrix_pairs_load_the_documented_b_fragments() {
 fn ldmatrix_loads_the_documented_a_fragment() {
     for atom in ALL {
         let l = ldmatrix_a(atom);
-        assert_eq!(l.is_some(), atom.kind == MmaKind::MmaSync, "{}", atom.name);
+        assert_eq!(
+            l.is_some(),
+            atom.kind == MmaKind::MmaSync && atom.packs_pairs(),
+            "{}",
+            atom.name
+        );
         let helpers = fragment_helpers(atom);
         assert_eq!(
             helpers.contains(&format!("{}_load_a_ldsm(", atom.prefix())),
@@ -489,10 +520,148 @@ fn generated_helpers_spell_the_instruction_and_the_layouts() {
         mfma.contains("typedef float rf_mfma_32x32x8_bf16_c __attribute__((ext_vector_type(16)));")
     );
     assert!(!mfma.contains("c_to_a") && !mfma.contains("ldsm"));
+    // TF32: one register per element, rounded by cvt.rna as it is loaded from f32 memory.
+    let tf32 = fragment_helpers(&super::atoms::M16N8K8_TF32);
+    assert!(tf32.contains(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    ));
+    assert!(tf32.contains("typedef unsigned rf_m16n8k8_tf32_a[4];"));
+    assert!(tf32.contains("cvt.rna.tf32.f32"));
+    assert!(tf32.contains("rf_m16n8k8_tf32_load_a(rf_m16n8k8_tf32_a& x, const float* t,"));
+    assert!(tf32
+        .contains("x[e] = (row0 + rf_m16n8k8_tf32_a_row(lane, e) < rows ? rf_m16n8k8_tf32_cvt(t["));
+    assert!(!tf32.contains("c_to_a") && !tf32.contains("ldsm"));
+    let xf32 = fragment_helpers(&super::atoms::MFMA_16X16X8_XF32);
+    assert!(xf32.contains("c = __builtin_amdgcn_mfma_f32_16x16x8_xf32(a, b, c, 0, 0, 0);"));
+    assert!(
+        xf32.contains("typedef float rf_mfma_16x16x8_xf32_a __attribute__((ext_vector_type(2)));")
+    );
+    assert!(!xf32.contains("cvt.rna"));
     for atom in ALL {
         let h = fragment_helpers(atom);
         // No fragment index is a literal wave size: lanes come from the expressions.
         assert!(!h.contains("% 32") && !h.contains("% 64"), "{}", atom.name);
         assert!(h.contains(&format!("#define {}_LANES {}", atom.prefix(), atom.lanes)));
     }
+}
+
+/// Seeded values in [-2, 2) with full f32 mantissas, so that TF32 rounding changes them.
+fn fractions(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            f64::from(((s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32)
+        })
+        .collect()
+}
+
+/// TF32 rounding, independently of `Precision::round`'s bit trick: the nearest multiple of the
+/// value's 10-bit-mantissa ulp, ties away from zero.
+fn tf32_by_arithmetic(x: f32) -> f32 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let ulp = 2f64.powi(f64::from(x.abs()).log2().floor() as i32 - 10);
+    let q = f64::from(x.abs()) / ulp;
+    let r = if q.fract() >= 0.5 {
+        q.floor() + 1.0
+    } else {
+        q.floor()
+    };
+    (x.signum() as f64 * r * ulp) as f32
+}
+
+#[test]
+fn tf32_rounding_is_to_nearest_with_ties_away() {
+    let r = |x: f32| Precision::Tf32.round(x);
+    let one_ulp = 2f32.powi(-10);
+    assert_eq!(r(1.0 + one_ulp / 2.0), 1.0 + one_ulp, "a tie rounds away");
+    assert_eq!(r(-(1.0 + one_ulp / 2.0)), -(1.0 + one_ulp));
+    assert_eq!(r(1.0 + one_ulp / 4.0), 1.0);
+    assert_eq!(r(1.0 + 3.0 * one_ulp / 4.0), 1.0 + one_ulp);
+    // The carry out of the mantissa steps the exponent.
+    assert_eq!(r(2.0 - one_ulp / 2.0), 2.0);
+    assert!(r(f32::INFINITY).is_infinite() && r(f32::NAN).is_nan());
+    assert_eq!(
+        Precision::Exact.round(1.0 + one_ulp / 4.0),
+        1.0 + one_ulp / 4.0
+    );
+    for (i, x) in fractions(4096, 77).into_iter().enumerate() {
+        let x = x as f32 * 2f32.powi(i as i32 % 60 - 30);
+        let got = r(x);
+        assert_eq!(got, tf32_by_arithmetic(x), "{x:e}");
+        assert_eq!(got.to_bits() & 0x1fff, 0, "13 low mantissa bits cleared");
+        assert!(((got - x) / x).abs() <= 2f32.powi(-11), "{x:e}");
+    }
+}
+
+/// The TF32 atoms through the probe's loads, instruction and store: with inputs that TF32
+/// rounding changes, the product is A·B of the rounded inputs (the rounding is modelled where
+/// the instruction reads), not the exact f32 product, and it stays within the TF32 bound
+/// |Δ| ≤ 2·2⁻¹¹·Σ|a||b| of the exact one (each factor off by at most 2⁻¹¹ relative).
+#[test]
+fn tf32_atoms_multiply_the_rounded_inputs() {
+    let mut tf32 = 0;
+    for (i, atom) in ALL.iter().enumerate() {
+        if atom.precision != Precision::Tf32 {
+            continue;
+        }
+        tf32 += 1;
+        let (m, n, k) = (atom.m as usize, atom.n as usize, 2 * atom.k as usize);
+        let a = fractions(m * k, 31 + i as u64);
+        let b = fractions(k * n, 41 + i as u64);
+        let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        let got = simulate_probe(atom, &a, &b, &bt);
+        let t = |x: f64| f64::from(tf32_by_arithmetic(x as f32));
+        let mut rounded_differs = false;
+        for r in 0..m {
+            for c in 0..n {
+                let terms = || (0..k).map(|x| (a[r * k + x], b[x * n + c]));
+                let want: f64 = terms().map(|(x, y)| t(x) * t(y)).sum();
+                let exact: f64 = terms().map(|(x, y)| x * y).sum();
+                let mag: f64 = terms().map(|(x, y)| (x * y).abs()).sum();
+                let g = got[r * n + c];
+                assert!((g - want).abs() <= 1e-12 * mag, "{} C[{r}][{c}]", atom.name);
+                assert!(
+                    (g - exact).abs() <= 2.0 * 2f64.powi(-11) * mag,
+                    "{} C[{r}][{c}]",
+                    atom.name
+                );
+                rounded_differs |= (g - exact).abs() > 1e-7 * mag;
+            }
+        }
+        assert!(
+            rounded_differs,
+            "{}: the rounding is not modelled",
+            atom.name
+        );
+    }
+    assert_eq!(tf32, 3, "m16n8k8 tf32 and the two xf32 MFMAs");
+}
+
+/// A TF32 layout with its A element bits swapped (rows 8.. and columns 4.. exchanged between
+/// registers) disagrees with the document and gives a wrong product.
+#[test]
+fn a_wrong_tf32_layout_is_caught() {
+    use super::Bit::{Col, Row};
+    let mut wrong = super::atoms::M16N8K8_TF32.clone();
+    wrong.a = Layout {
+        elem_bits: &[Col(2), Row(3)],
+        ..wrong.a
+    };
+    assert!((0..32)
+        .any(|l| (0..4).any(|e| wrong.a.coord(l, e) != documented(&wrong, Operand::A, l, e))));
+    let (m, n, k) = (16, 8, 16);
+    let a = small_ints(m * k, 5);
+    let b = small_ints(k * n, 6);
+    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+    let got = simulate_probe(&wrong, &a, &b, &bt);
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
+        .collect();
+    assert_ne!(got, want);
+    assert!(!mixed_order_product_is_right(&wrong));
 }

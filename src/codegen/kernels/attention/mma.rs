@@ -1,5 +1,8 @@
 //! The matrix-core FlashAttention (`kernel_templates/flash_attention_mma.hip`), FlashAttention-2's
-//! recipe on the target's MMA atom: f16 or bf16 q, k, v with f32 accumulation. A block of
+//! recipe on the target's MMA atom: f16 or bf16 q, k, v with f32 accumulation; f32 q, k, v on
+//! the target's TF32 atom where the caller opts in (`CodegenOptions::f32_matmul`: tiles staged
+//! as f32, four bytes an element, rounded to TF32 as fragments load; P through shared memory as
+//! f32, since no TF32 atom's accumulators are its A layout). A block of
 //! `warps` warps takes `block_m` query rows of one (batch, head), each warp `atoms` atom tiles of
 //! rows, so every K/V fragment a warp reads from shared memory serves `atoms · M` rows. K/V
 //! tiles of `block_n` keys pass through shared memory; scores, the online softmax (in the log2
@@ -22,14 +25,21 @@ use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
 use super::super::tile::TileLayout;
 use super::Problem;
+use crate::arch::mma::Precision;
 use crate::arch::tuning::{Family, Tuned};
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
 use crate::codegen::mma::AtomHelpers;
+use crate::codegen::F32Matmul;
 use crate::ir::{DType, MaskKind};
 
-/// Elements of a 16-byte piece of a 16-bit tile.
-const CHUNK: usize = 8;
+/// Bytes of a 16-byte piece: the unit of staging copies and of the tiles' padding.
+const PIECE_BYTES: usize = 16;
+
+/// Elements of a 16-byte piece of the atom's operands (8 halves, 4 floats).
+fn chunk(atom: &MmaAtom) -> usize {
+    PIECE_BYTES / atom.input.size_bytes()
+}
 /// Largest head size the kernel takes: the O accumulators of one atom's rows of a 256-wide head
 /// already fill half of a lane's registers.
 const MAX_HEAD: usize = 256;
@@ -115,13 +125,17 @@ pub(crate) struct Config {
 /// f32 accumulation, the one whose lanes hold the fewest rows of C (each row a lane holds keeps
 /// its own softmax statistics: MFMA 32x32x8 spreads 16 rows over a lane, 16x16x16 four), then
 /// the largest.
-pub(crate) fn atom_for(target: &Target, dtype: DType) -> Option<&'static MmaAtom> {
+pub(crate) fn atom_for(
+    target: &Target,
+    dtype: DType,
+    f32_matmul: F32Matmul,
+) -> Option<&'static MmaAtom> {
     target
         .caps
         .mma
         .iter()
         .copied()
-        .filter(|a| a.input == dtype && a.acc == DType::F32)
+        .filter(|a| a.input == dtype && a.acc == DType::F32 && f32_matmul.admits(a))
         .min_by_key(|a| (a.c.row_slots(), std::cmp::Reverse(a.m * a.n * a.k)))
 }
 
@@ -134,7 +148,7 @@ fn n_step(atom: &MmaAtom, acc: &AttentionAccess) -> usize {
 /// chunks, Dv in whole steps of N, both within [`MAX_HEAD`].
 fn fits(p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> bool {
     let ok = |x: usize, step: usize| {
-        x > 0 && x <= MAX_HEAD && x.is_multiple_of(step) && x.is_multiple_of(CHUNK)
+        x > 0 && x <= MAX_HEAD && x.is_multiple_of(step) && x.is_multiple_of(chunk(atom))
     };
     ok(p.d, atom.k as usize) && ok(p.dv, n_step(atom, acc))
 }
@@ -144,40 +158,55 @@ fn fits(p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> bool {
 /// groups of 8, so it needs a power-of-two count of them; other rows (D 96: 12 chunks) are
 /// padded, which also puts the 8 rows an ldmatrix phase reads on distinct banks (a row of
 /// 13 chunks starts 5 chunks further along the 8 bank groups).
-fn tiles(c: &Config, p: &Problem, acc: &AttentionAccess) -> (TileLayout, TileLayout) {
-    let tile = |cols: usize| {
-        let swizzle = acc.ldmatrix && (cols / CHUNK).is_power_of_two();
+fn tiles(
+    c: &Config,
+    p: &Problem,
+    atom: &MmaAtom,
+    acc: &AttentionAccess,
+) -> (TileLayout, TileLayout) {
+    // K is read as Bᵀ (rows are N), V as B (rows are K).
+    let tile = |cols: usize, k_rows: bool| {
+        if !atom.packs_pairs() {
+            // f32 (TF32): element loads only, from padded rows.
+            return TileLayout::padded_f32(c.block_n, cols, k_rows);
+        }
+        let swizzle = acc.ldmatrix && (cols / chunk(atom)).is_power_of_two();
         TileLayout::new(c.block_n, cols, swizzle)
     };
-    (tile(p.d), tile(p.dv))
+    (tile(p.d, false), tile(p.dv, true))
 }
 
-/// Row length (halves) of the P tile: padded like the element-load tiles.
-fn p_ld(c: &Config) -> usize {
-    c.block_n + CHUNK
+/// Row length (elements) of the P tile: padded like the element-load tiles.
+fn p_ld(c: &Config, atom: &MmaAtom) -> usize {
+    c.block_n + chunk(atom)
 }
 
-/// Bytes of shared memory a configuration declares.
-pub(crate) fn shared_bytes(c: &Config, p: &Problem, acc: &AttentionAccess) -> usize {
-    let (k, v) = tiles(c, p, acc);
+/// Bytes of shared memory a configuration declares (f32 tiles and P take four bytes an element).
+pub(crate) fn shared_bytes(
+    c: &Config,
+    p: &Problem,
+    atom: &MmaAtom,
+    acc: &AttentionAccess,
+) -> usize {
+    let (k, v) = tiles(c, p, atom, acc);
     let pt = if acc.p_in_registers {
         0
     } else {
-        c.block_m * p_ld(c)
+        c.block_m * p_ld(c, atom)
     };
-    (c.stages * (k.elems() + v.elems()) + pt) * 2
+    (c.stages * (k.elems() + v.elems()) + pt) * atom.input.size_bytes()
 }
 
 /// 16-byte chunks of a K (or V) tile each thread stages through registers.
 fn staged_chunks(c: &Config, cols: usize, atom: &MmaAtom) -> usize {
-    (c.block_n * cols / CHUNK).div_ceil(c.warps * atom.lanes as usize)
+    (c.block_n * cols / chunk(atom)).div_ceil(c.warps * atom.lanes as usize)
 }
 
 /// 32-bit registers per lane of the fragments a warp holds at once.
 fn fragment_regs(c: &Config, p: &Problem, atom: &MmaAtom, acc: &AttentionAccess) -> usize {
     let (an, ak) = (atom.n as usize, atom.k as usize);
-    // 16-bit operands: two per register.
-    let a_regs = atom.a.elems() as usize / 2;
+    // 16-bit operands two per register, TF32 one.
+    let a_regs = atom.regs(&atom.a) as usize;
     let q = if c.q_in_registers {
         c.atoms * (p.d / ak) * a_regs
     } else {
@@ -196,7 +225,7 @@ fn fragment_regs(c: &Config, p: &Problem, atom: &MmaAtom, acc: &AttentionAccess)
     let gathered = if acc.ldmatrix {
         0
     } else {
-        atom.b.elems() as usize / 2 * (c.block_n / an).max(p.dv / an)
+        atom.regs(&atom.b) as usize * (c.block_n / an).max(p.dv / an)
     };
     // The mask's offset (64-bit) of each row slot a lane holds.
     let mask_rows = if p.mask == MaskKind::None {
@@ -251,13 +280,13 @@ pub(crate) fn candidates(
                         continue;
                     }
                     if acc.cp_async {
-                        let one = shared_bytes(&c, p, acc);
-                        let fixed = shared_bytes(&Config { stages: 0, ..c }, p, acc);
+                        let one = shared_bytes(&c, p, atom, acc);
+                        let fixed = shared_bytes(&Config { stages: 0, ..c }, p, atom, acc);
                         let per_stage = one - fixed;
                         c.stages =
                             (budget.saturating_sub(fixed) / per_stage.max(1)).clamp(1, MAX_STAGES);
                     }
-                    if shared_bytes(&c, p, acc) <= budget {
+                    if shared_bytes(&c, p, atom, acc) <= budget {
                         out.push(c);
                     }
                 }
@@ -341,6 +370,11 @@ struct Context<'a> {
     fold: bool,
     /// scale·log2(e) as a C float literal.
     scale_log2: String,
+    /// Elements of a 16-byte chunk (8 halves, 4 floats) and the shared tiles' element type.
+    ce: usize,
+    st: &'static str,
+    /// f32 operands multiplied at TF32 precision.
+    tf32: bool,
 }
 
 /// The kernel, or `None` where the target has no suitable atom, the head sizes do not fit or no
@@ -352,8 +386,9 @@ pub(crate) fn kernel(
     target: &Target,
     forced: Option<AttentionAccess>,
     tuned: &Tuned,
+    f32_matmul: F32Matmul,
 ) -> Result<Option<Kernel>, CodegenError> {
-    let Some(atom) = atom_for(target, p.dtype) else {
+    let Some(atom) = atom_for(target, p.dtype, f32_matmul) else {
         return Ok(None);
     };
     let acc = AttentionAccess::of(atom, target).limited_by(forced);
@@ -366,7 +401,7 @@ pub(crate) fn kernel(
         return Ok(None);
     };
     let launch = launch(&c, atom, p, node, target)?;
-    let (tk, tv) = tiles(&c, p, &acc);
+    let (tk, tv) = tiles(&c, p, atom, &acc);
     let fold = p.mask != MaskKind::Additive && p.scale.is_finite() && p.scale > 0.0;
     let ctx = Context {
         p,
@@ -382,11 +417,14 @@ pub(crate) fn kernel(
         n_step: n_step(atom, &acc),
         tk,
         tv,
-        p_ld: p_ld(&c),
+        p_ld: p_ld(&c, atom),
         k_iters: staged_chunks(&c, p.d, atom),
         v_iters: staged_chunks(&c, p.dv, atom),
         fold,
         scale_log2: p.scale_log2e(),
+        ce: chunk(atom),
+        st: crate::codegen::mma::stored_element(atom),
+        tf32: atom.precision == Precision::Tf32,
     };
     let mut k = finish(
         "flash_attention",
@@ -443,7 +481,7 @@ mod tests {
     fn chosen(arch: &str, d: usize, forced: Option<AttentionAccess>) -> Config {
         let t = target(arch);
         let p = problem(DType::F16, 4, 16, 2048, 2048, d);
-        let atom = atom_for(&t, p.dtype).unwrap();
+        let atom = atom_for(&t, p.dtype, F32Matmul::Exact).unwrap();
         let acc = AttentionAccess::of(atom, &t).limited_by(forced);
         choose(&candidates(atom, &p, &acc, &t), &p).unwrap()
     }
@@ -475,13 +513,20 @@ mod tests {
         let c = chosen("sm_90", 64, Some(AttentionAccess::PORTABLE));
         assert_eq!((c.stages, c.block_n, c.block_m, c.atoms), (1, 64, 128, 1));
         let p = problem(DType::F16, 4, 16, 2048, 2048, 64);
-        assert!(shared_bytes(&c, &p, &AttentionAccess::PORTABLE) <= 48 * 1024);
+        assert!(
+            shared_bytes(
+                &c,
+                &p,
+                atom_for(&target("sm_90"), DType::F16, F32Matmul::Exact).unwrap(),
+                &AttentionAccess::PORTABLE
+            ) <= 48 * 1024
+        );
     }
 
     #[test]
     fn small_problems_take_64_row_tiles() {
         let t = target("sm_90");
-        let atom = atom_for(&t, DType::F16).unwrap();
+        let atom = atom_for(&t, DType::F16, F32Matmul::Exact).unwrap();
         let acc = AttentionAccess::of(atom, &t);
         // 2 heads x 8 tiles of 128 rows = 16 blocks: too few; 64-row tiles give 32.
         let p = problem(DType::F16, 1, 2, 1000, 1000, 64);
@@ -504,7 +549,7 @@ mod tests {
         for arch in ["sm_80", "sm_90", "gfx90a", "gfx942", "gfx1100", "gfx1201"] {
             let t = target(arch);
             for dtype in [DType::F16, DType::BF16] {
-                let atom = atom_for(&t, dtype).unwrap();
+                let atom = atom_for(&t, dtype, F32Matmul::Exact).unwrap();
                 for forced in [None, Some(AttentionAccess::PORTABLE)] {
                     let acc = AttentionAccess::of(atom, &t).limited_by(forced);
                     for d in [64, 96, 128, 256] {
@@ -520,7 +565,8 @@ mod tests {
                             assert_eq!(c.block_n % n_step(atom, &acc), 0);
                             assert_eq!(c.block_n % atom.k as usize, 0);
                             assert!(
-                                shared_bytes(c, &p, &acc) <= t.caps.static_shared_bytes as usize
+                                shared_bytes(c, &p, atom, &acc)
+                                    <= t.caps.static_shared_bytes as usize
                             );
                             assert!(fragment_regs(c, &p, atom, &acc) <= register_budget(&acc));
                             assert!((1..=MAX_STAGES).contains(&c.stages));
@@ -537,7 +583,7 @@ mod tests {
     #[test]
     fn access_follows_the_target_and_forcing_only_turns_choices_off() {
         let sm90 = target("sm_90");
-        let atom = atom_for(&sm90, DType::F16).unwrap();
+        let atom = atom_for(&sm90, DType::F16, F32Matmul::Exact).unwrap();
         let all = AttentionAccess {
             cp_async: true,
             ldmatrix: true,
@@ -550,7 +596,7 @@ mod tests {
         );
         for arch in ["gfx90a", "gfx942", "gfx1100", "gfx1201"] {
             let t = target(arch);
-            let atom = atom_for(&t, DType::BF16).unwrap();
+            let atom = atom_for(&t, DType::BF16, F32Matmul::Exact).unwrap();
             assert_eq!(
                 AttentionAccess::of(atom, &t).limited_by(Some(all)),
                 AttentionAccess::PORTABLE,
@@ -558,11 +604,13 @@ mod tests {
             );
         }
         // No atom: sm_75 (m16n8k8 is not modelled), gfx1030, and f32 anywhere.
-        assert!(atom_for(&target("sm_75"), DType::F16).is_none());
-        assert!(atom_for(&target("gfx1030"), DType::F16).is_none());
-        assert!(atom_for(&sm90, DType::F32).is_none());
+        assert!(atom_for(&target("sm_75"), DType::F16, F32Matmul::Exact).is_none());
+        assert!(atom_for(&target("gfx1030"), DType::F16, F32Matmul::Exact).is_none());
+        assert!(atom_for(&sm90, DType::F32, F32Matmul::Exact).is_none());
         assert_eq!(
-            atom_for(&target("gfx942"), DType::F16).unwrap().name,
+            atom_for(&target("gfx942"), DType::F16, F32Matmul::Exact)
+                .unwrap()
+                .name,
             "mfma_16x16x16_f16"
         );
     }
@@ -570,7 +618,7 @@ mod tests {
     #[test]
     fn head_sizes_outside_the_atom_steps_or_past_256_do_not_fit() {
         let t = target("sm_90");
-        let atom = atom_for(&t, DType::F16).unwrap();
+        let atom = atom_for(&t, DType::F16, F32Matmul::Exact).unwrap();
         let acc = AttentionAccess::of(atom, &t);
         for (d, ok) in [
             (64, true),

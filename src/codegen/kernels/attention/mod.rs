@@ -297,14 +297,31 @@ pub(crate) fn lower(
     } else {
         None
     };
+    let tf32_asked = p.dtype == DType::F32 && options.f32_matmul == crate::codegen::F32Matmul::Tf32;
     let kernel = if let Some(k) = wgmma {
         k
-    } else if let Some(k) = mma::kernel(&p, node, args.clone(), target, access, tuned)? {
-        k
-    } else if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
+    } else if let Some(k) = mma::kernel(
+        &p,
+        node,
+        args.clone(),
+        target,
+        access,
+        tuned,
+        options.f32_matmul,
+    )? {
         k
     } else {
-        scalar::kernel(&p, node, args, target)?
+        // f32 that asked for TF32 and found no atom or configuration for it: exact f32, and the
+        // plan says so.
+        if tf32_asked {
+            plan.notes
+                .push(super::gemm::tf32_fallback_note(node, target));
+        }
+        if let Some(k) = simt::kernel(&p, node, args.clone(), target, tuned)? {
+            k
+        } else {
+            scalar::kernel(&p, node, args, target)?
+        }
     };
     plan.kernels.push(kernel);
     Ok(())

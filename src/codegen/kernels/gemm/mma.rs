@@ -1,5 +1,7 @@
 //! The matrix-core GEMM: f16 or bf16 A and B, f32 accumulation, on any matrix atom of the
-//! target (`codegen/mma`). A block computes a `bm × bn` output tile in steps of `bk` along K,
+//! target (`codegen/mma`); f32 A and B on the target's TF32 atom where the caller opts in
+//! (`CodegenOptions::f32_matmul`): staged as f32 (tiles of 16-byte rows twice as many bytes
+//! per element, so half the K per step), rounded to TF32 as fragments load. A block computes a `bm × bn` output tile in steps of `bk` along K,
 //! staged through shared memory; each warp owns a `bm / warps_m × bn / warps_n` sub-tile of atom
 //! tiles and indexes its fragments only through the atom's helpers.
 //!
@@ -21,17 +23,22 @@ use super::super::super::limits::launch as checked_launch;
 use super::super::super::mma::{ldmatrix_a, ldmatrix_pairs, Bit, MmaAtom};
 use super::super::super::plan::{BufferId, Kernel, Launch};
 use super::super::super::CodegenError;
-use super::super::tile::{TileLayout, CHUNK};
+use super::super::tile::TileLayout;
 use super::Problem;
+use crate::arch::mma::Precision;
 use crate::arch::tuning::{Family, TuneKey, TuneProblem, Tuned};
 use crate::arch::Arch;
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
+use crate::codegen::F32Matmul;
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::Gemm;
 
-/// K per block step: a multiple of every atom's K, and 64-byte tile rows (four chunks).
-const BK: usize = 32;
+/// Bytes of a tile row along K per block step: four 16-byte chunks, so K = 32 for 16-bit
+/// operands and 16 for f32 (both multiples of every atom's K).
+const ROW_BYTES: usize = 64;
+/// Bytes of one global load / cp.async piece.
+const PIECE_BYTES: usize = 16;
 /// The most accumulator floats a lane may hold: beyond it the fragments and addresses of a
 /// step no longer fit the register file without spilling.
 const MAX_ACC_PER_LANE: u32 = 64;
@@ -76,14 +83,29 @@ pub(crate) struct Access {
     /// Fragments loaded by ldmatrix from swizzled tiles (else the atom's element loads from
     /// padded tiles).
     pub ldmatrix: bool,
+    /// Bytes of an A or B element: 2 (f16, bf16) or 4 (f32 on a TF32 atom).
+    pub elem_bytes: usize,
 }
 
-/// Whether a view reads in 16-byte pieces along sub-axis `inner`: stride 1 and a size divisible
-/// by 8 there, and every other stride divisible by 8 (size-1 sub-axes never move). Then 8
-/// indices along `inner` from a multiple of 8 are 8 consecutive elements at a 16-byte aligned
-/// address (buffers are allocated aligned).
-pub(crate) fn vectorizable(axes: &[Axis], inner: Option<usize>) -> bool {
-    in_pieces(axes, inner, CHUNK)
+impl Access {
+    /// Elements of a 16-byte piece.
+    pub(crate) fn chunk(&self) -> usize {
+        PIECE_BYTES / self.elem_bytes
+    }
+
+    /// K per block step.
+    pub(crate) fn bk(&self) -> usize {
+        ROW_BYTES / self.elem_bytes
+    }
+}
+
+/// Whether a view of `elem_bytes` elements reads in 16-byte pieces along sub-axis `inner`:
+/// stride 1 and a size divisible by a piece's `16 / elem_bytes` elements there, and every other
+/// stride divisible by it (size-1 sub-axes never move). Then that many indices along `inner`
+/// from a multiple of it are consecutive elements at a 16-byte aligned address (buffers are
+/// allocated aligned).
+pub(crate) fn vectorizable(axes: &[Axis], inner: Option<usize>, elem_bytes: usize) -> bool {
+    in_pieces(axes, inner, PIECE_BYTES / elem_bytes)
 }
 
 /// Whether `width` indices along sub-axis `inner`, from a multiple of `width`, are `width`
@@ -128,10 +150,11 @@ pub(crate) fn access(g: &Gemm, atom: &MmaAtom, caps: &Arch) -> Access {
     let a_axes = g.a.axes(&g.dims, Operand::A);
     let b_axes = g.b.axes(&g.dims, Operand::B);
     let (a_k, b_k, b_n) = inner_axes(g);
-    let a_vec = vectorizable(&a_axes, a_k);
-    let (b_vec, b_form) = if vectorizable(&b_axes, b_k) {
+    let eb = atom.input.size_bytes();
+    let a_vec = vectorizable(&a_axes, a_k, eb);
+    let (b_vec, b_form) = if vectorizable(&b_axes, b_k, eb) {
         (true, BForm::Nk)
-    } else if vectorizable(&b_axes, b_n) {
+    } else if vectorizable(&b_axes, b_n, eb) {
         (true, BForm::Kn)
     } else {
         // Element loads: keep the tile's rows along whichever of K and N is denser in memory.
@@ -144,31 +167,44 @@ pub(crate) fn access(g: &Gemm, atom: &MmaAtom, caps: &Arch) -> Access {
         b_form,
         cp_async: caps.async_copy.has_cp_async(),
         ldmatrix: ldmatrix_a(atom).is_some() && ldmatrix_pairs(atom).is_some(),
+        elem_bytes: eb,
     }
 }
 
-/// The atom for a problem on a target: the largest whose input type is the operands'.
-pub(crate) fn atom_for(p: &Problem, caps: &Arch) -> Option<&'static MmaAtom> {
+/// The atom for a problem on a target: the largest whose input type is the operands' and whose
+/// precision the caller allows (a TF32 atom only where `f32_matmul` opts in).
+pub(crate) fn atom_for(
+    p: &Problem,
+    caps: &Arch,
+    f32_matmul: F32Matmul,
+) -> Option<&'static MmaAtom> {
     caps.mma
         .iter()
         .copied()
-        .filter(|a| a.input == p.input)
+        .filter(|a| a.input == p.input && f32_matmul.admits(a))
         .max_by_key(|a| a.m * a.n * a.k)
 }
 
 fn tiles(c: &Config, acc: &Access) -> (TileLayout, TileLayout) {
-    let a = TileLayout::new(c.bm, c.bk, acc.ldmatrix);
+    let tile = |rows, cols, k_rows| {
+        if acc.elem_bytes == 4 {
+            TileLayout::padded_f32(rows, cols, k_rows)
+        } else {
+            TileLayout::new(rows, cols, acc.ldmatrix)
+        }
+    };
+    let a = tile(c.bm, c.bk, false);
     let b = match acc.b_form {
-        BForm::Nk => TileLayout::new(c.bn, c.bk, acc.ldmatrix),
-        BForm::Kn => TileLayout::new(c.bk, c.bn, acc.ldmatrix),
+        BForm::Nk => tile(c.bn, c.bk, false),
+        BForm::Kn => tile(c.bk, c.bn, true),
     };
     (a, b)
 }
 
-/// Bytes of shared memory a configuration declares.
+/// Bytes of shared memory a configuration declares (f32 tiles take four bytes an element).
 pub(crate) fn shared_bytes(c: &Config, acc: &Access) -> usize {
     let (a, b) = tiles(c, acc);
-    c.stages * (a.elems() + b.elems()) * 2
+    c.stages * (a.elems() + b.elems()) * acc.elem_bytes
 }
 
 /// Every configuration that fits the atom, the target's shared memory and the register
@@ -185,7 +221,8 @@ pub(crate) fn candidates(atom: &MmaAtom, acc: &Access, caps: &Arch) -> Vec<Confi
             let threads = warps_m * warps_n * atom.lanes as usize;
             let frags = (wm / am) * (wn / an);
             // Every thread copies the same number of 16-byte chunks of each tile.
-            let (a_chunks, b_chunks) = (bm * BK / CHUNK, BK * bn / CHUNK);
+            let (bk, ce) = (acc.bk(), acc.chunk());
+            let (a_chunks, b_chunks) = (bm * bk / ce, bk * bn / ce);
             if wm % am != 0
                 || a_chunks % threads != 0
                 || b_chunks % threads != 0
@@ -198,7 +235,7 @@ pub(crate) fn candidates(atom: &MmaAtom, acc: &Access, caps: &Arch) -> Vec<Confi
             let mut c = Config {
                 bm,
                 bn,
-                bk: BK,
+                bk,
                 warps_m,
                 warps_n,
                 stages: 2,
@@ -285,6 +322,13 @@ struct Context<'a> {
     /// 16-byte chunks of a tile per thread.
     a_iters: usize,
     b_iters: usize,
+    /// Elements of a 16-byte chunk (8 halves or 4 floats), the shared tiles' element type,
+    /// and an operand element's zero.
+    ce: usize,
+    smem_t: &'static str,
+    zero: &'static str,
+    /// The operands are f32 multiplied at TF32 precision.
+    tf32: bool,
 }
 
 /// The kernel for a problem whose operands the target's atom takes, or `None` where the target
@@ -296,8 +340,9 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
     tuned: &Tuned,
+    f32_matmul: F32Matmul,
 ) -> Result<Option<Kernel>, CodegenError> {
-    let Some(atom) = atom_for(p, target.caps) else {
+    let Some(atom) = atom_for(p, target.caps, f32_matmul) else {
         return Ok(None);
     };
     let acc = access(g, atom, target.caps);
@@ -309,7 +354,9 @@ pub(crate) fn kernel(
     let threads = launch.block[0] as usize;
     let (ta, tb) = tiles(&c, &acc);
     let (wm, wn) = (c.bm / c.warps_m, c.bn / c.warps_n);
-    let (a_chunks, b_chunks) = (c.bm * c.bk / CHUNK, c.bk * c.bn / CHUNK);
+    let ce = acc.chunk();
+    let (a_chunks, b_chunks) = (c.bm * c.bk / ce, c.bk * c.bn / ce);
+    let f32_operands = acc.elem_bytes == 4;
     let ctx = Context {
         p,
         atom: atom.prefix(),
@@ -330,6 +377,14 @@ pub(crate) fn kernel(
         tb,
         a_iters: a_chunks / threads,
         b_iters: b_chunks / threads,
+        ce,
+        smem_t: super::super::super::mma::stored_element(atom),
+        zero: if f32_operands {
+            "0.0f"
+        } else {
+            "(unsigned short)0"
+        },
+        tf32: atom.precision == Precision::Tf32,
     };
     let mut k = finish("gemm_mma", "gemm_mma.hip", ctx, launch, args, node)?;
     k.tune = site;
@@ -356,6 +411,7 @@ fn tune_key(p: &Problem, acc: &Access) -> TuneKey {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::tile::CHUNK;
     use super::*;
     use crate::arch::arch;
     use crate::ir::{GemmDims, View};
@@ -369,18 +425,22 @@ mod tests {
     #[test]
     fn vector_reads_need_a_unit_stride_multiple_of_8_and_aligned_other_strides() {
         // [M=5, K=16] row-major: K is contiguous, the row stride 16.
-        assert!(vectorizable(&ax(&[(5, 16), (16, 1)]), Some(1)));
+        assert!(vectorizable(&ax(&[(5, 16), (16, 1)]), Some(1), 2));
         // K = 36: a piece would cross a row.
-        assert!(!vectorizable(&ax(&[(5, 36), (36, 1)]), Some(1)));
+        assert!(!vectorizable(&ax(&[(5, 36), (36, 1)]), Some(1), 2));
         // K = 16 inside rows of 20: rows start off 16-byte alignment.
-        assert!(!vectorizable(&ax(&[(5, 20), (16, 1)]), Some(1)));
+        assert!(!vectorizable(&ax(&[(5, 20), (16, 1)]), Some(1), 2));
         // A size-1 axis never moves, whatever its stride.
-        assert!(vectorizable(&ax(&[(1, 3), (5, 16), (16, 1)]), Some(2)));
+        assert!(vectorizable(&ax(&[(1, 3), (5, 16), (16, 1)]), Some(2), 2));
         // Broadcast (stride 0) is aligned.
-        assert!(vectorizable(&ax(&[(4, 0), (16, 1)]), Some(1)));
+        assert!(vectorizable(&ax(&[(4, 0), (16, 1)]), Some(1), 2));
         // The inner axis is strided.
-        assert!(!vectorizable(&ax(&[(16, 1), (8, 16)]), Some(1)));
-        assert!(!vectorizable(&ax(&[(16, 1)]), None));
+        assert!(!vectorizable(&ax(&[(16, 1), (8, 16)]), Some(1), 2));
+        assert!(!vectorizable(&ax(&[(16, 1)]), None, 2));
+        // f32: pieces of 4. K = 36 is whole pieces of floats, rows of 20 floats are aligned.
+        assert!(vectorizable(&ax(&[(5, 36), (36, 1)]), Some(1), 4));
+        assert!(vectorizable(&ax(&[(5, 20), (16, 1)]), Some(1), 4));
+        assert!(!vectorizable(&ax(&[(5, 18), (18, 1)]), Some(1), 4));
     }
 
     /// B `[K, N]` as stored.
@@ -427,6 +487,7 @@ mod tests {
                     b_form: form,
                     cp_async: caps.async_copy.has_cp_async(),
                     ldmatrix: ldmatrix_a(atom).is_some(),
+                    elem_bytes: 2,
                 };
                 for c in candidates(atom, &acc, caps) {
                     let (ta, tb) = tiles(&c, &acc);
@@ -476,6 +537,7 @@ mod tests {
                 b_form: form,
                 cp_async: true,
                 ldmatrix: true,
+                elem_bytes: 2,
             };
             for c in candidates(atom, &acc, caps) {
                 let (ta, tb) = tiles(&c, &acc);
@@ -620,6 +682,7 @@ mod tests {
                         b_form: form,
                         cp_async: caps.async_copy.has_cp_async(),
                         ldmatrix: ldmatrix_a(atom).is_some(),
+                        elem_bytes: atom.input.size_bytes(),
                     };
                     let cs = candidates(atom, &acc, caps);
                     assert!(!cs.is_empty(), "{name} {}", atom.name);
@@ -636,8 +699,10 @@ mod tests {
                             assert_eq!(c.stages, 2, "{name}: two buffers without cp.async");
                         }
                         let threads = c.warps_m * c.warps_n * atom.lanes as usize;
-                        assert_eq!(c.bm * c.bk / CHUNK % threads, 0);
-                        assert_eq!(c.bk * c.bn / CHUNK % threads, 0);
+                        assert_eq!(c.bm * c.bk / acc.chunk() % threads, 0);
+                        assert_eq!(c.bk * c.bn / acc.chunk() % threads, 0);
+                        // A tile row is 64 bytes whatever the element.
+                        assert_eq!(c.bk * atom.input.size_bytes(), ROW_BYTES);
                     }
                 }
             }
@@ -658,6 +723,20 @@ mod tests {
             }
         );
         assert_eq!(shared_bytes(&cs[0], &acc), 48 * 1024);
+        // TF32 on the H100: f32 tiles of 16 K (64-byte rows), so 128x128 still fits two stages.
+        let tf32 = &crate::arch::mma::atoms::M16N8K8_TF32;
+        let acc = Access {
+            elem_bytes: 4,
+            ldmatrix: false,
+            ..acc
+        };
+        let cs = candidates(tf32, &acc, caps);
+        assert_eq!(
+            (cs[0].bm, cs[0].bn, cs[0].bk, cs[0].stages),
+            (128, 128, 16, 2)
+        );
+        // A: 128 rows of 16 + 4 floats; B [K, N]: 16 rows of 128 + 8; two stages, 4 bytes each.
+        assert_eq!(shared_bytes(&cs[0], &acc), 2 * (128 * 20 + 16 * 136) * 4);
     }
 
     #[test]
@@ -667,16 +746,45 @@ mod tests {
             ..Problem::empty_for_tests()
         };
         let caps = arch("gfx942").unwrap();
+        let exact = F32Matmul::Exact;
         assert_eq!(
-            atom_for(&p(crate::ir::DType::BF16), caps).unwrap().name,
+            atom_for(&p(crate::ir::DType::BF16), caps, exact)
+                .unwrap()
+                .name,
             "mfma_32x32x8_bf16"
         );
         assert_eq!(
-            atom_for(&p(crate::ir::DType::F16), caps).unwrap().name,
+            atom_for(&p(crate::ir::DType::F16), caps, exact)
+                .unwrap()
+                .name,
             "mfma_32x32x8_f16"
         );
-        assert!(atom_for(&p(crate::ir::DType::F32), caps).is_none());
-        assert!(atom_for(&p(crate::ir::DType::F16), arch("gfx1030").unwrap()).is_none());
+        assert!(atom_for(&p(crate::ir::DType::F16), arch("gfx1030").unwrap(), exact).is_none());
+        // f32 takes a TF32 atom only when asked, and only where the target has one.
+        assert!(atom_for(&p(crate::ir::DType::F32), caps, exact).is_none());
+        let tf32 = F32Matmul::Tf32;
+        assert_eq!(
+            atom_for(&p(crate::ir::DType::F32), caps, tf32)
+                .unwrap()
+                .name,
+            "mfma_32x32x4_xf32"
+        );
+        assert_eq!(
+            atom_for(&p(crate::ir::DType::F32), arch("sm_80").unwrap(), tf32)
+                .unwrap()
+                .name,
+            "m16n8k8_tf32"
+        );
+        for n in ["gfx90a", "gfx1100", "gfx1201", "sm_75"] {
+            assert!(atom_for(&p(crate::ir::DType::F32), arch(n).unwrap(), tf32).is_none());
+        }
+        // Asking for TF32 changes nothing for 16-bit operands.
+        assert_eq!(
+            atom_for(&p(crate::ir::DType::F16), caps, tf32)
+                .unwrap()
+                .name,
+            "mfma_32x32x8_f16"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::super::ctype::{ctype, f32_literal};
 use super::super::expr_c::{describe, render, round_to};
 use super::super::limits::int_index;
+use super::super::names::display_name;
 use super::super::plan::{BufferId, Kernel, KernelPlan};
 use super::super::CodegenError;
 use crate::arch::Target;
@@ -373,10 +374,41 @@ pub(crate) fn lower(
             return Ok(k);
         }
     }
-    if let Some(k) = mma::kernel(&p, gemm, node, args.clone(), target, tuned)? {
+    // f32 reaches the matrix cores only on a TF32 atom the caller opted in to
+    // (`CodegenOptions::f32_matmul`); where none serves, the plan says so and runs exact f32.
+    if let Some(k) = mma::kernel(
+        &p,
+        gemm,
+        node,
+        args.clone(),
+        target,
+        tuned,
+        options.f32_matmul,
+    )? {
         return Ok(k);
     }
+    if dtype == DType::F32 && options.f32_matmul == crate::codegen::F32Matmul::Tf32 {
+        plan.notes.push(tf32_fallback_note(node, target));
+    }
     scalar::kernel(&p, gemm, dtype, node, args, target)
+}
+
+/// The plan's note for an f32 matmul that asked for TF32 and runs exact f32 instead.
+pub(crate) fn tf32_fallback_note(node: &str, target: &Target) -> String {
+    let why = if target
+        .caps
+        .mma
+        .iter()
+        .any(|a| a.precision == crate::arch::mma::Precision::Tf32)
+    {
+        "no TF32 configuration of its kernel fits this problem".to_string()
+    } else {
+        format!("{} has no TF32 matrix instruction", target.caps.name)
+    };
+    format!(
+        "{}: TF32 was asked for, but {why}: exact f32",
+        display_name(node)
+    )
 }
 
 #[cfg(test)]

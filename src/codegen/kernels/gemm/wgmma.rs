@@ -28,7 +28,7 @@ use crate::arch::mma::wgmma::{WgmmaAtom, WARPGROUP};
 use crate::arch::tma::{TensorMapSpec, STRIDE_ALIGN};
 use crate::arch::{AsyncCopy, Target};
 use crate::codegen::kernel::finish;
-use crate::codegen::TmaWidth;
+use crate::codegen::{F32Matmul, TmaWidth};
 use crate::ir::gemm::{Axis, Operand};
 use crate::ir::{DType, Gemm};
 
@@ -96,7 +96,7 @@ pub(crate) fn kernel(
     // The access analysis of the mma.sync kernel decides the same question: may A and B be
     // read in 16-byte pieces along K. It needs a fragment atom of the input type, which every
     // wgmma row also has.
-    let Some(frag) = atom_for(p, target.caps) else {
+    let Some(frag) = atom_for(p, target.caps, F32Matmul::Exact) else {
         return Ok(None);
     };
     let acc = access(g, frag, target.caps);
