@@ -139,7 +139,7 @@ fn plan_of(g: &Graph, arch: &str, options: &CodegenOptions) -> Result<KernelPlan
 fn attention_kernel(plan: &KernelPlan) -> Result<&rocmforge::codegen::Kernel, Failed> {
     plan.kernels
         .iter()
-        .find(|k| k.family == "flash_attention" || k.family == "paged_decode")
+        .find(|k| k.family.starts_with("flash_") || k.family == "paged_decode")
         .ok_or_else(|| "no attention kernel".into())
 }
 
