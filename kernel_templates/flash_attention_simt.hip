@@ -115,8 +115,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
 {% else %}    if (key_end > 0) {
 {{ load_k("0") }}    }
     for (int j0 = 0; j0 < key_end; j0 += {{ bn }}) {
-{% endif %}
-{% if async_copy %}        rf_cp_async_wait<0>();  // K(j0) has landed
+{% endif %}{% if async_copy %}        rf_cp_async_wait<0>();  // K(j0) has landed
 {% endif %}        __syncthreads();  // K(j0) (and, the first time, Q) visible; the last P·V is done with Vs and Ps
 {{ load_v("j0") }}        float s[{{ tm }}][{{ tn }}];
 #pragma unroll

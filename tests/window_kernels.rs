@@ -41,7 +41,12 @@ use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{format, DType, Graph, GraphError, Op, WindowError};
 use window_cases::{decode_cases, paged_cases, prefill_cases, PagedWindow, WindowCase};
 
-fn check(name: &str, got: &rocmforge::ir::Tensor, want: &rocmforge::ir::Tensor, dt: DType) -> Result<(), Failed> {
+fn check(
+    name: &str,
+    got: &rocmforge::ir::Tensor,
+    want: &rocmforge::ir::Tensor,
+    dt: DType,
+) -> Result<(), Failed> {
     let err = rel_l2(got, want).map_err(|e| format!("{name}: {e}"))?;
     if err > tolerance(dt) {
         return Err(format!("{name}: relative L2 {err:e}").into());
@@ -51,13 +56,17 @@ fn check(name: &str, got: &rocmforge::ir::Tensor, want: &rocmforge::ir::Tensor, 
 
 fn interp_case(c: &WindowCase) -> Result<(), Failed> {
     let b = c.bindings(11);
-    let got = interp::run(&c.graph(), &b).map_err(|e| e.to_string())?.remove(0);
+    let got = interp::run(&c.graph(), &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
     check(&c.name, &got, &c.reference(&b), DType::F32)
 }
 
 fn interp_paged(p: &PagedWindow) -> Result<(), Failed> {
     let (b, flat) = p.bindings(12);
-    let got = interp::run(&p.graph(), &b).map_err(|e| e.to_string())?.remove(0);
+    let got = interp::run(&p.graph(), &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
     check(&p.base.name, &got, &p.base.reference(&flat), DType::F32)
 }
 
@@ -66,7 +75,9 @@ fn interp_paged(p: &PagedWindow) -> Result<(), Failed> {
 fn interp_edges() -> Result<(), Failed> {
     let c = WindowCase::new("w1", (1, 2, 1), (9, 12, 8), DType::F32, 3, None, 1);
     let b = c.bindings(5);
-    let got = interp::run(&c.graph(), &b).map_err(|e| e.to_string())?.remove(0);
+    let got = interp::run(&c.graph(), &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
     let (got, v) = (got.as_f32().unwrap(), b.inputs["v"].as_f32().unwrap());
     for h in 0..2 {
         for i in 0..9 {
@@ -82,8 +93,12 @@ fn interp_edges() -> Result<(), Failed> {
         ..c.clone()
     };
     let plain = wide.graph_window(None);
-    let x = interp::run(&wide.graph(), &b).map_err(|e| e.to_string())?.remove(0);
-    let y = interp::run(&plain, &b).map_err(|e| e.to_string())?.remove(0);
+    let x = interp::run(&wide.graph(), &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
+    let y = interp::run(&plain, &b)
+        .map_err(|e| e.to_string())?
+        .remove(0);
     if x.as_f32() != y.as_f32() {
         return Err("a window past every key changed the result".into());
     }
@@ -97,11 +112,23 @@ fn ir_rules() -> Result<(), Failed> {
     let mut g = Graph::new("rules");
     let q = g.input("q", DType::F32, &[1, 1, 4, 8])?;
     let e = g.flash_attention_windowed((q, q, q), None, 0.5, 0, Some(0));
-    if !matches!(e, Err(GraphError::BadWindow { error: WindowError::Zero, .. })) {
+    if !matches!(
+        e,
+        Err(GraphError::BadWindow {
+            error: WindowError::Zero,
+            ..
+        })
+    ) {
         return Err(format!("window 0: {e:?}").into());
     }
     let e = g.paged_attention_windowed((q, q, q), q, q, 0.5, Some(0));
-    if !matches!(e, Err(GraphError::BadWindow { error: WindowError::Zero, .. })) {
+    if !matches!(
+        e,
+        Err(GraphError::BadWindow {
+            error: WindowError::Zero,
+            ..
+        })
+    ) {
         return Err(format!("paged window 0: {e:?}").into());
     }
     let mut att = rocmforge::ir::Attention {
@@ -114,7 +141,13 @@ fn ir_rules() -> Result<(), Failed> {
         append: None,
     };
     let e = g.add_op(Op::FlashAttention(att.clone()), &[q, q, q]);
-    if !matches!(e, Err(GraphError::BadWindow { error: WindowError::NotCausal, .. })) {
+    if !matches!(
+        e,
+        Err(GraphError::BadWindow {
+            error: WindowError::NotCausal,
+            ..
+        })
+    ) {
         return Err(format!("window without causal: {e:?}").into());
     }
     att.causal = true;
@@ -158,7 +191,11 @@ fn plan_loops(arch: &'static str) -> Result<(), Failed> {
             || body.contains("j0 = key_begin")
             || body.contains("win_lo + (long long)split");
         if c.effective() && !(windowed && starts) {
-            return Err(format!("{} on {arch}: the key loop does not start at the window", c.name).into());
+            return Err(format!(
+                "{} on {arch}: the key loop does not start at the window",
+                c.name
+            )
+            .into());
         }
         // A window that hides no key gives the unwindowed kernel.
         if !c.effective() && windowed {
@@ -166,13 +203,23 @@ fn plan_loops(arch: &'static str) -> Result<(), Failed> {
         }
     }
     for p in paged_cases(DType::F32) {
-        let body = attention_kernel(&plan_of(&p.graph(), arch, &d)?)?.body.clone();
+        let body = attention_kernel(&plan_of(&p.graph(), arch, &d)?)?
+            .body
+            .clone();
         if !body.contains("win_lo + (long long)split") {
             return Err(format!("{}: the splits do not start at the window", p.base.name).into());
         }
     }
     // No window vs a window of 2^32 − 1 over the same node: the same plan, byte for byte.
-    let c = WindowCase::new("same", (1, 4, 2), (70, 90, 64), DType::F16, 20, None, u32::MAX);
+    let c = WindowCase::new(
+        "same",
+        (1, 4, 2),
+        (70, 90, 64),
+        DType::F16,
+        20,
+        None,
+        u32::MAX,
+    );
     let wide = plan_of(&c.graph(), arch, &d)?.listing();
     let plain = plan_of(&c.graph_window(None), arch, &d)?.listing();
     if plain != wide {
@@ -181,7 +228,13 @@ fn plan_loops(arch: &'static str) -> Result<(), Failed> {
     Ok(())
 }
 
-fn host_run(cxx: &Path, g: &Graph, b: &Bindings, want: &rocmforge::ir::Tensor, arch: &str) -> Result<(), Failed> {
+fn host_run(
+    cxx: &Path,
+    g: &Graph,
+    b: &Bindings,
+    want: &rocmforge::ir::Tensor,
+    arch: &str,
+) -> Result<(), Failed> {
     let plan = plan_of(g, arch, &CodegenOptions::default())?;
     let got = host_kernels::run_plan(cxx, g, &plan, b)?
         .map_err(|e| e.to_string())?
@@ -222,11 +275,17 @@ fn wgmma_set() -> Result<KernelSet, Failed> {
                 };
                 let plan = plan_of(&c.graph(), "sm_90a", &options)?;
                 let k = attention_kernel(&plan)?;
-                if !k.body.starts_with("// FlashAttention on Hopper's warpgroup MMA") {
+                if !k
+                    .body
+                    .starts_with("// FlashAttention on Hopper's warpgroup MMA")
+                {
                     continue;
                 }
-                set.entry(k.entry.clone())
-                    .or_insert((plan.source(k), k.body.clone(), c.name.clone()));
+                set.entry(k.entry.clone()).or_insert((
+                    plan.source(k),
+                    k.body.clone(),
+                    c.name.clone(),
+                ));
             }
         }
     }
@@ -246,21 +305,35 @@ fn main() {
         "compile::nvrtc::sm_90a::wgmma".to_string(),
         |p| kernel_compile::nvrtc(&p, "sm_90a", &wgmma_set()?),
     ));
-    for c in prefill_cases(DType::F32).into_iter().chain(decode_cases(DType::F32)) {
-        trials.push(Trial::test(format!("interp::{}", c.name), move || interp_case(&c)));
-    }
-    for p in paged_cases(DType::F32) {
-        trials.push(Trial::test(format!("interp::{}", p.base.name), move || interp_paged(&p)));
-    }
-    trials.push(Trial::test("interp::window_1_and_past_every_key", interp_edges));
-    trials.push(Trial::test("ir::typed_errors_and_round_trip", ir_rules));
-    for arch in ["gfx90a", "gfx1100", "sm_90a"] {
-        trials.push(Trial::test(format!("plan::{arch}::loops_start_at_the_window"), move || {
-            plan_loops(arch)
+    for c in prefill_cases(DType::F32)
+        .into_iter()
+        .chain(decode_cases(DType::F32))
+    {
+        trials.push(Trial::test(format!("interp::{}", c.name), move || {
+            interp_case(&c)
         }));
     }
+    for p in paged_cases(DType::F32) {
+        trials.push(Trial::test(format!("interp::{}", p.base.name), move || {
+            interp_paged(&p)
+        }));
+    }
+    trials.push(Trial::test(
+        "interp::window_1_and_past_every_key",
+        interp_edges,
+    ));
+    trials.push(Trial::test("ir::typed_errors_and_round_trip", ir_rules));
+    for arch in ["gfx90a", "gfx1100", "sm_90a"] {
+        trials.push(Trial::test(
+            format!("plan::{arch}::loops_start_at_the_window"),
+            move || plan_loops(arch),
+        ));
+    }
     for arch in ["gfx90a", "gfx1100"] {
-        for c in prefill_cases(DType::F32).into_iter().chain(decode_cases(DType::F32)) {
+        for c in prefill_cases(DType::F32)
+            .into_iter()
+            .chain(decode_cases(DType::F32))
+        {
             trials.push(needs(
                 &cxx,
                 "ROCMFORGE_REQUIRE_HOST_CXX",

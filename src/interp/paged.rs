@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use crate::ir::{try_collect, Tensor, TensorType};
 
-use crate::ir::window_visible;
 use super::InterpError;
+use crate::ir::window_visible;
 
 /// `pool` (`[N, Hkv, BS, D]`) with row `(b, s)` of `values` (`[B, Hkv, s, D]`) written at slot
 /// `slots[b, s]` (block `slot / BS`, row `slot % BS`) for every head. Negative slots are
@@ -93,7 +93,11 @@ pub(super) fn paged_attention(
                 keys,
             })?;
         // The first key any of the s queries sees: the first row's window start.
-        let first = window.map_or(0, |w| n.saturating_sub(sq).saturating_add(1).saturating_sub(w as usize));
+        let first = window.map_or(0, |w| {
+            n.saturating_sub(sq)
+                .saturating_add(1)
+                .saturating_sub(w as usize)
+        });
         let first_block = first / bs.max(1);
         for (slot, &block) in table[bi * max_blocks..][..n.div_ceil(bs.max(1))]
             .iter()

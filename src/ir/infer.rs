@@ -16,8 +16,8 @@ pub enum InferError {
     DType(String),
     Attribute(String),
     Overflow(String),
-    /// A sliding window breaking [`crate::ir::check_window`]'s rules.
-    Window(crate::ir::WindowError),
+    /// A sliding window breaking [`super::values::check_window`]'s rules.
+    Window(super::values::WindowError),
 }
 
 fn shape_err<T>(msg: impl Into<String>) -> Result<T, InferError> {
@@ -287,7 +287,7 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
         Op::PagedCacheWrite => paged_cache_write(ins),
         Op::PagedAttention { scale, window } => {
             // Paged attention is always causal.
-            crate::ir::check_window(*window, true).map_err(InferError::Window)?;
+            super::values::check_window(*window, true).map_err(InferError::Window)?;
             paged_attention(*scale, ins)
         }
         Op::ArgMax { axis } => {

@@ -127,7 +127,8 @@ impl WindowCase {
     /// Seeded data rounded to the dtype, the rows no kernel may read NaN.
     pub fn bindings(&self, seed: u64) -> Bindings {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let mut draw =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
         let (b, hq, hkv, sq, sk, d) = (self.b, self.hq, self.hkv, self.sq, self.sk, self.d);
         let q = draw(b * hq * sq * d);
         let mut k = draw(b * hkv * sk * d);
@@ -219,9 +220,33 @@ pub fn prefill_cases(dtype: DType) -> Vec<WindowCase> {
     vec![
         c("w1_gqa", (1, 4, 2), (45, 45, 32), dtype, 0, None, 1),
         c("w7_off300", (1, 2, 1), (77, 400, 64), dtype, 300, None, 7),
-        c("w64_off256", (2, 3, 1), (130, 420, 64), dtype, 256, None, 64),
-        c("w128_off280", (1, 2, 2), (99, 500, 128), dtype, 280, None, 128),
-        c("w200_off290", (1, 4, 1), (201, 640, 64), dtype, 290, None, 200),
+        c(
+            "w64_off256",
+            (2, 3, 1),
+            (130, 420, 64),
+            dtype,
+            256,
+            None,
+            64,
+        ),
+        c(
+            "w128_off280",
+            (1, 2, 2),
+            (99, 500, 128),
+            dtype,
+            280,
+            None,
+            128,
+        ),
+        c(
+            "w200_off290",
+            (1, 4, 1),
+            (201, 640, 64),
+            dtype,
+            290,
+            None,
+            200,
+        ),
         c("w33_neg_off", (1, 2, 1), (90, 60, 32), dtype, -10, None, 33),
         c(
             "w50_kvlen",
@@ -245,9 +270,23 @@ pub fn decode_cases(dtype: DType) -> Vec<WindowCase> {
     };
     vec![
         c("dec_w1", (1, 4, 1), (1, 300, 64), 299, None, 1),
-        c("dec_w100_kvlen", (2, 8, 2), (1, 2000, 64), 0, Some(vec![1999, 901]), 100),
+        c(
+            "dec_w100_kvlen",
+            (2, 8, 2),
+            (1, 2000, 64),
+            0,
+            Some(vec![1999, 901]),
+            100,
+        ),
         c("dec_w700_split", (1, 4, 1), (2, 3000, 64), 2998, None, 700),
-        c("dec_w1500_kvlen", (1, 6, 2), (2, 4096, 128), 0, Some(vec![4000]), 1500),
+        c(
+            "dec_w1500_kvlen",
+            (1, 6, 2),
+            (2, 4096, 128),
+            0,
+            Some(vec![4000]),
+            1500,
+        ),
         c("dec_w5000_all", (1, 4, 1), (1, 800, 64), 799, None, 5000),
     ]
 }
@@ -281,7 +320,10 @@ impl PagedWindow {
     /// Blocks each sequence needs (its table's used entries), and the pool's size.
     fn num_blocks(&self) -> usize {
         let lens = self.base.kv_len.as_ref().unwrap();
-        1 + lens.iter().map(|l| l.div_ceil(self.block_size)).sum::<usize>()
+        1 + lens
+            .iter()
+            .map(|l| l.div_ceil(self.block_size))
+            .sum::<usize>()
     }
 
     pub fn graph(&self) -> Graph {
@@ -344,8 +386,10 @@ impl PagedWindow {
             "k_pool".into(),
             Tensor::from_f32(c.dtype, pool.clone(), kp).unwrap(),
         );
-        b.inputs
-            .insert("v_pool".into(), Tensor::from_f32(c.dtype, pool, vp).unwrap());
+        b.inputs.insert(
+            "v_pool".into(),
+            Tensor::from_f32(c.dtype, pool, vp).unwrap(),
+        );
         b.inputs.insert(
             "table".into(),
             Tensor::from_i64(DType::I32, vec![c.b, self.max_blocks()], table).unwrap(),
@@ -363,7 +407,13 @@ pub fn paged_cases(dtype: DType) -> Vec<PagedWindow> {
     };
     vec![
         PagedWindow::new(c("paged_w3", (2, 4, 2), (1, 64, 16), vec![37, 22], 3), 4),
-        PagedWindow::new(c("paged_w21_s2", (3, 6, 2), (2, 96, 32), vec![90, 41, 2], 21), 16),
-        PagedWindow::new(c("paged_w900", (1, 8, 2), (1, 2048, 64), vec![2000], 900), 16),
+        PagedWindow::new(
+            c("paged_w21_s2", (3, 6, 2), (2, 96, 32), vec![90, 41, 2], 21),
+            16,
+        ),
+        PagedWindow::new(
+            c("paged_w900", (1, 8, 2), (1, 2048, 64), vec![2000], 900),
+            16,
+        ),
     ]
 }

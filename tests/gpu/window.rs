@@ -56,7 +56,14 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
                 format!("window::{dt}::{}", p.base.name),
                 Box::new(move || {
                     let (b, flat) = p.bindings(32);
-                    run_case(&dev, &p.graph(), &b, &p.base.reference(&flat), dt, options())
+                    run_case(
+                        &dev,
+                        &p.graph(),
+                        &b,
+                        &p.base.reference(&flat),
+                        dt,
+                        options(),
+                    )
                 }),
             );
         }

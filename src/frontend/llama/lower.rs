@@ -304,7 +304,11 @@ impl AttentionStep for PagedChunk {
         let kc = self.gathered(g, kp, table, heads)?;
         let vc = self.gathered(g, vp, table, heads)?;
         let scale = 1.0 / (heads.dim as f64).sqrt();
-        let reach = self.0.pool.max_blocks.saturating_mul(self.0.pool.block_size);
+        let reach = self
+            .0
+            .pool
+            .max_blocks
+            .saturating_mul(self.0.pool.block_size);
         let reach = i64::try_from(reach).unwrap_or(i64::MAX);
         let ctx = match nn::window_u32(window, reach) {
             None => g.flash_attention_len((q, kc, vc), kv_len, scale, true)?,
@@ -438,14 +442,8 @@ impl AttentionStep for KvCache {
         let vc = g.state(&io::cache_v(layer), dt, &shape)?;
         let kc = g.cache_write(kc, k, start, 2)?;
         let vc = g.cache_write(vc, v, start, 2)?;
-        let ctx = nn::cached_attention(
-            g,
-            (q, kc, vc),
-            kv_len,
-            self.max_context,
-            heads.dim,
-            window,
-        )?;
+        let ctx =
+            nn::cached_attention(g, (q, kc, vc), kv_len, self.max_context, heads.dim, window)?;
         nn::merge_heads(g, ctx, 1, self.s, heads.q, heads.dim)
     }
 }
