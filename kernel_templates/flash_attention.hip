@@ -35,7 +35,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
 {% else %}    const int key_end = {{ keys }};
-{% endif %}    for (int j0 = 0; j0 < key_end; j0 += {{ block_n }}) {
+{% endif %}{% if window %}    // Sliding window of {{ window }}: keys at or before this block's first row + offset - {{ window }} are out of every
+    // row's window, so the tiles wholly before it are never loaded; tiles holding that boundary check keys one by one.
+    const long long win_ll = (long long)blockIdx.y * {{ block_m }} + {{ offset }} - {{ window }}LL + 1;
+    const int key_begin = win_ll >= key_end ? key_end : (win_ll <= 0 ? 0 : (int)(win_ll / {{ block_n }} * {{ block_n }}));
+{% endif %}    for (int j0 = {% if window %}key_begin{% else %}0{% endif %}; j0 < key_end; j0 += {{ block_n }}) {
         __syncthreads();
 {% if d > 0 %}        for (int t = threadIdx.x; t < {{ block_n * d }}; t += {{ threads }}) {
             const int r = t / {{ d }}, c = t % {{ d }};
@@ -59,6 +63,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 {% if mask == "additive" %}            x = x + {{ mask_load_pre }}mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]{{ mask_load_post }};
 {% elif mask == "boolean" %}            if (!mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
 {% endif %}{% if causal %}            if ((long long)j > (long long)i + {{ offset }}) x = -INFINITY;
+{% endif %}{% if window %}            if ((long long)j <= (long long)i + {{ offset }} - {{ window }}LL) x = -INFINITY;
 {% endif %}            const float m_new = fmaxf(m, x);
             if (m_new != -INFINITY) {
                 const float corr = expf(m - m_new), p = expf(x - m_new);

@@ -24,6 +24,9 @@
 {%- if edge %}
 {%- if causal %}
                         if ((long long)kj > (long long)qi + {{ offset }}) x = -INFINITY;
+{%- if window %}
+                        if ((long long)kj <= (long long)qi + {{ offset }} - {{ window }}LL) x = -INFINITY;
+{%- endif %}
 {%- endif %}
                         if (kj >= {{ keys }}) x = -INFINITY;
 {%- endif %}
@@ -110,7 +113,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
 {% else %}    const int key_end = {{ keys }};
-{% endif %}    const int ntiles = (key_end + {{ block_n - 1 }}) / {{ block_n }};
+{% endif %}{% if window %}    // Sliding window of {{ window }}: keys at or before this block's first row + offset - {{ window }} are out of every
+    // row's window, so the tiles wholly before it are never loaded; tiles holding that boundary check keys one by one.
+    const long long win_ll = (long long)blockIdx.y * {{ block_m }} + {{ offset }} - {{ window }}LL + 1;
+    const int key_begin = win_ll >= key_end ? key_end : (win_ll <= 0 ? 0 : (int)(win_ll / {{ block_n }} * {{ block_n }}));
+{% endif %}    const int ntiles = (key_end{% if window %} - key_begin{% endif %} + {{ block_n - 1 }}) / {{ block_n }};
 {%- if cp_async %}
     // Tile t of K (V) into buffer t % {{ S }}, one commit group each, empty past the last tile so that
     // the count of groups in flight stays fixed: groups are issued K0 V0 K1 V1 ..., and before
@@ -118,7 +125,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     auto issue_k = [&](int t) {
         if (t < ntiles) {
             {{ st }}* dst = Ks[t % {{ S }}];
-            const int j0 = t * {{ block_n }};
+            const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
 #pragma unroll
             for (int x = threadIdx.x; x < {{ block_n * d // ce }}; x += {{ threads }}) {
                 const int r = x / {{ d // ce }}, c = (x % {{ d // ce }}) * {{ ce }};
@@ -131,7 +138,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     auto issue_v = [&](int t) {
         if (t < ntiles) {
             {{ st }}* dst = Vs[t % {{ S }}];
-            const int j0 = t * {{ block_n }};
+            const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
 #pragma unroll
             for (int x = threadIdx.x; x < {{ block_n * dv // ce }}; x += {{ threads }}) {
                 const int r = x / {{ dv // ce }}, c = (x % {{ dv // ce }}) * {{ ce }};
@@ -153,7 +160,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {%- for w in [("k", "kr", "k_iters", d, "tk", "Ks"), ("v", "vr", "v_iters", dv, "tv", "Vs")] %}
 {%- set cols = w[3] %}{% set iters = k_iters if w[0] == "k" else v_iters %}{% set tl = tk if w[0] == "k" else tv %}
     auto fetch_{{ w[0] }} = [&](int t) {
-        const int j0 = t * {{ block_n }};
+        const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
 #pragma unroll
         for (int i = 0; i < {{ iters }}; ++i) {
             const int x = threadIdx.x + i * {{ threads }};
@@ -178,7 +185,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     fetch_v(0);
 {%- endif %}
     for (int t = 0; t < ntiles; ++t) {
-        const int j0 = t * {{ block_n }};
+        const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
 {%- if cp_async %}
         rf_cp_async_wait<{{ 2 * S - 2 }}>();  // K(t) has landed
         __syncthreads();  // ... for every thread; and every warp is done with V(t - 1)
@@ -226,7 +233,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 #pragma unroll
             for (int r = 0; r < {{ P }}_C_ROWS; ++r) mx[i][r] = -INFINITY;
         // Key checks only where the tile reaches past Sk{% if causal %} or crosses the diagonal of this warp's first row{% endif %}.
-        const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
+        const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %}{% if window %} || (long long)j0 <= (long long)row0 + {{ rows_w - 1 }} + {{ offset }} - {{ window }}LL{% endif %};
         if (edge) {
 {{- scores(true) }}
         } else {

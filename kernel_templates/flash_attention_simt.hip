@@ -105,10 +105,17 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
     const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
 {% else %}    const int key_end = {{ keys }};
-{% endif %}    if (key_end > 0) {
+{% endif %}{% if window %}    // Sliding window of {{ window }}: keys at or before this block's first row + offset - {{ window }} are out of every
+    // row's window, so the tiles wholly before it are never loaded; tiles holding that boundary check keys one by one.
+    const long long win_ll = (long long)row0 + {{ offset }} - {{ window }}LL + 1;
+    const int key_begin = win_ll >= key_end ? key_end : (win_ll <= 0 ? 0 : (int)(win_ll / {{ bn }} * {{ bn }}));
+{% endif %}{% if window %}    if (key_end > key_begin) {
+{{ load_k("key_begin") }}    }
+    for (int j0 = key_begin; j0 < key_end; j0 += {{ bn }}) {
+{% else %}    if (key_end > 0) {
 {{ load_k("0") }}    }
     for (int j0 = 0; j0 < key_end; j0 += {{ bn }}) {
-{% if async_copy %}        rf_cp_async_wait<0>();  // K(j0) has landed
+{% endif %}{% if async_copy %}        rf_cp_async_wait<0>();  // K(j0) has landed
 {% endif %}        __syncthreads();  // K(j0) (and, the first time, Q) visible; the last P·V is done with Vs and Ps
 {{ load_v("j0") }}        float s[{{ tm }}][{{ tn }}];
 #pragma unroll
@@ -130,7 +137,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
                     for (int t = 0; t < {{ tn }}; ++t) s[i][t] = fmaf(a[i].v[e], kb[t].v[e], s[i][t]);
         }
         // Only a tile past Sk or crossing the diagonal of the block's first row checks keys.
-        const bool edge = j0 + {{ bn }} > {{ keys }}{% if causal %} || (long long)j0 + {{ bn - 1 }} > (long long)row0 + {{ offset }}{% endif %};
+        const bool edge = j0 + {{ bn }} > {{ keys }}{% if causal %} || (long long)j0 + {{ bn - 1 }} > (long long)row0 + {{ offset }}{% endif %}{% if window %} || (long long)j0 <= last_row + {{ offset }} - {{ window }}LL{% endif %};
 #pragma unroll
         for (int i = 0; i < {{ tm }}; ++i) {
             const int row = row0 + rg + i * {{ rg }};
@@ -140,7 +147,7 @@ extern "C" __global__ void __launch_bounds__({{ launch_bounds }}) {{ entry }}(co
             for (int t = 0; t < {{ tn }}; ++t) {
                 const int j = j0 + lane + t * {{ tpr }};
                 bool visible = true;
-                if (edge) visible = j < {{ keys }}{% if causal %} && (long long)j <= (long long)row + {{ offset }}{% endif %};
+                if (edge) visible = j < {{ keys }}{% if causal %} && (long long)j <= (long long)row + {{ offset }}{% endif %}{% if window %} && (long long)j > (long long)row + {{ offset }} - {{ window }}LL{% endif %};
                 float x = -INFINITY;
                 if (visible) {
 {% if mask == "additive" %}                    x = fmaf(s[i][t], {{ scale_f }}, {{ mask_load_pre }}mask[mrow + (long long)j * {{ ms[3] }}]{{ mask_load_post }});

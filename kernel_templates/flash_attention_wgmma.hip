@@ -18,6 +18,9 @@
 {%- if edge %}
 {%- if causal %}
                 if ((long long)kj > (long long)qi + {{ offset }}) x = -INFINITY;
+{%- if window %}
+                if ((long long)kj <= (long long)qi + {{ offset }} - {{ window }}LL) x = -INFINITY;
+{%- endif %}
 {%- endif %}
                 if (kj >= {{ keys }}) x = -INFINITY;
 {%- endif %}
@@ -89,7 +92,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const long long end_ll = last_row + {{ offset }} + 1;
     const int key_end = end_ll < 0 ? 0 : (end_ll > {{ keys }} ? {{ keys }} : (int)end_ll);
 {% else %}    const int key_end = {{ keys }};
-{% endif %}    const int ntiles = (key_end + {{ block_n - 1 }}) / {{ block_n }};
+{% endif %}{% if window %}    // Sliding window of {{ window }}: keys at or before this block's first row + offset - {{ window }} are out of every
+    // row's window, so the tiles wholly before it are never loaded; tiles holding that boundary check keys one by one.
+    const long long win_ll = (long long)q0 + {{ offset }} - {{ window }}LL + 1;
+    const int key_begin = win_ll >= key_end ? key_end : (win_ll <= 0 ? 0 : (int)(win_ll / {{ block_n }} * {{ block_n }}));
+{% endif %}    const int ntiles = (key_end{% if window %} - key_begin{% endif %} + {{ block_n - 1 }}) / {{ block_n }};
     // Q's rows (zeros past Sq) join the first tile's commit group.
 #pragma unroll
     for (int x = threadIdx.x; x < {{ block_m * d // 8 }}; x += {{ threads }}) {
@@ -103,7 +110,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         if (t < ntiles) {
             unsigned char* ks = smem + {{ q_bytes }} + (t % {{ S }}) * {{ stage_bytes }};
             unsigned char* vs = ks + {{ k_bytes }};
-            const int j0 = t * {{ block_n }};
+            const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
 #pragma unroll
             for (int x = threadIdx.x; x < {{ block_n * d // 8 }}; x += {{ threads }}) {
                 const int r = x / {{ d // 8 }}, c = (x % {{ d // 8 }}) * 8;
@@ -138,7 +145,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     unsigned pa_prev[{{ kv_steps }}][4];
 {%- endif %}
     for (int t = 0; t < ntiles; ++t) {
-        const int j0 = t * {{ block_n }};
+        const int j0 = {% if window %}key_begin + {% endif %}t * {{ block_n }};
         rf_cp_async_wait<{{ ahead - 1 }}>();  // tile t (and Q) have landed
         __syncthreads();  // ... for every thread; and every warpgroup is done with the stage the next load takes
         issue(t + {{ ahead }});  // into the stage of tile t - {{ S - ahead }}
@@ -167,7 +174,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
         for (int e = 0; e < {{ s_n }}; ++e) rf_fence(s[e]);
         float mx[2] = {-INFINITY, -INFINITY};
         // Key checks only where the tile reaches past Sk{% if causal %} or crosses the diagonal of this warpgroup's first row{% endif %}.
-        const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %};
+        const bool edge = j0 + {{ block_n }} > {{ keys }}{% if causal %} || (long long)j0 + {{ block_n - 1 }} > (long long)row0 + {{ offset }}{% endif %}{% if window %} || (long long)j0 <= (long long)row0 + 63 + {{ offset }} - {{ window }}LL{% endif %};
         if (edge) {
 {{- scores(true) }}
         } else {

@@ -61,7 +61,27 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const long long kv_row0 = (long long)bkv * {{ sk }};
 {% if append %}    const int at = start[0];
     const bool at_ok = at >= 0 && at <= {{ append.max_start }};
-{% endif %}    const int key_begin = (int)((long long)split * {{ keys_per_split }});
+{% endif %}{% if window %}{% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read. The queries are the last Sq of the
+    // kv_len positions (causal offset kv_len - Sq).
+    const int kv_given = kv_len[{% if kv_len == "batch" %}bi{% else %}0{% endif %}];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);  // clamped: never past the cache
+    const long long kv_off = (long long)kvn - {{ sq }};
+{% endif %}    // Sliding window of {{ window }}: no row sees a key at or before position 0's offset - {{ window }} (the earliest
+    // window start), so the splits share the keys from win_lo on and none reads a key before it. A split that
+    // reaches no key writes the empty split the combine weighs 0.
+    const long long win_ll = (long long){{ offset }} - {{ window }}LL + 1;
+    const int win_lo = win_ll <= 0 ? 0 : (int)win_ll;
+    const int key_begin = (int)((long long)win_lo + (long long)split * {{ keys_per_split }});
+    const long long split_end = (long long)key_begin + {{ keys_per_split }};
+    const int {% if kv_len %}key_end_static{% else %}key_end{% endif %} = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
+{% if kv_len %}    const int key_end = key_end_static < kvn ? key_end_static : kvn;
+{% if splits > 1 %}    const int visible = kvn < {{ valid_keys }} ? kvn : {{ valid_keys }};
+    const int wanted = (visible - win_lo + {{ keys_per_split - 1 }}) / {{ keys_per_split }};
+    const int active = wanted < 1 ? 1 : (wanted > {{ splits }} ? {{ splits }} : wanted);
+    // Uniform over the block (blockIdx and kv_len only), before any barrier.
+    if (split >= active) return;
+{% endif %}{% elif splits > 1 %}    constexpr int active = {{ splits }};
+{% endif %}{% else %}    const int key_begin = (int)((long long)split * {{ keys_per_split }});
     const long long split_end = (long long)key_begin + {{ keys_per_split }};
     const int {% if kv_len %}key_end_static{% else %}key_end{% endif %} = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
 {% if kv_len %}    // Keys from kv_len on hold no value (an unwritten cache tail): never read, so a split past kv_len does no work and
@@ -78,7 +98,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     // Uniform over the block (blockIdx and kv_len only), before any barrier.
     if (split >= active) return;
 {% endif %}{% elif splits > 1 %}    constexpr int active = {{ splits }};
-{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
+{% endif %}{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
     float qr[{{ rows }}][PK * VEC];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {
@@ -186,7 +206,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
 {% elif mask == "boolean" %}                    if (!mask[(long long)bi * {{ ms[0] }} + (long long)h * {{ ms[1] }} + (long long)qi * {{ ms[2] }} + (long long)j * {{ ms[3] }}]) x = -INFINITY;
 {% else %}                    (void)h;
 {% endif %}{% if causal %}                    if ((long long)j > (long long)qi + {{ offset }}) x = -INFINITY;
-{% else %}                    (void)qi;
+{% if window %}                    if ((long long)j <= (long long)qi + {{ offset }} - {{ window }}LL) x = -INFINITY;
+{% endif %}{% else %}                    (void)qi;
 {% endif %}                }
                 s[u][r] = x;
             }

@@ -33,7 +33,25 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     // order the group's rows are consecutive from row0.
     const long long row0 = ((long long)bi * {{ hq }} + (long long)kvh * {{ group }}) * {{ sq }};
     const int* const blocks = table + (long long)bi * {{ max_blocks }};  // this sequence's block table
-    const int key_begin = (int)((long long)split * {{ keys_per_split }});
+{% if window %}    // The queries are the last Sq of the kv_len positions (causal offset kv_len - Sq); kv_len is clamped to the table.
+    const int kv_given = kv_len[bi];
+    const int kvn = kv_given < 0 ? 0 : (kv_given > {{ sk }} ? {{ sk }} : kv_given);
+    const long long kv_off = (long long)kvn - {{ sq }};
+    // Sliding window of {{ window }}: no row sees a key at or before kv_off - {{ window }} (position 0's window start), so the
+    // splits share the keys from win_lo on: neither the keys nor the block-table entries before it are read. A split
+    // that reaches no key writes the empty split the combine weighs 0.
+    const long long win_ll = kv_off - {{ window }}LL + 1;
+    const int win_lo = win_ll <= 0 ? 0 : (int)win_ll;
+    const int key_begin = (int)((long long)win_lo + (long long)split * {{ keys_per_split }});
+    const long long split_end = (long long)key_begin + {{ keys_per_split }};
+    const int key_end_static = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
+    const int key_end = key_end_static < kvn ? key_end_static : kvn;
+{% if splits > 1 %}    const int visible = kvn < {{ valid_keys }} ? kvn : {{ valid_keys }};
+    const int wanted = (visible - win_lo + {{ keys_per_split - 1 }}) / {{ keys_per_split }};
+    const int active = wanted < 1 ? 1 : (wanted > {{ splits }} ? {{ splits }} : wanted);
+    // Uniform over the block (blockIdx and kv_len only), before any barrier.
+    if (split >= active) return;
+{% endif %}{% else %}    const int key_begin = (int)((long long)split * {{ keys_per_split }});
     const long long split_end = (long long)key_begin + {{ keys_per_split }};
     const int key_end_static = (int)(split_end < {{ valid_keys }}LL ? split_end : {{ valid_keys }}LL);
     // Keys from kv_len on hold no value (an unwritten cache tail): never read, so a split past kv_len does no work and
@@ -49,7 +67,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     const int active = wanted < 1 ? 1 : (wanted > {{ splits }} ? {{ splits }} : wanted);
     // Uniform over the block (blockIdx and kv_len only), before any barrier.
     if (split >= active) return;
-{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
+{% endif %}{% endif %}    // Every lane holds the pieces kl, kl + LPK, ... of the Q rows (pre-scaled) and of its output rows.
     float qr[{{ rows }}][PK * VEC];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {
@@ -124,7 +142,8 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
                 if (okk[u]) {
                     x = dot;
                     if ((long long)j > (long long)qi + {{ offset }}) x = -INFINITY;
-                }
+{% if window %}                    if ((long long)j <= (long long)qi + {{ offset }} - {{ window }}LL) x = -INFINITY;
+{% endif %}                }
                 s[u][r] = x;
             }
         }

@@ -40,6 +40,19 @@ fn batch_matches_alone_qwen2_cpu() {
     batch_matches_alone("qwen2-tiny", &Device::cpu(), 1e-4);
 }
 
+/// Mistral's sliding window (4 tokens in the tiny model, blocks of 4): the paged attention's
+/// window attribute against the contiguous cache's; prompts longer than the window, so the
+/// first blocks of a sequence fall out of it.
+#[test]
+fn batch_matches_alone_mistral_interp() {
+    batch_matches_alone("mistral-tiny", &Device::interp(), 1e-4);
+}
+
+#[test]
+fn batch_matches_alone_mistral_cpu() {
+    batch_matches_alone("mistral-tiny", &Device::cpu(), 1e-4);
+}
+
 #[test]
 fn out_of_blocks_changes_nothing_and_blocks_come_back() {
     let file = model_file("llama3-tiny");
@@ -125,17 +138,16 @@ fn bad_options_are_typed_errors() {
     o.block_size = 0;
     let e = BatchedGenerator::new(load(), &device, o, x).err().unwrap();
     assert!(matches!(e, BatchError::Options { .. }), "{e}");
-    // Mistral's sliding window (4 tokens in the tiny model) is not a paged attention's.
+    // Mistral's sliding window (4 tokens in the tiny model) is the paged attention's
+    // attribute: such a model batches (it was refused before issue 25).
     let mistral = model_file("mistral-tiny");
-    let e = BatchedGenerator::new(
+    BatchedGenerator::new(
         LlamaModel::load(&mistral).unwrap(),
         &device,
         options(1 << 24, 4),
         x,
     )
-    .err()
     .unwrap();
-    assert!(matches!(e, BatchError::SlidingWindow { window: 4 }), "{e}");
     // Bad prompts: empty, past the context, ids outside the vocabulary; nothing taken.
     let mut bg = BatchedGenerator::new(load(), &device, options(small * 2, 4), x).unwrap();
     let free = bg.free_blocks();
@@ -168,6 +180,14 @@ fn chunked_prefill_matches_whole_qwen3_cpu() {
 #[test]
 fn chunked_prefill_matches_whole_qwen2_cpu() {
     batched_cases::chunked_matches_whole("qwen2-tiny", &Device::cpu(), 16, 1e-4);
+}
+
+/// Chunks smaller than, equal to and larger than Mistral's window of 4.
+#[test]
+fn chunked_prefill_matches_whole_mistral_cpu() {
+    for chunk in [3, 4, 5] {
+        batched_cases::chunked_matches_whole("mistral-tiny", &Device::cpu(), chunk, 1e-4);
+    }
 }
 
 #[test]

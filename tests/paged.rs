@@ -345,7 +345,13 @@ fn both_ops_round_trip_through_the_file_format() {
         .into_iter()
         .find(|&id| matches!(back.op(id), Op::PagedAttention { .. }))
         .unwrap();
-    assert_eq!(back.op(att), &Op::PagedAttention { scale: 0.25 });
+    assert_eq!(
+        back.op(att),
+        &Op::PagedAttention {
+            scale: 0.25,
+            window: None
+        }
+    );
 }
 
 /// The CPU device runs a paged step as the interpreter does: the output, and both pools (in

@@ -71,6 +71,10 @@ pub enum TuneProblem {
         dv: usize,
         causal: bool,
         mask: TuneMask,
+        /// The sliding window a kernel applies (fewer key tiles); absent from the JSON when
+        /// none, so the keys stored before windows existed keep loading.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u32>,
     },
 }
 
@@ -152,10 +156,14 @@ impl fmt::Display for TuneProblem {
                 dv,
                 causal,
                 mask,
+                window,
             } => {
                 write!(f, "{dtype} b{b} h{hq}/{hkv} sq{sq} sk{sk} d{d}/{dv}")?;
                 if *causal {
                     f.write_str(" causal")?;
+                }
+                if let Some(w) = window {
+                    write!(f, " window{w}")?;
                 }
                 if *mask != TuneMask::None {
                     write!(f, " mask:{}", mask.name())?;
@@ -330,6 +338,7 @@ mod tests {
             dv: 64,
             causal: true,
             mask,
+            window: None,
         }
     }
 

@@ -328,8 +328,8 @@ fn lower_node(
         Op::PagedCacheWrite => {
             return attention::paged::paged_write(g, id, &ops, buf, target, plan)
         }
-        Op::PagedAttention { scale } => {
-            return attention::paged::paged_attention(g, id, *scale, buf, target, plan)
+        Op::PagedAttention { scale, window } => {
+            return attention::paged::paged_attention(g, id, (*scale, *window), buf, target, plan)
         }
         Op::CausalMask { sq, sk, offset } => causal_mask::kernel(
             (*sq, *sk, *offset),

@@ -261,6 +261,14 @@ impl AttentionStep {
                 }
             }
         }
+        // Keys at or before i + offset − window are out of the sliding window (validation
+        // ties a window to causal): −∞ before the maximum, so they weigh exp(−∞) = 0.
+        if let (true, Some(w)) = (self.att.causal, self.att.window) {
+            let begin = usize::try_from(i as i128 + i128::from(head.offset) + 1 - i128::from(w))
+                .unwrap_or(0)
+                .min(end);
+            row[..begin].fill(f32::NEG_INFINITY);
+        }
         row[end..].fill(0.0);
         let row = &mut row[..end];
         let max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));

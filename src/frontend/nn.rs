@@ -5,7 +5,7 @@
 //!
 //! Weights are PyTorch-shaped (`[out, in]` for a linear layer) and named by the caller.
 
-use crate::ir::{Attention, DType, Graph, GraphError, Init, MaskKind, NodeId, Op};
+use crate::ir::{DType, Graph, GraphError, Init, NodeId};
 
 /// `x · Wᵀ` for a bias-free linear layer stored `[dout, din]`.
 pub fn linear(
@@ -166,7 +166,11 @@ pub fn repeat_kv(
 /// `[B, Hkv, Sk, D]`, causal with query `i` seeing keys `j ≤ i + causal_offset` (0 for a
 /// whole prompt; `Sk − Sq` when the keys include `Sk − Sq` earlier positions), and with a
 /// sliding `window` only keys `j > i + causal_offset − window` (Mistral's, as transformers
-/// masks it: a query sees itself and the `window − 1` keys before it). The keys and
+/// masks it: a query sees itself and the `window − 1` keys before it). A window that hides a
+/// key is lowered straight to a FlashAttention with the window attribute (`Attention::window`:
+/// its kernels skip the key tiles before the window) rather than to a dense mask the attention
+/// pass would have to recognise; without one the unfused form below is what the pass fuses.
+/// The keys and
 /// values are whatever the caller passes: this step's projections for a full prefill, or a
 /// cache's contents for a decoder that keeps one. Returns `[B, Sq, Hq·D]`.
 #[allow(clippy::too_many_arguments)]
@@ -183,6 +187,12 @@ pub fn causal_attention(
     window: Option<usize>,
     dt: DType,
 ) -> Result<NodeId, GraphError> {
+    if let Some(w) = window_u32(window, sk as i64 + causal_offset.max(0)) {
+        // q [B, Hq, Sq, D] against the un-expanded k, v [B, Hkv, Sk, D]: the op reads GQA.
+        let scale = 1.0 / (heads.dim as f64).sqrt();
+        let ctx = g.flash_attention_windowed((q, k, v), None, scale, causal_offset, Some(w))?;
+        return merge_heads(g, ctx, b, sq, heads.q, heads.dim);
+    }
     let group = heads.q / heads.kv;
     let k = repeat_kv(g, k, b, heads.kv, group, sk, heads.dim)?;
     let v = repeat_kv(g, v, b, heads.kv, group, sk, heads.dim)?;
@@ -192,52 +202,36 @@ pub fn causal_attention(
     let scaled = g.mul(scores, scale)?;
     let keep = g.causal_mask(sq, sk, causal_offset)?;
     let neg = g.scalar(f64::NEG_INFINITY, dt)?;
-    let mut masked = g.where_(keep, scaled, neg)?;
-    if let Some(w) = window.filter(|&w| (w as i64) < sk as i64 + causal_offset.max(0)) {
-        // Keys at or before `i + offset − window` are out of the window: a second causal
-        // mask, shifted back by the window, names exactly them. (The attention pass does not
-        // fuse this form: a windowed prompt runs unfused; see docs/decisions.md.)
-        let old = g.causal_mask(sq, sk, causal_offset - w as i64)?;
-        masked = g.where_(old, neg, masked)?;
-    }
+    let masked = g.where_(keep, scaled, neg)?;
     let probs = g.softmax(masked, -1)?;
     let ctx = g.matmul(probs, v)?;
     merge_heads(g, ctx, b, sq, heads.q, heads.dim)
 }
 
+/// The window as the attention attribute, where it hides a key: `None` when it reaches past
+/// `reach` (the largest `q + offset + 1`, so every key is in it) or past `u32::MAX` (no
+/// position that far exists: positions are i32).
+pub fn window_u32(window: Option<usize>, reach: i64) -> Option<u32> {
+    let w = window.filter(|&w| i64::try_from(w).is_ok_and(|w| w < reach))?;
+    u32::try_from(w).ok()
+}
+
 /// Attention of a step's queries `q [1, Hq, s, D]` over the first `kv_len` rows of caches `k`,
-/// `v` `[1, Hkv, max, D]` (row `j` holds position `j`), causal, and with a sliding `window`
-/// masked to keys `j > positions[i] − window` (a boolean mask `[s, max]` built from the
-/// positions, beside `kv_len`). Returns `[1, Hq, s, D]`.
+/// `v` `[1, Hkv, max, D]` (row `j` holds position `j`), causal (the queries the last `s` of
+/// the kv_len positions), and with a sliding `window` to keys `j > kv_len − s + i − window`
+/// (the attribute: the kernels skip the cache rows before it). Returns `[1, Hq, s, D]`.
 #[allow(clippy::too_many_arguments)]
 pub fn cached_attention(
     g: &mut Graph,
     (q, k, v): (NodeId, NodeId, NodeId),
     kv_len: NodeId,
-    positions: NodeId,
-    s: usize,
     max: usize,
     d: usize,
     window: Option<usize>,
 ) -> Result<NodeId, GraphError> {
     let scale = 1.0 / (d as f64).sqrt();
-    let Some(w) = window.filter(|&w| w < max) else {
-        return g.flash_attention_len((q, k, v), kv_len, scale, true);
-    };
-    // keep[i, j] = j + window > positions[i], in f32 (exact for positions below 2^24).
-    let rows = g.constant(DType::F32, &[1, max], (0..max).map(|j| j as f64).collect())?;
-    let wc = g.scalar(w as f64, DType::F32)?;
-    let shifted = g.add(rows, wc)?;
-    let pos = g.cast(positions, DType::F32)?;
-    let pos = g.reshape(pos, &[s as i64, 1])?;
-    let keep = g.greater(shifted, pos)?;
-    let att = Attention {
-        scale,
-        causal: true,
-        causal_offset: 0,
-        mask: MaskKind::Boolean,
-        kv_len: true,
-        append: None,
-    };
-    g.add_op(Op::FlashAttention(att), &[q, k, v, keep, kv_len])
+    match window_u32(window, max as i64) {
+        None => g.flash_attention_len((q, k, v), kv_len, scale, true),
+        Some(w) => g.flash_attention_windowed((q, k, v), Some(kv_len), scale, 0, Some(w)),
+    }
 }

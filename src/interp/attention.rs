@@ -3,7 +3,8 @@
 use rayon::prelude::*;
 
 use crate::ir::{
-    try_collect, Attention, Element, MaskKind, Shape, Tensor, TensorError, TensorType,
+    try_collect, window_visible, Attention, Element, MaskKind, Shape, Tensor, TensorError,
+    TensorType,
 };
 
 /// Whether key `k` is visible from query `q` under a causal offset: `k ≤ q + offset`, compared
@@ -25,7 +26,8 @@ pub fn causal_mask(sq: usize, sk: usize, offset: i64) -> Result<Tensor, TensorEr
     )
 }
 
-/// `softmax(scale·Q·Kᵀ [+ mask] [causal])·V` per (batch, head), with K/V head `h / (Hq/Hkv)`.
+/// `softmax(scale·Q·Kᵀ [+ mask] [causal [window]])·V` per (batch, head), with K/V head
+/// `h / (Hq/Hkv)`; a window hides keys `j ≤ i + offset − window` ([`window_visible`]).
 /// Softmax and the weighted sum run in f64; a query row with no visible key gives zeros.
 /// With `kv_len` (valid keys per batch, checked to be at most Sk), keys from `kv_len[b]` on
 /// are never read, and the causal offset is `kv_len[b] − Sq`.
@@ -100,7 +102,7 @@ pub fn flash_attention(
                             MaskKind::Boolean | MaskKind::None => {}
                         }
                     }
-                    if att.causal && !visible(i, j, offset) {
+                    if att.causal && !window_visible(i, j, offset, att.window) {
                         x = f64::NEG_INFINITY;
                     }
                     *s = x;

@@ -446,10 +446,10 @@ fn eval(
         Op::PagedCacheWrite => {
             return paged::paged_cache_write(&node.name, args[0], args[1], args[2]);
         }
-        Op::PagedAttention { scale } => {
+        Op::PagedAttention { scale, window } => {
             return paged::paged_attention(
                 &node.name,
-                *scale,
+                (*scale, *window),
                 (args[0], args[1], args[2]),
                 (args[3], args[4]),
                 ty,

@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use crate::ir::{try_collect, Tensor, TensorType};
 
-use super::attention::visible;
 use super::InterpError;
+use crate::ir::window_visible;
 
 /// `pool` (`[N, Hkv, BS, D]`) with row `(b, s)` of `values` (`[B, Hkv, s, D]`) written at slot
 /// `slots[b, s]` (block `slot / BS`, row `slot % BS`) for every head. Negative slots are
@@ -61,11 +61,13 @@ pub(super) fn paged_cache_write(
 
 /// Attention of q (`[B, Hq, s, D]`) over the keys each sequence's block table names: sequence
 /// b's key j is row `j % BS` of block `table[b][j / BS]`, for `j < kv_len[b]`, causal with the
-/// queries the last s of those positions. Scores are f32 values scaled in f32, softmax and the
+/// queries the last s of those positions, and with a sliding `window` query i sees only keys
+/// `j > kv_len[b] − s + i − window` (the blocks wholly before the first row's window are neither
+/// read nor checked: a server may have given them back). Scores are f32 values scaled in f32, softmax and the
 /// weighted sum in f64, as `attention::flash_attention`; a row that sees no key gives zeros.
 pub(super) fn paged_attention(
     node: &str,
-    scale: f64,
+    (scale, window): (f64, Option<u32>),
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (table, kv_len): (&Tensor, &Tensor),
     out: &TensorType,
@@ -90,9 +92,17 @@ pub(super) fn paged_attention(
                 kv_len: len,
                 keys,
             })?;
+        // The first key any of the s queries sees: the first row's window start.
+        let first = window.map_or(0, |w| {
+            n.saturating_sub(sq)
+                .saturating_add(1)
+                .saturating_sub(w as usize)
+        });
+        let first_block = first / bs.max(1);
         for (slot, &block) in table[bi * max_blocks..][..n.div_ceil(bs.max(1))]
             .iter()
             .enumerate()
+            .skip(first_block)
         {
             if usize::try_from(block).map_or(true, |x| x >= n_blocks) {
                 return Err(InterpError::PagedBlockOutOfRange {
@@ -135,7 +145,7 @@ pub(super) fn paged_attention(
                 let qi = &qv[((bi * hq + h) * sq + i) * d..][..d];
                 let mut max = f64::NEG_INFINITY;
                 for (j, sc) in scores.iter_mut().enumerate() {
-                    *sc = if visible(i, j, offset) {
+                    *sc = if window_visible(i, j, offset, window) {
                         let kj = &kv[row(j, d)..][..d];
                         let dot = qi
                             .iter()

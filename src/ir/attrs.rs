@@ -94,7 +94,12 @@ impl Op {
             | Op::Unary(_)
             | Op::MatMul
             | Op::PagedCacheWrite => {}
-            Op::PagedAttention { scale } => a.push(("scale", json(scale))),
+            Op::PagedAttention { scale, window } => {
+                a.push(("scale", json(scale)));
+                if let Some(w) = window {
+                    a.push(("window", json(w)));
+                }
+            }
             Op::Cast { to } => a.push(("to", json(to))),
             Op::Reduce { axes, keepdim, .. } => {
                 a.push(("axes", json(axes)));
@@ -124,6 +129,9 @@ impl Op {
                 }
                 if att.causal_offset != 0 {
                     a.push(("causal_offset", json(&att.causal_offset)));
+                }
+                if let Some(w) = att.window {
+                    a.push(("window", json(&w)));
                 }
                 if att.mask != MaskKind::None {
                     a.push(("mask", json(&att.mask)));
@@ -245,6 +253,7 @@ impl Op {
                 scale: a.req("scale")?,
                 causal: a.opt("causal")?.unwrap_or(false),
                 causal_offset: a.opt("causal_offset")?.unwrap_or(0),
+                window: a.opt("window")?,
                 mask: a.opt("mask")?.unwrap_or_default(),
                 kv_len: a.opt("kv_len")?.unwrap_or(false),
                 append: match a.opt("append_theta")? {
@@ -262,6 +271,7 @@ impl Op {
             OpKind::PagedCacheWrite => Op::PagedCacheWrite,
             OpKind::PagedAttention => Op::PagedAttention {
                 scale: a.req("scale")?,
+                window: a.opt("window")?,
             },
             OpKind::ArgMax => Op::ArgMax {
                 axis: a.req("axis")?,

@@ -345,6 +345,7 @@ impl Graph {
             scale,
             causal: causal.is_some(),
             causal_offset: causal.unwrap_or(0),
+            window: None,
             mask: mask_kind,
             kv_len: false,
             append: None,
@@ -367,11 +368,37 @@ impl Graph {
             scale,
             causal,
             causal_offset: 0,
+            window: None,
             mask: MaskKind::None,
             kv_len: true,
             append: None,
         };
         self.add_op(Op::FlashAttention(att), &[q, k, v, kv_len])
+    }
+
+    /// Causal FlashAttention in a sliding `window` (`Attention::window`): with `kv_len` (i32
+    /// `[1]` or `[B]`) over its first keys, the queries the last Sq of them; without, at
+    /// `causal_offset`. No mask operand: the window is the attribute.
+    pub fn flash_attention_windowed(
+        &mut self,
+        (q, k, v): (NodeId, NodeId, NodeId),
+        kv_len: Option<NodeId>,
+        scale: f64,
+        causal_offset: i64,
+        window: Option<u32>,
+    ) -> Result<NodeId, GraphError> {
+        let att = Attention {
+            scale,
+            causal: true,
+            causal_offset,
+            window,
+            mask: MaskKind::None,
+            kv_len: kv_len.is_some(),
+            append: None,
+        };
+        let mut operands = vec![q, k, v];
+        operands.extend(kv_len);
+        self.add_op(Op::FlashAttention(att), &operands)
     }
 
     /// The paged pool `pool` (`[blocks, Hkv, block_size, D]`, a state) with `values`
@@ -395,8 +422,20 @@ impl Graph {
         kv_len: NodeId,
         scale: f64,
     ) -> Result<NodeId, GraphError> {
+        self.paged_attention_windowed((q, k_pool, v_pool), table, kv_len, scale, None)
+    }
+
+    /// [`Graph::paged_attention`] in a sliding `window` (`Op::PagedAttention`'s).
+    pub fn paged_attention_windowed(
+        &mut self,
+        (q, k_pool, v_pool): (NodeId, NodeId, NodeId),
+        table: NodeId,
+        kv_len: NodeId,
+        scale: f64,
+        window: Option<u32>,
+    ) -> Result<NodeId, GraphError> {
         self.add_op(
-            Op::PagedAttention { scale },
+            Op::PagedAttention { scale, window },
             &[q, k_pool, v_pool, table, kv_len],
         )
     }

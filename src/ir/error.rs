@@ -43,6 +43,13 @@ pub enum GraphError {
         reason: String,
     },
 
+    #[error("node `{node}` ({op}): invalid sliding window: {error}")]
+    BadWindow {
+        node: String,
+        op: String,
+        error: super::values::WindowError,
+    },
+
     #[error("node `{node}`: unknown op `{op}` (known ops: {known})")]
     UnknownOp {
         node: String,
@@ -114,6 +121,7 @@ impl GraphError {
             GraphError::ShapeMismatch { .. } => "shape_mismatch",
             GraphError::DTypeMismatch { .. } => "dtype_mismatch",
             GraphError::BadAttribute { .. } => "bad_attribute",
+            GraphError::BadWindow { .. } => "bad_window",
             GraphError::UnknownOp { .. } => "unknown_op",
             GraphError::Overflow { .. } => "overflow",
             GraphError::StateWrite { .. } => "state_write",

@@ -372,6 +372,11 @@ impl Graph {
                     op: opn,
                     reason,
                 },
+                InferError::Window(error) => GraphError::BadWindow {
+                    node,
+                    op: opn,
+                    error,
+                },
             }
         })
     }

@@ -16,6 +16,8 @@ pub enum InferError {
     DType(String),
     Attribute(String),
     Overflow(String),
+    /// A sliding window breaking [`super::values::check_window`]'s rules.
+    Window(super::values::WindowError),
 }
 
 fn shape_err<T>(msg: impl Into<String>) -> Result<T, InferError> {
@@ -283,7 +285,11 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             cache_write(*axis, &ins[..3])
         }
         Op::PagedCacheWrite => paged_cache_write(ins),
-        Op::PagedAttention { scale } => paged_attention(*scale, ins),
+        Op::PagedAttention { scale, window } => {
+            // Paged attention is always causal.
+            super::values::check_window(*window, true).map_err(InferError::Window)?;
+            paged_attention(*scale, ins)
+        }
         Op::ArgMax { axis } => {
             let x = ins[0];
             require_float(x)?;
@@ -703,6 +709,7 @@ fn flash_attention(att: &Attention, ins: &[&TensorType]) -> Result<TensorType, I
     if !(att.scale as f32).is_finite() {
         return attr_err(format!("scale must be finite as an f32, got {}", att.scale));
     }
+    att.check_window().map_err(InferError::Window)?;
     let [b, hq, sq, d] = dims4(q);
     let [bk, hkv, sk, dk] = dims4(k);
     let [bv, hv, skv, dv] = dims4(v);

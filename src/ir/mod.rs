@@ -40,6 +40,9 @@ pub use random::{random_input, random_weight, seeded_rng};
 pub use scalar::Element;
 pub use shape::{normalize_axis, Shape, TensorType};
 pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
-pub use values::{Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample, UnaryOp};
+pub use values::{
+    check_window, window_visible, Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample,
+    UnaryOp, WindowError,
+};
 
 pub(crate) use infer::{reduce_axes, slice_bounds};

@@ -157,9 +157,12 @@ pub enum Op {
     /// gives zeros, as the safe softmax). GQA: query head h reads K/V head `h / (Hq/Hkv)`.
     /// A kv_len outside `0..=max_blocks·block_size`, or a block id outside the pool among the
     /// blocks it reads, is a run-time error in the interpreter; the kernels clamp kv_len and
-    /// skip such blocks.
+    /// skip such blocks. With a sliding `window` (as [`crate::ir::Attention::window`], at least
+    /// 1), query i also sees only keys `j > kv_len[b] − s + i − window`; the kernels never read
+    /// the blocks wholly before it.
     PagedAttention {
         scale: f64,
+        window: Option<u32>,
     },
 
     // Index reductions.

@@ -185,6 +185,13 @@ pub struct Attention {
     /// Key `k` is visible from query `q` only when `k ≤ q + causal_offset`.
     pub causal: bool,
     pub causal_offset: i64,
+    /// A sliding window (needs `causal`): key `k` is visible from query `q` only when also
+    /// `q + offset − window < k`, so a query sees itself and the `window − 1` keys before it
+    /// (`offset` the causal offset, or `kv_len − Sq` with kv_len). This is transformers'
+    /// Mistral mask (`sliding_window_overlay`: `q_idx − kv_idx < sliding_window`) and
+    /// llama.cpp's (`is_masked_swa`: masked when `p1 − p0 ≥ n_swa`). The kernels never read
+    /// K/V tiles wholly before the window's start. See [`Attention::check_window`].
+    pub window: Option<u32>,
     pub mask: MaskKind,
     /// A last operand `kv_len` (i32, one element or one per batch) gives the number of valid
     /// keys: keys at index ≥ kv_len are invisible (never read by the kernels), and a causal
@@ -209,6 +216,48 @@ impl Attention {
     pub fn kv_len_slot(&self) -> Option<usize> {
         self.kv_len.then(|| self.base_operands() - 1)
     }
+
+    /// The window attribute's rules: see [`check_window`].
+    pub fn check_window(&self) -> Result<(), WindowError> {
+        check_window(self.window, self.causal)
+    }
+}
+
+/// Why a sliding-window attribute is invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    /// A window of 0 keys would hide every key, the query's own included: no model means that,
+    /// and a row with no visible key is the safe softmax's zeros, not an attention.
+    #[error("a sliding window must hold at least one key (the query's own), got 0")]
+    Zero,
+    /// The window's lower bound is defined from the causal diagonal (`q + offset − window`);
+    /// without the causal upper bound it would show every later key, which is no model's mask
+    /// (Mistral's, Gemma's and Qwen's windows are all causal), and the kernels' key range
+    /// `[window start, causal end)` needs both ends.
+    #[error("a sliding window needs a causal attention")]
+    NotCausal,
+}
+
+/// The rules of a sliding window (FlashAttention's and PagedAttention's, which is always
+/// causal): at least one key, and causal.
+pub fn check_window(window: Option<u32>, causal: bool) -> Result<(), WindowError> {
+    match window {
+        None => Ok(()),
+        Some(0) => Err(WindowError::Zero),
+        Some(_) if !causal => Err(WindowError::NotCausal),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Whether key `k` is visible from query `q` with causal offset `offset` and sliding window
+/// `window`: `q + offset − window < k ≤ q + offset` (no lower bound without a window). Exact in
+/// i128 for every offset, so no value wraps or panics. The one definition the interpreter and
+/// the kernels' host-side tests share.
+pub fn window_visible(q: usize, k: usize, offset: i64, window: Option<u32>) -> bool {
+    // usize positions fit i128; so does their sum with any i64 and any u32.
+    let (q, k) = (q as i128, k as i128);
+    let end = q + i128::from(offset);
+    k <= end && window.is_none_or(|w| k > end - i128::from(w))
 }
 
 /// The append form of a FlashAttention: after its base operands come `positions` (i32 `[Sq]`),

@@ -63,11 +63,6 @@ pub enum BatchError {
     #[error(transparent)]
     Blocks(#[from] KvBlockError),
     #[error(
-        "the model attends in a sliding window of {window} tokens, which the paged attention \
-         does not do: it runs one request at a time (--max-batch 1)"
-    )]
-    SlidingWindow { window: usize },
-    #[error(
         "--kv-memory {bytes} bytes holds {blocks} blocks of {block_bytes} bytes; one sequence \
          of the maximum context {max_context} needs {needed}"
     )]
@@ -176,11 +171,8 @@ impl BatchedGenerator {
                 max_batch: options.max_batch,
             });
         }
-        if let Some(w) = model.config.sliding_window {
-            if w < options.max_context {
-                return Err(BatchError::SlidingWindow { window: w });
-            }
-        }
+        // A sliding window is the paged attention's attribute (`Op::PagedAttention`): its
+        // kernels skip the blocks before the window, so windowed models batch too.
         let bytes = kv_block_bytes(&model, options.block_size, options.precision.dtype)
             .ok_or_else(|| BatchError::Overflow("bytes per block".into()))?;
         let num_blocks = options.kv_memory / bytes.max(1);

@@ -54,6 +54,7 @@ mod common {
     pub mod row_error;
     pub mod smollm2;
     pub mod tiny_gguf;
+    pub mod window_cases;
 }
 
 mod attention;
@@ -73,6 +74,7 @@ mod models;
 mod poison;
 mod sessions;
 mod tune;
+mod window;
 
 use libtest_mimic::{Arguments, Trial};
 use rocmforge::runtime::Device;
@@ -114,6 +116,7 @@ fn main() {
     device::trials(&device, &ignored, &mut trials);
     gemm::small_and_cuda_core(&device, &ignored, &mut trials);
     decode::trials(&device, &ignored, &mut trials);
+    window::trials(&device, &ignored, &mut trials);
     let (shim, hip) = hipshim::device(&device);
     hip::hip_trials(&mut trials, &device, &shim, &hip);
     trials.push(hip::shim_binds_trial());

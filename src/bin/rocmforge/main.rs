@@ -229,7 +229,7 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 16)]
         max_queue: usize,
         /// The most requests generating at once (one decode step advances them all). 1: one
-        /// at a time through a contiguous cache, as models with a sliding window always run.
+        /// at a time through a contiguous cache.
         /// Default: 64 on a GPU, 8 on the CPU devices.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
         max_batch: Option<u16>,

@@ -65,15 +65,9 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
     let model_id = id.clone();
     let max_batch = a.max_batch.unwrap_or(if device.is_gpu() { 64 } else { 8 });
     let model = rocmforge::frontend::LlamaModel::load(&path).map_err(|e| e.to_string())?;
-    // Sliding-window attention is not the paged kernels': such a model runs one at a time.
-    let window = model.config.sliding_window.filter(|&w| w < max_context);
-    let batched = max_batch > 1 && window.is_none();
-    if let (Some(w), true) = (window, max_batch > 1) {
-        eprintln!(
-            "note: the model attends in a sliding window of {w} tokens, which the paged KV cache \
-             does not do: one request generates at a time"
-        );
-    }
+    // A sliding window (Mistral) is an attribute of the paged attention too: such a model
+    // batches like any other.
+    let batched = max_batch > 1;
     let info_of = move |model: &rocmforge::frontend::LlamaModel| ModelInfo {
         id: model_id,
         tokenizer: model.tokenizer.clone(),

@@ -220,16 +220,20 @@ impl AttentionStep for Paged {
         k: NodeId,
         v: NodeId,
         heads: Heads,
-        _window: Option<usize>,
+        window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError> {
-        // A sliding window is refused before a paged graph is built (`LlamaModel::paged_graph`).
         let (_, slots, table, kv_len) = self.inputs(g)?;
         // The rows go to their slots as they come: [1, Hkv, b·s, D] with slots [1, b·s].
         let (kp, vp) = self.pool.write(g, layer, (k, v), slots, heads, dt)?;
         let q = self.per_sequence(g, q, heads.q, heads.dim, false)?;
         let scale = 1.0 / (heads.dim as f64).sqrt();
-        let ctx = g.paged_attention((q, kp, vp), table, kv_len, scale)?;
+        // The window where it hides a key of the table's reach (the paged kernels skip the
+        // blocks before it).
+        let reach = self.pool.max_blocks.saturating_mul(self.pool.block_size);
+        let reach = i64::try_from(reach).unwrap_or(i64::MAX);
+        let window = nn::window_u32(window, reach);
+        let ctx = g.paged_attention_windowed((q, kp, vp), table, kv_len, scale, window)?;
         let ctx = self.per_sequence(g, ctx, heads.q, heads.dim, true)?;
         nn::merge_heads(g, ctx, 1, self.seqs * self.s, heads.q, heads.dim)
     }
@@ -291,17 +295,25 @@ impl AttentionStep for PagedChunk {
         k: NodeId,
         v: NodeId,
         heads: Heads,
-        _window: Option<usize>,
+        window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError> {
-        // A sliding window is refused before a paged graph is built, as for `Paged`.
         let (_, slots, table, kv_len) = self.0.inputs(g)?;
         // Written first: the gathered rows include this chunk's.
         let (kp, vp) = self.0.pool.write(g, layer, (k, v), slots, heads, dt)?;
         let kc = self.gathered(g, kp, table, heads)?;
         let vc = self.gathered(g, vp, table, heads)?;
         let scale = 1.0 / (heads.dim as f64).sqrt();
-        let ctx = g.flash_attention_len((q, kc, vc), kv_len, scale, true)?;
+        let reach = self
+            .0
+            .pool
+            .max_blocks
+            .saturating_mul(self.0.pool.block_size);
+        let reach = i64::try_from(reach).unwrap_or(i64::MAX);
+        let ctx = match nn::window_u32(window, reach) {
+            None => g.flash_attention_len((q, kc, vc), kv_len, scale, true)?,
+            Some(w) => g.flash_attention_windowed((q, kc, vc), Some(kv_len), scale, 0, Some(w))?,
+        };
         nn::merge_heads(g, ctx, 1, self.0.s, heads.q, heads.dim)
     }
 }
@@ -424,22 +436,14 @@ impl AttentionStep for KvCache {
         window: Option<usize>,
         dt: DType,
     ) -> Result<NodeId, GraphError> {
-        let (positions, start, kv_len) = self.inputs(g)?;
+        let (_, start, kv_len) = self.inputs(g)?;
         let shape = [1, heads.kv, self.max_context, heads.dim];
         let kc = g.state(&io::cache_k(layer), dt, &shape)?;
         let vc = g.state(&io::cache_v(layer), dt, &shape)?;
         let kc = g.cache_write(kc, k, start, 2)?;
         let vc = g.cache_write(vc, v, start, 2)?;
-        let ctx = nn::cached_attention(
-            g,
-            (q, kc, vc),
-            kv_len,
-            positions,
-            self.s,
-            self.max_context,
-            heads.dim,
-            window,
-        )?;
+        let ctx =
+            nn::cached_attention(g, (q, kc, vc), kv_len, self.max_context, heads.dim, window)?;
         nn::merge_heads(g, ctx, 1, self.s, heads.q, heads.dim)
     }
 }

@@ -187,6 +187,7 @@ mod tests {
                     dv: 64,
                     causal: true,
                     mask: TuneMask::None,
+                    window: None,
                 },
             },
             checksum,

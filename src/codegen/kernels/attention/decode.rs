@@ -106,6 +106,25 @@ pub(crate) fn valid_keys(p: &Problem) -> usize {
     usize::try_from(end.max(0)).unwrap_or(usize::MAX).min(p.sk)
 }
 
+/// Keys the splits partition: the [`valid_keys`], or with a sliding window only those from the
+/// first row's window start on (the kernel starts split 0 there): `valid − (offset − window +
+/// 1)` for a static offset, and at most `sq − 1 + window` with kv_len (the keys from
+/// `kv_len − sq − window + 1` to `kv_len`).
+pub(crate) fn span_keys(p: &Problem) -> usize {
+    let valid = valid_keys(p);
+    if p.window == 0 {
+        return valid;
+    }
+    let w = usize::try_from(p.window).unwrap_or(usize::MAX);
+    if p.kv_len.is_static() {
+        let lo = i128::from(p.offset_text) - i128::from(p.window) + 1;
+        let lo = usize::try_from(lo.max(0)).unwrap_or(usize::MAX);
+        valid.saturating_sub(lo)
+    } else {
+        valid.min(p.sq.saturating_sub(1).saturating_add(w))
+    }
+}
+
 /// Query rows one block holds: the group's heads × sq.
 fn rows(p: &Problem) -> Option<usize> {
     p.group.checked_mul(p.sq)
@@ -189,7 +208,8 @@ pub(crate) fn choose_for(p: &Problem, target: &Target, append: bool) -> Option<C
         unroll,
     };
     let round = c.round_keys(wave);
-    let valid = valid_keys(p);
+    // With a window the splits share its keys only (the kernel starts them at its start).
+    let valid = span_keys(p);
     let kv_blocks = p.b.checked_mul(p.hkv)?.max(1);
     let wanted = FILL_BLOCKS.div_ceil(kv_blocks);
     let most = (valid / MIN_SPLIT_KEYS.max(round)).max(1);

@@ -41,6 +41,27 @@ pub(crate) fn clamp_offset(offset: i64, sq: usize, sk: usize) -> i64 {
     offset.clamp(-sq, sk)
 }
 
+/// The window a kernel must apply, or `None` where it hides no key: key `k ≥ 0` is hidden from
+/// query `q` only when `k ≤ q + offset − window`, so a window larger than every row's
+/// `q + offset` hides nothing. With kv_len the offset is `kv_len − sq ≤ sk − sq`, so
+/// `q + offset ≤ sk − 1`; without, `q + offset ≤ sq − 1 + offset` (offset clamped).
+pub(crate) fn effective_window(
+    window: Option<u32>,
+    causal: bool,
+    kv_len: bool,
+    sq: usize,
+    sk: usize,
+    offset: i64,
+) -> Option<u32> {
+    let w = window.filter(|_| causal)?;
+    let last = if kv_len {
+        i128::try_from(sk).unwrap_or(i128::MAX) - 1
+    } else {
+        i128::try_from(sq).unwrap_or(i128::MAX) - 1 + i128::from(offset)
+    };
+    (i128::from(w) <= last).then_some(w)
+}
+
 /// Where an attention kernel's number of valid keys comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum KvLen {
@@ -102,6 +123,11 @@ pub(crate) struct Problem {
     /// The clamped causal offset, as a C literal and as a number (for comments).
     pub offset: String,
     pub offset_text: i64,
+    /// The sliding window (`Attention::window`), 0 for none: templates test `{% if window %}`
+    /// and skip the key tiles wholly before `row + offset − window + 1`. A window that hides
+    /// no key of this problem ([`effective_window`]) is 0 here, so such a node gets the
+    /// unwindowed kernel.
+    pub window: u64,
     /// The mask operand's kind (`None` also where the node has no mask operand); templates
     /// read it as "" / "additive" / "boolean".
     #[serde(serialize_with = "mask_template")]
@@ -179,6 +205,8 @@ impl Problem {
             scale: att.scale,
             scale_f: f32_literal(att.scale),
             causal: att.causal,
+            window: effective_window(att.window, att.causal, att.kv_len, sq, sk, offset)
+                .map_or(0, u64::from),
             offset: if att.kv_len {
                 "kv_off".to_string()
             } else {
@@ -242,6 +270,7 @@ impl Problem {
                 dv: self.dv,
                 causal: self.causal,
                 mask: self.mask.into(),
+                window: u32::try_from(self.window).ok().filter(|&w| w > 0),
             },
         }
     }

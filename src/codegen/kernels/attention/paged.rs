@@ -106,7 +106,11 @@ struct DecodeContext<'a> {
 
 /// The attention problem of paged node `id` as the decode kernel's: q's sizes, `sk` the keys a
 /// table can name, kv_len per sequence, causal at `kv_len − s`.
-fn problem(g: &Graph, id: NodeId, scale: f64) -> Result<(Problem, [usize; 3]), CodegenError> {
+fn problem(
+    g: &Graph,
+    id: NodeId,
+    (scale, window): (f64, Option<u32>),
+) -> Result<(Problem, [usize; 3]), CodegenError> {
     let name = &g.node(id).name;
     let ops = g.operands(id);
     let (q, k, v, table) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]), g.ty(ops[3]));
@@ -150,6 +154,7 @@ fn problem(g: &Graph, id: NodeId, scale: f64) -> Result<(Problem, [usize; 3]), C
         causal: true,
         offset: "kv_off".to_string(),
         offset_text: 0,
+        window: super::effective_window(window, true, true, sq, sk, 0).map_or(0, u64::from),
         mask: MaskKind::None,
         mask_ctype: m.storage,
         mask_load_pre: m.load_pre,
@@ -171,7 +176,7 @@ fn problem(g: &Graph, id: NodeId, scale: f64) -> Result<(Problem, [usize; 3]), C
 pub(crate) fn paged_attention(
     g: &Graph,
     id: NodeId,
-    scale: f64,
+    scale: (f64, Option<u32>),
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     plan: &mut KernelPlan,

@@ -101,6 +101,7 @@ mod tests {
             causal: false,
             offset: "0LL".into(),
             offset_text: 0,
+            window: 0,
             mask: crate::ir::MaskKind::None,
             mask_ctype: "float",
             mask_load_pre: "",
