@@ -101,11 +101,18 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     // 32 sums: M 16, 2 columns).
     let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
     let mut cols = p.max_cols.min(acc / p.m.max(1)).max(1);
-    // Paired columns: a block holds whole pairs.
+    // Paired columns: a block holds whole pairs, so an even count (M 3 and 5 gave 5 and 3
+    // columns: a pair split across blocks, its halves combined with the wrong neighbours).
     let least = if p.pair { 2 } else { 1 };
+    if p.pair {
+        cols -= cols % 2;
+    }
     cols = cols.max(least);
     while cols > least && blocks(cols) < fill {
         cols /= 2;
+        if p.pair {
+            cols = (cols - cols % 2).max(least);
+        }
     }
     Config {
         cols,

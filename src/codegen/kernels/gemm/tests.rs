@@ -141,6 +141,36 @@ fn small_m_shapes_follow_rows_columns_and_wave_size() {
     assert_eq!(launch.grid, [100, 8, 1]);
 }
 
+/// Paired columns (gate/up interleaved) are combined a pair per block, so a block's columns are
+/// always even: at M 3 and 5 the register budget alone gave 5 and 3, which split pairs across
+/// blocks (a chunked prefill of 5 tokens produced NaN logits).
+#[test]
+fn small_m_paired_columns_come_in_whole_pairs() {
+    for m in 1..=small_m::MAX_M {
+        for n in [64, 6144] {
+            for (fill, max_cols) in [
+                (small_m::FILL_BLOCKS, small_m::MAX_COLS),
+                (
+                    small_m::PERSISTENT_FILL_BLOCKS,
+                    small_m::PERSISTENT_MAX_COLS,
+                ),
+            ] {
+                let (mut p, mut g) = problem(DType::F32, 1, m, n, 64, true);
+                g.paired = true;
+                p.pair = true;
+                p.fill_blocks = fill;
+                p.max_cols = max_cols;
+                let c = small_m::config(&p, &g, DType::F32, &target("sm_90"));
+                assert!(
+                    c.cols >= 2 && c.cols % 2 == 0,
+                    "M {m} N {n} fill {fill}: {} columns",
+                    c.cols
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn scalar_tiles_shrink_until_the_grid_fills_the_gpu() {
     // 32 × 32 blocks of 128×128 are enough.
