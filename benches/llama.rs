@@ -377,20 +377,23 @@ fn batched(
         });
         // Where a batched step's time goes (ROCMFORGE_BENCH_BREAKDOWN=1; GPU only).
         if std::env::var("ROCMFORGE_BENCH_BREAKDOWN").is_ok_and(|v| v == "1") {
-            if let Ok(profile) = bg.profile_step(bg.batch_bucket(b)) {
-                eprintln!(
-                    "batched_b{b}{suffix} kernel by kernel:\n{}",
-                    profile.family_table()
-                );
-                let mut slowest: Vec<_> = profile.kernels.iter().collect();
-                slowest.sort_by_key(|k| std::cmp::Reverse(k.time));
-                for k in slowest.iter().take(12) {
+            match bg.profile_step(bg.batch_bucket(b)) {
+                Err(e) => eprintln!("batched_b{b}{suffix}: no breakdown: {e}"),
+                Ok(profile) => {
                     eprintln!(
-                        "  {:>9.1} us  {:<40} {}",
-                        k.time.as_secs_f64() * 1e6,
-                        k.entry,
-                        k.node
+                        "batched_b{b}{suffix} kernel by kernel:\n{}",
+                        profile.family_table()
                     );
+                    let mut slowest: Vec<_> = profile.kernels.iter().collect();
+                    slowest.sort_by_key(|k| std::cmp::Reverse(k.time));
+                    for k in slowest.iter().take(12) {
+                        eprintln!(
+                            "  {:>9.1} us  {:<40} {}",
+                            k.time.as_secs_f64() * 1e6,
+                            k.entry,
+                            k.node
+                        );
+                    }
                 }
             }
         }

@@ -12,6 +12,9 @@ use super::{CompileError, Session};
 /// (a launch queue too short for the run would block the host): then the profile is refused.
 pub const HOLD_LIMIT: Duration = Duration::from_secs(10);
 
+/// Kernels queued behind one hold (with their markers, 600 launch-queue entries).
+const SEGMENT: usize = 200;
+
 /// One kernel of a profiled run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
@@ -37,7 +40,8 @@ pub struct FamilyTime {
 pub struct Profile {
     pub kernels: Vec<KernelTime>,
     /// From the first kernel's start to the last one's end: the kernels and the device's
-    /// switches between them, with the host out of the way.
+    /// switches between them, with the host out of the way (summed over the segments a long
+    /// plan is queued in).
     pub span: Duration,
 }
 
@@ -105,8 +109,9 @@ impl Profile {
 
 impl Session<'_> {
     /// Runs once untimed (so every buffer holds a value and every kernel has run), then once
-    /// more, kernel by kernel without replay, queued behind a hold with a marker around each
-    /// kernel, and returns each kernel's device time. GPU runs only: the CPU runs the
+    /// more, kernel by kernel without replay, queued behind a hold (one per segment of
+    /// [`SEGMENT`] kernels) with a marker around each kernel, and returns each kernel's device
+    /// time. GPU runs only: the CPU runs the
     /// interpreter, which has no kernels.
     pub fn profile(&mut self) -> Result<Profile, CompileError> {
         let Some(plan) = self.executable().plan().cloned() else {
@@ -121,20 +126,31 @@ impl Session<'_> {
             });
         };
         run.stream.synchronize()?;
-        let mut hold = run.stream.hold(HOLD_LIMIT)?;
+        // In segments, each queued behind its own hold: a kernel and its two markers are three
+        // entries of the device's launch queue, which holds about a thousand, so a plan of more
+        // than ~330 kernels queued at once blocks the host until the hold expires (a batched
+        // decode step has 363–454).
         let mut marks = Vec::with_capacity(2 * plan.kernels.len());
-        for i in 0..plan.kernels.len() {
-            marks.push(run.stream.mark()?);
-            run.stream.launch_one(&run.launches, run.kernel_at[i])?;
-            marks.push(run.stream.mark()?);
-        }
-        hold.release();
-        run.stream.synchronize()?;
-        if hold.expired() {
-            return Err(CompileError::ProfileHoldExpired {
-                kernels: plan.kernels.len(),
-                limit: hold.limit(),
-            });
+        // Each segment's first and last marker: the span adds their intervals, not the host's
+        // time between segments.
+        let mut ends = Vec::new();
+        for segment in (0..plan.kernels.len()).collect::<Vec<_>>().chunks(SEGMENT) {
+            let mut hold = run.stream.hold(HOLD_LIMIT)?;
+            let first = marks.len();
+            for &i in segment {
+                marks.push(run.stream.mark()?);
+                run.stream.launch_one(&run.launches, run.kernel_at[i])?;
+                marks.push(run.stream.mark()?);
+            }
+            ends.push((first, marks.len() - 1));
+            hold.release();
+            run.stream.synchronize()?;
+            if hold.expired() {
+                return Err(CompileError::ProfileHoldExpired {
+                    kernels: segment.len(),
+                    limit: hold.limit(),
+                });
+            }
         }
         let kernels = plan
             .kernels
@@ -151,10 +167,10 @@ impl Session<'_> {
                 })
             })
             .collect::<Result<Vec<_>, CompileError>>()?;
-        let span = match (marks.first(), marks.last()) {
-            (Some(first), Some(last)) => last.since(first)?,
-            _ => Duration::ZERO,
-        };
+        let mut span = Duration::ZERO;
+        for &(first, last) in &ends {
+            span += marks[last].since(&marks[first])?;
+        }
         Ok(Profile { kernels, span })
     }
 }
