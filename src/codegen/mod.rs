@@ -120,6 +120,10 @@ pub struct CodegenOptions {
     /// The whole plan as one persistent kernel (`persistent.rs`: the decode issue's
     /// megakernel); off by default: one launch per kernel.
     pub persistent: Persistent,
+    /// Whether the GEMV with 8-bit activations quantizes A in a kernel of its own (once per
+    /// launch, into a workspace) or in every block of the GEMV
+    /// (`kernels/gemm/quant_dot.rs`, `SPLIT_MIN_WEIGHT_BYTES`).
+    pub quant_split: QuantSplit,
 }
 
 impl Default for CodegenOptions {
@@ -133,8 +137,23 @@ impl Default for CodegenOptions {
             wgmma_tma: TmaWidth::Auto,
             wgmma_attention: WgmmaAttention::Off,
             persistent: Persistent::Off,
+            quant_split: QuantSplit::Auto,
         }
     }
+}
+
+/// Where the GEMV with 8-bit activations quantizes A ([`CodegenOptions::quant_split`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantSplit {
+    /// A kernel of its own where W is large enough for the launch to pay
+    /// (`kernels/gemm/quant_dot.rs`, `SPLIT_MIN_WEIGHT_BYTES`), else every block.
+    #[default]
+    Auto,
+    /// Always a kernel of its own (to measure one against the other; the tests' two-kernel
+    /// cases).
+    On,
+    /// Always every block of the GEMV.
+    Off,
 }
 
 /// Whether and how attention runs on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`).
@@ -185,6 +204,7 @@ pub fn generate_with(
         wgmma_tma,
         wgmma_attention,
         persistent,
+        quant_split,
     } = options;
     let plan = lower::generate(
         graph,
@@ -199,6 +219,7 @@ pub fn generate_with(
             wgmma_attention: *wgmma_attention,
             // Read by the families that shape their blocks for a persistent plan.
             persistent: *persistent,
+            quant_split: *quant_split,
         },
     )?;
     persistent::fold(plan, *persistent)

@@ -162,6 +162,8 @@ pub struct CompileOptions {
     pub wgmma_attention: crate::codegen::WgmmaAttention,
     /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
     pub persistent: crate::codegen::Persistent,
+    /// Where the GEMV with 8-bit activations quantizes A ([`CodegenOptions::quant_split`]).
+    pub quant_split: crate::codegen::QuantSplit,
 }
 
 impl Default for CompileOptions {
@@ -181,6 +183,7 @@ impl Default for CompileOptions {
             wgmma_tma: crate::codegen::TmaWidth::Auto,
             wgmma_attention: crate::codegen::WgmmaAttention::Off,
             persistent: crate::codegen::Persistent::Off,
+            quant_split: crate::codegen::QuantSplit::Auto,
         }
     }
 }
@@ -566,6 +569,7 @@ fn compile(
         },
         wgmma_attention: options.wgmma_attention,
         persistent: options.persistent,
+        quant_split: options.quant_split,
         ..codegen_options
     };
     let codegen_start = Instant::now();
