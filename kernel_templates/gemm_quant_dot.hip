@@ -138,17 +138,22 @@ RF_INLINE void rf_dot(const rf_wq (&w)[RF_COLS], int piece, const int* __restric
     }
 }
 {% else %}// ggml's get_scale_min_k4 on a super-block's head (`hd`: d and dmin, then the 12 bytes of scales and
-// mins as the words y, z, w): the 6-bit scale and min of sub-block j.
-RF_INLINE void rf_scale_min(const rf_i4& hd, int j, float* sc, float* mn) {
-    const unsigned s0 = (unsigned)hd.y, s1 = (unsigned)hd.z, s2 = (unsigned)hd.w;
-    const int i = 8 * (j & 3);
-    if (j < 4) {
-        *sc = (float)((s0 >> i) & 63u);
-        *mn = (float)((s1 >> i) & 63u);
-    } else {
-        *sc = (float)(((s2 >> i) & 15u) | (((s0 >> (i + 6)) & 3u) << 4));
-        *mn = (float)(((s2 >> (i + 4)) & 15u) | (((s1 >> (i + 6)) & 3u) << 4));
-    }
+// mins as the words y, z, w) for the pair of sub-blocks 2c and 2c + 1: their 6-bit scales and mins, from
+// 16-bit halves (llama.cpp's vec_dot_q4_K_q8_1 form). Without a branch on c < 2: c is piece % 8 / 2, the
+// same for a lane in every step (RF_WAVE is a multiple of 8), so such a branch diverges within every warp
+// and runs both sides (sm_90 SASS: ~48 instructions a row, against ~16 here).
+RF_INLINE void rf_scale_min2(const rf_i4& hd, int c, float* sc, float* mn) {
+    const unsigned sh = 16u * (unsigned)(c & 1);
+    const unsigned a = (unsigned)hd.y >> sh, b = (unsigned)hd.z >> sh, q = (unsigned)hd.w >> sh;
+    // c < 2: the low 6 bits of scale bytes 2c, 2c + 1 (a) and of the mins 4 further (b); else the
+    // nibbles of bytes 2c + 4.. (q: low the scales, high the mins) under the top 2 bits of a's and b's.
+    const bool hi = c >= 2;
+    const unsigned s = hi ? ((q & 0x0f0fu) | ((a >> 2) & 0x3030u)) : (a & 0x3f3fu);
+    const unsigned m = hi ? (((q >> 4) & 0x0f0fu) | ((b >> 2) & 0x3030u)) : (b & 0x3f3fu);
+    sc[0] = (float)(s & 0xffu);
+    sc[1] = (float)(s >> 8 & 0xffu);
+    mn[0] = (float)(m & 0xffu);
+    mn[1] = (float)(m >> 8 & 0xffu);
 }
 // The quants of sub-block 2c (low nibbles) and 2c + 1 (high nibbles) in 4 bytes{% if scheme == "q5_k" %}, with their fifth
 // bits (bit 2c, 2c + 1 of the 4 qh bytes `hb`) as bit 4{% endif %}.
@@ -182,13 +187,12 @@ RF_INLINE void rf_dot(const rf_wq (&w)[RF_COLS], int piece, const int* __restric
     for (int j = 0; j < RF_COLS; ++j) {
         const float d = rf_h2f((rf_half)((unsigned)w[j].head.x & 0xffffu));
         const float dmin = rf_h2f((rf_half)((unsigned)w[j].head.x >> 16));
-        float sc, mn;
-        rf_scale_min(w[j].head, 2 * c, &sc, &mn);
-        d1[j] = d * sc;
-        m1[j] = dmin * mn;
-        rf_scale_min(w[j].head, 2 * c + 1, &sc, &mn);
-        d2[j] = d * sc;
-        m2[j] = dmin * mn;
+        float sc[2], mn[2];
+        rf_scale_min2(w[j].head, c, sc, mn);
+        d1[j] = d * sc[0];
+        m1[j] = dmin * mn[0];
+        d2[j] = d * sc[1];
+        m2[j] = dmin * mn[1];
     }
 #pragma unroll
     for (int m = 0; m < RF_M; ++m) {

@@ -514,6 +514,21 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
+    // A split GEMV with its norm as steps of the persistent kernel (the quantize kernel a step,
+    // the GEMV after it waiting for it; `split_in_persistent` checks the plan).
+    let plan = generate_with(
+        &split_norm_case().fused(),
+        &target,
+        &persistent_split_options(),
+    )
+    .map_err(|e| e.to_string())?;
+    for k in &plan.kernels {
+        out.entry(k.entry.clone()).or_insert((
+            plan.source(k),
+            k.body.clone(),
+            "persistent split".into(),
+        ));
+    }
     // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
     // The TMA kernel at every tile width (the register budget grows with it: 128 accumulators
     // a consumer thread at 256) and the cp.async kernel in its place.
@@ -670,6 +685,45 @@ fn split_by_weight_bytes() -> Result<(), Failed> {
         }
     }
     Ok(())
+}
+
+/// A Q4_K GEMV pair behind an RMSNorm (M 1, Llama-3.2-1B's hidden size).
+fn split_norm_case() -> norm_cases::NormCase {
+    norm_cases::NormCase {
+        layer: false,
+        dtype: DType::F16,
+        scheme: Some(QuantScheme::Q4K),
+        m: 1,
+        n: 512,
+        k: 2048,
+        two: true,
+        residual: true,
+    }
+}
+
+/// [`split_options`] as one persistent kernel.
+fn persistent_split_options() -> CodegenOptions {
+    CodegenOptions {
+        persistent: rocmforge::codegen::Persistent::On,
+        ..split_options()
+    }
+}
+
+/// The persistent kernel takes the two-kernel GEMVs as two steps each: one kernel over the four
+/// steps of the per-kernel plan.
+fn split_in_persistent() -> Result<(), Failed> {
+    let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
+    let fused = split_norm_case().fused();
+    let steps = generate_with(&fused, &target, &split_options())
+        .map_err(|e| e.to_string())?
+        .kernels
+        .len();
+    let plan =
+        generate_with(&fused, &target, &persistent_split_options()).map_err(|e| e.to_string())?;
+    match plan.kernels.as_slice() {
+        [k] if k.persistent.map(|p| p.steps) == Some(steps) && steps == 4 => Ok(()),
+        ks => Err(format!("{} kernels for {steps} steps", ks.len()).into()),
+    }
 }
 
 /// Whether `case`'s kernel for `arch` is one of the CUDA-core GEMMs the host runs.
@@ -883,6 +937,10 @@ fn main() {
     trials.push(Trial::test(
         "plan::split_by_weight_bytes",
         split_by_weight_bytes,
+    ));
+    trials.push(Trial::test(
+        "plan::split_in_persistent",
+        split_in_persistent,
     ));
     for (scheme, name) in [
         (QuantScheme::Q8_0, "kernels__dequantize__q8_0_f16__sm_90"),

@@ -311,15 +311,15 @@ pub(crate) fn kernel(
         &format!("{node}:activations"),
         TensorType::new(DType::F32, vec![floats]),
     );
-    // As many threads as the GEMV's blocks at most (a persistent plan's blocks are as wide as
-    // its widest step), fewer where A is short; each thread up to RUNS_IN_FLIGHT runs of 8.
+    // One run of 8 values a thread, as many blocks as that takes: the kernel is on the critical
+    // path, so its values are spread wide rather than loaded several a thread (and 4 runs in
+    // flight, 32 floats, spilled inside the persistent kernel's 64-register bound on sm_90a).
+    // As many threads a block as the GEMV's at most (a persistent plan's blocks are as wide as
+    // its widest step), fewer where A is short.
     let wave = target.wave_size as usize;
     let runs = p.m * p.k / 8;
-    let act_threads = runs
-        .div_ceil(RUNS_IN_FLIGHT)
-        .next_multiple_of(wave)
-        .clamp(wave, threads);
-    let act_blocks = runs.div_ceil(act_threads * RUNS_IN_FLIGHT);
+    let act_threads = runs.next_multiple_of(wave).clamp(wave, threads);
+    let act_blocks = runs.div_ceil(act_threads);
     let act_launch = checked_launch(node, target, [act_blocks, p.batch, 1], act_threads)?;
     // A, then the prologue's weight and bias (after the extras in the node's operands).
     let extras = p.extras.len();
@@ -331,7 +331,7 @@ pub(crate) fn kernel(
         p,
         scheme: scheme.name(),
         threads: act_threads,
-        runs_in_flight: RUNS_IN_FLIGHT,
+        runs_in_flight: 1,
         ds_at,
     };
     plan.kernels.push(finish(
