@@ -9,7 +9,9 @@
 //! GEMV with 8-bit activations and int8 dot products reads it, at 16 the small-M kernel
 //! dequantizes it in registers); and Q4_K/Q6_K (Q4_K_M files) at SmolLM2's down projection
 //! and Llama-3.2-1B's projections, M 1 and 4, f16 (`_q4_k`, `_q6_k`: the K-quant GEMV with
-//! 8-bit activations). Throughput counts 2·M·N·K FLOPs; the table also gives the
+//! 8-bit activations; `ROCMFORGE_BENCH_QUANT_SPLIT=on|off` quantizes their activations in a
+//! kernel of their own, or in every block of the GEMV, whatever the size of W: one executable
+//! times both forms). Throughput counts 2·M·N·K FLOPs; the table also gives the
 //! bytes a run moves at least (W, A and the result once) and bytes / time in GB/s, which a
 //! decode GEMV should bring near the device's DRAM bandwidth.
 //!

@@ -117,3 +117,78 @@ RF_INLINE void rf_dequant_piece(const unsigned char* __restrict__ blk, {% if gro
     }
 }{% endif %}
 {%- endmacro %}
+{#- The int8 GEMV's activation quantization (`gemm_quant_dot.hip`'s per-block stage and the kernel of its own,
+    `gemm_quant_act.hip`), in the kernel's namespace after `views` and `norm_helpers`: reads RF_M, RF_K,
+    RF_THREADS, RF_RUNS (= RF_M·RF_K / 8) and RF_RUNS_IN_FLIGHT, and the types of `act_types`. -#}
+{% macro act_types() -%}
+struct alignas(8) rf_i2 { int x, y; };
+struct alignas(16) rf_i4 { int x, y, z, w; };
+// A group of 32 activations' scale d and the sum d·Σq of its rounded values, side by side so that one
+// load reads both (two neighbouring groups' in one 16-byte load: rf_f4).
+struct alignas(8) rf_f2 { float x, y; };
+struct alignas(16) rf_f4 { float x, y, z, w; };
+{%- endmacro %}
+{% macro act_quantize(p) -%}
+// Rounds of runs a thread takes per pass: RF_RUNS_IN_FLIGHT, or fewer where the runs end sooner (a thread
+// with nothing in a round would still run its shuffles and roundings).
+constexpr int RF_ROUNDS = (RF_RUNS + RF_THREADS - 1) / RF_THREADS < RF_RUNS_IN_FLIGHT ? (RF_RUNS + RF_THREADS - 1) / RF_THREADS : RF_RUNS_IN_FLIGHT;
+// Runs first..last - 1 of A's RF_M rows of batch `bz` as int8 in `qa` (run i of 8 values: row 8i / K, columns
+// 8i % K..+7, at qa[i]: row m at byte m·K), and per group of 32 (row m's group g at m·RF_K / 32 + g) its scale
+// d = max|x| / 127 and d·Σq in `ds`; `first` a multiple of 4 (whole groups). Thread t takes runs first + t,
+// first + t + RF_THREADS, ..., RF_ROUNDS of them loaded before any is rounded;
+// the 4 runs of a group are 4 neighbouring lanes, which meet by shuffles (xor 1, 2). Every thread runs
+// every round (the shuffles need all lanes), idle ones on 0.
+{% if p.prologue %}// With the prologue, each value is normalised (rf_norm: the rows' statistics) before it is rounded to 8 bits.
+{% endif %}RF_INLINE void rf_quantize_a(const {{ p.a_t }}* __restrict__ A, long long bz, int first, int last, rf_i2* qa, rf_f2* ds{% if p.prologue %}, const float* rf_norm, const {{ p.prologue.w_t }}* __restrict__ NW{% if p.prologue.layer %}, const {{ p.prologue.b_t }}* __restrict__ NB{% endif %}{% endif %}) {
+    for (int base = first; base < last; base += RF_THREADS * RF_ROUNDS) {
+        float x[RF_ROUNDS][8];
+#pragma unroll
+        for (int r = 0; r < RF_ROUNDS; ++r) {
+            const int i = base + r * RF_THREADS + (int)threadIdx.x;
+            const bool in = i < last;
+            const int m = in ? 8 * i / RF_K : 0, k0 = in ? 8 * i % RF_K : 0;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+{% if p.prologue %}                x[r][e] = in ? {{ p.a_pre }}A[rf_a_at(bz, m, k0 + e)]{{ p.a_post }} : 0.0f;
+                if (in) x[r][e] = rf_norm_a(x[r][e], rf_norm[2 * m], rf_norm[2 * m + 1], NW, {% if p.prologue.layer %}NB, {% endif %}k0 + e);
+{% else %}                x[r][e] = in ? {{ p.a_pre }}A[rf_a_at(bz, m, k0 + e)]{{ p.a_post }} : 0.0f;
+{% endif %}            }
+        }
+#pragma unroll
+        for (int r = 0; r < RF_ROUNDS; ++r) {
+            const int i = base + r * RF_THREADS + (int)threadIdx.x;
+            float amax = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[r][e]));
+            amax = fmaxf(amax, rf_shfl_xor(amax, 1));
+            amax = fmaxf(amax, rf_shfl_xor(amax, 2));
+            const float d = amax / 127.0f;
+            // |x| / d <= 127 up to rounding; halves away from zero, as the CPU executor's
+            // quantize_row (src/cpu/quant.rs), so both devices round A alike. NaN where x is NaN
+            // (fmaxf dropped it) or infinite (d is, and the reciprocal 0).
+            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            float q[8];
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                q[e] = roundf(x[r][e] * id);
+                sum += q[e];
+            }
+            sum += rf_shfl_xor(sum, 1);
+            sum += rf_shfl_xor(sum, 2);
+            // The sum keeps a NaN: a finite sum means 32 finite values.
+            const bool finite = fabsf(sum) < INFINITY;
+            if (i < last) {
+                unsigned lo = 0u, hi = 0u;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    lo |= ((unsigned)(finite ? (int)q[e] : 0) & 0xffu) << (8 * e);
+                    hi |= ((unsigned)(finite ? (int)q[4 + e] : 0) & 0xffu) << (8 * e);
+                }
+                qa[i] = rf_i2{(int)lo, (int)hi};
+                if (i % 4 == 0) ds[i / 4] = rf_f2{finite ? d : NAN, d * sum};
+            }
+        }
+    }
+}
+{%- endmacro %}

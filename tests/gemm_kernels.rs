@@ -52,7 +52,7 @@ use int8_gemv::{Epilogue, Int8Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quant_cases::QuantCase;
 use rocmforge::arch::Target;
-use rocmforge::codegen::{generate_with, CodegenOptions, F32Matmul, Kernel, TmaWidth};
+use rocmforge::codegen::{generate_with, CodegenOptions, F32Matmul, Kernel, QuantSplit, TmaWidth};
 use rocmforge::interp::{self, Bindings};
 use rocmforge::ir::{DType, QuantScheme};
 
@@ -163,19 +163,38 @@ fn quant_host_run(cxx: &Path, case: &QuantCase, arch: &str) -> Result<(), Failed
 
 /// Runs the fused graph of norm `case` (the norm a prologue of its GEMVs) on the host for
 /// `arch`'s plan and compares each output with the interpreter on the unfused graph.
-fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<(), Failed> {
+/// With `split`, the int8 GEMVs quantize A (and apply the norm) in a kernel of their own
+/// (`CodegenOptions::quant_split` on, `int8_gemv` on so that the legacy schemes take it too).
+fn norm_host_run(
+    cxx: &Path,
+    case: &norm_cases::NormCase,
+    arch: &str,
+    split: bool,
+) -> Result<(), Failed> {
     let (g, fused) = (case.graph(), case.fused());
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let plan =
-        generate_with(&fused, &target, &CodegenOptions::default()).map_err(|e| e.to_string())?;
-    // One GEMV kernel per linear layer and no norm kernel.
-    let family = if case.scheme.is_some() {
-        "gemm_quant"
+    let options = if split {
+        split_options()
     } else {
-        "gemm_small_m"
+        CodegenOptions::default()
+    };
+    let plan = generate_with(&fused, &target, &options).map_err(|e| e.to_string())?;
+    // One GEMV kernel per linear layer and no norm kernel; with the split, the int8 GEMV's
+    // quantize kernel (the norm applied there) before each.
+    let int8 = case.scheme.is_some_and(|s| {
+        if split {
+            (1..=split_max_m(s)).contains(&case.m)
+        } else {
+            takes_int8(s, case.m)
+        }
+    });
+    let per_layer: &[&str] = match (case.scheme, split && int8) {
+        (None, _) => &["gemm_small_m"],
+        (Some(_), false) => &["gemm_quant"],
+        (Some(_), true) => &["gemm_quant_act", "gemm_quant"],
     };
     let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-    if families != vec![family; 1 + usize::from(case.two)] {
+    if families != per_layer.repeat(1 + usize::from(case.two)) {
         return Err(format!("{}: kernels {families:?}", case.name()).into());
     }
     let b = Bindings::random(&g, 11);
@@ -183,9 +202,8 @@ fn norm_host_run(cxx: &Path, case: &norm_cases::NormCase, arch: &str) -> Result<
     let got = host_kernels::run_plan(cxx, &fused, &plan, &b)?.map_err(|e| e.to_string())?;
     // The int8 GEMV rounds the normalised activations to 8 bits: held to the relative L2 bound
     // the int8 cases use (tests/common/int8_gemv.rs), not the dtype's tolerance.
-    let int8 = plan.kernels.iter().any(|k| k.body.contains("rf_dot4_i8"));
-    if case.scheme.is_some_and(|s| takes_int8(s, case.m)) != int8 {
-        return Err(format!("{}: int8 activations {int8}", case.name()).into());
+    if plan.kernels.iter().any(|k| k.body.contains("rf_dot4_i8")) != int8 {
+        return Err(format!("{}: int8 activations {}", case.name(), !int8).into());
     }
     let tol = if int8 {
         int8_gemv::REL_L2
@@ -280,6 +298,20 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
                 });
             }
         }
+        // Q4_K (K whole super-blocks) at Llama-3.2-1B's hidden size, M 1 and 4 (the int8
+        // GEMV's largest on K-quants).
+        for m in [1, 4] {
+            v.push(norm_cases::NormCase {
+                layer,
+                dtype: DType::F16,
+                scheme: Some(QuantScheme::Q4K),
+                m,
+                n: 2048,
+                k: 2048,
+                two: true,
+                residual: m == 1,
+            });
+        }
     }
     v
 }
@@ -312,13 +344,42 @@ fn takes_int8(scheme: QuantScheme, m: usize) -> bool {
     int8_max_m(scheme).is_some_and(|max| (1..=max).contains(&m))
 }
 
-/// Runs `case` on the host for `arch`'s plan: one kernel, the int8 GEMV, within its bound.
-fn int8_host_run(cxx: &Path, case: &Int8Case, arch: &str) -> Result<(), Failed> {
+/// The options that choose the int8 GEMV and quantize its activations in a kernel of their own
+/// (`CodegenOptions::quant_split`), whatever the size of W.
+fn split_options() -> CodegenOptions {
+    CodegenOptions {
+        quant_split: QuantSplit::On,
+        ..int8_options()
+    }
+}
+
+/// The largest M at which the int8 GEMV computes a `scheme` weight under [`split_options`].
+fn split_max_m(scheme: QuantScheme) -> usize {
+    match scheme {
+        QuantScheme::Q4K | QuantScheme::Q5K | QuantScheme::Q6K => 4,
+        _ => 8,
+    }
+}
+
+/// Runs `case` on the host for `arch`'s plan: one kernel, the int8 GEMV, within its bound; with
+/// `split`, its quantize kernel first, then the GEMV reading the workspace that one wrote.
+fn int8_host_run(cxx: &Path, case: &Int8Case, arch: &str, split: bool) -> Result<(), Failed> {
     let g = case.fused();
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
-    let plan = generate_with(&g, &target, &int8_options()).map_err(|e| e.to_string())?;
+    let options = if split {
+        split_options()
+    } else {
+        int8_options()
+    };
+    let plan = generate_with(&g, &target, &options).map_err(|e| e.to_string())?;
     match plan.kernels.as_slice() {
-        [k] if k.family == "gemm_quant" && k.body.contains("rf_dot4_i8") => {}
+        [k] if !split && k.family == "gemm_quant" && k.body.contains("rf_dot4_i8") => {}
+        [a, k]
+            if split
+                && a.family == "gemm_quant_act"
+                && k.family == "gemm_quant"
+                && k.body.contains("rf_dot4_i8")
+                && a.node == k.node => {}
         ks => {
             let names: Vec<&str> = ks.iter().map(|k| k.entry.as_str()).collect();
             return Err(format!("{}: kernels {names:?}, not the int8 GEMV", case.name()).into());
@@ -426,23 +487,47 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     }
     // The quantized cases' own kernels (the dense GEMM after a dequantize is compiled above).
     let target = Target::parse(arch).map_err(|e| e.to_string())?;
+    // Each also with the int8 GEMV's activations in a kernel of their own (the LM heads take
+    // that by default).
     for c in quant_compile_cases() {
-        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
-            .map_err(|e| format!("{}: {e}", c.name()))?;
-        for k in &plan.kernels {
-            if ["gemm_quant", "dequantize"].contains(&k.family) {
+        for options in [CodegenOptions::default(), split_options()] {
+            let plan = generate_with(&c.fused(), &target, &options)
+                .map_err(|e| format!("{}: {e}", c.name()))?;
+            for k in &plan.kernels {
+                if ["gemm_quant", "gemm_quant_act", "dequantize"].contains(&k.family) {
+                    out.entry(k.entry.clone()).or_insert((
+                        plan.source(k),
+                        k.body.clone(),
+                        c.name(),
+                    ));
+                }
+            }
+        }
+    }
+    for c in norm_compile_cases() {
+        for options in [CodegenOptions::default(), split_options()] {
+            let plan = generate_with(&c.fused(), &target, &options)
+                .map_err(|e| format!("{}: {e}", c.name()))?;
+            for k in &plan.kernels {
                 out.entry(k.entry.clone())
                     .or_insert((plan.source(k), k.body.clone(), c.name()));
             }
         }
     }
-    for c in norm_compile_cases() {
-        let plan = generate_with(&c.fused(), &target, &CodegenOptions::default())
-            .map_err(|e| format!("{}: {e}", c.name()))?;
-        for k in &plan.kernels {
-            out.entry(k.entry.clone())
-                .or_insert((plan.source(k), k.body.clone(), c.name()));
-        }
+    // A split GEMV with its norm as steps of the persistent kernel (the quantize kernel a step,
+    // the GEMV after it waiting for it; `split_in_persistent` checks the plan).
+    let plan = generate_with(
+        &split_norm_case().fused(),
+        &target,
+        &persistent_split_options(),
+    )
+    .map_err(|e| e.to_string())?;
+    for k in &plan.kernels {
+        out.entry(k.entry.clone()).or_insert((
+            plan.source(k),
+            k.body.clone(),
+            "persistent split".into(),
+        ));
     }
     // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
     // The TMA kernel at every tile width (the register budget grows with it: 128 accumulators
@@ -501,13 +586,15 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
-    // The int8 GEMV with each epilogue and M.
+    // The int8 GEMV with each epilogue and M, in one kernel and in two.
     for c in int8_gemv::host_cases() {
-        let plan = generate_with(&c.fused(), &target, &int8_options())
-            .map_err(|e| format!("{}: {e}", c.name()))?;
-        for k in &plan.kernels {
-            out.entry(k.entry.clone())
-                .or_insert((plan.source(k), k.body.clone(), c.name()));
+        for options in [int8_options(), split_options()] {
+            let plan = generate_with(&c.fused(), &target, &options)
+                .map_err(|e| format!("{}: {e}", c.name()))?;
+            for k in &plan.kernels {
+                out.entry(k.entry.clone())
+                    .or_insert((plan.source(k), k.body.clone(), c.name()));
+            }
         }
     }
     Ok(out)
@@ -563,6 +650,102 @@ fn quant_snapshot(
         files::snapshot_settings().bind(|| insta::assert_snapshot!(name, k.body))
     })
     .map_err(|_| Failed::from(format!("{name} differs from its snapshot")))
+}
+
+/// The default plan of a K-quant GEMV quantizes A in a kernel of its own where W is large (the
+/// LM head of Llama-3.2-1B, 128256 × 2048: two launches for the one node, the workspace between
+/// them) and in every block where it is small (its 2048 × 2048 projections: one launch); the
+/// options force either.
+fn split_by_weight_bytes() -> Result<(), Failed> {
+    let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
+    let case = |n| QuantCase {
+        scheme: QuantScheme::Q4K,
+        dtype: DType::F16,
+        m: 1,
+        n,
+        k: 2048,
+        bias: false,
+    };
+    let off = CodegenOptions {
+        quant_split: QuantSplit::Off,
+        ..CodegenOptions::default()
+    };
+    for (n, options, want) in [
+        (128256, CodegenOptions::default(), 2),
+        (2048, CodegenOptions::default(), 1),
+        (128256, off, 1),
+        (2048, split_options(), 2),
+    ] {
+        let plan = generate_with(&case(n).fused(), &target, &options).map_err(|e| e.to_string())?;
+        let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
+        let expect: &[&str] = if want == 2 {
+            &["gemm_quant_act", "gemm_quant"]
+        } else {
+            &["gemm_quant"]
+        };
+        if families != expect {
+            return Err(format!("N {n} {:?}: kernels {families:?}", options.quant_split).into());
+        }
+        if want == 2 {
+            let (act, dot) = (&plan.kernels[0], &plan.kernels[1]);
+            // One node; the first writes the workspace, the second reads it (and not A).
+            let [ws] = act.written().collect::<Vec<_>>()[..] else {
+                return Err("the quantize kernel writes more than its workspace".into());
+            };
+            let ws_name = &plan.buffers[ws].name;
+            if act.node != dot.node || !ws_name.ends_with(":activations") {
+                return Err(
+                    format!("nodes {} / {}, workspace {ws_name}", act.node, dot.node).into(),
+                );
+            }
+            if dot.args.first() != Some(&ws) || dot.args.contains(&act.args[0]) {
+                return Err("the GEMV does not read the workspace in A's place".into());
+            }
+            if !plan.listing().contains(&format!("%{ws_name} (write)")) {
+                return Err("the listing does not show the workspace written".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A Q4_K GEMV pair behind an RMSNorm (M 1, Llama-3.2-1B's hidden size).
+fn split_norm_case() -> norm_cases::NormCase {
+    norm_cases::NormCase {
+        layer: false,
+        dtype: DType::F16,
+        scheme: Some(QuantScheme::Q4K),
+        m: 1,
+        n: 512,
+        k: 2048,
+        two: true,
+        residual: true,
+    }
+}
+
+/// [`split_options`] as one persistent kernel.
+fn persistent_split_options() -> CodegenOptions {
+    CodegenOptions {
+        persistent: rocmforge::codegen::Persistent::On,
+        ..split_options()
+    }
+}
+
+/// The persistent kernel takes the two-kernel GEMVs as two steps each: one kernel over the four
+/// steps of the per-kernel plan.
+fn split_in_persistent() -> Result<(), Failed> {
+    let target = Target::parse("sm_90").map_err(|e| e.to_string())?;
+    let fused = split_norm_case().fused();
+    let steps = generate_with(&fused, &target, &split_options())
+        .map_err(|e| e.to_string())?
+        .kernels
+        .len();
+    let plan =
+        generate_with(&fused, &target, &persistent_split_options()).map_err(|e| e.to_string())?;
+    match plan.kernels.as_slice() {
+        [k] if k.persistent.map(|p| p.steps) == Some(steps) && steps == 4 => Ok(()),
+        ks => Err(format!("{} kernels for {steps} steps", ks.len()).into()),
+    }
 }
 
 /// Whether `case`'s kernel for `arch` is one of the CUDA-core GEMMs the host runs.
@@ -633,8 +816,21 @@ fn main() {
                 &cxx,
                 "ROCMFORGE_REQUIRE_HOST_CXX",
                 name,
-                move |cxx| norm_host_run(&cxx, &case, arch),
+                move |cxx| norm_host_run(&cxx, &case, arch, false),
             ));
+        }
+        // The quantized ones with the int8 GEMV's activations (and the norm) in a kernel of
+        // their own.
+        if case.scheme.is_some() {
+            for arch in sample::archs(&format!("split_{}", case.name()), &HOST) {
+                let name = format!("host::{arch}::norm_split::{}", case.name());
+                trials.push(needs(
+                    &cxx,
+                    "ROCMFORGE_REQUIRE_HOST_CXX",
+                    name,
+                    move |cxx| norm_host_run(&cxx, &case, arch, true),
+                ));
+            }
         }
     }
     for case in int8_gemv::host_cases() {
@@ -644,7 +840,16 @@ fn main() {
                 &cxx,
                 "ROCMFORGE_REQUIRE_HOST_CXX",
                 name,
-                move |cxx| int8_host_run(&cxx, &case, arch),
+                move |cxx| int8_host_run(&cxx, &case, arch, false),
+            ));
+        }
+        for arch in sample::archs(&format!("split_{}", case.name()), &HOST) {
+            let name = format!("host::{arch}::int8_split::{}", case.name());
+            trials.push(needs(
+                &cxx,
+                "ROCMFORGE_REQUIRE_HOST_CXX",
+                name,
+                move |cxx| int8_host_run(&cxx, &case, arch, true),
             ));
         }
     }
@@ -731,6 +936,35 @@ fn main() {
             },
         ));
     }
+    // The same with the activations quantized by a kernel of their own: that kernel, and the
+    // GEMV reading its workspace.
+    for (family, name) in [
+        ("gemm_quant_act", "kernels__gemm_quant_act__q4_k_f16__sm_90"),
+        ("gemm_quant", "kernels__gemm_quant__q4_k_f16_split__sm_90"),
+    ] {
+        trials.push(Trial::test(
+            format!("snapshot::split::{family}"),
+            move || {
+                quant_snapshot(
+                    name,
+                    QuantCase {
+                        k: 512,
+                        ..quant(QuantScheme::Q4K, DType::F16, 3)
+                    },
+                    family,
+                    &split_options(),
+                )
+            },
+        ));
+    }
+    trials.push(Trial::test(
+        "plan::split_by_weight_bytes",
+        split_by_weight_bytes,
+    ));
+    trials.push(Trial::test(
+        "plan::split_in_persistent",
+        split_in_persistent,
+    ));
     for (scheme, name) in [
         (QuantScheme::Q8_0, "kernels__dequantize__q8_0_f16__sm_90"),
         (QuantScheme::Q4_0, "kernels__dequantize__q4_0_f16__sm_90"),

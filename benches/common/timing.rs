@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocmforge::codegen::{F32Matmul, TmaWidth, WgmmaAttention};
+use rocmforge::codegen::{F32Matmul, QuantSplit, TmaWidth, WgmmaAttention};
 use rocmforge::compile::{CompileOptions, Compiled, Poison, SessionOptions};
 use rocmforge::interp::Bindings;
 use rocmforge::runtime::Device;
@@ -80,6 +80,20 @@ pub fn bench_options() -> CompileOptions {
     if std::env::var_os("ROCMFORGE_BENCH_WGMMA").is_some() {
         println!("sm_90a GEMM: warpgroup {wgmma_gemm}, TMA width {wgmma_tma:?}");
     }
+    // Where the int8 GEMV quantizes its activations (codegen::QuantSplit): `on` a kernel of
+    // their own, `off` every block of the GEMV, `auto` (unset) by the size of W.
+    let quant_split = match std::env::var("ROCMFORGE_BENCH_QUANT_SPLIT").as_deref() {
+        Err(_) | Ok("auto") => QuantSplit::Auto,
+        Ok("on") => QuantSplit::On,
+        Ok("off") => QuantSplit::Off,
+        Ok(x) => {
+            eprintln!("error: ROCMFORGE_BENCH_QUANT_SPLIT={x}: expected auto, on or off");
+            std::process::exit(2)
+        }
+    };
+    if quant_split != QuantSplit::Auto {
+        println!("int8 GEMV activations: {quant_split:?}");
+    }
     CompileOptions {
         poison: Poison::Off,
         progress: false,
@@ -87,6 +101,7 @@ pub fn bench_options() -> CompileOptions {
         wgmma_tma,
         wgmma_attention,
         f32_matmul,
+        quant_split,
         ..CompileOptions::default()
     }
 }

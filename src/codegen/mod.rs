@@ -124,6 +124,10 @@ pub struct CodegenOptions {
     /// How f32 GEMMs and f32 attention multiply: exact f32 on CUDA cores (the default), or on
     /// the target's TF32 matrix atom where the caller opts in and the target has one.
     pub f32_matmul: F32Matmul,
+    /// Whether the GEMV with 8-bit activations quantizes A in a kernel of its own (once per
+    /// launch, into a workspace) or in every block of the GEMV
+    /// (`kernels/gemm/quant_dot.rs`, `SPLIT_MIN_WEIGHT_BYTES`).
+    pub quant_split: QuantSplit,
 }
 
 impl Default for CodegenOptions {
@@ -138,6 +142,7 @@ impl Default for CodegenOptions {
             wgmma_attention: WgmmaAttention::Auto,
             persistent: Persistent::Off,
             f32_matmul: F32Matmul::Exact,
+            quant_split: QuantSplit::Auto,
         }
     }
 }
@@ -174,6 +179,20 @@ impl F32Matmul {
             F32Matmul::Tf32 => "tf32",
         }
     }
+}
+
+/// Where the GEMV with 8-bit activations quantizes A ([`CodegenOptions::quant_split`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantSplit {
+    /// A kernel of its own where W is large enough for the launch to pay
+    /// (`kernels/gemm/quant_dot.rs`, `SPLIT_MIN_WEIGHT_BYTES`), else every block.
+    #[default]
+    Auto,
+    /// Always a kernel of its own (to measure one against the other; the tests' two-kernel
+    /// cases).
+    On,
+    /// Always every block of the GEMV.
+    Off,
 }
 
 /// Whether and how attention runs on the sm_90a warpgroup kernel (`kernels/attention/wgmma.rs`).
@@ -224,6 +243,7 @@ pub fn generate_with(
         wgmma_attention,
         persistent,
         f32_matmul,
+        quant_split,
     } = options;
     let plan = lower::generate(
         graph,
@@ -239,6 +259,7 @@ pub fn generate_with(
             // Read by the families that shape their blocks for a persistent plan.
             persistent: *persistent,
             f32_matmul: *f32_matmul,
+            quant_split: *quant_split,
         },
     )?;
     persistent::fold(plan, *persistent)

@@ -78,6 +78,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../../kernel_templates/gemm_quant_dot.hip"),
     ),
     (
+        "gemm_quant_act.hip",
+        include_str!("../../kernel_templates/gemm_quant_act.hip"),
+    ),
+    (
         "quant_parts.hip",
         include_str!("../../kernel_templates/quant_parts.hip"),
     ),

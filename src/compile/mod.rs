@@ -163,6 +163,8 @@ pub struct CompileOptions {
     /// The plan as one persistent kernel ([`CodegenOptions::persistent`]; off by default).
     pub persistent: crate::codegen::Persistent,
     /// f32 GEMMs and f32 attention at TF32 precision on the device's TF32 matrix atom
+    /// Where the GEMV with 8-bit activations quantizes A ([`CodegenOptions::quant_split`]).
+    pub quant_split: crate::codegen::QuantSplit,
     /// ([`CodegenOptions::f32_matmul`]): opt-in, about 1e-3 relative error; exact f32 by
     /// default, and wherever the device has no TF32 atom.
     pub f32_matmul: crate::codegen::F32Matmul,
@@ -186,6 +188,7 @@ impl Default for CompileOptions {
             wgmma_attention: crate::codegen::WgmmaAttention::Auto,
             persistent: crate::codegen::Persistent::Off,
             f32_matmul: crate::codegen::F32Matmul::Exact,
+            quant_split: crate::codegen::QuantSplit::Auto,
         }
     }
 }
@@ -573,6 +576,7 @@ fn compile(
         wgmma_attention: options.wgmma_attention,
         persistent: options.persistent,
         f32_matmul: options.f32_matmul,
+        quant_split: options.quant_split,
         ..codegen_options
     };
     let codegen_start = Instant::now();

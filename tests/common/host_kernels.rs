@@ -34,12 +34,13 @@ pub const POINTWISE: [&str; 8] = [
 /// Families whose blocks run with a fiber per GPU thread (barriers, shuffles, shared memory);
 /// their blocks are one-dimensional. Attention runs here in its AMD forms. The gather
 /// is here for its index check (block 0 reduces the first failing position).
-pub const COOPERATIVE: [&str; 8] = [
+pub const COOPERATIVE: [&str; 9] = [
     "argmax",
     "gather",
     "gemm",
     "gemm_small_m",
     "gemm_quant",
+    "gemm_quant_act",
     "flash_attention",
     "flash_decode",
     "paged_decode",

@@ -95,9 +95,14 @@ pub fn spills_or_stack(log: &str) -> bool {
 
 /// Every kernel of `set` through NVRTC (PTX for `arch`) and `ptxas -v`: no spill stores or
 /// loads and no stack frame. The kernels compile in parallel (rayon), as the AMD reports do.
+/// With `ROCMFORGE_PTX_DIR` set, each kernel's PTX, cubin and `ptxas -v` log are kept there
+/// (`<arch>/<entry>.{ptx,cubin,log}`, the case named in the log) for reading its registers and
+/// instructions (nvdisasm); else they go to a temporary folder, removed after.
 pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Failed> {
-    let dir =
-        std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()));
+    let keep = std::env::var_os("ROCMFORGE_PTX_DIR").map(|d| PathBuf::from(d).join(arch));
+    let dir = keep.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("rocmforge-ptx-{}-{}", std::process::id(), unique()))
+    });
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let kernels: Vec<_> = set.iter().collect();
     let results: Vec<Result<Option<String>, String>> = kernels
@@ -113,12 +118,25 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
                 .map_err(|e| format!("{case}: NVRTC: {e}"))?;
             let file = dir.join(format!("{entry}.ptx"));
             std::fs::write(&file, ptx.to_src()).map_err(|e| e.to_string())?;
+            let cubin = if keep.is_some() {
+                dir.join(format!("{entry}.cubin"))
+            } else {
+                PathBuf::from("/dev/null")
+            };
             let out = Command::new(ptxas)
-                .args(["-v", &format!("-arch={arch}"), "-o", "/dev/null"])
+                .args(["-v", &format!("-arch={arch}"), "-o"])
+                .arg(&cubin)
                 .arg(&file)
                 .output()
                 .map_err(|e| e.to_string())?;
             let log = String::from_utf8_lossy(&out.stderr).into_owned();
+            if keep.is_some() {
+                std::fs::write(
+                    dir.join(format!("{entry}.log")),
+                    format!("// {case}\n{log}"),
+                )
+                .map_err(|e| e.to_string())?;
+            }
             Ok(if !out.status.success() {
                 Some(format!("{case}: ptxas failed:\n{log}"))
             } else if spills_or_stack(&log) {
@@ -139,7 +157,9 @@ pub fn nvrtc(ptxas: &Path, arch: &'static str, set: &KernelSet) -> Result<(), Fa
             })
         })
         .collect();
-    std::fs::remove_dir_all(&dir).ok();
+    if keep.is_none() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
     let mut failures = Vec::new();
     for r in results {
         if let Some(f) = r? {

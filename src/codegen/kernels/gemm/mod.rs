@@ -324,7 +324,9 @@ pub(crate) fn lower(
         // or by default for the K-quants (`quant_dot::by_default`), where that kernel takes the
         // problem. The int8 kernel does not combine column pairs: the float one does.
         if (int8_gemv || quant_dot::by_default(scheme)) && !gemm.paired {
-            if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target)? {
+            let split = options.quant_split;
+            if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target, split, plan)?
+            {
                 return Ok(k);
             }
         }

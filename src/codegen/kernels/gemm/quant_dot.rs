@@ -38,14 +38,15 @@
 
 use serde::Serialize;
 
-use super::super::super::limits::launch as checked_launch;
-use super::super::super::plan::{BufferId, Kernel};
+use super::super::super::limits::{int_index, launch as checked_launch};
+use super::super::super::plan::{BufferId, Kernel, KernelPlan};
 use super::super::super::CodegenError;
 use super::Problem;
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
+use crate::codegen::QuantSplit;
 use crate::ir::quant::BLOCK_ELEMS;
-use crate::ir::QuantScheme;
+use crate::ir::{DType, QuantScheme, TensorType};
 
 /// The most rows of A the kernel takes (see the module comment).
 pub const MAX_M: usize = 8;
@@ -74,6 +75,22 @@ const IN_FLIGHT_STRIDING: usize = 2;
 const MAX_GRID: usize = 1024;
 /// Runs of 8 activation values a thread loads before it rounds them.
 const RUNS_IN_FLIGHT: usize = 4;
+/// Bytes of W from which, by default ([`QuantSplit::Auto`]), A is quantized once by a kernel of
+/// its own (`gemm_quant_act.hip`, into a workspace the GEMV then reads from L2) instead of by
+/// every block of the GEMV. What the split saves is the per-block stage repeated by every block
+/// (up to `MAX_GRID` of them, each quantizing all M·K values before its first dot product, a
+/// barrier behind it; the ncu profile of the LM head, 128256 × 2048 Q4_K, showed the SMs ~65%
+/// busy issuing); what it costs is one launch more, ~4–6 µs all in per kernel of a replayed
+/// decode plan (docs/performance.md, sixteenth session), partly hidden on sm_90 where the GEMV
+/// launches as a programmatic dependent and asks L2 for its first rows while it waits. So it
+/// pays only where W's own streaming time is well above a launch: 16 MiB is ~5 µs at the
+/// H100's 3.35 TB/s. Below it fall every projection of Llama-3.2-1B (≤ 9.4 MB in Q4_K) and
+/// all of SmolLM2's (≤ 0.6 MB), where the grid is at most about one round of resident blocks
+/// and the stage runs once per SM anyway; above it the LM heads (74 MB for Llama-3.2-1B's in
+/// Q4_K) and 8B-class FFN projections (33 MB), where the grid strides and the blocks' stages
+/// repeat. Not yet placed by measurement: `ROCMFORGE_BENCH_QUANT_SPLIT=on|off` runs the gemm
+/// bench's rows both ways.
+pub(crate) const SPLIT_MIN_WEIGHT_BYTES: usize = 16 << 20;
 
 /// How the kernel reads a scheme's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +145,8 @@ fn shared_bytes(p: &Problem) -> usize {
     } else {
         0
     };
-    p.m * p.k + 2 * 4 * p.m * (p.k / BLOCK_ELEMS) + norm
+    // The scales in pairs of groups (16 bytes), a last half pair where M·K / 32 is odd.
+    p.m * p.k + 16 * (p.m * (p.k / BLOCK_ELEMS)).div_ceil(2) + norm
 }
 
 /// Whether this kernel computes the Gemm `p` on a `scheme` weight that the fused kernels read
@@ -182,6 +200,11 @@ struct Context<'a> {
     c: &'a Config,
     scheme: &'static str,
     threads: usize,
+    /// A quantized by the node's first kernel into the workspace (`split`), whose scales start
+    /// at float `ds_at`; else by every block into shared memory.
+    split: bool,
+    ds_at: usize,
+    block_elems: usize,
     /// Pieces per 32 values: 8 bytes of quants each for the legacy schemes, 1 (32 values) for
     /// the K-quants.
     ppb: usize,
@@ -193,13 +216,45 @@ struct Context<'a> {
     dense_bytes: usize,
 }
 
-/// The kernel for `p` on a `scheme` weight; `None` where [`takes`] refuses it.
+/// Whether A gets a kernel of its own for `p` on a `scheme` weight (see
+/// [`SPLIT_MIN_WEIGHT_BYTES`]).
+pub(crate) fn splits(p: &Problem, scheme: QuantScheme, choice: QuantSplit) -> bool {
+    match choice {
+        QuantSplit::On => true,
+        QuantSplit::Off => false,
+        QuantSplit::Auto => {
+            let bytes =
+                p.n.saturating_mul(p.k / scheme.block_elems())
+                    .saturating_mul(scheme.block_bytes());
+            bytes >= SPLIT_MIN_WEIGHT_BYTES
+        }
+    }
+}
+
+/// The quantize kernel's context (`gemm_quant_act.hip`).
+#[derive(Serialize)]
+struct ActContext<'a> {
+    p: &'a Problem,
+    scheme: &'static str,
+    threads: usize,
+    runs_in_flight: usize,
+    ds_at: usize,
+}
+
+/// The kernel(s) for `p` on a `scheme` weight; `None` where [`takes`] refuses it. `args` are the
+/// node's (A, B, the extras, the prologue's weight and bias, the result). Where A gets a kernel
+/// of its own ([`splits`]), that kernel and its workspace are added to `plan` here (the node's
+/// first kernel: it reads A and the prologue's operands, writes the workspace) and the GEMV
+/// returned reads the workspace in A's place; both are the node's, so a listing of the plan
+/// shows the two launches under the one Gemm.
 pub(crate) fn kernel(
     p: &Problem,
     scheme: QuantScheme,
     node: &str,
     args: Vec<BufferId>,
     target: &Target,
+    split: QuantSplit,
+    plan: &mut KernelPlan,
 ) -> Result<Option<Kernel>, CodegenError> {
     let Some(r) = reader(scheme).filter(|_| takes(p, scheme, target)) else {
         return Ok(None);
@@ -211,17 +266,98 @@ pub(crate) fn kernel(
     let c = config(p, p.k / BLOCK_ELEMS * ppb, target.wave_size as usize);
     let threads = c.waves * target.wave_size as usize;
     let launch = checked_launch(node, target, [c.grid, p.batch, 1], threads)?;
-    let ctx = Context {
-        p,
-        c: &c,
-        scheme: scheme.name(),
-        threads,
-        ppb,
-        kq,
-        runs_in_flight: RUNS_IN_FLIGHT,
-        block_bytes: scheme.block_bytes(),
-        weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
-        dense_bytes: p.n * p.k * p.input.size_bytes(),
+    fn ctx<'a>(
+        p: &'a Problem,
+        c: &'a Config,
+        scheme: QuantScheme,
+        (threads, ppb, kq): (usize, usize, bool),
+        (split, ds_at): (bool, usize),
+    ) -> Context<'a> {
+        Context {
+            p,
+            c,
+            scheme: scheme.name(),
+            threads,
+            split,
+            ds_at,
+            block_elems: scheme.block_elems(),
+            ppb,
+            kq,
+            runs_in_flight: RUNS_IN_FLIGHT,
+            block_bytes: scheme.block_bytes(),
+            weight_bytes: p.n * (p.k / scheme.block_elems()) * scheme.block_bytes(),
+            dense_bytes: p.n * p.k * p.input.size_bytes(),
+        }
+    }
+    let shape = (threads, ppb, kq);
+    if !splits(p, scheme, split) {
+        let ctx = ctx(p, &c, scheme, shape, (false, 0));
+        return finish("gemm_quant", "gemm_quant_dot.hip", ctx, launch, args, node).map(Some);
+    }
+    // The workspace: batch·M·K int8 values, then two floats per 32 (K is whole groups of 32).
+    let too_large = || CodegenError::Unsupported {
+        node: node.to_string(),
+        reason: "the quantized activations' workspace is too large to address".into(),
     };
-    finish("gemm_quant", "gemm_quant_dot.hip", ctx, launch, args, node).map(Some)
+    let values = p
+        .batch
+        .checked_mul(p.m)
+        .and_then(|x| x.checked_mul(p.k))
+        .ok_or_else(too_large)?;
+    let ds_at = values / 4;
+    let floats = ds_at.checked_add(values / 16).ok_or_else(too_large)?;
+    int_index(node, "the quantized activations' workspace", floats)?;
+    let ws = plan.add_typed_workspace(
+        &format!("{node}:activations"),
+        TensorType::new(DType::F32, vec![floats]),
+    );
+    // One run of 8 values a thread, as many blocks as that takes: the kernel is on the critical
+    // path, so its values are spread wide rather than loaded several a thread (and 4 runs in
+    // flight, 32 floats, spilled inside the persistent kernel's 64-register bound on sm_90a).
+    // As many threads a block as the GEMV's at most (a persistent plan's blocks are as wide as
+    // its widest step), fewer where A is short.
+    let wave = target.wave_size as usize;
+    let runs = p.m * p.k / 8;
+    let act_threads = runs.next_multiple_of(wave).clamp(wave, threads);
+    let act_blocks = runs.div_ceil(act_threads);
+    let act_launch = checked_launch(node, target, [act_blocks, p.batch, 1], act_threads)?;
+    // A, then the prologue's weight and bias (after the extras in the node's operands).
+    let extras = p.extras.len();
+    let last = args.len() - 1;
+    let mut act_args = vec![args[0]];
+    act_args.extend_from_slice(&args[2 + extras..last]);
+    act_args.push(ws);
+    let act = ActContext {
+        p,
+        scheme: scheme.name(),
+        threads: act_threads,
+        runs_in_flight: 1,
+        ds_at,
+    };
+    plan.kernels.push(finish(
+        "gemm_quant_act",
+        "gemm_quant_act.hip",
+        act,
+        act_launch,
+        act_args,
+        node,
+    )?);
+    // The GEMV: the workspace in A's place, no prologue (applied above).
+    let dot_p = Problem {
+        prologue: None,
+        ..p.clone()
+    };
+    let mut dot_args = vec![ws];
+    dot_args.extend_from_slice(&args[1..2 + extras]);
+    dot_args.push(args[last]);
+    let ctx = ctx(&dot_p, &c, scheme, shape, (true, ds_at));
+    finish(
+        "gemm_quant",
+        "gemm_quant_dot.hip",
+        ctx,
+        launch,
+        dot_args,
+        node,
+    )
+    .map(Some)
 }
