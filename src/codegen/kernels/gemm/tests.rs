@@ -162,7 +162,7 @@ fn small_m_paired_columns_come_in_whole_pairs() {
                 p.max_cols = max_cols;
                 let c = small_m::config(&p, &g, DType::F32, &target("sm_90"));
                 assert!(
-                    c.cols >= 2 && c.cols % 2 == 0,
+                    c.cols >= 2 && c.cols.is_multiple_of(2),
                     "M {m} N {n} fill {fill}: {} columns",
                     c.cols
                 );
