@@ -515,19 +515,23 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         }
     }
     // A split GEMV with its norm as steps of the persistent kernel (the quantize kernel a step,
-    // the GEMV after it waiting for it; `split_in_persistent` checks the plan).
-    let plan = generate_with(
-        &split_norm_case().fused(),
-        &target,
-        &persistent_split_options(),
-    )
-    .map_err(|e| e.to_string())?;
-    for k in &plan.kernels {
-        out.entry(k.entry.clone()).or_insert((
-            plan.source(k),
-            k.body.clone(),
-            "persistent split".into(),
-        ));
+    // the GEMV after it waiting for it; `split_in_persistent` checks the plan). NVIDIA only:
+    // forced on AMD, that kernel spills scalar registers (gfx90a 53, gfx942 18, gfx1030 2), and
+    // a persistent plan keeps the split off unless asked (`gemm::lower`).
+    if target.platform == rocmforge::arch::Platform::Nvidia {
+        let plan = generate_with(
+            &split_norm_case().fused(),
+            &target,
+            &persistent_split_options(),
+        )
+        .map_err(|e| e.to_string())?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone()).or_insert((
+                plan.source(k),
+                k.body.clone(),
+                "persistent split".into(),
+            ));
+        }
     }
     // The warpgroup kernel's cases (sm_90a plans hold it; other targets their fallbacks).
     // The TMA kernel at every tile width (the register budget grows with it: 128 accumulators

@@ -324,7 +324,17 @@ pub(crate) fn lower(
         // or by default for the K-quants (`quant_dot::by_default`), where that kernel takes the
         // problem. The int8 kernel does not combine column pairs: the float one does.
         if (int8_gemv || quant_dot::by_default(scheme)) && !gemm.paired {
-            let split = options.quant_split;
+            // A persistent plan keeps A's quantization inside the GEMV unless the caller forces
+            // the split: in one kernel the split is one more step and a wait per GEMV, and with
+            // it the persistent kernel's scalar registers spilled on gfx90a, gfx942 and gfx1030.
+            let split = match options.quant_split {
+                crate::codegen::QuantSplit::Auto
+                    if options.persistent != crate::codegen::Persistent::Off =>
+                {
+                    crate::codegen::QuantSplit::Off
+                }
+                s => s,
+            };
             if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target, split, plan)?
             {
                 return Ok(k);
