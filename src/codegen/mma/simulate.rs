@@ -202,14 +202,27 @@ fn simulate_probe(atom: &MmaAtom, a: &[f64], b: &[f64], bt: &[f64]) -> Vec<f64> 
     out
 }
 
+/// The probe's product of `a` `[M, K]` and `b` `[K, N]` through `atom`'s layouts (B also given
+/// transposed, as the probe reads it).
+fn probe(atom: &MmaAtom, a: &[f64], b: &[f64], (n, k): (usize, usize)) -> Vec<f64> {
+    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+    simulate_probe(atom, a, b, &bt)
+}
+
+/// A·B in f64, row-major `[M, N]`.
+fn exact_product(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
+    (0..m * n)
+        .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
+        .collect()
+}
+
 #[test]
 fn a_simulated_mma_over_the_layouts_computes_a_times_b() {
     for (i, atom) in ALL.iter().enumerate() {
         let (m, n, k) = (atom.m as usize, atom.n as usize, 2 * atom.k as usize);
         let a = small_ints(m * k, 11 + i as u64);
         let b = small_ints(k * n, 101 + i as u64);
-        let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        let got = simulate_probe(atom, &a, &b, &bt);
+        let got = probe(atom, &a, &b, (n, k));
         for r in 0..m {
             for c in 0..n {
                 let want: f64 = (0..k).map(|x| a[r * k + x] * b[x * n + c]).sum();
@@ -235,12 +248,10 @@ fn a_wrong_layout_is_caught() {
     let (m, n, k) = (16, 8, 32);
     let a = small_ints(m * k, 3);
     let b = small_ints(k * n, 4);
-    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-    let got = simulate_probe(&wrong, &a, &b, &bt);
-    let want: Vec<f64> = (0..m * n)
-        .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
-        .collect();
-    assert_ne!(got, want);
+    assert_ne!(
+        probe(&wrong, &a, &b, (n, k)),
+        exact_product(&a, &b, (m, n, k))
+    );
 }
 
 /// B's (k, n) for slot `e` of lane `l`, written as the per-lane K lists AMD's matrix
@@ -613,8 +624,7 @@ fn tf32_atoms_multiply_the_rounded_inputs() {
         let (m, n, k) = (atom.m as usize, atom.n as usize, 2 * atom.k as usize);
         let a = fractions(m * k, 31 + i as u64);
         let b = fractions(k * n, 41 + i as u64);
-        let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        let got = simulate_probe(atom, &a, &b, &bt);
+        let got = probe(atom, &a, &b, (n, k));
         let t = |x: f64| f64::from(tf32_by_arithmetic(x as f32));
         let mut rounded_differs = false;
         for r in 0..m {
@@ -657,11 +667,9 @@ fn a_wrong_tf32_layout_is_caught() {
     let (m, n, k) = (16, 8, 16);
     let a = small_ints(m * k, 5);
     let b = small_ints(k * n, 6);
-    let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-    let got = simulate_probe(&wrong, &a, &b, &bt);
-    let want: Vec<f64> = (0..m * n)
-        .map(|i| (0..k).map(|x| a[(i / n) * k + x] * b[x * n + i % n]).sum())
-        .collect();
-    assert_ne!(got, want);
+    assert_ne!(
+        probe(&wrong, &a, &b, (n, k)),
+        exact_product(&a, &b, (m, n, k))
+    );
     assert!(!mixed_order_product_is_right(&wrong));
 }
