@@ -105,6 +105,8 @@ pub(crate) struct Problem {
     pub fill_blocks: usize,
     /// The most columns a GEMV block takes (`small_m::MAX_COLS`; more in a persistent plan).
     pub max_cols: usize,
+    /// Whether the kernel runs as tasks of a persistent plan (`codegen::persistent`).
+    pub persistent: bool,
 }
 
 /// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
@@ -287,6 +289,7 @@ impl Problem {
             acc,
             what,
             fill_blocks: small_m::FILL_BLOCKS,
+            persistent: false,
             max_cols: small_m::MAX_COLS,
             epilogue: gemm.epilogue.is_some(),
             pair: gemm.paired,
@@ -314,6 +317,7 @@ pub(crate) fn lower(
     if options.persistent != crate::codegen::Persistent::Off {
         p.fill_blocks = small_m::PERSISTENT_FILL_BLOCKS;
         p.max_cols = small_m::PERSISTENT_MAX_COLS;
+        p.persistent = true;
     }
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
@@ -324,19 +328,15 @@ pub(crate) fn lower(
         // or by default for the K-quants (`quant_dot::by_default`), where that kernel takes the
         // problem. The int8 kernel does not combine column pairs: the float one does.
         if (int8_gemv || quant_dot::by_default(scheme)) && !gemm.paired {
-            // A persistent plan keeps A's quantization inside the GEMV unless the caller forces
-            // the split: in one kernel the split is one more step and a wait per GEMV, and with
-            // it the persistent kernel's scalar registers spilled on gfx90a, gfx942 and gfx1030.
-            let split = match options.quant_split {
-                crate::codegen::QuantSplit::Auto
-                    if options.persistent != crate::codegen::Persistent::Off =>
-                {
-                    crate::codegen::QuantSplit::Off
-                }
-                s => s,
-            };
-            if let Some(k) = quant_dot::kernel(&p, scheme, node, args.clone(), target, split, plan)?
-            {
+            if let Some(k) = quant_dot::kernel(
+                &p,
+                scheme,
+                node,
+                args.clone(),
+                target,
+                options.quant_split,
+                plan,
+            )? {
                 return Ok(k);
             }
         }
@@ -454,6 +454,7 @@ impl Problem {
             what: String::new(),
             prologue: None,
             fill_blocks: small_m::FILL_BLOCKS,
+            persistent: false,
             max_cols: small_m::MAX_COLS,
         }
     }

@@ -217,11 +217,14 @@ struct Context<'a> {
 }
 
 /// Whether A gets a kernel of its own for `p` on a `scheme` weight (see
-/// [`SPLIT_MIN_WEIGHT_BYTES`]).
+/// [`SPLIT_MIN_WEIGHT_BYTES`]). A persistent plan keeps A's quantization inside the GEMV unless
+/// the caller forces the split: in one kernel the split is one more step and a wait per GEMV,
+/// and with it the persistent kernel's scalar registers spilled on gfx90a, gfx942 and gfx1030.
 pub(crate) fn splits(p: &Problem, scheme: QuantScheme, choice: QuantSplit) -> bool {
     match choice {
         QuantSplit::On => true,
         QuantSplit::Off => false,
+        QuantSplit::Auto if p.persistent => false,
         QuantSplit::Auto => {
             let bytes =
                 p.n.saturating_mul(p.k / scheme.block_elems())

@@ -257,3 +257,17 @@ fn lowering_picks_small_m_up_to_sixteen_rows() {
         }
     }
 }
+
+#[test]
+fn quantized_activations_split_off_in_persistent_plans_unless_forced() {
+    use super::quant_dot::splits;
+    use crate::codegen::QuantSplit;
+    use crate::ir::QuantScheme;
+    // Q4_K, 128,256 × 2,048: 144 MiB of blocks, past the split's bound.
+    let (mut p, _) = problem(DType::F16, 1, 1, 128_256, 2_048, true);
+    assert!(splits(&p, QuantScheme::Q4K, QuantSplit::Auto));
+    p.persistent = true;
+    assert!(!splits(&p, QuantScheme::Q4K, QuantSplit::Auto));
+    assert!(splits(&p, QuantScheme::Q4K, QuantSplit::On));
+    assert!(!splits(&p, QuantScheme::Q4K, QuantSplit::Off));
+}
