@@ -1,3 +1,4 @@
+{% import "rope_parts.hip" as rope_parts -%}
 // Paged flash-decoding (split K, combined by the last block): q [{{ b }}, {{ hq }}, {{ sq }}, {{ d }}], K/V pools [{{ num_blocks }}, {{ hkv }}, {{ block_size }}, {{ d }}/{{ dv }}],
 // block table [{{ b }}, {{ max_blocks }}], kv_len [{{ b }}], scale {{ scale }}, causal with the queries the last {{ sq }} of each sequence's kv_len keys.
 // The structure and tiling are flash_decode.hip's (a block serves all {{ rows }} query rows ({{ group }} heads x {{ sq }}) of one
@@ -11,8 +12,28 @@
 // counter; a block past the splits kv_len reaches returns at once, and the last active block to count combines and puts
 // the counter back to 0 (zeroed once, when allocated, never poisoned).
 {% else %}// One split: the block normalises its merged rows and writes the output itself.
+{% endif %}{% if append %}// Append form: q holds this step's rows before rope, [1, {{ hq }}, {{ b * sq }}, {{ d }}] (sequence-major, as k_new), rotated as they are
+// loaded (rope, rotate-half, pairs (c, c + {{ append.half }}), at the positions `positions` holds; angles as rope_parts.hip
+// computes them) and rounded to the element type as a rope kernel's output would be. Split 0's block of each (sequence,
+// K/V head) writes that sequence's {{ sq }} new row(s) of its head into the pools at their slots (K rotated), as the paged
+// write's kernel would (a negative slot or one past the pool writes nothing; of two rows naming one slot the later is
+// written): the paged cache writes read only by this attention have no kernel of their own. Every block, the writer
+// included, takes key j = kv_len - {{ sq }} + n (n < {{ sq }}) from k_new (rotated in registers) and v_new instead of the pool
+// when the table puts it at slots[n]: so no block reads a row another block writes. A key of another sequence's new
+// slot is never read: the block pool gives each slot to one sequence, and shared prefix blocks are full.
+{{ rope_parts.table(entry ~ "_inv_freq", append.inv_freq) }}
+{{ rope_parts.sincos(entry ~ "_sincos") }}
+// Element `col` of `row` rotated at position `pos`, rounded to the element type (as the rope kernel stores it).
+RF_INLINE {{ ctype }} {{ entry }}_rotated(const {{ ctype }}* row, int col, int pos) {
+    const int p = col % {{ append.half }};
+    float sn, cs;
+    {{ entry }}_sincos((double)pos * {{ entry }}_inv_freq[p], &sn, &cs);
+    const float a = {{ load_pre }}row[p]{{ load_post }}, b = {{ load_pre }}row[p + {{ append.half }}]{{ load_post }};
+    const float r = col < {{ append.half }} ? a * cs - b * sn : b * cs + a * sn;
+    return {{ store_pre }}r{{ store_post }};
+}
 {% endif %}// At least one block per SM (the second bound): without it the compiler trades a few spills for the next occupancy step.
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v, const int* __restrict__ table, const int* __restrict__ kv_len, {% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const {{ ctype }}* __restrict__ q, {% if append %}{{ ctype }}* __restrict__ k, {{ ctype }}* __restrict__ v{% else %}const {{ ctype }}* __restrict__ k, const {{ ctype }}* __restrict__ v{% endif %}, const int* __restrict__ table, const int* __restrict__ kv_len, {% if append %}const int* __restrict__ positions, const {{ ctype }}* __restrict__ k_new, const {{ ctype }}* __restrict__ v_new, const int* __restrict__ slots, {% endif %}{% if splits > 1 %}float* __restrict__ ws, unsigned int* __restrict__ counters, {% endif %}{{ ctype }}* __restrict__ out) {
     RF_GRID_ENTER();
     constexpr int LPK = {{ lanes_per_key }};  // lanes holding one key's row
     constexpr int KPW = RF_WAVE / LPK;  // keys a wave takes per load
@@ -71,19 +92,51 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
     float qr[{{ rows }}][PK * VEC];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {
-        const Piece* qp = reinterpret_cast<const Piece*>(q + (row0 + r) * {{ d }});
-#pragma unroll
+{% if append %}        // Row r's query (head kvh * {{ group }} + r / {{ sq }}, position r % {{ sq }}) among this step's rows.
+        const int qrow = bi * {{ sq }} + r % {{ sq }};
+        const {{ ctype }}* qrow_p = q + ((long long)(kvh * {{ group }} + r / {{ sq }}) * {{ b * sq }} + qrow) * {{ d }};
+        const Piece* qp = reinterpret_cast<const Piece*>(qrow_p);
+{% else %}        const Piece* qp = reinterpret_cast<const Piece*>(q + (row0 + r) * {{ d }});
+{% endif %}#pragma unroll
         for (int i = 0; i < PK; ++i) {
             const int c = kl + i * LPK;
             Piece x;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) x.e[e] = 0;
             if (c < NK) x = qp[c];
-#pragma unroll
+{% if append %}#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                if (c < NK) x.e[e] = {{ entry }}_rotated(qrow_p, c * VEC + e, positions[qrow]);
+                qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+            }
+{% else %}#pragma unroll
             for (int e = 0; e < VEC; ++e) qr[r][i * VEC + e] = {{ load_pre }}x.e[e]{{ load_post }} * {{ qscale }};
+{% endif %}        }
+    }
+{% if append %}    // This step's rows of this sequence and K/V head into the pools, by split 0's block (always active), at their
+    // slots; a slot outside the pool, or one a later row of the step names, is skipped (as the paged write's kernel).
+    const int* const new_slots = slots + bi * {{ sq }};
+    if (split == 0) {
+        for (int t = tid; t < {{ sq * d }}; t += {{ threads }}) {
+            const int nr = t / {{ d }}, col = t % {{ d }};
+            const int slot = new_slots[nr];
+            bool write = slot >= 0 && (long long)slot < {{ num_blocks * block_size }}LL;
+            for (int later = bi * {{ sq }} + nr + 1; write && later < {{ b * sq }}; ++later) write = slots[later] != slot;
+            if (write)
+                k[(((long long)(slot / {{ block_size }}) * {{ hkv }} + kvh) * {{ block_size }} + slot % {{ block_size }}) * {{ d }} + col] =
+                    {{ entry }}_rotated(k_new + ((long long)kvh * {{ b * sq }} + bi * {{ sq }} + nr) * {{ d }}, col, positions[bi * {{ sq }} + nr]);
+        }
+        for (int t = tid; t < {{ sq * dv }}; t += {{ threads }}) {
+            const int nr = t / {{ dv }}, col = t % {{ dv }};
+            const int slot = new_slots[nr];
+            bool write = slot >= 0 && (long long)slot < {{ num_blocks * block_size }}LL;
+            for (int later = bi * {{ sq }} + nr + 1; write && later < {{ b * sq }}; ++later) write = slots[later] != slot;
+            if (write)
+                v[(((long long)(slot / {{ block_size }}) * {{ hkv }} + kvh) * {{ block_size }} + slot % {{ block_size }}) * {{ dv }} + col] =
+                    v_new[((long long)kvh * {{ b * sq }} + bi * {{ sq }} + nr) * {{ dv }} + col];
         }
     }
-    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
+{% endif %}    float acc[{{ rows }}][PV * VEC], m[{{ rows }}], l[{{ rows }}];
 #pragma unroll
     for (int r = 0; r < {{ rows }}; ++r) {
         m[r] = -INFINITY;
@@ -107,14 +160,26 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ entry }}(const
             const bool ok = blk >= 0 && blk < {{ num_blocks }};
             okk[u] = ok;
             const long long prow = ok ? ((long long)blk * {{ hkv }} + kvh) * {{ block_size }} + key[u] % {{ block_size }} : 0;
-            const Piece* kp = reinterpret_cast<const Piece*>(k + prow * {{ d }});
+{% if append %}            // A key of this step whose table slot is its row's slot comes from k_new / v_new (row nr), every other
+            // from the pools.
+            const int nr = (int)((long long)key[u] - kv_off);
+            const bool fresh = ok && nr >= 0 && nr < {{ sq }} && (long long)new_slots[ok && nr >= 0 && nr < {{ sq }} ? nr : 0] == (long long)blk * {{ block_size }} + key[u] % {{ block_size }};
+            const long long nrow = (long long)kvh * {{ b * sq }} + bi * {{ sq }} + (fresh ? nr : 0);
+            const Piece* kp = reinterpret_cast<const Piece*>(fresh ? k_new + nrow * {{ d }} : k + prow * {{ d }});
+            const Piece* vp = reinterpret_cast<const Piece*>(fresh ? v_new + nrow * {{ dv }} : v + prow * {{ dv }});
+{% else %}            const Piece* kp = reinterpret_cast<const Piece*>(k + prow * {{ d }});
             const Piece* vp = reinterpret_cast<const Piece*>(v + prow * {{ dv }});
-#pragma unroll
+{% endif %}#pragma unroll
             for (int i = 0; i < PK; ++i) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = 0;
                 if (ok && kl + i * LPK < NK) kr[u][i] = kp[kl + i * LPK];
-            }
+{% if append %}                if (fresh && kl + i * LPK < NK) {
+                    // Rotated in registers, from the row's other half read where it lies.
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) kr[u][i].e[e] = {{ entry }}_rotated(k_new + nrow * {{ d }}, (kl + i * LPK) * VEC + e, positions[bi * {{ sq }} + nr]);
+                }
+{% endif %}            }
 #pragma unroll
             for (int i = 0; i < PV; ++i) {
 #pragma unroll

@@ -349,7 +349,8 @@ fn both_ops_round_trip_through_the_file_format() {
         back.op(att),
         &Op::PagedAttention {
             scale: 0.25,
-            window: None
+            window: None,
+            append: None,
         }
     );
 }

@@ -188,11 +188,22 @@ fn host_bad_block(cxx: &Path, arch: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The unique kernels of every case's step plan for `arch`.
+/// The unique kernels of every case's step plan for `arch`, and of its append form
+/// (`passes::PagedAppend`: q rotated on load, the writes done by the attention's kernel), with
+/// Llama 3's factors on every other case.
 fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     let mut out = kernel_compile::KernelSet::new();
-    for c in host_cases() {
-        for g in [c.step_graph(c.dtype), c.attention_graph(c.dtype)] {
+    for (i, c) in host_cases().into_iter().enumerate() {
+        let factors = if i % 2 == 1 {
+            (0..c.d / 2).map(|j| 1.0 + (j % 3) as f64).collect()
+        } else {
+            vec![]
+        };
+        let mut appending = c.append_graph(c.dtype, factors);
+        rocmforge::passes::PassManager::pipeline(true)
+            .run(&mut appending)
+            .map_err(|e| e.to_string())?;
+        for g in [c.step_graph(c.dtype), c.attention_graph(c.dtype), appending] {
             let plan = plan_of(&g, arch)?;
             for k in &plan.kernels {
                 out.entry(k.entry.clone())

@@ -588,5 +588,7 @@ mod merge;
 mod norm_cases;
 #[path = "passes/norm_gemv.rs"]
 mod norm_gemv;
+#[path = "passes/paged_append.rs"]
+mod paged_append;
 #[path = "passes/rope_fold.rs"]
 mod rope_fold;

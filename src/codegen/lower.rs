@@ -79,7 +79,11 @@ pub(crate) fn generate(
         if let Op::PagedCacheWrite = node.op {
             // In place, as a cache write below: the pool's buffer holds the written value.
             buf.insert(id, buf[&g.operands(id)[0]]);
-            lower_node(g, id, &buf, target, options, &mut plan)?;
+            // A write read only by an appending paged attention is done by that attention's
+            // kernel.
+            if !attention::realised_by_append(g, id) {
+                lower_node(g, id, &buf, target, options, &mut plan)?;
+            }
             continue;
         }
         if let Op::CacheWrite { .. } = node.op {
@@ -328,8 +332,20 @@ fn lower_node(
         Op::PagedCacheWrite => {
             return attention::paged::paged_write(g, id, &ops, buf, target, plan)
         }
-        Op::PagedAttention { scale, window } => {
-            return attention::paged::paged_attention(g, id, (*scale, *window), buf, target, plan)
+        Op::PagedAttention {
+            scale,
+            window,
+            append,
+        } => {
+            return attention::paged::paged_attention(
+                g,
+                id,
+                (*scale, *window),
+                append.as_ref(),
+                buf,
+                target,
+                plan,
+            )
         }
         Op::CausalMask { sq, sk, offset } => causal_mask::kernel(
             (*sq, *sk, *offset),

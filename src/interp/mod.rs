@@ -446,11 +446,33 @@ fn eval(
         Op::PagedCacheWrite => {
             return paged::paged_cache_write(&node.name, args[0], args[1], args[2]);
         }
-        Op::PagedAttention { scale, window } => {
+        Op::PagedAttention {
+            scale,
+            window,
+            append,
+        } => {
+            // The append form's q is this step's rows before rope, `[1, Hq, B·s, D]`: rotated
+            // at the positions operand, then seen per sequence. k and v are the pools as this
+            // step's writes left them (k_new, v_new and slots are what a kernel reads instead
+            // of the pools' new rows: the same values).
+            let seen;
+            let q = match append {
+                Some(ap) => {
+                    let host = |source| InterpError::Host {
+                        node: node.name.clone(),
+                        source,
+                    };
+                    let roped = attention::rope(args[0], ap.theta, 0, &ap.factors, Some(args[5]))
+                        .map_err(host)?;
+                    seen = paged::per_sequence(&roped, ty.shape.dims()[0]).map_err(host)?;
+                    &seen
+                }
+                None => args[0],
+            };
             return paged::paged_attention(
                 &node.name,
                 (*scale, *window),
-                (args[0], args[1], args[2]),
+                (q, args[1], args[2]),
                 (args[3], args[4]),
                 ty,
             );

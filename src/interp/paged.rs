@@ -184,6 +184,26 @@ pub(super) fn paged_attention(
     Tensor::from_f32(out.dtype, out.shape.clone(), o).map_err(host)
 }
 
+/// This step's rows `[1, H, B·s, D]` (sequence-major) seen per sequence, `[B, H, s, D]`: the
+/// append form's q as the base form takes it.
+pub(super) fn per_sequence(rows: &Tensor, b: usize) -> Result<Tensor, crate::ir::TensorError> {
+    let dims = rows.shape().dims();
+    let (h, n, d) = (dims[1], dims[2], dims[3]);
+    let s = n.checked_div(b).unwrap_or(0);
+    let x = floats(rows);
+    let mut out = try_collect(x.len(), std::iter::repeat_n(0.0f32, x.len()))?;
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                let from = (hi * n + bi * s + si) * d;
+                let to = ((bi * h + hi) * s + si) * d;
+                out[to..to + d].copy_from_slice(&x[from..from + d]);
+            }
+        }
+    }
+    Tensor::from_f32(rows.dtype(), vec![b, h, s, d], out)
+}
+
 fn floats(t: &Tensor) -> &[f32] {
     t.as_f32()
         .expect("attention operands are float by inference")

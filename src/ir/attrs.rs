@@ -94,10 +94,20 @@ impl Op {
             | Op::Unary(_)
             | Op::MatMul
             | Op::PagedCacheWrite => {}
-            Op::PagedAttention { scale, window } => {
+            Op::PagedAttention {
+                scale,
+                window,
+                append,
+            } => {
                 a.push(("scale", json(scale)));
                 if let Some(w) = window {
                     a.push(("window", json(w)));
+                }
+                if let Some(ap) = append {
+                    a.push(("append_theta", json(&ap.theta)));
+                    if !ap.factors.is_empty() {
+                        a.push(("append_factors", json(&ap.factors)));
+                    }
                 }
             }
             Op::Cast { to } => a.push(("to", json(to))),
@@ -272,6 +282,13 @@ impl Op {
             OpKind::PagedAttention => Op::PagedAttention {
                 scale: a.req("scale")?,
                 window: a.opt("window")?,
+                append: match a.opt("append_theta")? {
+                    None => None,
+                    Some(theta) => Some(Append {
+                        theta,
+                        factors: a.opt("append_factors")?.unwrap_or_default(),
+                    }),
+                },
             },
             OpKind::ArgMax => Op::ArgMax {
                 axis: a.req("axis")?,

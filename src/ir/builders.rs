@@ -435,7 +435,11 @@ impl Graph {
         window: Option<u32>,
     ) -> Result<NodeId, GraphError> {
         self.add_op(
-            Op::PagedAttention { scale, window },
+            Op::PagedAttention {
+                scale,
+                window,
+                append: None,
+            },
             &[q, k_pool, v_pool, table, kv_len],
         )
     }

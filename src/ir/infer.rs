@@ -285,10 +285,17 @@ fn infer_unchecked(op: &Op, ins: &[&TensorType]) -> Result<TensorType, InferErro
             cache_write(*axis, &ins[..3])
         }
         Op::PagedCacheWrite => paged_cache_write(ins),
-        Op::PagedAttention { scale, window } => {
+        Op::PagedAttention {
+            scale,
+            window,
+            append,
+        } => {
             // Paged attention is always causal.
             super::values::check_window(*window, true).map_err(InferError::Window)?;
-            paged_attention(*scale, ins)
+            match append {
+                None => paged_attention(*scale, ins),
+                Some(ap) => paged_append(*scale, ap, ins),
+            }
         }
         Op::ArgMax { axis } => {
             let x = ins[0];
@@ -465,6 +472,79 @@ fn paged_attention(scale: f64, ins: &[&TensorType]) -> Result<TensorType, InferE
         ));
     }
     Ok(TensorType::new(q.dtype, vec![b, hq, s, dv]))
+}
+
+/// The append form of paged attention (`ir::Append`): q is this step's rows before rope,
+/// `[1, Hq, B·s, D]` with B the block table's rows; positions i32 `[B·s]` rotate q and k_new as
+/// `Op::Rope` would; k_new `[1, Hkv, B·s, D]`, v_new `[1, Hkv, B·s, Dv]` and slots i32
+/// `[1, B·s]` are what the paged cache writes of the pools take. The rest is the base form's
+/// rule on q seen as `[B, Hq, s, D]`.
+fn paged_append(scale: f64, ap: &Append, ins: &[&TensorType]) -> Result<TensorType, InferError> {
+    let (q, k, v, table) = (ins[0], ins[1], ins[2], ins[3]);
+    let (pos, k_new, v_new, slots) = (ins[5], ins[6], ins[7], ins[8]);
+    for t in [q, k, v] {
+        if t.shape.rank() != 4 {
+            return shape_err(format!(
+                "an appending paged attention's q must be [1, Hq, B·s, D] and the pools \
+                 [blocks, Hkv, block_size, D], got {}",
+                t.shape
+            ));
+        }
+    }
+    if table.shape.rank() != 2 {
+        return shape_err(format!(
+            "the block table {} must be [B, max_blocks]",
+            table.shape
+        ));
+    }
+    let [one, hq, rows, d] = dims4(q);
+    let b = table.shape.0[0];
+    if one != 1 || (b == 0 && rows != 0) || (b != 0 && rows % b != 0) {
+        return shape_err(format!(
+            "an appending paged attention's q {} must be [1, Hq, B·s, D] with B = {b} (the \
+             block table's rows)",
+            q.shape
+        ));
+    }
+    let s = rows.checked_div(b).unwrap_or(0);
+    let seen = TensorType::new(q.dtype, vec![b, hq, s, d]);
+    let mut base: Vec<&TensorType> = ins[..5].to_vec();
+    base[0] = &seen;
+    let out = paged_attention(scale, &base)?;
+    rope_at(ap.theta, 0, q, Some(pos))?;
+    rope_at(ap.theta, 0, k_new, Some(pos))?;
+    if !ap.factors.is_empty() && ap.factors.len() != d / 2 {
+        return attr_err(format!(
+            "append rope needs one frequency factor per pair ({}), got {}",
+            d / 2,
+            ap.factors.len()
+        ));
+    }
+    if let Some(f) = ap.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return attr_err(format!("rope frequency factors must be positive, got {f}"));
+    }
+    let [_, hkv, _, dv] = dims4(v);
+    for (what, t, want) in [
+        ("k_new", k_new, [1, hkv, rows, d]),
+        ("v_new", v_new, [1, hkv, rows, dv]),
+    ] {
+        if t.dtype != q.dtype {
+            return dtype_err(format!("{what} must be {}, got {}", q.dtype, t.dtype));
+        }
+        if t.shape.0 != want {
+            return shape_err(format!("{what} {} must be {want:?}", t.shape));
+        }
+    }
+    if slots.dtype != DType::I32 {
+        return dtype_err(format!("slots must be i32, got {}", slots.dtype));
+    }
+    if slots.shape.0 != [1, rows] {
+        return shape_err(format!(
+            "slots {} must be [1, {rows}], one per new row",
+            slots.shape
+        ));
+    }
+    Ok(out)
 }
 
 fn require_float(t: &TensorType) -> Result<(), InferError> {

@@ -160,9 +160,18 @@ pub enum Op {
     /// skip such blocks. With a sliding `window` (as [`crate::ir::Attention::window`], at least
     /// 1), query i also sees only keys `j > kv_len[b] − s + i − window`; the kernels never read
     /// the blocks wholly before it.
+    ///
+    /// With `append` ([`Append`]: theta and per-pair factors; `passes/paged_append.rs`), the
+    /// decode form that also appends this step's rows: q is this step's rows before rope in the
+    /// order the writes take them, `[1, Hq, B·s, D]` (sequence-major, as `k_new`), and four
+    /// operands follow kv_len: positions (i32 `[B·s]`), `k_new` `[1, Hkv, B·s, D]` (before
+    /// rope), `v_new` `[1, Hkv, B·s, Dv]` and the writes' `slots` (i32 `[1, B·s]`); k and v are
+    /// the pools as this step's paged cache writes of `rope(k_new)` and `v_new` at `slots` leave
+    /// them. Its value is the attention above of `rope(q, positions)` seen as `[B, Hq, s, D]`.
     PagedAttention {
         scale: f64,
         window: Option<u32>,
+        append: Option<Append>,
     },
 
     // Index reductions.
@@ -377,7 +386,13 @@ impl Op {
             Op::Gemm(_) => Arity::AtLeast(2),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::MatMul => Arity::Exact(2),
             Op::Where | Op::LayerNorm { .. } | Op::PagedCacheWrite => Arity::Exact(3),
-            Op::PagedAttention { .. } => Arity::Exact(5),
+            Op::PagedAttention { append, .. } => Arity::Exact(
+                5 + if append.is_some() {
+                    Append::OPERANDS
+                } else {
+                    0
+                },
+            ),
             Op::CacheWrite { rope, .. } => Arity::Exact(3 + usize::from(rope.is_some())),
             Op::FlashAttention(a) => Arity::Exact(
                 a.base_operands()

@@ -267,7 +267,8 @@ pub fn window_visible(q: usize, k: usize, offset: i64, window: Option<u32>) -> b
 /// `rope(q, positions)` over those caches: the queries are rotated here (pairs `i, i + D/2`
 /// at `theta^(−2i/D)/factors[i]`, as [`crate::ir::Op::Rope`]), so a kernel can rotate q on load
 /// and take the step's rows from `k_new`/`v_new` (k rotated with the same parameters) instead
-/// of from the caches.
+/// of from the caches. `Op::PagedAttention` takes the same attributes for its paged form
+/// (operands positions, k_new, v_new, slots; see there).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Append {
     pub theta: f64,
@@ -276,7 +277,7 @@ pub struct Append {
 }
 
 impl Append {
-    /// Operands after the base ones: positions, k_new, v_new, start.
+    /// Operands after the base ones: positions, k_new, v_new, start (slots in the paged form).
     pub const OPERANDS: usize = 4;
     /// The most query rows per K/V head (heads per group × Sq) the append form is made for:
     /// the decode kernel's bound (`codegen::kernels::attention::decode::MAX_ROWS`, a test

@@ -15,6 +15,7 @@ mod matchers;
 mod merge_gemms;
 mod norm_gemv;
 mod norms;
+mod paged_append;
 mod rope_fold;
 mod softmax;
 
@@ -36,6 +37,7 @@ pub use gemm::FormGemm;
 pub use merge_gemms::MergeGemms;
 pub use norm_gemv::FoldNormIntoGemv;
 pub use norms::RecognizeNorms;
+pub use paged_append::PagedAppend;
 pub use rope_fold::{FoldRope, RopeFoldRefusal};
 pub use softmax::RecognizeSoftmax;
 
@@ -152,7 +154,8 @@ impl PassManager {
 
     /// The default pipeline: clean up, recognise decomposed softmax/norms/activations, fuse
     /// attention, fold ropes into the cache writes that store them, take a decode attention's
-    /// rope of q and its step's cache writes into it (`decode_append`), then fuse the elementwise
+    /// rope of q and its step's cache writes into it (`decode_append`, and `paged_append` for
+    /// the paged attention and its paged writes), then fuse the elementwise
     /// chains left around it, then make every matmul left a Gemm with the layouts and the
     /// epilogue around it, merge the Gemms that share an input (Q/K/V) into one, then fold the
     /// norms that only GEMV-sized Gemms read into them.
@@ -165,6 +168,7 @@ impl PassManager {
             .with(DeadCode)
             .with(FoldRope)
             .with(DecodeAppend)
+            .with(PagedAppend)
             .with(DeadCode)
             .with(FuseElementwise)
             .with(DeadCode)

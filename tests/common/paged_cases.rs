@@ -223,6 +223,45 @@ impl PagedCase {
         g
     }
 
+    /// One decode step as the batched LLaMA lowering makes it (`Paged`), with q and k rotated
+    /// at `positions` (theta 10⁴, Llama 3's `factors` or none): this step's rows `[1, H, b·s,
+    /// D]`, q seen per sequence by the lowering's view, the K/V rows written at slots `[1,
+    /// b·s]`; `passes::PagedAppend` makes its attention the append form.
+    #[allow(dead_code)]
+    pub fn append_graph(&self, dtype: DType, factors: Vec<f64>) -> Graph {
+        let (b, s, d, hq, hkv) = (self.b, self.s, self.d, self.hq, self.hkv);
+        let mut g = Graph::new("paged_append_step");
+        let kp = g.state("k_pool", dtype, &self.pool_shape()).unwrap();
+        let vp = g.state("v_pool", dtype, &self.pool_shape()).unwrap();
+        let q = g.input("q", dtype, &[1, hq, b * s, d]).unwrap();
+        let kn = g.input("k_new", dtype, &[1, hkv, b * s, d]).unwrap();
+        let vn = g.input("v_new", dtype, &[1, hkv, b * s, d]).unwrap();
+        let pos = g.input("positions", DType::I32, &[b * s]).unwrap();
+        let slots = g.input("slots", DType::I32, &[1, b * s]).unwrap();
+        let t = g.input("table", DType::I32, &[b, self.max_blocks]).unwrap();
+        let l = g.input("kv_len", DType::I32, &[b]).unwrap();
+        let qr = g
+            .rope_scaled(q, Some(pos), 10_000.0, 0, factors.clone())
+            .unwrap();
+        let kr = g.rope_scaled(kn, Some(pos), 10_000.0, 0, factors).unwrap();
+        let qs = if b == 1 {
+            qr
+        } else if s == 1 {
+            g.permute(qr, &[2, 1, 0, 3]).unwrap()
+        } else {
+            let r = g
+                .reshape(qr, &[hq as i64, b as i64, s as i64, d as i64])
+                .unwrap();
+            g.permute(r, &[1, 0, 2, 3]).unwrap()
+        };
+        let kw = g.paged_cache_write(kp, kr, slots).unwrap();
+        let vw = g.paged_cache_write(vp, vn, slots).unwrap();
+        let out = g.paged_attention((qs, kw, vw), t, l, self.scale()).unwrap();
+        g.rename(out, "out").unwrap();
+        g.set_outputs(&[out]).unwrap();
+        g
+    }
+
     /// The pools after the step, written here by plain loops: each new row at its slot.
     pub fn written_pools(&self, data: &PagedData) -> (Tensor, Tensor) {
         let slots = data.slots.as_i64().unwrap();

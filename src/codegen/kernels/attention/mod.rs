@@ -357,9 +357,10 @@ pub(crate) fn lower(
 }
 
 /// Whether `id` is realised inside an appending attention's kernel, so has no kernel of its
-/// own: a cache write read only by such an attention, as its k or v (the kernel writes this
-/// step's rows into the cache), or a rope read only by such a write as its rows (Llama 3's k,
-/// which the kernel rotates in registers).
+/// own: a cache write (contiguous or paged) read only by such an attention (flash or paged), as
+/// its k or v (the kernel writes this step's rows into the cache or pool), or a rope read only
+/// by such a write as its rows (Llama 3's k, and every paged k: the kernel rotates them in
+/// registers).
 pub(crate) fn realised_by_append(g: &Graph, id: NodeId) -> bool {
     let sole_reader = |id: NodeId| match g.consumers(id)[..] {
         [c] if g.use_count(id) == 1 && !g.is_output(id) => Some(c),
@@ -370,9 +371,20 @@ pub(crate) fn realised_by_append(g: &Graph, id: NodeId) -> bool {
             matches!(g.op(a), Op::FlashAttention(att) if att.append.is_some())
                 && g.operands(a)[1..3].contains(&id)
         }),
+        Op::PagedCacheWrite => sole_reader(id).is_some_and(|a| {
+            matches!(
+                g.op(a),
+                Op::PagedAttention {
+                    append: Some(_),
+                    ..
+                }
+            ) && g.operands(a)[1..3].contains(&id)
+        }),
         Op::Rope { .. } => sole_reader(id).is_some_and(|w| {
-            matches!(g.op(w), Op::CacheWrite { rope: None, .. })
-                && g.operands(w)[1] == id
+            matches!(
+                g.op(w),
+                Op::CacheWrite { rope: None, .. } | Op::PagedCacheWrite
+            ) && g.operands(w)[1] == id
                 && realised_by_append(g, w)
         }),
         _ => false,

@@ -26,7 +26,7 @@ use super::decode::{self, Config};
 use super::{KvLen, Problem};
 use crate::arch::Target;
 use crate::codegen::kernel::finish;
-use crate::ir::{DType, Graph, MaskKind, NodeId};
+use crate::ir::{Append, DType, Graph, MaskKind, NodeId};
 
 #[derive(Serialize)]
 struct WriteContext {
@@ -102,6 +102,9 @@ struct DecodeContext<'a> {
     num_blocks: usize,
     block_size: usize,
     max_blocks: usize,
+    /// The append form (`ir::Append`): q rotated on load, this step's rows from the inputs and
+    /// written into the pools.
+    append: Option<decode::AppendContext>,
 }
 
 /// The attention problem of paged node `id` as the decode kernel's: q's sizes, `sk` the keys a
@@ -114,9 +117,11 @@ fn problem(
     let name = &g.node(id).name;
     let ops = g.operands(id);
     let (q, k, v, table) = (g.ty(ops[0]), g.ty(ops[1]), g.ty(ops[2]), g.ty(ops[3]));
-    let [b, hq, sq, d] = q.shape.dims()[..] else {
+    // The output's sizes: the append form's q holds the same rows as `[1, Hq, B·s, D]`.
+    let [b, hq, sq, _] = g.ty(id).shape.dims()[..] else {
         unreachable!("rank 4 by inference")
     };
+    let d = q.shape.dims()[3];
     let [num_blocks, hkv, block_size, _] = k.shape.dims()[..] else {
         unreachable!("rank 4 by inference")
     };
@@ -171,18 +176,46 @@ fn problem(
     Ok((p, [num_blocks, block_size, max_blocks]))
 }
 
-/// Appends the kernel of paged attention `id` (operands q, k pool, v pool, table, kv_len), with
-/// the workspace and counters it takes when the keys split.
+/// Appends the kernel of paged attention `id` (operands q, k pool, v pool, table, kv_len, and
+/// with `append` positions, k_new, v_new, slots), with the workspace and counters it takes
+/// when the keys split. In the append form the pools' paged cache writes, read only by this
+/// attention, have no kernel (`realised_by_append`): this one writes their rows.
 pub(crate) fn paged_attention(
     g: &Graph,
     id: NodeId,
     scale: (f64, Option<u32>),
+    append: Option<&Append>,
     buf: &HashMap<NodeId, BufferId>,
     target: &Target,
     plan: &mut KernelPlan,
 ) -> Result<(), CodegenError> {
     let name = &g.node(id).name;
     let (p, [num_blocks, block_size, max_blocks]) = problem(g, id, scale)?;
+    let append = match append {
+        None => None,
+        Some(ap) => {
+            let ops = g.operands(id);
+            for &w in &ops[1..3] {
+                if !super::realised_by_append(g, w) {
+                    return Err(CodegenError::Unsupported {
+                        node: name.clone(),
+                        reason: format!(
+                            "the appending paged attention's pool `{}` is not a paged cache \
+                             write read only by it",
+                            g.node(w).name
+                        ),
+                    });
+                }
+            }
+            int_index(name, "this step's rows", p.b * p.sq)?;
+            Some(decode::AppendContext {
+                inv_freq: super::super::rope::inv_freq_literals(ap.theta, p.d, &ap.factors, name)?,
+                half: (p.d / 2).max(1),
+                // Unused by the paged template: a slot outside the pool writes nothing.
+                max_start: 0,
+            })
+        }
+    };
     let empty = p.b * p.hq * p.sq * p.dv == 0;
     if empty {
         // No output element: nothing to launch.
@@ -215,6 +248,7 @@ pub(crate) fn paged_attention(
         num_blocks,
         block_size,
         max_blocks,
+        append,
     };
     let launch = decode::launch(&c, &p, name, target)?;
     plan.kernels.push(finish(
