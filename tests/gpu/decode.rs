@@ -58,6 +58,80 @@ pub fn check_paged(device: &Device, case: paged_cases::PagedCase, seed: u64) -> 
     Ok(())
 }
 
+/// The append form of paged decode (`passes::PagedAppend`: q's and k's rope, the step's two
+/// paged cache writes and q's view inside the paged decode kernel) on the device against the
+/// unfused step run by the interpreter: the output and both pools after the step (zeroed
+/// before it, on both sides). Odd seeds scale the rope's frequencies (Llama 3).
+pub fn check_paged_append(
+    device: &Device,
+    case: paged_cases::PagedCase,
+    seed: u64,
+) -> Result<(), Failed> {
+    use rocmforge::interp::run_with_state;
+    use std::collections::HashMap;
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let factors: Vec<f64> = if seed % 2 == 1 {
+        (0..case.d / 2).map(|i| 1.0 + i as f64 / 4.0).collect()
+    } else {
+        vec![]
+    };
+    let g = case.append_graph(case.dtype, factors);
+    let data = case.data(seed);
+    let rows = case.b * case.s;
+    let i32s = |shape: &[usize], v: Vec<i64>| {
+        Tensor::from_i64(DType::I32, shape.to_vec(), v).expect("i32 values")
+    };
+    let lens = data.kv_len.as_i64().ok_or("kv_len: not integers")?;
+    let positions = (0..rows)
+        .map(|r| lens[r / case.s] - case.s as i64 + (r % case.s) as i64)
+        .collect();
+    let mut b = Bindings::random(&g, seed);
+    b.inputs
+        .insert("positions".into(), i32s(&[rows], positions));
+    let slots = data.slots.as_i64().ok_or("slots: not integers")?;
+    b.inputs
+        .insert("slots".into(), i32s(&[1, rows], slots.to_vec()));
+    b.inputs.insert("table".into(), data.table.clone());
+    b.inputs.insert("kv_len".into(), data.kv_len.clone());
+    let zeros: HashMap<String, Tensor> = ["k_pool", "v_pool"]
+        .into_iter()
+        .map(|n| {
+            let ty = g.ty(g.find(n).expect("a pool")).clone();
+            let z = vec![0.0; ty.shape.numel()];
+            (
+                n.to_string(),
+                Tensor::from_f64(ty.dtype, ty.shape, &z).expect("zeros"),
+            )
+        })
+        .collect();
+    let (want, want_next) =
+        run_with_state(&g, &b, &HashMap::new(), &zeros).map_err(|e| e.to_string())?;
+    let c = Graph::compile_with(&g, device, &options()).map_err(|e| e.to_string())?;
+    let mut s = c.session().map_err(|e| e.to_string())?;
+    s.reset_state().map_err(|e| e.to_string())?;
+    for (name, t) in &b.inputs {
+        s.set_input(name, t).map_err(|e| e.to_string())?;
+    }
+    s.run().map_err(|e| e.to_string())?;
+    let tol = tolerance(case.dtype);
+    let what = format!("paged append {}", case.name());
+    compare(
+        &s.outputs().map_err(|e| e.to_string())?[0].cast(DType::F32),
+        &want[0].cast(DType::F32),
+        tol,
+        &format!("{what}: output"),
+    )?;
+    for n in ["k_pool", "v_pool"] {
+        compare(
+            &s.state(n).map_err(|e| e.to_string())?.cast(DType::F32),
+            &want_next[n].cast(DType::F32),
+            tol,
+            &format!("{what}: {n}"),
+        )?;
+    }
+    Ok(())
+}
+
 /// The example decode step with its position at the last row of the cache (runs) and one past
 /// it: the run fails with the interpreter's `CacheWriteOutOfRange`, not a write past the state.
 pub fn check_cache_write_bounds(device: &Device) -> Result<(), Failed> {
@@ -241,6 +315,15 @@ pub fn trials(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
             ignored,
             format!("decops::paged::{}", case.name()),
             Box::new(move || check_paged(&d, case, 700 + i as u64)),
+        );
+    }
+    for (i, case) in paged_cases::cases().into_iter().enumerate() {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("decops::paged_append::{}", case.name()),
+            Box::new(move || check_paged_append(&d, case, 750 + i as u64)),
         );
     }
     let d = device.clone();
