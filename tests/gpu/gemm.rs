@@ -29,8 +29,8 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
         let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
         let fused = families == ["gemm_quant"];
         let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
-        let fused_max = rocmforge::codegen::quant_fused_max_m(case.scheme);
-        if (case.m <= fused_max && !fused) || (case.m > fused_max && !dequantized) {
+        let gemv = rocmforge::ir::gemm::runs_as_gemv(1, case.m, case.n);
+        if (gemv && !fused) || (!gemv && !dequantized) {
             return Err(format!("{}: kernels {families:?}", case.name()).into());
         }
         // 8-bit activations (the int8 GEMV): held to their rounding's bound.
@@ -255,10 +255,12 @@ pub fn linear(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
 
 /// The small-M and CUDA-core GEMM kernels.
 pub fn small_and_cuda_core(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
-    // The GEMM kernels (issue 12): small-M decode (M ≤ 16) and the CUDA-core kernel, at odd and
-    // model sizes, both weight layouts, bias + SiLU, batches, every float dtype.
+    // The GEMM kernels (issue 12): small-M decode (M ≤ 16), its row groups (M 17, 33, 64,
+    // issue 26) and the CUDA-core kernel, at odd and model sizes, both weight layouts, bias +
+    // SiLU, batches, every float dtype.
     for case in gemm_small_cases::small_m()
         .into_iter()
+        .chain(gemm_small_cases::row_groups())
         .chain(gemm_small_cases::large_m())
     {
         let d = device.clone();
