@@ -915,7 +915,10 @@ fn main() {
     for (arch, case) in [
         ("gfx90a", norm(false, DType::F16, None, 17, 37)),
         ("gfx1030", norm(true, DType::BF16, None, 33, 37)),
-        ("gfx90a", norm(false, DType::F16, Some(QuantScheme::Q4_1), 64, 96)),
+        (
+            "gfx90a",
+            norm(false, DType::F16, Some(QuantScheme::Q4_1), 64, 96),
+        ),
     ] {
         let name = format!("host::{arch}::row_groups::norm::{}", case.name());
         trials.push(needs(

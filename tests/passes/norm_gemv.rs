@@ -121,7 +121,11 @@ fn a_norm_before_a_large_m_gemm_stays() {
         let h = rms(&mut g, m, 24);
         let y = linear(&mut g, h, "w", n, 24);
         g.set_outputs(&[y]).unwrap();
-        assert_eq!(refusals(&g), (vec!["m_above_gemv_bound"], true), "M {m} N {n}");
+        assert_eq!(
+            refusals(&g),
+            (vec!["m_above_gemv_bound"], true),
+            "M {m} N {n}"
+        );
     }
     // 33 rows on a small N: the GEMV takes them in groups, so the norm folds.
     let mut g = Graph::new("batched");

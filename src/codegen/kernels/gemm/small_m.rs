@@ -87,7 +87,11 @@ pub(crate) fn takes(p: &Problem) -> bool {
 /// ([`PAIRED_GROUP_ROWS`] with paired columns), the rows shared out evenly (M 17: 9 + 8,
 /// not 16 + 1, so that the rows' sums leave room for columns).
 pub(crate) fn row_groups(p: &Problem) -> (usize, usize) {
-    let most = if p.pair { PAIRED_GROUP_ROWS } else { GROUP_ROWS };
+    let most = if p.pair {
+        PAIRED_GROUP_ROWS
+    } else {
+        GROUP_ROWS
+    };
     let groups = p.m.div_ceil(most).max(1);
     (p.m.div_ceil(groups).max(1), groups)
 }
