@@ -22,8 +22,8 @@ RF_INLINE long long rf_c_at(long long bz, long long m, long long n) { return {{ 
 {% macro norm_params(p) -%}
 {% if p.prologue %}const {{ p.prologue.w_t }}* __restrict__ NW, {% if p.prologue.layer %}const {{ p.prologue.b_t }}* __restrict__ NB, {% endif %}{% endif %}
 {%- endmacro %}
-{#- `grouped`: the block computes a group of rows from `m0` (row groups, `small_m::Config::row_groups`):
-    RF_M is the group's rows, and its row `m` of A is `rf_row(m0, m)` (defined by the kernel). -#}
+{#- `grouped`: the block computes a group of rows (row groups, `small_m::Config::row_groups`): RF_M is
+    the group's rows, and its row `m` of A is row m0 + m (every one inside the problem). -#}
 {% macro norm_helpers(p, grouped=false) -%}
 {% if p.prologue %}// Prologue: A's rows are {{ "LayerNorm" if p.prologue.layer else "RMSNorm" }}-normalised over K (eps {{ p.prologue.eps_f }}) as they are loaded;
 // each block computes the statistics of its RF_M rows itself (the normalised rows are never stored).
@@ -56,7 +56,7 @@ RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, {%
     for (int m = 0; m < RF_M; ++m) mean[m] = 0.0f;
     for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
 #pragma unroll
-        for (int m = 0; m < RF_M; ++m) mean[m] += {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}rf_row(m0, m){% else %}m{% endif %}, k)]{{ p.a_post }};
+        for (int m = 0; m < RF_M; ++m) mean[m] += {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}m0 + m{% else %}m{% endif %}, k)]{{ p.a_post }};
     rf_norm_sums(mean, red);
 #pragma unroll
     for (int m = 0; m < RF_M; ++m) mean[m] /= (float)RF_K;
@@ -68,7 +68,7 @@ RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, {%
     for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
 #pragma unroll
         for (int m = 0; m < RF_M; ++m) {
-            const float c = {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}rf_row(m0, m){% else %}m{% endif %}, k)]{{ p.a_post }} - mean[m];
+            const float c = {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}m0 + m{% else %}m{% endif %}, k)]{{ p.a_post }} - mean[m];
             q[m] += c * c;
         }
     rf_norm_sums(q, red);
@@ -102,13 +102,14 @@ rf_norm_a({{ v }}, rf_norm[2 * ({{ m }})], rf_norm[2 * ({{ m }}) + 1], NW, {% if
     `col` = (n0 + 2jj) / 2. RF_N is even, so a pair is inside the problem or outside. One pair
     per thread, no loop (codegen keeps M × RF_COLS / 2 ≤ one wave): with a loop, sm_90 spilled
     the loop's state around an f32 epilogue's division (a called slow path). `grouped`: the
-    block's RF_M rows are rows m0.. of the problem's RF_M_ALL, those past it not stored. -#}
+    block's RF_M rows are rows m0.. of the problem, those before g0 (a partial last group's
+    overlap with the previous group, which stores them) not stored. -#}
 {% macro pair_combine(p, grouped=false) -%}
 static_assert(RF_M * (RF_COLS / 2) <= RF_THREADS, "one column pair per thread");
     const int t = threadIdx.x;
     const int jj = t % (RF_COLS / 2), at = (t / (RF_COLS / 2)) * RF_COLS + 2 * jj;
     const long long row = {% if grouped %}m0 + {% endif %}t / (RF_COLS / 2), pc = n0 + 2 * jj, col = pc / 2;
-    if (t < RF_M * (RF_COLS / 2) && pc < RF_N{% if grouped %} && row < RF_M_ALL{% endif %}) {
+    if (t < RF_M * (RF_COLS / 2) && pc < RF_N{% if grouped %} && row >= g0{% endif %}) {
         float acc_v = 0.0f, acc_u = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) {
             acc_v += partial[w][at];

@@ -1,8 +1,8 @@
 {% import "gemm_parts.hip" as parts -%}
-{% set arow = "rf_row(m0, m)" if c.row_groups > 1 else "m" -%}
+{% set arow = "m0 + m" if c.row_groups > 1 else "m" -%}
 // GEMM for small M (decoding), GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
 // place through their views; {{ p.what }}. A block computes {{ c.cols }} column(s) for {% if c.row_groups > 1 %}a group of {{ c.rows }} rows
-// ({{ c.row_groups }} groups{% if c.row_groups * c.rows > p.m %}, the last of {{ p.m - (c.row_groups - 1) * c.rows }}{% endif %}; the groups reading the same columns of B are adjacent in launch order, so B
+// ({{ c.row_groups }} groups{% if c.row_groups * c.rows > p.m %}, the last storing {{ p.m - (c.row_groups - 1) * c.rows }}{% endif %}; the groups reading the same columns of B are adjacent in launch order, so B
 // comes from DRAM once and from L2 for the others){% else %}all {{ p.m }} rows{% endif %}; its threads
 // split K, accumulate in f32, and the waves' sums meet in shared memory, added in a fixed order
 // (no atomics: the result is deterministic).
@@ -28,10 +28,7 @@ constexpr int RF_CHUNKS = {{ chunks }};
 constexpr int RF_GROUPS = {{ c.groups }};
 constexpr int RF_THREADS = {{ threads }};
 {{ parts.views(p) }}
-{% if c.row_groups > 1 %}// The row of A that the block's row `m` from `m0` reads: rows past M (the last group's) read row M - 1, so
-// that every group runs the same unrolled loops; their sums are never stored.
-RF_INLINE long long rf_row(long long m0, int m) { return m0 + m < RF_M_ALL ? m0 + m : RF_M_ALL - 1; }
-{% endif %}{{ parts.norm_helpers(p, c.row_groups > 1) }}// Sixteen bytes, loaded with one instruction.
+{{ parts.norm_helpers(p, c.row_groups > 1) }}// Sixteen bytes, loaded with one instruction.
 struct alignas(16) rf_v16 { unsigned w[4]; };
 RF_INLINE void rf_unpack(const rf_v16 v, float* f) {
 {% if c.vec == 8 %}    for (int i = 0; i < 8; ++i) f[i] = {{ p.b_pre }}({{ p.b_t }})((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.b_post }};
@@ -58,7 +55,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;
 {% if c.row_groups > 1 %}    // The row group is x's fastest digit: the groups of a column block run together (B from L2 after the first).
-    const long long m0 = (long long)(blockIdx.x % RF_ROW_GROUPS) * RF_M;
+    // The group's rows are g0.. ; it reads the RF_M rows from m0, which is g0 except in a last group that M
+    // leaves partial: it reads the last RF_M rows (their first ones the previous group's, which stores them), so
+    // every row it reads is inside and its addresses are m0's plus constants (clamped rows each took registers).
+    const long long g0 = (long long)(blockIdx.x % RF_ROW_GROUPS) * RF_M;
+    const long long m0 = g0 + RF_M <= RF_M_ALL ? g0 : RF_M_ALL - RF_M;
     const long long n0 = (long long)(blockIdx.x / RF_ROW_GROUPS) * RF_COLS;
 {% else %}    const long long n0 = (long long)blockIdx.x * RF_COLS;
 {% endif %}{{ parts.norm_stats(p, "    ", c.row_groups > 1) }}{% if c.along_n %}    const int g = lane % RF_GROUPS;
@@ -130,7 +131,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 {% endif %}    __syncthreads();
 {% if p.pair %}    {{ parts.pair_combine(p, c.row_groups > 1) }}{% else %}    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
         const long long row = {% if c.row_groups > 1 %}m0 + {% endif %}t / RF_COLS, col = n0 + t % RF_COLS;
-        if (col >= RF_N{% if c.row_groups > 1 %} || row >= RF_M_ALL{% endif %}) continue;
+        if (col >= RF_N{% if c.row_groups > 1 %} || row < g0{% endif %}) continue;
         float acc_v = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
 {{ parts.store(p, "        ") }}

@@ -272,3 +272,52 @@ pub fn small_and_cuda_core(device: &Device, ignored: &Option<String>, trials: &m
         );
     }
 }
+
+/// The GEMV kernels' row groups (issue 26) with what only they apply, compiled as users get it
+/// (the default passes fold the norm into the GEMVs and pair gate/up) against the unfused
+/// interpreter: a norm shared by two GEMVs with a residual in the first one's epilogue, and a
+/// GLU with the norm, at SmolLM2's shapes (K 576 → 2 × 1536; K 1536 → 576) and 17, 33 and 64
+/// rows (a batched decode step of that many sequences), dense f16 and bf16 and Q4_1.
+pub fn row_groups_fused(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    use rocmforge::ir::QuantScheme;
+    for m in [17, 33, 64] {
+        for (dtype, scheme) in [
+            (DType::F16, None),
+            (DType::BF16, None),
+            (DType::F16, Some(QuantScheme::Q4_1)),
+        ] {
+            let norm = norm_cases::NormCase {
+                layer: false,
+                dtype,
+                scheme,
+                m,
+                n: 576,
+                k: 1536,
+                two: true,
+                residual: true,
+            };
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm::row_groups::norm::{}", norm.name()),
+                Box::new(move || check_graph(&d, &norm.graph(), true, 9)),
+            );
+            let glu = glu_cases::GluCase {
+                dtype,
+                scheme,
+                m,
+                n: 1536,
+                k: 576,
+                norm: true,
+            };
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm::row_groups::{}", glu.name()),
+                Box::new(move || check_graph(&d, &glu.graph(), true, 9)),
+            );
+        }
+    }
+}
