@@ -300,8 +300,8 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
             }
         }
         // Q4_K (K whole super-blocks) at Llama-3.2-1B's hidden size, M 1 and 4 (the int8
-        // GEMV's largest on K-quants).
-        for m in [1, 4] {
+        // GEMV's largest on K-quants), and 33 (the f32 reader in three row groups of 11).
+        for m in [1, 4, 33] {
             v.push(norm_cases::NormCase {
                 layer,
                 dtype: DType::F16,
