@@ -108,9 +108,7 @@ pub(crate) struct Config {
 pub(crate) fn config(p: &Problem, gemm: &Gemm, scheme: QuantScheme, target: &Target) -> Config {
     let wave = target.wave_size as usize;
     let pieces = p.k / PIECE;
-    // The fewest groups of rows, the rows shared out evenly (`small_m::row_groups`).
-    let row_groups = p.m.div_ceil(group_rows(scheme, p.pair)).max(1);
-    let rows = p.m.div_ceil(row_groups).max(1);
+    let (rows, row_groups) = super::small_m::split_rows(p.m, group_rows(scheme, p.pair));
     let blocks = |cols: usize| {
         p.batch
             .saturating_mul(p.n.div_ceil(cols))

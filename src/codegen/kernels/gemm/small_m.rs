@@ -83,17 +83,25 @@ pub(crate) fn takes(p: &Problem) -> bool {
     crate::ir::gemm::runs_as_gemv(p.batch, p.m, p.n)
 }
 
-/// Rows per block and groups of rows for `p`: the fewest groups of at most [`GROUP_ROWS`]
-/// ([`PAIRED_GROUP_ROWS`] with paired columns), the rows shared out evenly (M 17: 9 + 8,
-/// not 16 + 1, so that the rows' sums leave room for columns).
+/// Rows per block and groups of rows for `p`: at most [`GROUP_ROWS`] a block
+/// ([`PAIRED_GROUP_ROWS`] with paired columns), split by [`split_rows`].
 pub(crate) fn row_groups(p: &Problem) -> (usize, usize) {
-    let most = if p.pair {
-        PAIRED_GROUP_ROWS
-    } else {
-        GROUP_ROWS
-    };
-    let groups = p.m.div_ceil(most).max(1);
-    (p.m.div_ceil(groups).max(1), groups)
+    split_rows(
+        p.m,
+        if p.pair {
+            PAIRED_GROUP_ROWS
+        } else {
+            GROUP_ROWS
+        },
+    )
+}
+
+/// `m` rows as the fewest groups of at most `most`, the rows shared out evenly (17 by 16:
+/// 9 + 8, not 16 + 1, so that the rows' sums leave room for columns): (rows a group, groups).
+/// Every GEMV kernel with row groups splits its rows so (the quantized one too).
+pub(crate) fn split_rows(m: usize, most: usize) -> (usize, usize) {
+    let groups = m.div_ceil(most.max(1)).max(1);
+    (m.div_ceil(groups).max(1), groups)
 }
 
 /// The shape of the kernel for a problem of `dtype` (A's and B's).
