@@ -2,12 +2,12 @@
 //! `[N,K]` as in Hugging Face and GGUF files, compiled through the public API on the best device:
 //! whatever kernels the compiler picks for that graph (a layout copy and a matmul, or one GEMM
 //! reading the weight in place) are what is timed. Shapes are the (N, K) of all-MiniLM-L6-v2 and
-//! SmolLM2-135M at M ∈ {1, 16, 128, 4096}, in f16, bf16 and f32, plus bias + GELU in the
+//! SmolLM2-135M at M ∈ {1, 16, 32, 128, 4096}, in f16, bf16 and f32, plus bias + GELU in the
 //! epilogue for MiniLM's FFN-up shape; and SmolLM2's decode projections on its GGUF's quantized
 //! weights (Q4_1 576 → 1536 and 1536 → 576, Q4_0 576 → 1536, the Q8_0 LM head 576 → 49152) at
-//! M 1, 8 and 16 in f16 and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks; up to M 8 the
-//! GEMV with 8-bit activations and int8 dot products reads it, at 16 the small-M kernel
-//! dequantizes it in registers); and Q4_K/Q6_K (Q4_K_M files) at SmolLM2's down projection
+//! M 1, 8, 16 and 32 in f16 and f32 (`_q4_1`, `_q8_0`: the weight stays in its blocks; up to M 8
+//! the GEMV with 8-bit activations and int8 dot products reads it, at 16 the small-M kernel
+//! dequantizes it in registers, at 32 in two row groups); and Q4_K/Q6_K (Q4_K_M files) at SmolLM2's down projection
 //! and Llama-3.2-1B's projections, M 1 and 4, f16 (`_q4_k`, `_q6_k`: the K-quant GEMV with
 //! 8-bit activations; `ROCMFORGE_BENCH_QUANT_SPLIT=on|off` quantizes their activations in a
 //! kernel of their own, or in every block of the GEMV, whatever the size of W: one executable
@@ -180,7 +180,9 @@ impl Case {
 fn cases(gpu: bool) -> Vec<Case> {
     let (ms, dtypes, layers): (&[usize], &[DType], Vec<&Layer>) = if gpu {
         (
-            &[1, 16, 128, 4096],
+            // 32: a batched decode step's rows, on the GEMV's row groups where the tiled grid is
+            // small (issue 26), the tiled kernel elsewhere.
+            &[1, 16, 32, 128, 4096],
             &[DType::F16, DType::BF16, DType::F32],
             MINILM.iter().chain(&SMOLLM2).collect(),
         )
@@ -220,8 +222,9 @@ fn cases(gpu: bool) -> Vec<Case> {
         ];
         for dtype in [DType::F16, DType::F32] {
             for (layer, n, k, scheme) in quantized {
-                // M 1 and 8: the int8-activation GEMV (Q4_0/Q4_1/Q8_0); 16 the f32 one.
-                for m in [1, 8, 16] {
+                // M 1 and 8: the int8-activation GEMV (Q4_0/Q4_1/Q8_0); 16 the f32 one; 32 the
+                // f32 one in two row groups (issue 26; the LM head: dequantize + the tiled kernel).
+                for m in [1, 8, 16, 32] {
                     out.push(Case {
                         model: "smollm2",
                         layer,

@@ -22,7 +22,9 @@ RF_INLINE long long rf_c_at(long long bz, long long m, long long n) { return {{ 
 {% macro norm_params(p) -%}
 {% if p.prologue %}const {{ p.prologue.w_t }}* __restrict__ NW, {% if p.prologue.layer %}const {{ p.prologue.b_t }}* __restrict__ NB, {% endif %}{% endif %}
 {%- endmacro %}
-{% macro norm_helpers(p) -%}
+{#- `grouped`: the block computes a group of rows (row groups, `small_m::Config::row_groups`): RF_M is
+    the group's rows, and its row `m` of A is row m0 + m (every one inside the problem). -#}
+{% macro norm_helpers(p, grouped=false) -%}
 {% if p.prologue %}// Prologue: A's rows are {{ "LayerNorm" if p.prologue.layer else "RMSNorm" }}-normalised over K (eps {{ p.prologue.eps_f }}) as they are loaded;
 // each block computes the statistics of its RF_M rows itself (the normalised rows are never stored).
 // Each of `v`'s RF_M values summed over the block, in place: a wave's shuffles, one barrier, then every
@@ -48,13 +50,13 @@ RF_INLINE void rf_norm_sums(float* v, float* red) {
 // once: a thread's loads of every row are in flight together and each pass ends in one block reduction
 // of RF_M sums (a reduction and two barriers per row, one row after another, cost a batched decode step
 // RF_M round trips to L2 per kernel).
-RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, float* red, float* stats) {
+RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, {% if grouped %}long long m0, {% endif %}float* red, float* stats) {
     float mean[RF_M];
 {% if p.prologue.layer %}#pragma unroll
     for (int m = 0; m < RF_M; ++m) mean[m] = 0.0f;
     for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
 #pragma unroll
-        for (int m = 0; m < RF_M; ++m) mean[m] += {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+        for (int m = 0; m < RF_M; ++m) mean[m] += {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}m0 + m{% else %}m{% endif %}, k)]{{ p.a_post }};
     rf_norm_sums(mean, red);
 #pragma unroll
     for (int m = 0; m < RF_M; ++m) mean[m] /= (float)RF_K;
@@ -66,7 +68,7 @@ RF_INLINE void rf_norm_stats(const {{ p.a_t }}* __restrict__ A, long long bz, fl
     for (long long k = threadIdx.x; k < RF_K; k += RF_THREADS)
 #pragma unroll
         for (int m = 0; m < RF_M; ++m) {
-            const float c = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} - mean[m];
+            const float c = {{ p.a_pre }}A[rf_a_at(bz, {% if grouped %}m0 + m{% else %}m{% endif %}, k)]{{ p.a_post }} - mean[m];
             q[m] += c * c;
         }
     rf_norm_sums(q, red);
@@ -84,10 +86,10 @@ RF_INLINE float rf_norm_a(float v, float mean, float inv, const {{ p.prologue.w_
 }
 {% endif %}
 {%- endmacro %}
-{% macro norm_stats(p, pad) -%}
+{% macro norm_stats(p, pad, grouped=false) -%}
 {% if p.prologue %}{{ pad }}__shared__ float rf_norm_red[(RF_THREADS / RF_WAVE) * RF_M];
 {{ pad }}__shared__ float rf_norm[2 * RF_M];
-{{ pad }}rf_norm_stats(A, bz, rf_norm_red, rf_norm);
+{{ pad }}rf_norm_stats(A, bz, {% if grouped %}m0, {% endif %}rf_norm_red, rf_norm);
 {% endif %}
 {%- endmacro %}
 {#- `v` normalised, for row `m` and column `k` (expressions in scope). -#}
@@ -99,13 +101,15 @@ rf_norm_a({{ v }}, rf_norm[2 * ({{ m }})], rf_norm[2 * ({{ m }}) + 1], NW, {% if
     `acc_v` the even column and `acc_u` the odd, and the epilogue stores result column
     `col` = (n0 + 2jj) / 2. RF_N is even, so a pair is inside the problem or outside. One pair
     per thread, no loop (codegen keeps M × RF_COLS / 2 ≤ one wave): with a loop, sm_90 spilled
-    the loop's state around an f32 epilogue's division (a called slow path). -#}
-{% macro pair_combine(p) -%}
+    the loop's state around an f32 epilogue's division (a called slow path). `grouped`: the
+    block's RF_M rows are rows m0.. of the problem, those before g0 (a partial last group's
+    overlap with the previous group, which stores them) not stored. -#}
+{% macro pair_combine(p, grouped=false) -%}
 static_assert(RF_M * (RF_COLS / 2) <= RF_THREADS, "one column pair per thread");
     const int t = threadIdx.x;
     const int jj = t % (RF_COLS / 2), at = (t / (RF_COLS / 2)) * RF_COLS + 2 * jj;
-    const long long row = t / (RF_COLS / 2), pc = n0 + 2 * jj, col = pc / 2;
-    if (t < RF_M * (RF_COLS / 2) && pc < RF_N) {
+    const long long row = {% if grouped %}m0 + {% endif %}t / (RF_COLS / 2), pc = n0 + 2 * jj, col = pc / 2;
+    if (t < RF_M * (RF_COLS / 2) && pc < RF_N{% if grouped %} && row >= g0{% endif %}) {
         float acc_v = 0.0f, acc_u = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) {
             acc_v += partial[w][at];

@@ -1,6 +1,9 @@
 {% import "gemm_parts.hip" as parts -%}
+{% set arow = "m0 + m" if c.row_groups > 1 else "m" -%}
 // GEMM for small M (decoding), GEMV-style: {{ p.batch }} × [{{ p.m }}, {{ p.k }}] · [{{ p.k }}, {{ p.n }}], operands read in
-// place through their views; {{ p.what }}. A block computes {{ c.cols }} column(s) for all {{ p.m }} rows; its threads
+// place through their views; {{ p.what }}. A block computes {{ c.cols }} column(s) for {% if c.row_groups > 1 %}a group of {{ c.rows }} rows
+// ({{ c.row_groups }} groups{% if c.row_groups * c.rows > p.m %}, the last storing {{ p.m - (c.row_groups - 1) * c.rows }}{% endif %}; the groups reading the same columns of B are adjacent in launch order, so B
+// comes from DRAM once and from L2 for the others){% else %}all {{ p.m }} rows{% endif %}; its threads
 // split K, accumulate in f32, and the waves' sums meet in shared memory, added in a fixed order
 // (no atomics: the result is deterministic).
 {% if c.along_n %}// B is read 16 bytes along N ({{ c.vec }} columns; B is N-contiguous, not K-contiguous): {{ c.groups }} lane(s) cover
@@ -9,11 +12,15 @@
 {% else %}// K is split in chunks of {{ c.vec }} elements; B: {% if c.b_vec %}one 16-byte load{% else %}element loads{% endif %}, A: {% if c.a_vec %}one 16-byte load{% else %}element loads{% endif %} per chunk.
 {% endif %}// Memory-bound: per batch it moves N·K elements of B from DRAM exactly once and N·M of the result
 // (and of each epilogue operand) once: bytes ≈ batch·(N·K·|B| + N·M·|C|). A (M·K) is read once
-// per block, ceil(N / {{ c.cols }}) times in all, from L2: M/{{ c.cols }} of B's traffic, never from DRAM twice.
+// per block{% if c.row_groups > 1 %} (its group's rows){% endif %}, ceil(N / {{ c.cols }}) times in all, from L2: M/{{ c.cols }} of B's traffic, never from DRAM twice.
 // Helpers in a namespace of their own: several kernels may share one translation unit.
 namespace {{ entry }}_ns {
-constexpr int RF_M = {{ p.m }};
-constexpr long long RF_N = {{ p.n }};
+{% if c.row_groups > 1 %}// The block's rows (a group of them), the problem's, and the groups.
+constexpr int RF_M = {{ c.rows }};
+constexpr long long RF_M_ALL = {{ p.m }};
+constexpr int RF_ROW_GROUPS = {{ c.row_groups }};
+{% else %}constexpr int RF_M = {{ p.m }};
+{% endif %}constexpr long long RF_N = {{ p.n }};
 constexpr long long RF_K = {{ p.k }};
 constexpr int RF_COLS = {{ c.cols }};
 constexpr int RF_VEC = {{ c.vec }};
@@ -21,7 +28,7 @@ constexpr int RF_CHUNKS = {{ chunks }};
 constexpr int RF_GROUPS = {{ c.groups }};
 constexpr int RF_THREADS = {{ threads }};
 {{ parts.views(p) }}
-{{ parts.norm_helpers(p) }}// Sixteen bytes, loaded with one instruction.
+{{ parts.norm_helpers(p, c.row_groups > 1) }}// Sixteen bytes, loaded with one instruction.
 struct alignas(16) rf_v16 { unsigned w[4]; };
 RF_INLINE void rf_unpack(const rf_v16 v, float* f) {
 {% if c.vec == 8 %}    for (int i = 0; i < 8; ++i) f[i] = {{ p.b_pre }}({{ p.b_t }})((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.b_post }};
@@ -47,8 +54,15 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     __shared__ float partial[RF_THREADS / RF_WAVE][RF_M * RF_COLS];
     const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
     const long long bz = blockIdx.y;
-    const long long n0 = (long long)blockIdx.x * RF_COLS;
-{{ parts.norm_stats(p, "    ") }}{% if c.along_n %}    const int g = lane % RF_GROUPS;
+{% if c.row_groups > 1 %}    // The row group is x's fastest digit: the groups of a column block run together (B from L2 after the first).
+    // The group's rows are g0.. ; it reads the RF_M rows from m0, which is g0 except in a last group that M
+    // leaves partial: it reads the last RF_M rows (their first ones the previous group's, which stores them), so
+    // every row it reads is inside and its addresses are m0's plus constants (clamped rows each took registers).
+    const long long g0 = (long long)(blockIdx.x % RF_ROW_GROUPS) * RF_M;
+    const long long m0 = g0 + RF_M <= RF_M_ALL ? g0 : RF_M_ALL - RF_M;
+    const long long n0 = (long long)(blockIdx.x / RF_ROW_GROUPS) * RF_COLS;
+{% else %}    const long long n0 = (long long)blockIdx.x * RF_COLS;
+{% endif %}{{ parts.norm_stats(p, "    ", c.row_groups > 1) }}{% if c.along_n %}    const int g = lane % RF_GROUPS;
     const long long n = n0 + g * RF_VEC;
     float acc[RF_M][RF_VEC];
 #pragma unroll
@@ -62,7 +76,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
             rf_unpack(*(const rf_v16*)(B + rf_b_at(bz, k, n)), b);
 #pragma unroll
             for (int m = 0; m < RF_M; ++m) {
-                const float a = {% if p.prologue %}{{ parts.norm_a(p, p.a_pre ~ "A[rf_a_at(bz, m, k)]" ~ p.a_post, "m", "k") }}{% else %}{{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }}{% endif %};
+                const float a = {% if p.prologue %}{{ parts.norm_a(p, p.a_pre ~ "A[rf_a_at(bz, " ~ arow ~ ", k)]" ~ p.a_post, "m", "k") }}{% else %}{{ p.a_pre }}A[rf_a_at(bz, {{ arow }}, k)]{{ p.a_post }}{% endif %};
 #pragma unroll
                 for (int i = 0; i < RF_VEC; ++i) acc[m][i] += a * b[i];
             }
@@ -96,7 +110,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
 #pragma unroll
         for (int m = 0; m < RF_M; ++m) {
             float a[RF_VEC];
-            rf_load_a(A, bz, m, k0, a);
+            rf_load_a(A, bz, {{ arow }}, k0, a);
 {% if p.prologue %}#pragma unroll
             for (int i = 0; i < RF_VEC; ++i)
                 if (k0 + i < RF_K) a[i] = {{ parts.norm_a(p, "a[i]", "m", "k0 + i") }};
@@ -115,9 +129,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
         }
     }
 {% endif %}    __syncthreads();
-{% if p.pair %}    {{ parts.pair_combine(p) }}{% else %}    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
-        const long long row = t / RF_COLS, col = n0 + t % RF_COLS;
-        if (col >= RF_N) continue;
+{% if p.pair %}    {{ parts.pair_combine(p, c.row_groups > 1) }}{% else %}    for (int t = threadIdx.x; t < RF_M * RF_COLS; t += RF_THREADS) {
+        const long long row = {% if c.row_groups > 1 %}m0 + {% endif %}t / RF_COLS, col = n0 + t % RF_COLS;
+        if (col >= RF_N{% if c.row_groups > 1 %} || row < g0{% endif %}) continue;
         float acc_v = 0.0f;
         for (int w = 0; w < RF_THREADS / RF_WAVE; ++w) acc_v += partial[w][t];
 {{ parts.store(p, "        ") }}

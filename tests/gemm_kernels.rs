@@ -112,10 +112,10 @@ fn host_cases() -> Vec<Case> {
     v
 }
 
-/// The kernel families `case`'s plan must have: the fused small-M kernel alone up to the bound,
-/// the dequantize kernel and a dense GEMM past it.
+/// The kernel families `case`'s plan must have: the fused small-M kernel alone where the Gemm
+/// runs as a GEMV (`ir::gemm::runs_as_gemv`), the dequantize kernel and a dense GEMM past it.
 fn quant_families(case: &QuantCase, dense: &str) -> Vec<String> {
-    if case.m <= rocmforge::codegen::quant_fused_max_m(case.scheme) {
+    if rocmforge::ir::gemm::runs_as_gemv(1, case.m, case.n) {
         vec!["gemm_quant".into()]
     } else {
         vec!["dequantize".into(), dense.into()]
@@ -285,7 +285,8 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
             (DType::F16, Some(QuantScheme::Q4_1)),
             (DType::F16, Some(QuantScheme::Q8_0)),
         ] {
-            for (m, n, k) in [(1, 1536, 576), (16, 576, 1536)] {
+            // And 33 rows (three groups of 11, each block its rows' statistics).
+            for (m, n, k) in [(1, 1536, 576), (16, 576, 1536), (33, 576, 1536)] {
                 v.push(norm_cases::NormCase {
                     layer,
                     dtype,
@@ -299,8 +300,8 @@ fn norm_compile_cases() -> Vec<norm_cases::NormCase> {
             }
         }
         // Q4_K (K whole super-blocks) at Llama-3.2-1B's hidden size, M 1 and 4 (the int8
-        // GEMV's largest on K-quants).
-        for m in [1, 4] {
+        // GEMV's largest on K-quants), and 33 (the f32 reader in three row groups of 11).
+        for m in [1, 4, 33] {
             v.push(norm_cases::NormCase {
                 layer,
                 dtype: DType::F16,
@@ -394,8 +395,9 @@ fn int8_host_run(cxx: &Path, case: &Int8Case, arch: &str, split: bool) -> Result
 }
 
 /// Quantized cases small enough for the host, for `arch`: each scheme on wave32 (gfx1030) in
-/// f32 with a bias epilogue (M 3, K of 5 blocks), f16 at M 1, and bf16 at M 17 (dequantized,
-/// then the CUDA-core GEMM); on wave64 (gfx90a) f16 at M 3 and f32 at M 17. N is odd.
+/// f32 with a bias epilogue (M 3, K of 5 blocks), f16 at M 1, and bf16 at M 17 (the fused
+/// kernel in two groups of rows); on wave64 (gfx90a) f16 at M 3 and f32 at M 65 (past the row
+/// groups: dequantized, then the CUDA-core GEMM). N is odd.
 fn quant_host_cases(arch: &str) -> Vec<QuantCase> {
     let shapes: &[(DType, usize, usize, usize, bool)] = if arch == "gfx1030" {
         &[
@@ -406,7 +408,7 @@ fn quant_host_cases(arch: &str) -> Vec<QuantCase> {
     } else {
         &[
             (DType::F16, 3, 37, 160, true),
-            (DType::F32, 17, 29, 96, false),
+            (DType::F32, 65, 29, 96, false),
         ]
     };
     QuantScheme::ALL
@@ -426,8 +428,9 @@ fn quant_host_cases(arch: &str) -> Vec<QuantCase> {
 }
 
 /// The quantized cases compiled for every target: each scheme and dtype at M 1 (576 → 1536)
-/// and M 16 (1536 → 576), SmolLM2's projections; the Q8_0 LM head (N 49152) and the dequantize
-/// kernels of an f32 and an f16 prefill (M 130).
+/// and M 16 (1536 → 576), SmolLM2's projections, and in f16 at M 33 (three groups of 11 rows,
+/// Q5_K five of 7); the Q8_0 LM head (N 49152) and the dequantize kernels of an f32 and an f16
+/// prefill (M 130).
 fn quant_compile_cases() -> Vec<QuantCase> {
     let mut v = Vec::new();
     for scheme in QuantScheme::ALL {
@@ -442,6 +445,9 @@ fn quant_compile_cases() -> Vec<QuantCase> {
                 bias: false,
             };
             v.extend([case(1, 1536, 576), case(16, 576, 1536)]);
+            if dtype == DType::F16 {
+                v.push(case(33, 576, 1536));
+            }
             if let Some(m) = int8_max_m(scheme) {
                 // The int8 GEMV at its largest M.
                 v.extend([case(m, 1536, 576), case(m, 576, 1536)]);
@@ -472,6 +478,13 @@ fn compile_cases() -> Vec<Case> {
         gemm_small_cases::small_m()
             .into_iter()
             .filter(|c| c.batch > 1),
+    );
+    // Row groups: every dtype at 33 and 64 rows, SmolLM2's down projection (one group of 11
+    // and of 16 rows a block).
+    v.extend(
+        gemm_small_cases::row_groups()
+            .into_iter()
+            .filter(|c| c.n == 576),
     );
     v.extend(gemm_small_cases::large_m());
     v
@@ -563,11 +576,11 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         }
     }
 
-    // The paired-column (GLU) GEMVs at SmolLM2's gate/up shapes (K 576 → 2 × 1536), M 1 and
-    // 8 (the most rows pairs merge at), with the folded norm.
+    // The paired-column (GLU) GEMVs at SmolLM2's gate/up shapes (K 576 → 2 × 1536), M 1, 8
+    // (the most rows a block of pairs takes) and 32 (four groups of 8), with the folded norm.
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for scheme in [None, Some(QuantScheme::Q4_1), Some(QuantScheme::Q8_0)] {
-            for m in [1, 8] {
+            for m in [1, 8, 32] {
                 let c = GluCase {
                     dtype,
                     scheme,
@@ -863,6 +876,80 @@ fn main() {
             ));
         }
     }
+    // Row groups (M 17 to 64, issue 26), each case on the host named (a clang compile each, CI
+    // time), wave64 and wave32 both covered: plain (a bias + SiLU; a batch of [K, N] f32 read
+    // along N), the norm prologue with a residual epilogue (dense and Q4_1), paired columns
+    // with the norm (dense and Q8_0); 17 (groups of 9 and 8: the last reads rows 8..17 and
+    // stores 9..17), 33 (of 11; paired, 5 of 7, the last storing 5), 47 (of 16, the last
+    // storing 15) and 64 (of 16; paired, 8 of 8).
+    let plain = |dtype, batch, m, n, k, nk, bias_silu| Case {
+        dtype,
+        batch,
+        m,
+        n,
+        k,
+        nk,
+        bias_silu,
+    };
+    for (arch, case) in [
+        ("gfx90a", plain(DType::F16, 1, 33, 45, 40, true, true)),
+        ("gfx1030", plain(DType::F32, 3, 17, 48, 37, false, false)),
+    ] {
+        let name = format!("host::{arch}::row_groups::{}", case.name());
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            name,
+            move |cxx| host_run(&cxx, &case, arch),
+        ));
+    }
+    let norm = |layer, dtype, scheme, m, k| norm_cases::NormCase {
+        layer,
+        dtype,
+        scheme,
+        m,
+        n: 45,
+        k,
+        two: true,
+        residual: true,
+    };
+    for (arch, case) in [
+        ("gfx90a", norm(false, DType::F16, None, 17, 37)),
+        ("gfx1030", norm(true, DType::BF16, None, 33, 37)),
+        (
+            "gfx90a",
+            norm(false, DType::F16, Some(QuantScheme::Q4_1), 47, 96),
+        ),
+    ] {
+        let name = format!("host::{arch}::row_groups::norm::{}", case.name());
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            name,
+            move |cxx| norm_host_run(&cxx, &case, arch, false),
+        ));
+    }
+    let glu = |dtype, scheme, m, k| GluCase {
+        dtype,
+        scheme,
+        m,
+        n: 37,
+        k,
+        norm: true,
+    };
+    for (arch, case) in [
+        ("gfx1030", glu(DType::BF16, None, 33, 24)),
+        ("gfx90a", glu(DType::F16, None, 64, 40)),
+        ("gfx90a", glu(DType::F32, Some(QuantScheme::Q8_0), 17, 64)),
+    ] {
+        let name = format!("host::{arch}::row_groups::{}", case.name());
+        trials.push(needs(
+            &cxx,
+            "ROCMFORGE_REQUIRE_HOST_CXX",
+            name,
+            move |cxx| glu_host_run(&cxx, &case, arch),
+        ));
+    }
     trials.push(Trial::test("ptxas_log_parser", || {
         let clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
         let spilled = "    40 bytes stack frame, 40 bytes spill stores, 36 bytes spill loads";
@@ -984,7 +1071,8 @@ fn main() {
             move || {
                 quant_snapshot(
                     name,
-                    quant(scheme, DType::F16, 40),
+                    // Past the row groups' 64 rows: the weight dequantized for the dense GEMM.
+                    quant(scheme, DType::F16, 130),
                     "dequantize",
                     &CodegenOptions::default(),
                 )

@@ -25,7 +25,6 @@ use crate::arch::{ArchError, Platform, Target, Tuned};
 use crate::ir::{Graph, GraphError};
 
 pub use kernels::attention::AttentionAccess;
-pub use kernels::gemm::quant::fused_max_m as quant_fused_max_m;
 pub use limits::{MAX_EXPR_OPS, MAX_KERNEL_ARGS};
 pub use mma_probe::mma_probe_kernel;
 pub use names::display_name;

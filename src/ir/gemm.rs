@@ -88,11 +88,46 @@ pub struct Gemm {
     pub paired: bool,
 }
 
-/// The most rows (M) a GEMM runs as a GEMV-style kernel (codegen's small-M and quantized GEMV
-/// kernels keep M × columns sums per thread in registers). Passes that only pay off there (a
-/// norm folded into its GEMVs recomputes the row statistics in every block) read it here,
-/// since passes may not import codegen.
-pub const GEMV_MAX_M: usize = 16;
+/// The most rows (M) one GEMV block computes: it keeps rows × columns sums per thread in
+/// registers (64 at most: 16 rows leave 4 columns). Up to this many rows a GEMM always runs as
+/// a GEMV-style kernel (codegen's small-M and quantized GEMV kernels), in one group of rows.
+pub const GEMV_GROUP_ROWS: usize = 16;
+
+/// The most rows (M) a GEMM runs as a GEMV-style kernel at all: past [`GEMV_GROUP_ROWS`] the
+/// kernel's grid has a dimension of row groups (each block computes up to that many rows of its
+/// columns, the groups sharing columns launched together, so B comes from DRAM once and from
+/// L2 for the others). Passes that only pay off there (a norm folded into its GEMVs recomputes
+/// the row statistics in every block; column pairs are combined by the GEMV kernels alone)
+/// read [`runs_as_gemv`], since passes may not import codegen.
+pub const GEMV_MAX_M: usize = 64;
+
+/// Rows and columns of the tiled (matrix-core) kernels' usual tile, for [`runs_as_gemv`]'s
+/// estimate of their grid.
+pub const TILED_TILE: usize = 64;
+
+/// Tiles below which the tiled kernels leave a large GPU idle (H100: 132 SMs; each tile's
+/// block walks K alone): SmolLM2's projections at 32 rows give 3, 9 and 24 (issue 26). There,
+/// M up to [`GEMV_MAX_M`] runs as a GEMV in row groups instead; at more tiles the tiled kernels
+/// keep M above [`GEMV_GROUP_ROWS`] (a GEMV's M × N × K multiply-adds on the CUDA cores pass its
+/// DRAM time from about 20 rows on an H100). Not yet placed by measurement.
+pub const TILED_FILL_TILES: usize = 128;
+
+/// Whether a GEMM of `batch` × `m` rows × `n` columns (product columns: paired ones counted
+/// each) runs as a GEMV-style kernel: up to [`GEMV_GROUP_ROWS`] rows always, up to
+/// [`GEMV_MAX_M`] where the tiled kernels' grid would be small (see [`TILED_FILL_TILES`]).
+/// Codegen's choice and the passes that fold into GEMVs both read it, so a fold always finds
+/// a kernel that takes it.
+pub fn runs_as_gemv(batch: usize, m: usize, n: usize) -> bool {
+    let tiles = batch
+        .saturating_mul(m.div_ceil(TILED_TILE))
+        .saturating_mul(n.div_ceil(TILED_TILE));
+    let most = if tiles < TILED_FILL_TILES {
+        GEMV_MAX_M
+    } else {
+        GEMV_GROUP_ROWS
+    };
+    (1..=most).contains(&m)
+}
 
 /// Which normalisation a [`Prologue`] applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -30,9 +30,11 @@
 //! - both pass the member checks above except the epilogue's and the result's contiguity (the
 //!   result view is kept), with equal B dtype and scheme (`schemes_differ`), A view and M/K
 //!   (`different_a`), N (`sizes_differ`) and prologue with its parameters (`prologues_differ`);
-//! - have at most `PAIRED_MAX_M` = 8 rows (`paired_needs_gemv`): only the GEMV kernels
-//!   (small-M, quantized) combine column pairs (the tiled ones give a typed error), and past 8
-//!   rows their sums spill on wave32 targets.
+//! - run as a GEMV at their paired size (`paired_needs_gemv`: `ir::gemm::runs_as_gemv` of M
+//!   rows and 2N product columns, up to 64 rows where the tiled kernels' grid would be small):
+//!   only the GEMV kernels (small-M, quantized) combine column pairs (the tiled ones give a
+//!   typed error); past 8 rows they take the rows in groups of 8 (their sums spilled on wave32
+//!   targets at 16 rows a block).
 //!
 //! Then the rewrite: the largest set of members that agree merges into one Gemm writing
 //! `[m.., ΣN]`; each member's uses move to `reshape(slice(merged, last axis, o_i..o_i + N_i))`,
@@ -46,11 +48,6 @@ use super::{Pass, PassReport};
 use crate::ir::{Gemm, GemmDims, Graph, NodeId, NodeSet, Op, Operand, QuantScheme, Shape, View};
 
 pub struct MergeGemms;
-
-/// The most rows a gate/up pair merges at: half the GEMV bound (`ir::gemm::GEMV_MAX_M`), where
-/// the GEMV kernels keep the pairs' sums in registers without spilling on wave32 targets
-/// (bf16 at M 16 spilled on gfx1100/gfx1201).
-const PAIRED_MAX_M: usize = crate::ir::gemm::GEMV_MAX_M / 2;
 
 impl Pass for MergeGemms {
     fn name(&self) -> &'static str {
@@ -274,11 +271,16 @@ fn glu_pair(g: &Graph, gate: NodeId, up: NodeId) -> Result<Key, Refusal> {
             "the two normalise A differently (or not both)".into(),
         ));
     }
-    let rows = product(&kg.m);
-    if rows > PAIRED_MAX_M {
+    // The members have no batch axes (`batched`); the pair's product has 2N columns.
+    let (rows, cols) = (product(&kg.m), 2 * product(&gg.dims.n));
+    if !crate::ir::gemm::runs_as_gemv(1, rows, cols) {
         return Err((
             "paired_needs_gemv",
-            format!("M = {rows} rows: only the GEMV kernels combine column pairs, up to M = {PAIRED_MAX_M}"),
+            format!(
+                "M = {rows} rows, {cols} paired columns: only the GEMV kernels combine column \
+                 pairs, up to {} rows where the tiled kernels' grid is small",
+                crate::ir::gemm::GEMV_MAX_M
+            ),
         ));
     }
     Ok(kg)

@@ -10,10 +10,11 @@
 //!   (`read_by_non_gemm`, `read_not_as_a`, `norm_is_output`); one Gemm or several (Q, K and V;
 //!   gate and up): each recomputes the row statistics, which costs a pass over K per block but
 //!   no launch and no round trip of the rows through memory;
-//! - each Gemm has M (rows) in 1..=[`GEMV_MAX_M`] (`m_above_gemv_bound`): only the GEMV-style
-//!   kernels take a prologue cheaply (a block owns all M rows, so it computes their statistics
-//!   once); past the bound the statistics would be recomputed by every tile of M × N, and a
-//!   separate norm kernel is cheaper;
+//! - each Gemm runs as a GEMV ([`runs_as_gemv`]: M up to 16 rows, up to 64 where the tiled
+//!   kernels' grid would be small) (`m_above_gemv_bound`): only the GEMV-style kernels take a
+//!   prologue cheaply (a block owns its group of rows, so it computes their statistics once);
+//!   past the bound the statistics would be recomputed by every tile of M × N, and a separate
+//!   norm kernel is cheaper;
 //! - each Gemm reads A's K as exactly the norm's axis, in order (`a_not_contiguous_over_k`):
 //!   K's product is the norm's last dimension, K's strides in A are the contiguous ones, and
 //!   every batch or row stride is a whole number of rows; otherwise K would mix norm rows;
@@ -25,7 +26,7 @@
 
 use super::matchers::{replace_node, Live};
 use super::{Pass, PassReport};
-use crate::ir::gemm::{Operand, GEMV_MAX_M};
+use crate::ir::gemm::{runs_as_gemv, Operand, GEMV_MAX_M};
 use crate::ir::{Gemm, Graph, NodeId, NormKind, Op, Prologue};
 
 pub struct FoldNormIntoGemv;
@@ -114,11 +115,14 @@ fn readers(g: &Graph, live: &Live, id: NodeId) -> Result<Vec<(NodeId, Gemm)>, Re
         if gemm.prologue.is_some() {
             return Err(("has_prologue", format!("%{uname} has a prologue already")));
         }
-        let [_, m, _, _] = gemm.dims.sizes().expect("checked by shape inference");
-        if !(1..=GEMV_MAX_M).contains(&m) {
+        let [batch, m, n, _] = gemm.dims.sizes().expect("checked by shape inference");
+        if !runs_as_gemv(batch, m, n) {
             return Err((
                 "m_above_gemv_bound",
-                format!("%{uname} has M = {m} rows, the GEMV kernels take 1..={GEMV_MAX_M}"),
+                format!(
+                    "%{uname} has M = {m} rows and N = {n} columns: the GEMV kernels take \
+                     1..={GEMV_MAX_M} rows only where the tiled kernels' grid is small"
+                ),
             ));
         }
         if !k_is_norm_axis(gemm, d) {

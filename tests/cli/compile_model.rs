@@ -23,8 +23,11 @@ fn tiny_model(dir: &Path) -> PathBuf {
 /// The plan the library makes for `tokens` tokens of `model`, the way `generate` compiles it.
 fn library_plan(model: &Path, tokens: usize, max_context: usize, p: Precision) -> KernelPlan {
     let m = LlamaModel::load(model).unwrap();
-    let mut g = m.kv_graph(tokens, max_context, p, false).unwrap();
-    PassManager::pipeline(true).run(&mut g).unwrap();
+    let g = m.kv_graph(tokens, max_context, p, false).unwrap();
+    // As a compile (and the CLI) does: the passes, then merged weights folded into one bound
+    // weight (a 16-token prefill pairs gate/up since the GEMVs' row groups: without the fold
+    // its interleaved weight would be concatenated by kernels of its own).
+    let g = rocmforge::compile::optimise(&g, true).unwrap();
     let target = Target::parse("sm_90").unwrap();
     codegen::generate_with(&g, &target, &CodegenOptions::default()).unwrap()
 }

@@ -164,6 +164,28 @@ pub fn small_m() -> Vec<Case> {
     v
 }
 
+/// Problems for the small-M kernel's row groups (M 17 to 64 where the tiled kernels' grid is
+/// small: `ir::gemm::runs_as_gemv`): 17 (two groups of 9 and 8), 33 (three of 11), 64 (four of
+/// 16); odd sizes, both layouts of B ([K, N] f32 along N), a bias + SiLU, a batch, SmolLM2's
+/// down projection.
+pub fn row_groups() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in FLOATS {
+        for m in [17, 33, 64] {
+            v.push(Case {
+                bias_silu: true,
+                ..case(dtype, m, 45, 40, true)
+            });
+            v.push(Case {
+                batch: 3,
+                ..case(dtype, m, 48, 37, false)
+            });
+            v.push(case(dtype, m, 576, 1536, true));
+        }
+    }
+    v
+}
+
 /// Problems for the CUDA-core kernel: odd sizes (partial tiles on every side, K = 37 on the
 /// element path), each tile size (64×64, 128×64 and 128×128 are picked by grid size), both
 /// layouts of B, an epilogue, a batch; f32 mostly (its kernel), f16 and bf16 at one size.

@@ -29,8 +29,8 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
         let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
         let fused = families == ["gemm_quant"];
         let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
-        let fused_max = rocmforge::codegen::quant_fused_max_m(case.scheme);
-        if (case.m <= fused_max && !fused) || (case.m > fused_max && !dequantized) {
+        let gemv = rocmforge::ir::gemm::runs_as_gemv(1, case.m, case.n);
+        if (gemv && !fused) || (!gemv && !dequantized) {
             return Err(format!("{}: kernels {families:?}", case.name()).into());
         }
         // 8-bit activations (the int8 GEMV): held to their rounding's bound.
@@ -255,10 +255,12 @@ pub fn linear(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>
 
 /// The small-M and CUDA-core GEMM kernels.
 pub fn small_and_cuda_core(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
-    // The GEMM kernels (issue 12): small-M decode (M ≤ 16) and the CUDA-core kernel, at odd and
-    // model sizes, both weight layouts, bias + SiLU, batches, every float dtype.
+    // The GEMM kernels (issue 12): small-M decode (M ≤ 16), its row groups (M 17, 33, 64,
+    // issue 26) and the CUDA-core kernel, at odd and model sizes, both weight layouts, bias +
+    // SiLU, batches, every float dtype.
     for case in gemm_small_cases::small_m()
         .into_iter()
+        .chain(gemm_small_cases::row_groups())
         .chain(gemm_small_cases::large_m())
     {
         let d = device.clone();
@@ -268,5 +270,54 @@ pub fn small_and_cuda_core(device: &Device, ignored: &Option<String>, trials: &m
             format!("gemm::{}", case.name()),
             Box::new(move || check_graph(&d, &case.graph(), false, 8)),
         );
+    }
+}
+
+/// The GEMV kernels' row groups (issue 26) with what only they apply, compiled as users get it
+/// (the default passes fold the norm into the GEMVs and pair gate/up) against the unfused
+/// interpreter: a norm shared by two GEMVs with a residual in the first one's epilogue, and a
+/// GLU with the norm, at SmolLM2's shapes (K 576 → 2 × 1536; K 1536 → 576) and 17, 33 and 64
+/// rows (a batched decode step of that many sequences), dense f16 and bf16 and Q4_1.
+pub fn row_groups_fused(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    use rocmforge::ir::QuantScheme;
+    for m in [17, 33, 64] {
+        for (dtype, scheme) in [
+            (DType::F16, None),
+            (DType::BF16, None),
+            (DType::F16, Some(QuantScheme::Q4_1)),
+        ] {
+            let norm = norm_cases::NormCase {
+                layer: false,
+                dtype,
+                scheme,
+                m,
+                n: 576,
+                k: 1536,
+                two: true,
+                residual: true,
+            };
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm::row_groups::norm::{}", norm.name()),
+                Box::new(move || check_graph(&d, &norm.graph(), true, 9)),
+            );
+            let glu = glu_cases::GluCase {
+                dtype,
+                scheme,
+                m,
+                n: 1536,
+                k: 576,
+                norm: true,
+            };
+            let d = device.clone();
+            push(
+                trials,
+                ignored,
+                format!("gemm::row_groups::{}", glu.name()),
+                Box::new(move || check_graph(&d, &glu.graph(), true, 9)),
+            );
+        }
     }
 }

@@ -43,11 +43,13 @@ mod common {
     pub mod gemm_cases;
     pub mod gemm_graphs;
     pub mod gemm_small_cases;
+    pub mod glu_cases;
     pub mod int8_gemv;
     pub mod kv_cases;
     pub mod linear_graphs;
     pub mod model_refs;
     pub mod nan_max;
+    pub mod norm_cases;
     pub mod op_zoo;
     pub mod paged_cases;
     pub mod quant_cases;
@@ -115,6 +117,7 @@ fn main() {
     bundle::trials(&device, &ignored, &mut trials);
     device::trials(&device, &ignored, &mut trials);
     gemm::small_and_cuda_core(&device, &ignored, &mut trials);
+    gemm::row_groups_fused(&device, &ignored, &mut trials);
     decode::trials(&device, &ignored, &mut trials);
     window::trials(&device, &ignored, &mut trials);
     let (shim, hip) = hipshim::device(&device);

@@ -237,6 +237,9 @@ fn gate_and_up_merge_into_paired_columns() {
         (DType::F16, 2, 9, 64, Some(QuantScheme::Q4_1)),
         (DType::F32, 5, 7, 96, Some(QuantScheme::Q8_0)),
         (DType::F16, 8, 48, 32, None),
+        // Past 8 rows: the paired GEMVs take them in groups of 8 rows (up to 64).
+        (DType::F16, 33, 37, 40, None),
+        (DType::F32, 17, 7, 96, Some(QuantScheme::Q8_0)),
     ];
     for &(dtype, m, n, k, scheme) in cases {
         let what = format!("{dtype} m{m} n{n} k{k} {scheme:?}");
@@ -273,8 +276,8 @@ fn gate_and_up_merge_into_paired_columns() {
 
 #[test]
 fn gate_and_up_refusals_are_named() {
-    // More rows than the paired GEMVs take (8), and prefill.
-    let g = glu(DType::F32, 9, 8, 32, None);
+    // More rows than the paired GEMVs take (64 in groups of 8), and prefill.
+    let g = glu(DType::F32, 65, 8, 32, None);
     let (merged, reports) = optimize(&g).unwrap();
     assert_eq!(gemm_count(&merged), 2);
     let codes = skipped(&reports);

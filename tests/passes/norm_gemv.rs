@@ -114,14 +114,30 @@ fn a_norm_that_is_an_output_stays() {
 
 #[test]
 fn a_norm_before_a_large_m_gemm_stays() {
-    let mut g = Graph::new("prefill");
-    let h = rms(&mut g, 17, 24);
+    // Past the GEMVs' row groups (64 rows), and at 32 rows where the tiled kernels' grid is
+    // large (128 tiles of 64 × 64: `ir::gemm::runs_as_gemv`).
+    for (m, n) in [(65, 5), (32, 128 * 64)] {
+        let mut g = Graph::new("prefill");
+        let h = rms(&mut g, m, 24);
+        let y = linear(&mut g, h, "w", n, 24);
+        g.set_outputs(&[y]).unwrap();
+        assert_eq!(
+            refusals(&g),
+            (vec!["m_above_gemv_bound"], true),
+            "M {m} N {n}"
+        );
+    }
+    // 33 rows on a small N: the GEMV takes them in groups, so the norm folds.
+    let mut g = Graph::new("batched");
+    let h = rms(&mut g, 33, 24);
     let y = linear(&mut g, h, "w", 5, 24);
     g.set_outputs(&[y]).unwrap();
-    assert_eq!(refusals(&g), (vec!["m_above_gemv_bound"], true));
+    let (fused, reports) = optimize(&g).unwrap();
+    assert_eq!(norm_report(&reports).rewrites.len(), 1);
+    assert!(!has_norm(&fused));
     // One reader past the bound keeps the norm for the other readers too.
     let mut g = Graph::new("mixed");
-    let h = rms(&mut g, 17, 24);
+    let h = rms(&mut g, 65, 24);
     let y = linear(&mut g, h, "w", 5, 24);
     let h2 = g.slice(h, 0, 0, 2).unwrap();
     let z = linear(&mut g, h2, "w2", 5, 24);

@@ -348,27 +348,34 @@ pub(crate) fn lower(
     }
     if gemm.paired {
         // Only the GEMV kernels combine adjacent product columns; `passes::merge_gemms` pairs
-        // only GEMV-sized Gemms (`paired_needs_gemv`), so a hand-written graph gets here.
+        // only Gemms that `ir::gemm::runs_as_gemv` (`paired_needs_gemv`), the rule
+        // `small_m::takes` reads, so only a hand-written graph gets here.
         return Err(CodegenError::Unsupported {
             node: node.clone(),
             reason: format!(
-                "paired columns with M = {} rows (the GEMV kernels that combine them take 1..={})",
+                "paired columns with M = {} rows and N = {} (the GEMV kernels that combine them \
+                 take 1..={} rows, past {} only where the tiled kernels' grid is small)",
                 p.m,
-                small_m::MAX_M
+                p.n,
+                small_m::MAX_M,
+                small_m::GROUP_ROWS
             ),
         });
     }
     if gemm.prologue.is_some() {
         // The tiled kernels share A's tiles between rows of M; a per-row normalisation there is
-        // not written. `passes::norm_gemv` folds a norm only into GEMV-sized Gemms (M ≤
-        // `ir::gemm::GEMV_MAX_M`, the bound `small_m::takes` reads), so only a hand-written
+        // not written. `passes::norm_gemv` folds a norm only into Gemms that
+        // `ir::gemm::runs_as_gemv`, the rule `small_m::takes` reads, so only a hand-written
         // graph gets here; it gets an error rather than an unnormalised product.
         return Err(CodegenError::Unsupported {
             node: node.clone(),
             reason: format!(
-                "a normalisation prologue with M = {} rows (the GEMV kernels that apply one take 1..={})",
+                "a normalisation prologue with M = {} rows and N = {} (the GEMV kernels that \
+                 apply one take 1..={} rows, past {} only where the tiled kernels' grid is small)",
                 p.m,
-                small_m::MAX_M
+                p.n,
+                small_m::MAX_M,
+                small_m::GROUP_ROWS
             ),
         });
     }

@@ -1,6 +1,7 @@
 //! GEMMs on quantized weights (`Op::Weight` with `quant`, blocks as `ir::quant` defines them).
 //!
-//! - Decoding (M ≤ [`MAX_M`]): [`kernel`], the small-M GEMM that reads B's blocks along K and
+//! - Decoding (M ≤ 16, up to 64 in groups of rows where the tiled kernels' grid would be small:
+//!   `ir::gemm::runs_as_gemv`): [`kernel`], the small-M GEMM that reads B's blocks along K and
 //!   dequantizes them in registers, accumulating in f32. B must be the weight itself read
 //!   transposed (`x · Wᵀ` with W `[N, K]`, K along the blocks): [`reads_blocks`] says when.
 //!   The weight's buffer holds only the blocks, so decoding moves 4.5 to 8.5 bits a weight.
@@ -8,7 +9,7 @@
 //!   [`dequantize`] writes the values, in the weight's dtype, into a workspace that the memory
 //!   plan reuses once its readers are done, and the reader runs as on a dense weight. Prefill
 //!   is compute-bound: one pass over the weight (N·K/32 blocks read, N·K values written) costs
-//!   little against an M > 16 product, and the f16 product then runs on the matrix cores,
+//!   little against a product of more rows, and the f16 product then runs on the matrix cores,
 //!   which a CUDA-core kernel reading blocks would give up.
 
 use serde::Serialize;
@@ -16,7 +17,6 @@ use serde::Serialize;
 use super::super::super::limits::{launch as checked_launch, launch_1d};
 use super::super::super::plan::{BufferId, Kernel, KernelPlan};
 use super::super::super::{ctype::ctype, CodegenError};
-use super::small_m::MAX_M;
 use super::vectors::{vectorizes, Along};
 use super::Problem;
 use crate::arch::Target;
@@ -38,19 +38,23 @@ const FILL_BLOCKS: usize = 512;
 /// Values one thread dequantizes at a time: a quarter block.
 const PIECE: usize = 8;
 
-/// The scheme of Gemm `id`'s B operand when the fused kernel reads it: B is a quantized weight
-/// `[N, K]` read as `Wᵀ` (K along its blocks, contiguous; N the rows; no batch), read by no
-/// other slot of the node, and M is at most [`MAX_M`].
-/// The largest M the fused kernel reads `scheme`'s blocks for (past it: dequantize, then a
-/// dense GEMM). Q5_K's reader at M 16 spills 4 bytes on sm_90 (ptxas 13.0: 80 registers,
-/// 8-byte stack frame, `gemm_kernels` `compile::nvrtc::sm_90`), so it stops at 8.
-pub fn fused_max_m(scheme: QuantScheme) -> usize {
-    match scheme {
-        QuantScheme::Q5K => 8,
-        _ => MAX_M,
+/// The most rows one block of the fused kernel computes on `scheme`'s blocks (more rows run
+/// in groups of them, `Config::row_groups`): `ir::gemm::GEMV_GROUP_ROWS`, but Q5_K's reader at
+/// 16 rows spills 4 bytes on sm_90 (ptxas 13.0: 80 registers, 8-byte stack frame,
+/// `gemm_kernels` `compile::nvrtc::sm_90`), so 8 there; paired columns 8 (their combine and
+/// epilogue also live at the end: bf16 with the norm spilled on gfx1100/gfx1201 at 16).
+fn group_rows(scheme: QuantScheme, pair: bool) -> usize {
+    match (scheme, pair) {
+        (QuantScheme::Q5K, _) | (_, true) => 8,
+        (_, false) => crate::ir::gemm::GEMV_GROUP_ROWS,
     }
 }
 
+/// The scheme of Gemm `id`'s B operand when the fused kernel reads it: B is a quantized weight
+/// `[N, K]` read as `Wᵀ` (K along its blocks, contiguous; N the rows; no batch), read by no
+/// other slot of the node, and the Gemm runs as a GEMV (`ir::gemm::runs_as_gemv`: the rule the
+/// passes that fold a norm or pair columns read, so what they produce is read here; past it,
+/// dequantize, then a dense GEMM).
 pub(crate) fn reads_blocks(g: &Graph, id: NodeId, gemm: &Gemm) -> Option<QuantScheme> {
     let ops = g.operands(id);
     let w = *ops.get(1)?;
@@ -64,8 +68,8 @@ pub(crate) fn reads_blocks(g: &Graph, id: NodeId, gemm: &Gemm) -> Option<QuantSc
     if ops.iter().filter(|&&o| o == w).count() != 1 {
         return None;
     }
-    let [_, m, n, k] = gemm.dims.sizes()?;
-    if !(1..=fused_max_m(*scheme)).contains(&m) || g.ty(w).shape.dims() != [n, k] {
+    let [batch, m, n, k] = gemm.dims.sizes()?;
+    if !crate::ir::gemm::runs_as_gemv(batch, m, n) || g.ty(w).shape.dims() != [n, k] {
         return None;
     }
     // The view of W [N, K] read transposed: N's sub-axes outer, K's inner, both contiguous.
@@ -95,23 +99,39 @@ pub(crate) struct Config {
     pub waves: usize,
     /// Whether A is read 4 elements at a time along K.
     pub a_vec: bool,
+    /// Rows of M per block (M itself where one group holds them) and groups of them (the
+    /// last partial where `rows` does not divide M), as in `small_m::Config`.
+    pub rows: usize,
+    pub row_groups: usize,
 }
 
-pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
+pub(crate) fn config(p: &Problem, gemm: &Gemm, scheme: QuantScheme, target: &Target) -> Config {
     let wave = target.wave_size as usize;
     let pieces = p.k / PIECE;
-    let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
+    let (rows, row_groups) = super::small_m::split_rows(p.m, group_rows(scheme, p.pair));
+    let blocks = |cols: usize| {
+        p.batch
+            .saturating_mul(p.n.div_ceil(cols))
+            .saturating_mul(row_groups)
+    };
     // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
     // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
     // 32 sums: M 16, 2 columns).
     let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
-    let mut cols = MAX_COLS.min(acc / p.m.max(1)).max(1);
-    // Paired columns: a block holds whole pairs.
+    let mut cols = MAX_COLS.min(acc / rows).max(1);
+    // Paired columns: a block holds whole pairs, so an even count (rows 5 gave 3 columns, then
+    // 1 where the grid was small: a pair split across blocks, as `small_m::config` once had).
     let least = if p.pair { 2 } else { 1 };
+    if p.pair {
+        cols -= cols % 2;
+    }
     cols = cols.max(least);
     // In a persistent plan, fewer blocks fill it (`Problem::fill_blocks`).
     while cols > least && blocks(cols) < FILL_BLOCKS.min(p.fill_blocks) {
         cols /= 2;
+        if p.pair {
+            cols = (cols - cols % 2).max(least);
+        }
     }
     Config {
         cols,
@@ -119,6 +139,8 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, target: &Target) -> Config {
             .div_ceil(wave * PIECES_PER_THREAD)
             .clamp(1, MAX_WAVES),
         a_vec: vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, 4),
+        rows,
+        row_groups,
     }
 }
 
@@ -149,9 +171,12 @@ pub(crate) fn kernel(
     args: Vec<BufferId>,
     target: &Target,
 ) -> Result<Kernel, CodegenError> {
-    let c = config(p, gemm, target);
+    let c = config(p, gemm, scheme, target);
     let threads = c.waves * target.wave_size as usize;
-    let launch = checked_launch(node, target, [p.n.div_ceil(c.cols), p.batch, 1], threads)?;
+    // The row group x's fastest digit, as in `small_m::launch`: the groups reading the same
+    // rows of W are adjacent in launch order.
+    let x = p.n.div_ceil(c.cols).saturating_mul(c.row_groups);
+    let launch = checked_launch(node, target, [x, p.batch, 1], threads)?;
     let blocks = p.k / BLOCK_ELEMS;
     let ctx = Context {
         p,

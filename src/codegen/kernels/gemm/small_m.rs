@@ -1,5 +1,8 @@
 //! The small-M GEMM (decoding: one to a few rows of activations against a weight): GEMV-style,
-//! memory-bound, B read exactly once. A block owns a few columns of the result for all M rows;
+//! memory-bound, B read exactly once. A block owns a few columns of the result for a group of
+//! up to [`GROUP_ROWS`] rows (all M rows where they fit one group, as at decode; past it the
+//! grid has a dimension of row groups, fastest in launch order, so the blocks that read the
+//! same columns of B run together and all but the first find them in L2);
 //! its threads split K in 16-byte chunks of B, and the waves' sums are added through shared
 //! memory in a fixed order. Any float dtype, any views; 16-byte loads where the view allows them
 //! (see `vectors`), element loads otherwise. Weights stored `[K, N]` (N-contiguous) are read 16
@@ -17,9 +20,17 @@ use crate::codegen::kernel::finish;
 use crate::ir::gemm::Operand;
 use crate::ir::{DType, Gemm};
 
-/// The most rows this kernel takes: each thread keeps M × `cols` sums in registers. It is
-/// `ir::gemm::GEMV_MAX_M`, which passes read (they may not import codegen).
+/// The most rows this kernel takes, in groups of [`GROUP_ROWS`]: it is `ir::gemm::GEMV_MAX_M`,
+/// which passes read (they may not import codegen) through `ir::gemm::runs_as_gemv`.
 pub(crate) const MAX_M: usize = crate::ir::gemm::GEMV_MAX_M;
+/// The most rows one block computes: each thread keeps rows × `cols` sums in registers
+/// (`MAX_ACC`). `ir::gemm::GEMV_GROUP_ROWS`: up to it a problem is one group, as before row
+/// groups existed.
+pub(crate) const GROUP_ROWS: usize = crate::ir::gemm::GEMV_GROUP_ROWS;
+/// The same with paired columns: the pair's combine and its epilogue also live at the end,
+/// and bf16 with the norm prologue spilled on gfx1100/gfx1201 at 16 rows (2 columns, 32
+/// sums); 8 rows was the most pairs ever took before row groups.
+pub(crate) const PAIRED_GROUP_ROWS: usize = 8;
 /// Accumulators per thread (M × cols) at most: beyond, registers spill on wave64 targets.
 const MAX_ACC: usize = 64;
 /// Columns per block at most: each column is one 16-byte load in flight per chunk.
@@ -58,18 +69,51 @@ pub(crate) struct Config {
     /// columns each, `groups` lanes a row, the others further rows.
     pub along_n: bool,
     pub groups: usize,
+    /// Rows of M per block (M itself where one group holds them).
+    pub rows: usize,
+    /// Groups of `rows` rows: ceil(M / rows), the last one partial where `rows` does not
+    /// divide M.
+    pub row_groups: usize,
 }
 
-/// Whether this kernel takes the problem: 1 to [`MAX_M`] rows.
+/// Whether this kernel takes the problem: 1 to [`GROUP_ROWS`] rows always, up to [`MAX_M`]
+/// where the tiled kernels' grid would be small (`ir::gemm::runs_as_gemv`, which the passes
+/// that fold a norm or pair columns read too: what they produce, this kernel takes).
 pub(crate) fn takes(p: &Problem) -> bool {
-    (1..=MAX_M).contains(&p.m)
+    crate::ir::gemm::runs_as_gemv(p.batch, p.m, p.n)
+}
+
+/// Rows per block and groups of rows for `p`: at most [`GROUP_ROWS`] a block
+/// ([`PAIRED_GROUP_ROWS`] with paired columns), split by [`split_rows`].
+pub(crate) fn row_groups(p: &Problem) -> (usize, usize) {
+    split_rows(
+        p.m,
+        if p.pair {
+            PAIRED_GROUP_ROWS
+        } else {
+            GROUP_ROWS
+        },
+    )
+}
+
+/// `m` rows as the fewest groups of at most `most`, the rows shared out evenly (17 by 16:
+/// 9 + 8, not 16 + 1, so that the rows' sums leave room for columns): (rows a group, groups).
+/// Every GEMV kernel with row groups splits its rows so (the quantized one too).
+pub(crate) fn split_rows(m: usize, most: usize) -> (usize, usize) {
+    let groups = m.div_ceil(most.max(1)).max(1);
+    (m.div_ceil(groups).max(1), groups)
 }
 
 /// The shape of the kernel for a problem of `dtype` (A's and B's).
 pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> Config {
     let vec = VECTOR_BYTES / dtype.size_bytes();
     let wave = target.wave_size as usize;
-    let blocks = |cols: usize| p.batch.saturating_mul(p.n.div_ceil(cols));
+    let (rows, row_groups) = row_groups(p);
+    let blocks = |cols: usize| {
+        p.batch
+            .saturating_mul(p.n.div_ceil(cols))
+            .saturating_mul(row_groups)
+    };
     let fill = p.fill_blocks;
     let waves = |per_wave: usize| {
         p.k.div_ceil(per_wave * CHUNKS_PER_THREAD)
@@ -81,7 +125,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
     // combine takes one pair per thread, which along-N's wider blocks would exceed.
     let along_n = !p.pair
         && !b_vec
-        && p.m * vec <= MAX_ACC
+        && rows * vec <= MAX_ACC
         && vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Cols, vec);
     if along_n {
         // Two lanes a row read a whole 32-byte sector; one where that leaves the GPU idle.
@@ -94,13 +138,15 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
             b_vec,
             along_n,
             groups,
+            rows,
+            row_groups,
         };
     }
     // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
     // epilogue also live at the end (bf16 with the norm prologue spilled on gfx1100/gfx1201 at
     // 32 sums: M 16, 2 columns).
     let acc = if p.pair { MAX_ACC / 4 } else { MAX_ACC };
-    let mut cols = p.max_cols.min(acc / p.m.max(1)).max(1);
+    let mut cols = p.max_cols.min(acc / rows).max(1);
     // Paired columns: a block holds whole pairs, so an even count (M 3 and 5 gave 5 and 3
     // columns: a pair split across blocks, its halves combined with the wrong neighbours).
     let least = if p.pair { 2 } else { 1 };
@@ -123,10 +169,15 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
         b_vec,
         along_n,
         groups: 1,
+        rows,
+        row_groups,
     }
 }
 
-/// The launch of `c` for `p`: one block per `cols` columns (x) and batch index (y).
+/// The launch of `c` for `p`: one block per `cols` columns and group of rows (x: the row
+/// group fastest, so the groups that read the same columns of B are adjacent in launch order;
+/// x rather than a dimension of its own, whose 65,535 blocks an LM head's columns pass) and
+/// batch index (y).
 pub(crate) fn launch(
     c: &Config,
     p: &Problem,
@@ -134,7 +185,8 @@ pub(crate) fn launch(
     target: &Target,
 ) -> Result<Launch, CodegenError> {
     let threads = c.waves * target.wave_size as usize;
-    checked_launch(node, target, [p.n.div_ceil(c.cols), p.batch, 1], threads)
+    let x = p.n.div_ceil(c.cols).saturating_mul(c.row_groups);
+    checked_launch(node, target, [x, p.batch, 1], threads)
 }
 
 #[derive(Serialize)]
@@ -170,7 +222,7 @@ pub(crate) fn kernel(
 /// f32 per block).
 pub(crate) fn blocks(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> usize {
     let c = config(p, gemm, dtype, target);
-    p.batch * p.n.div_ceil(c.cols)
+    p.batch * p.n.div_ceil(c.cols) * c.row_groups
 }
 
 /// The kernel of a one-row problem (batch 1, M 1, unpaired) that also writes the argmax of its

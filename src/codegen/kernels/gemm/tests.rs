@@ -48,11 +48,118 @@ fn target(arch: &str) -> Target {
     Target::parse(arch).unwrap()
 }
 
+/// Up to 16 rows always; 17 to 64 where the tiled kernels' 64×64 tiles would number fewer
+/// than 128 (SmolLM2's projections at 32 rows: 3, 9, 24 tiles), the batch counted.
 #[test]
-fn small_m_takes_one_to_sixteen_rows() {
-    for (m, takes) in [(1, true), (16, true), (17, false)] {
-        let (p, _) = problem(DType::F16, 1, m, 64, 64, true);
-        assert_eq!(small_m::takes(&p), takes, "M = {m}");
+fn small_m_takes_more_rows_where_the_tiled_grid_is_small() {
+    for (batch, m, n, takes) in [
+        (1, 1, 64, true),
+        (1, 16, 64, true),
+        (1, 16, 1_000_000, true),
+        (1, 17, 64, true),
+        (1, 33, 1536, true),
+        (1, 64, 576, true),
+        (1, 65, 64, false),
+        // 127 tiles, then 128.
+        (1, 32, 127 * 64, true),
+        (1, 32, 128 * 64, false),
+        (1, 64, 49_152, false),
+        (2, 32, 64 * 64, false),
+    ] {
+        let (p, _) = problem(DType::F16, batch, m, n, 64, true);
+        assert_eq!(small_m::takes(&p), takes, "batch {batch} M {m} N {n}");
+    }
+}
+
+/// The fewest groups of at most 16 rows (8 paired), the rows shared out evenly; one group,
+/// all rows, up to the group's size (the kernels of M ≤ 16 as before row groups).
+#[test]
+fn small_m_row_groups_cover_m_evenly() {
+    for (m, pair, want) in [
+        (1, false, (1, 1)),
+        (16, false, (16, 1)),
+        (17, false, (9, 2)),
+        (33, false, (11, 3)),
+        (47, false, (16, 3)),
+        (64, false, (16, 4)),
+        (8, true, (8, 1)),
+        (9, true, (5, 2)),
+        (32, true, (8, 4)),
+        (33, true, (7, 5)),
+    ] {
+        let (mut p, _) = problem(DType::F16, 1, m, 576, 64, true);
+        p.pair = pair;
+        assert_eq!(small_m::row_groups(&p), want, "M {m} paired {pair}");
+    }
+    for m in 1..=small_m::MAX_M {
+        for pair in [false, true] {
+            let (mut p, _) = problem(DType::F16, 1, m, 576, 64, true);
+            p.pair = pair;
+            let (rows, groups) = small_m::row_groups(&p);
+            let most = if pair {
+                small_m::PAIRED_GROUP_ROWS
+            } else {
+                small_m::GROUP_ROWS
+            };
+            assert!(rows <= most && groups * rows >= m && (groups - 1) * rows < m);
+            assert_eq!(groups == 1, m <= most, "M {m} paired {pair}");
+        }
+    }
+}
+
+/// Row groups are x's fastest digit: the grid is the column blocks times the groups, and a
+/// group's rows leave room for columns as M of them would.
+#[test]
+fn small_m_row_groups_multiply_the_grid() {
+    // SmolLM2's down projection at 33 rows: 3 groups of 11; 64 / 11 sums leave 4 columns, 432
+    // blocks too few, so 2 columns: 288 column blocks × 3 groups.
+    let (p, g) = problem(DType::F16, 1, 33, 576, 1536, true);
+    for arch in ["sm_90", "gfx942", "gfx1100"] {
+        let t = target(arch);
+        let c = small_m::config(&p, &g, DType::F16, &t);
+        assert_eq!((c.rows, c.row_groups, c.cols), (11, 3, 2), "{arch}");
+        let launch = small_m::launch(&c, &p, "n", &t).unwrap();
+        assert_eq!(launch.grid, [864, 1, 1], "{arch}");
+    }
+    // 17 rows of a batch of 2: 2 groups of 9 (7 columns a block at most: 4), y the batch.
+    let (p, g) = problem(DType::F32, 2, 17, 1000, 64, true);
+    let c = small_m::config(&p, &g, DType::F32, &target("sm_90"));
+    assert_eq!((c.rows, c.row_groups), (9, 2));
+    let launch = small_m::launch(&c, &p, "n", &target("sm_90")).unwrap();
+    assert_eq!(launch.grid, [1000usize.div_ceil(c.cols) as u32 * 2, 2, 1]);
+    // One group: the grid of before.
+    let (p, g) = problem(DType::F16, 1, 16, 576, 1536, true);
+    let c = small_m::config(&p, &g, DType::F16, &target("sm_90"));
+    assert_eq!((c.rows, c.row_groups), (16, 1));
+    let launch = small_m::launch(&c, &p, "n", &target("sm_90")).unwrap();
+    assert_eq!(launch.grid, [576usize.div_ceil(c.cols) as u32, 1, 1]);
+}
+
+/// The quantized GEMV's row groups: 16 rows a block, 8 on Q5_K (its reader spilled at 16 on
+/// sm_90) and with paired columns, whose blocks hold whole pairs at every M.
+#[test]
+fn quant_row_groups_and_whole_pairs() {
+    use crate::ir::QuantScheme;
+    for m in 1..=small_m::MAX_M {
+        for scheme in [QuantScheme::Q4_1, QuantScheme::Q5K] {
+            for (pair, n) in [(false, 576), (true, 74), (true, 3072)] {
+                let (mut p, mut g) = problem(DType::F16, 1, m, n, 256, true);
+                p.pair = pair;
+                g.paired = pair;
+                let c = super::quant::config(&p, &g, scheme, &target("gfx1100"));
+                let most = if pair || scheme == QuantScheme::Q5K {
+                    8
+                } else {
+                    16
+                };
+                let what = format!("M {m} {scheme} paired {pair} N {n}");
+                assert!(c.rows <= most && c.row_groups * c.rows >= m, "{what}");
+                assert!((c.row_groups - 1) * c.rows < m, "{what}");
+                if pair {
+                    assert!(c.cols >= 2 && c.cols.is_multiple_of(2), "{what}: {c:?}");
+                }
+            }
+        }
     }
 }
 
@@ -73,6 +180,8 @@ fn small_m_reads_weights_in_16_byte_chunks_when_k_allows() {
                 b_vec: true,
                 along_n: false,
                 groups: 1,
+                rows: 1,
+                row_groups: 1,
             },
             "{arch}"
         );
@@ -166,6 +275,8 @@ fn small_m_paired_columns_come_in_whole_pairs() {
                     "M {m} N {n} fill {fill}: {} columns",
                     c.cols
                 );
+                // One pair per thread in the combine (`gemm_parts.hip`'s pair_combine).
+                assert!(c.rows * c.cols / 2 <= c.waves * 32, "M {m} N {n}");
             }
         }
     }
@@ -216,12 +327,15 @@ fn scalar_loads_follow_the_views() {
 }
 
 #[test]
-fn lowering_picks_small_m_up_to_sixteen_rows() {
-    // Past 16 rows: the matrix cores for 16-bit operands (gfx1100 has WMMA), CUDA cores for f32.
+fn lowering_picks_small_m_up_to_sixteen_rows_and_in_row_groups_to_64() {
+    // 45 columns: one tile of the tiled kernels, so up to 64 rows in row groups. Past them
+    // the matrix cores for 16-bit operands (gfx1100 has WMMA), CUDA cores for f32.
     for (m, sixteen_bit, f32) in [
         (1, "gemm_small_m", "gemm_small_m"),
         (16, "gemm_small_m", "gemm_small_m"),
-        (17, "gemm_mma", "gemm"),
+        (17, "gemm_small_m", "gemm_small_m"),
+        (64, "gemm_small_m", "gemm_small_m"),
+        (65, "gemm_mma", "gemm"),
     ] {
         for dtype in [DType::F16, DType::BF16, DType::F32] {
             let family = if dtype == DType::F32 {
