@@ -8,7 +8,7 @@ use rocmforge::arch::Target;
 use rocmforge::codegen::{generate, BufferRole};
 use rocmforge::passes::{
     DeadCode, DecodeAppend, FoldNormIntoGemv, FoldRope, FormGemm, FuseAttention, FuseElementwise,
-    PassManager, RecognizeActivations, RecognizeNorms, RecognizeSoftmax,
+    PagedAppend, PassManager, RecognizeActivations, RecognizeNorms, RecognizeSoftmax,
 };
 
 /// The default pipeline without the merge (the same passes in the same order, `merge_gemms`
@@ -22,6 +22,7 @@ fn without_merge() -> PassManager {
         .with(DeadCode)
         .with(FoldRope)
         .with(DecodeAppend)
+        .with(PagedAppend)
         .with(DeadCode)
         .with(FuseElementwise)
         .with(DeadCode)
