@@ -283,4 +283,16 @@ impl Append {
     /// the decode kernel's bound (`codegen::kernels::attention::decode::MAX_ROWS`, a test
     /// there holds them equal); more is prefill, which the other kernels serve.
     pub const MAX_ROWS: usize = 16;
+
+    /// Whether a rope of `theta` and `factors` rotates as this form does (attributes compared
+    /// bit for bit, never as wildcards).
+    pub fn rotates_like(&self, theta: f64, factors: &[f64]) -> bool {
+        self.theta.to_bits() == theta.to_bits()
+            && self.factors.len() == factors.len()
+            && self
+                .factors
+                .iter()
+                .zip(factors)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+    }
 }

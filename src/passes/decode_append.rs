@@ -21,6 +21,7 @@
 //! `cache_has_other_readers`, `cache_axis_not_keys`, `starts_differ`, `k_not_roped`,
 //! `v_roped`, `rope_params_differ`, `positions_differ`, `rows_not_queries`.
 
+use super::matchers::rope_at_positions;
 use super::{Pass, PassReport};
 use crate::ir::{Append, Graph, NodeId, Op};
 
@@ -37,30 +38,6 @@ struct Matched {
 }
 
 type Refusal = (&'static str, String);
-
-/// The rope's (x, positions, theta, factors), where `id` is a rope at a positions operand.
-fn rope_parts(g: &Graph, id: NodeId) -> Option<(NodeId, NodeId, f64, Vec<f64>)> {
-    let Op::Rope {
-        theta,
-        offset: 0,
-        factors,
-    } = g.op(id)
-    else {
-        return None;
-    };
-    let ops = g.operands(id);
-    Some((ops[0], *ops.get(1)?, *theta, factors.clone()))
-}
-
-/// Whether `a` and `b` rotate alike (attributes compared exactly, never wildcards).
-fn same_rope(a: &Append, theta: f64, factors: &[f64]) -> bool {
-    a.theta.to_bits() == theta.to_bits()
-        && a.factors.len() == factors.len()
-        && a.factors
-            .iter()
-            .zip(factors)
-            .all(|(x, y)| x.to_bits() == y.to_bits())
-}
 
 fn matched(g: &Graph, id: NodeId) -> Option<Result<Matched, Refusal>> {
     let Op::FlashAttention(att) = g.op(id) else {
@@ -89,7 +66,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
             ),
         ));
     }
-    let Some((x, positions, theta, factors)) = rope_parts(g, q) else {
+    let Some((x, positions, theta, factors)) = rope_at_positions(g, q) else {
         return Err((
             "q_not_roped",
             format!(
@@ -168,7 +145,8 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
         Some(t) => (kops[1], kops[3], *t, Vec::new()),
         None => {
             let r = kops[1];
-            let Some(parts) = rope_parts(g, r).filter(|_| g.use_count(r) == 1 && !g.is_output(r))
+            let Some(parts) =
+                rope_at_positions(g, r).filter(|_| g.use_count(r) == 1 && !g.is_output(r))
             else {
                 return Err((
                     "k_not_roped",
@@ -181,7 +159,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
             parts
         }
     };
-    if !same_rope(&append, k_theta, &k_factors) {
+    if !append.rotates_like(k_theta, &k_factors) {
         return Err((
             "rope_params_differ",
             format!(

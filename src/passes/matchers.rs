@@ -2,6 +2,20 @@
 
 use crate::ir::{BinaryOp, Graph, NodeId, NodeSet, Op, Shape};
 
+/// A rope at a positions operand (offset 0): its (x, positions, theta, factors).
+pub(crate) fn rope_at_positions(g: &Graph, id: NodeId) -> Option<(NodeId, NodeId, f64, Vec<f64>)> {
+    let Op::Rope {
+        theta,
+        offset: 0,
+        factors,
+    } = g.op(id)
+    else {
+        return None;
+    };
+    let ops = g.operands(id);
+    Some((ops[0], *ops.get(1)?, *theta, factors.clone()))
+}
+
 /// The value of a constant holding a single value (a scalar, or a splat of any shape).
 pub(crate) fn splat_value(g: &Graph, id: NodeId) -> Option<f64> {
     match g.op(id) {

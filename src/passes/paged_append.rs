@@ -25,6 +25,7 @@
 //! `pool_not_written_here`, `pool_has_other_readers`, `rows_not_queries`, `slots_differ`,
 //! `k_not_roped`, `rope_params_differ`, `positions_differ`.
 
+use super::matchers::rope_at_positions;
 use super::{Pass, PassReport};
 use crate::ir::{Append, Graph, NodeId, Op};
 
@@ -43,30 +44,6 @@ struct Matched {
 }
 
 type Refusal = (&'static str, String);
-
-/// The rope's (x, positions, theta, factors), where `id` is a rope at a positions operand.
-fn rope_parts(g: &Graph, id: NodeId) -> Option<(NodeId, NodeId, f64, Vec<f64>)> {
-    let Op::Rope {
-        theta,
-        offset: 0,
-        factors,
-    } = g.op(id)
-    else {
-        return None;
-    };
-    let ops = g.operands(id);
-    Some((ops[0], *ops.get(1)?, *theta, factors.clone()))
-}
-
-/// Whether `a` and `b` rotate alike (attributes compared exactly, never wildcards).
-fn same_rope(a: &Append, theta: f64, factors: &[f64]) -> bool {
-    a.theta.to_bits() == theta.to_bits()
-        && a.factors.len() == factors.len()
-        && a.factors
-            .iter()
-            .zip(factors)
-            .all(|(x, y)| x.to_bits() == y.to_bits())
-}
 
 /// The rows node under q's per-sequence view, with the view's nodes (q first), where q
 /// `[b, hq, s, d]` is one of the three views the batched lowering makes of `[1, hq, b·s, d]`.
@@ -130,7 +107,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
         )
     };
     let (rope, mut q_chain) = rows_under_view(g, q, [b, hq, sq, d]).ok_or_else(not_roped)?;
-    let (x, positions, theta, factors) = rope_parts(g, rope).ok_or_else(not_roped)?;
+    let (x, positions, theta, factors) = rope_at_positions(g, rope).ok_or_else(not_roped)?;
     q_chain.push(rope);
     if let Some(&n) = q_chain
         .iter()
@@ -189,7 +166,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
     }
     let r = kops[1];
     let Some((k_rows, k_pos, k_theta, k_factors)) =
-        rope_parts(g, r).filter(|_| g.use_count(r) == 1 && !g.is_output(r))
+        rope_at_positions(g, r).filter(|_| g.use_count(r) == 1 && !g.is_output(r))
     else {
         return Err((
             "k_not_roped",
@@ -199,7 +176,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
             ),
         ));
     };
-    if !same_rope(&append, k_theta, &k_factors) {
+    if !append.rotates_like(k_theta, &k_factors) {
         return Err((
             "rope_params_differ",
             format!(
