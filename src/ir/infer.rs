@@ -511,18 +511,7 @@ fn paged_append(scale: f64, ap: &Append, ins: &[&TensorType]) -> Result<TensorTy
     let mut base: Vec<&TensorType> = ins[..5].to_vec();
     base[0] = &seen;
     let out = paged_attention(scale, &base)?;
-    rope_at(ap.theta, 0, q, Some(pos))?;
-    rope_at(ap.theta, 0, k_new, Some(pos))?;
-    if !ap.factors.is_empty() && ap.factors.len() != d / 2 {
-        return attr_err(format!(
-            "append rope needs one frequency factor per pair ({}), got {}",
-            d / 2,
-            ap.factors.len()
-        ));
-    }
-    if let Some(f) = ap.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
-        return attr_err(format!("rope frequency factors must be positive, got {f}"));
-    }
+    append_rope(ap, q, k_new, pos, d)?;
     let [_, hkv, _, dv] = dims4(v);
     for (what, t, want) in [
         ("k_new", k_new, [1, hkv, rows, d]),
@@ -864,18 +853,7 @@ fn append(
     }
     let base = att.base_operands();
     let (pos, k_new, v_new, start) = (ins[base], ins[base + 1], ins[base + 2], ins[base + 3]);
-    rope_at(ap.theta, 0, ins[0], Some(pos))?;
-    rope_at(ap.theta, 0, k_new, Some(pos))?;
-    if !ap.factors.is_empty() && ap.factors.len() != d / 2 {
-        return attr_err(format!(
-            "append rope needs one frequency factor per pair ({}), got {}",
-            d / 2,
-            ap.factors.len()
-        ));
-    }
-    if let Some(f) = ap.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
-        return attr_err(format!("rope frequency factors must be positive, got {f}"));
-    }
+    append_rope(ap, ins[0], k_new, pos, d)?;
     for (what, t, want) in [
         ("k_new", k_new, [b, hkv, sq, d]),
         ("v_new", v_new, [b, hkv, sq, dv]),
@@ -935,4 +913,28 @@ impl Expr {
             }
         }
     }
+}
+
+/// The append form's rope (either attention): q and k_new rotated at `pos` with `ap`'s theta,
+/// and its factors one per pair of the head size `d` (or none), each finite and positive.
+fn append_rope(
+    ap: &Append,
+    q: &TensorType,
+    k_new: &TensorType,
+    pos: &TensorType,
+    d: usize,
+) -> Result<(), InferError> {
+    rope_at(ap.theta, 0, q, Some(pos))?;
+    rope_at(ap.theta, 0, k_new, Some(pos))?;
+    if !ap.factors.is_empty() && ap.factors.len() != d / 2 {
+        return attr_err(format!(
+            "append rope needs one frequency factor per pair ({}), got {}",
+            d / 2,
+            ap.factors.len()
+        ));
+    }
+    if let Some(f) = ap.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return attr_err(format!("rope frequency factors must be positive, got {f}"));
+    }
+    Ok(())
 }
