@@ -16,6 +16,33 @@ pub(crate) fn rope_at_positions(g: &Graph, id: NodeId) -> Option<(NodeId, NodeId
     Some((ops[0], *ops.get(1)?, *theta, factors.clone()))
 }
 
+/// For the append forms: whether k's rope (theta, factors, positions operand) rotates as q's
+/// (`append`, at `positions`), else the refusal (`rope_params_differ`, `positions_differ`).
+pub(crate) fn k_rotates_as_q(
+    append: &crate::ir::Append,
+    positions: NodeId,
+    (k_theta, k_factors, k_pos): (f64, &[f64], NodeId),
+) -> Result<(), (&'static str, String)> {
+    if !append.rotates_like(k_theta, k_factors) {
+        return Err((
+            "rope_params_differ",
+            format!(
+                "q rotates with theta {} and {} factors, k with theta {k_theta} and {} factors",
+                append.theta,
+                append.factors.len(),
+                k_factors.len()
+            ),
+        ));
+    }
+    if k_pos != positions {
+        return Err((
+            "positions_differ",
+            "q and k are rotated at different positions operands".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The value of a constant holding a single value (a scalar, or a splat of any shape).
 pub(crate) fn splat_value(g: &Graph, id: NodeId) -> Option<f64> {
     match g.op(id) {

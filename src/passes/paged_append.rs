@@ -25,7 +25,7 @@
 //! `pool_not_written_here`, `pool_has_other_readers`, `rows_not_queries`, `slots_differ`,
 //! `k_not_roped`, `rope_params_differ`, `positions_differ`.
 
-use super::matchers::rope_at_positions;
+use super::matchers::{k_rotates_as_q, rope_at_positions};
 use super::{Pass, PassReport};
 use crate::ir::{Append, Graph, NodeId, Op};
 
@@ -176,22 +176,7 @@ fn check(g: &Graph, id: NodeId) -> Result<Matched, Refusal> {
             ),
         ));
     };
-    if !append.rotates_like(k_theta, &k_factors) {
-        return Err((
-            "rope_params_differ",
-            format!(
-                "q rotates with theta {theta} and {} factors, k with theta {k_theta} and {} factors",
-                append.factors.len(),
-                k_factors.len()
-            ),
-        ));
-    }
-    if k_pos != positions {
-        return Err((
-            "positions_differ",
-            "q and k are rotated at different positions operands".into(),
-        ));
-    }
+    k_rotates_as_q(&append, positions, (k_theta, &k_factors, k_pos))?;
     Ok(Matched {
         append,
         q: x,
