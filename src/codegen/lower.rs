@@ -232,11 +232,6 @@ pub(crate) fn body_starts_with_grid_enter(source: &str, entry: &str) -> bool {
     false
 }
 
-/// Bytes an alias's start must be a multiple of: kernels load operands 16 bytes at a time where
-/// their views allow it (`kernels/gemm/vectors.rs`), trusting the buffer's start to be aligned
-/// as every allocation is.
-const ALIAS_ALIGN: usize = 16;
-
 /// Where a slice node's result starts in its operand's buffer, when it is one contiguous range
 /// of it (every axis before the sliced one has one index, or the slice takes the whole axis)
 /// starting at an aligned byte.
@@ -247,7 +242,7 @@ fn contiguous_slice(g: &Graph, id: NodeId, axis: i64, start: i64, end: i64) -> O
     let (s, e) = crate::ir::slice_bounds(start, end, d[ax]).ok()?;
     let whole = s == 0 && e == d[ax];
     let at = s * x.shape.strides()[ax];
-    let aligned = (at * x.dtype.size_bytes()).is_multiple_of(ALIAS_ALIGN);
+    let aligned = (at * x.dtype.size_bytes()).is_multiple_of(crate::ir::IN_PLACE_ALIGN_BYTES);
     ((whole || d[..ax].iter().product::<usize>() == 1) && aligned).then_some(at)
 }
 

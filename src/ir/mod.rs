@@ -38,7 +38,7 @@ pub use printer::{node_line, to_text};
 pub use quant::{random_quant, QuantError, QuantScheme, QuantTensor};
 pub use random::{random_input, random_weight, seeded_rng};
 pub use scalar::Element;
-pub use shape::{normalize_axis, Shape, TensorType};
+pub use shape::{normalize_axis, Shape, TensorType, IN_PLACE_ALIGN_BYTES};
 pub use tensor::{check_host_size, try_collect, Data, Tensor, TensorError, MAX_HOST_ELEMENTS};
 pub use values::{
     check_window, window_visible, Append, Attention, BinaryOp, Init, MaskKind, ReduceOp, Sample,

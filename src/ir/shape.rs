@@ -4,6 +4,13 @@ use std::fmt;
 
 use super::DType;
 
+/// Bytes a slice's first element must be a multiple of for the slice to be read in place, as an
+/// alias of its operand's buffer at an offset, with no copy: kernels load operands 16 bytes at a
+/// time where their views allow it, trusting a buffer's start to be aligned as every allocation
+/// is. Codegen decides aliases by it; `passes::merge_gemms` merges only where its slices will be
+/// aliases.
+pub const IN_PLACE_ALIGN_BYTES: usize = 16;
+
 /// A static shape. Element counts are checked for overflow when a node is typed, so code that
 /// holds a typed node's shape may call [`Shape::numel`] freely.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]

@@ -14,8 +14,11 @@
 //!   `silu(gate)·up`) is `epilogue_reads_sibling`; any other is `epilogue_per_slice` (one Gemm
 //!   has one epilogue over all its columns: per-slice epilogues are future work, see
 //!   docs/decisions.md);
-//! - write its result in row-major (M, N) order, ignoring size-1 axes (`out_not_contiguous`), so
-//!   that the result is exactly a reshape of a slice of the merged output.
+//! - write its result so that it is a contiguous range of the merged one ([`Layout`]): row-major
+//!   (M, N) at one row, or heads outermost (`[1, H, M, D]`, the attention's layout) at any M
+//!   (`out_not_contiguous` otherwise), the same layout as the others (`layouts_differ`);
+//!   row-major results of more than one row, or heads starting off the 16-byte boundary a slice
+//!   needs to be read in place, would make each slice a copy (`slices_would_copy`).
 //!
 //! First, gate/up pairs (a GLU: `act(A·W_gate) · (A·W_up)`, which FuseElementwise leaves as
 //! the gate Gemm's epilogue `act($0)·$1` reading the up Gemm's result) merge into one Gemm with
@@ -37,11 +40,9 @@
 //!   targets at 16 rows a block).
 //!
 //! Then the rewrite: the largest set of members that agree merges into one Gemm writing
-//! `[m.., ΣN]`; each member's uses move to `reshape(slice(merged, last axis, o_i..o_i + N_i))`,
-//! which takes the member's name. At M = 1 each slice is a contiguous range of the merged
-//! buffer and codegen aliases it (no kernel); at M > 1 it is a strided copy.
-
-use std::collections::HashMap;
+//! `[m.., ΣN]` (row-major) or `[1, ΣH, M, D]` (heads outermost); each member's uses move to
+//! its slice (reshaped where needed), which takes the member's name. Each slice is a
+//! contiguous range of the merged buffer and codegen aliases it (no kernel).
 
 use super::matchers::Live;
 use super::{Pass, PassReport};
@@ -107,7 +108,7 @@ fn merge_group(
     refused: &[(NodeId, Refusal)],
     report: &mut PassReport,
 ) {
-    let mut eligible: Vec<(NodeId, Key)> = Vec::new();
+    let mut eligible: Vec<(NodeId, (Key, Layout))> = Vec::new();
     for &id in members {
         let name = g.node(id).name.clone();
         let decided = refused
@@ -120,7 +121,7 @@ fn merge_group(
         }
     }
     // The largest set that agrees merges (ties: the first met).
-    let mut sets: Vec<(Key, Vec<NodeId>)> = Vec::new();
+    let mut sets: Vec<((Key, Layout), Vec<NodeId>)> = Vec::new();
     for (id, key) in eligible {
         match sets.iter_mut().find(|(k, _)| *k == key) {
             Some((_, ids)) => ids.push(id),
@@ -130,8 +131,8 @@ fn merge_group(
     let Some(best) = (0..sets.len()).max_by_key(|&i| (sets[i].1.len(), usize::MAX - i)) else {
         return;
     };
-    let chosen = sets[best].0.clone();
-    for (i, (key, ids)) in sets.iter().enumerate() {
+    let (chosen, layout) = sets[best].0.clone();
+    for (i, ((key, other), ids)) in sets.iter().enumerate() {
         if i == best {
             continue;
         }
@@ -140,10 +141,16 @@ fn merge_group(
                 "different_a",
                 "reads the shared A through another view or M/K",
             )
-        } else {
+        } else if (key.dtype, key.quant) != (chosen.dtype, chosen.quant) {
             (
                 "schemes_differ",
                 "its weight's dtype or block scheme differs",
+            )
+        } else {
+            debug_assert_ne!(*other, layout);
+            (
+                "layouts_differ",
+                "it writes its result in another layout than the merged set's",
             )
         };
         for &id in ids {
@@ -152,21 +159,20 @@ fn merge_group(
     }
     if sets[best].1.len() > 1 {
         let ids = sets[best].1.clone();
-        // Each slice of a merged result of more than one row is strided: a copy kernel per
-        // member would replace the kernels merging saves (prefill), so only single-row
-        // products merge.
-        let rows = product(&chosen.m);
-        if rows != 1 {
-            for &id in &ids {
-                report.skip(
-                    &g.node(id).name.clone(),
-                    "slices_would_copy",
-                    format!("M = {rows} rows: each member's slice of the merged result would be a strided copy"),
-                );
+        let spread = match spread(g, &ids, &chosen, &layout) {
+            Ok(spread) => spread,
+            Err(detail) => {
+                for &id in &ids {
+                    report.skip(
+                        &g.node(id).name.clone(),
+                        "slices_would_copy",
+                        detail.clone(),
+                    );
+                }
+                return;
             }
-            return;
-        }
-        let (merged, what) = rewrite(g, &ids, &chosen);
+        };
+        let (merged, what) = rewrite(g, &ids, &chosen, &spread);
         report.rewrote(&g.node(merged).name.clone(), what);
     }
 }
@@ -360,8 +366,8 @@ fn rewrite_glu(g: &mut Graph, gate: NodeId, up: NodeId, key: &Key) -> String {
     )
 }
 
-/// The member's key, or why it cannot merge with its siblings.
-fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal> {
+/// The member's key and result layout, or why it cannot merge with its siblings.
+fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<(Key, Layout), Refusal> {
     let Op::Gemm(gemm) = g.op(id) else {
         return Err(("not_gemm", "not a gemm".into()));
     };
@@ -372,8 +378,8 @@ fn candidate(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Key, Refusal>
         ));
     }
     let key = weight_key(g, id)?;
-    slice_checks(g, id, siblings)?;
-    Ok(key)
+    let layout = slice_checks(g, id, siblings)?;
+    Ok((key, layout))
 }
 
 /// The checks on a member's batch axes and its B (a weight `[N, K]` read transposed, once),
@@ -426,8 +432,9 @@ fn weight_key(g: &Graph, id: NodeId) -> Result<Key, Refusal> {
     })
 }
 
-/// The rest of a slice-merge member's checks (after [`weight_key`]'s).
-fn slice_checks(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<(), Refusal> {
+/// The rest of a slice-merge member's checks (after [`weight_key`]'s), and the layout its result
+/// is written in.
+fn slice_checks(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<Layout, Refusal> {
     let Op::Gemm(gemm) = g.op(id) else {
         return Err(("not_gemm", "not a gemm".into()));
     };
@@ -453,15 +460,119 @@ fn slice_checks(g: &Graph, id: NodeId, siblings: &[NodeId]) -> Result<(), Refusa
     let mn: Vec<usize> = gemm.dims.m.iter().chain(&gemm.dims.n).copied().collect();
     let want = Shape(mn).strides();
     let (want_m, want_n) = want.split_at(gemm.dims.m.len());
-    if !same_strides(&gemm.dims.m, &gemm.out.rows, want_m)
-        || !same_strides(&gemm.dims.n, &gemm.out.cols, want_n)
-    {
-        return Err((
-            "out_not_contiguous",
-            "the result is written through a permuting view".into(),
-        ));
+    let row_major = same_strides(&gemm.dims.m, &gemm.out.rows, want_m)
+        && same_strides(&gemm.dims.n, &gemm.out.cols, want_n);
+    let rows = product(&gemm.dims.m);
+    if row_major && rows == 1 {
+        return Ok(Layout::RowMajor);
     }
-    Ok(())
+    if let Some(layout) = outer_n(gemm) {
+        return Ok(layout);
+    }
+    if row_major {
+        // Refused when its set is chosen (`spread`): more than one row.
+        return Ok(Layout::RowMajor);
+    }
+    Err((
+        "out_not_contiguous",
+        "the result is written through a permuting view that neither is row-major nor keeps \
+         N's first sub-axis outermost"
+            .into(),
+    ))
+}
+
+/// How a member's result lies in its storage, which decides how a slice of the merged result
+/// can be that result in place (a contiguous range of the merged buffer, no copy).
+#[derive(Clone, Debug, PartialEq)]
+enum Layout {
+    /// Row-major (M, N): at one row member i is columns `o_i..o_i + N_i` of a merged `[.., ΣN]`
+    /// (at more than one, each slice would be strided: refused, `slices_would_copy`).
+    RowMajor,
+    /// N's first sub-axis outermost in storage, whatever M: the heads of a projection written
+    /// `[1, H, M, D]` for the attention (a batched decode step, a prefill). Member i is heads
+    /// `o_i..o_i + H_i` of a merged result of ΣH heads, a contiguous range at any M. Holds what
+    /// the members must share: N's other sub-axes, the result view (size-1 sub-axes' strides
+    /// and the outer one's, which follows from the rest, zeroed) and the result shape with the
+    /// heads' axis zeroed.
+    OuterN {
+        rest: Vec<usize>,
+        out: View,
+        shape: Vec<usize>,
+        axis: usize,
+    },
+}
+
+/// The [`Layout::OuterN`] of a Gemm whose result is stored densely with N's first sub-axis
+/// outermost and whose shape has only size-1 axes before that sub-axis's; `None` otherwise. A
+/// result of one head (MQA's K and V), whose N the GEMM pass did not split, counts as having
+/// an outer sub-axis of 1 before its N.
+fn outer_n(gemm: &Gemm) -> Option<Layout> {
+    let sub_axes = || {
+        gemm.dims
+            .m
+            .iter()
+            .zip(&gemm.out.rows)
+            .chain(gemm.dims.n.iter().zip(&gemm.out.cols))
+    };
+    // Dense: the sub-axes with more than one index, by stride, are row-major.
+    let mut axes: Vec<(usize, usize)> = sub_axes()
+        .filter(|(&size, _)| size > 1)
+        .map(|(&size, &stride)| (size, stride))
+        .collect();
+    axes.sort_by_key(|&(_, stride)| std::cmp::Reverse(stride));
+    let mut expect = 1usize;
+    for &(size, stride) in axes.iter().rev() {
+        if stride != expect {
+            return None;
+        }
+        expect = expect.checked_mul(size)?;
+    }
+    let (&n0, _) = gemm.dims.n.split_first()?;
+    let split = n0 == 1 || axes.first() == Some(&(n0, gemm.out.cols[0]));
+    // N's sub-axes after the heads', and the strides of all of N's.
+    let (heads, rest, n_strides): (usize, &[usize], Vec<usize>) = if split {
+        (n0, &gemm.dims.n[1..], gemm.out.cols.clone())
+    } else {
+        let mut cols = vec![0];
+        cols.extend(&gemm.out.cols);
+        (1, &gemm.dims.n[..], cols)
+    };
+    // The heads' axis of the shape: only size-1 axes before it (the last such axis where there
+    // is one head, so that a single head lines up with its siblings' `[1, H, M, D]`).
+    let dims = gemm.shape.dims();
+    let axis = (0..dims.len())
+        .rev()
+        .find(|&i| dims[i] == heads && dims[..i].iter().all(|&d| d == 1))?;
+    let mut shape = dims.to_vec();
+    shape[axis] = 0;
+    let zero_unit = |sizes: &[usize], strides: &[usize]| -> Vec<usize> {
+        sizes
+            .iter()
+            .zip(strides)
+            .map(|(&s, &t)| if s == 1 { 0 } else { t })
+            .collect()
+    };
+    let mut out = View {
+        batch: vec![],
+        rows: zero_unit(&gemm.dims.m, &gemm.out.rows),
+        cols: vec![0],
+    };
+    out.cols.extend(zero_unit(rest, &n_strides[1..]));
+    Some(Layout::OuterN {
+        rest: rest.to_vec(),
+        out,
+        shape,
+        axis,
+    })
+}
+
+/// A member's heads: N's first sub-axis, or 1 where its N is `rest` alone (see [`outer_n`]).
+fn heads_of(gemm: &Gemm, rest: &[usize]) -> usize {
+    if gemm.dims.n.len() == rest.len() {
+        1
+    } else {
+        gemm.dims.n[0]
+    }
 }
 
 fn product(v: &[usize]) -> usize {
@@ -493,14 +604,103 @@ fn depends_on(g: &Graph, x: NodeId, targets: &[NodeId]) -> Option<NodeId> {
     None
 }
 
-/// Replaces `ids` (agreeing on `key`) by one Gemm over their weights concatenated; returns the
-/// merged node and the rewrite's description.
-fn rewrite(g: &mut Graph, ids: &[NodeId], key: &Key) -> (NodeId, String) {
+/// The merged result of a set of members: its N sub-axes, view and shape, the result axis the
+/// members' slices run along and each member's extent on it (N_i, or its heads).
+struct Spread {
+    n: Vec<usize>,
+    out: View,
+    shape: Vec<usize>,
+    axis: usize,
+    extents: Vec<usize>,
+}
+
+/// Where `ids` (agreeing on `key` and `layout`) go in the merged result; for heads outermost,
+/// an error where a slice would start off the alignment a slice needs to be read in place
+/// (codegen would copy it, one kernel a member, more than merging saves).
+fn spread(g: &Graph, ids: &[NodeId], key: &Key, layout: &Layout) -> Result<Spread, String> {
+    let gemm = |id: NodeId| match g.op(id) {
+        Op::Gemm(gemm) => gemm.clone(),
+        _ => unreachable!("members are gemms"),
+    };
+    match layout {
+        Layout::RowMajor => {
+            // Each slice of a merged result of more than one row is strided: a copy kernel
+            // per member would replace the kernels merging saves.
+            let rows = product(&key.m);
+            if rows != 1 {
+                return Err(format!(
+                    "M = {rows} rows of a row-major result: each member's slice of the \
+                     merged result would be a strided copy"
+                ));
+            }
+            let extents: Vec<usize> = ids.iter().map(|&id| product(&gemm(id).dims.n)).collect();
+            let total = extents.iter().sum::<usize>();
+            let n = vec![total];
+            let dims = GemmDims {
+                batch: vec![],
+                m: key.m.clone(),
+                n: n.clone(),
+                k: key.k.clone(),
+            };
+            let mut shape = key.m.clone();
+            shape.push(total);
+            Ok(Spread {
+                n,
+                out: View::contiguous(&dims, Operand::Out),
+                axis: shape.len() - 1,
+                shape,
+                extents,
+            })
+        }
+        Layout::OuterN {
+            rest,
+            out,
+            shape,
+            axis,
+        } => {
+            let extents: Vec<usize> = ids.iter().map(|&id| heads_of(&gemm(id), rest)).collect();
+            let heads = extents.iter().sum::<usize>();
+            // Elements a head holds: every M row of N's other sub-axes.
+            let per_head = product(&key.m) * product(rest);
+            let bytes = g.ty(ids[0]).dtype.size_bytes();
+            let mut at = 0usize;
+            for (&id, &h) in ids.iter().zip(&extents) {
+                if !(at * per_head * bytes).is_multiple_of(crate::ir::IN_PLACE_ALIGN_BYTES) {
+                    return Err(format!(
+                        "%{}'s heads would start at element {} of the merged result, off the \
+                         {}-byte boundary a slice needs to be read in place: each would be a \
+                         copy",
+                        g.node(id).name,
+                        at * per_head,
+                        crate::ir::IN_PLACE_ALIGN_BYTES
+                    ));
+                }
+                at += h;
+            }
+            // The shared view, the heads' stride now that there are several (size-1
+            // sub-axes' strides stay 0: never used).
+            let mut out = out.clone();
+            out.cols[0] = per_head;
+            let mut shape = shape.clone();
+            shape[*axis] = heads;
+            let mut n = vec![heads];
+            n.extend(rest);
+            Ok(Spread {
+                n,
+                out,
+                shape,
+                axis: *axis,
+                extents,
+            })
+        }
+    }
+}
+
+/// Replaces `ids` (agreeing on `key`) by one Gemm over their weights concatenated, laid out as
+/// `spread` says; returns the merged node and the rewrite's description.
+fn rewrite(g: &mut Graph, ids: &[NodeId], key: &Key, spread: &Spread) -> (NodeId, String) {
     let a = g.operands(ids[0])[0];
     let weights: Vec<NodeId> = ids.iter().map(|&id| g.operands(id)[1]).collect();
-    let ns: Vec<usize> = weights.iter().map(|&w| g.ty(w).shape.dims()[0]).collect();
-    let total: usize = ns.iter().sum();
-    let k = product(&key.k);
     let names: Vec<String> = ids.iter().map(|&id| g.node(id).name.clone()).collect();
     let wnames: Vec<String> = weights.iter().map(|&w| g.node(w).name.clone()).collect();
     let concat_name = unique(g, &wnames.join("+"));
@@ -510,47 +710,47 @@ fn rewrite(g: &mut Graph, ids: &[NodeId], key: &Key) -> (NodeId, String) {
     let dims = GemmDims {
         batch: vec![],
         m: key.m.clone(),
-        n: vec![total],
+        n: spread.n.clone(),
         k: key.k.clone(),
     };
-    let mut shape = key.m.clone();
-    shape.push(total);
+    // The concatenated weight [ΣN, K] read transposed: N's sub-axes outer, K's inner.
+    let nk: Vec<usize> = dims.n.iter().chain(&dims.k).copied().collect();
+    let strides = Shape(nk).strides();
+    let (cols, rows) = strides.split_at(dims.n.len());
     let b = View {
         batch: vec![],
-        rows: Shape(key.k.clone()).strides(),
-        cols: vec![k],
+        rows: rows.to_vec(),
+        cols: cols.to_vec(),
     };
-    let out = View::contiguous(&dims, Operand::Out);
     let merged = Gemm {
         dims,
         a: key.a.clone(),
         b,
-        out,
+        out: spread.out.clone(),
         extras: vec![],
         epilogue: None,
         prologue: None,
         paired: false,
-        shape: Shape(shape.clone()),
+        shape: Shape(spread.shape.clone()),
     };
     let merged_name = unique(g, &names.join("+"));
     let m = g
         .add_node(Some(&merged_name), Op::Gemm(Box::new(merged)), &[a, concat])
         .expect("the merged gemm's views are built valid");
-    let last = shape.len() as i64 - 1;
     let mut at = 0usize;
-    let mut offsets = HashMap::new();
-    for ((&id, &n), name) in ids.iter().zip(&ns).zip(&names) {
+    let mut parts = Vec::new();
+    for ((&id, &n), name) in ids.iter().zip(&spread.extents).zip(&names) {
         let slice = g
             .add_op(
                 Op::Slice {
-                    axis: last,
+                    axis: spread.axis as i64,
                     start: at as i64,
                     end: (at + n) as i64,
                 },
                 &[m],
             )
             .expect("the slice is inside the merged result");
-        offsets.insert(name.clone(), at);
+        parts.push(format!("{name} [{at}..{}]", at + n));
         at += n;
         let want = g.ty(id).shape.clone();
         let result = if g.ty(slice).shape == want {
@@ -566,15 +766,15 @@ fn rewrite(g: &mut Graph, ids: &[NodeId], key: &Key) -> (NodeId, String) {
         g.rename(result, name)
             .expect("the member's name was just freed");
     }
-    let parts: Vec<String> = names
-        .iter()
-        .zip(&ns)
-        .map(|(n, w)| format!("{n} [{}..{}]", offsets[n], offsets[n] + w))
-        .collect();
+    let along = if spread.n.len() == 1 {
+        format!("N = {at}")
+    } else {
+        format!("N = {:?} ({at} heads outermost)", spread.n)
+    };
     (
         m,
         format!(
-            "merged {} gemms sharing %{} into one of N = {total}: {}",
+            "merged {} gemms sharing %{} into one of {along}: {}",
             ids.len(),
             g.node(a).name,
             parts.join(", ")

@@ -57,21 +57,38 @@ fn assert_same_values(source: &Graph, merged: &Graph, seed: u64, what: &str) {
     }
 }
 
-/// At M > 1 every member is refused as `slices_would_copy`, none merges, and the values are the
-/// source's.
-fn assert_prefill_refused(
+/// At M > 1 a row-major result's slices would be strided: only members of one N merge, stacked
+/// (`[members, M, N]`, each member a contiguous range) where their starts are aligned. The
+/// optimised graph has `gemms` Gemms, the merge left members alone with `codes` (sorted), and
+/// the values are the source's.
+fn assert_prefill(
     g: &Graph,
     merged: &Graph,
     reports: &[PassReport],
-    members: usize,
+    (gemms, codes): (usize, &[&str]),
     what: &str,
 ) {
-    assert_eq!(gemm_count(merged), members, "{what}");
-    let r = merge_report(reports);
-    assert!(r.rewrites.is_empty(), "{what}: {r}");
-    let codes: Vec<&str> = skipped(reports).iter().map(|c| c.1).collect();
-    assert_eq!(codes, vec!["slices_would_copy"; members], "{what}");
+    assert_eq!(gemm_count(merged), gemms, "{what}");
+    let mut got: Vec<&str> = skipped(reports).iter().map(|c| c.1).collect();
+    got.sort();
+    assert_eq!(got, codes, "{what}: {reports:?}");
     assert_same_values(g, merged, 3, what);
+}
+
+/// What [`assert_prefill`] expects of Q/K/V-like siblings `ns` at 5 rows: the two 192-column
+/// members stack; 7, 3 and 5 columns share no N; the 1- and 3-column stacks would start off
+/// the 16-byte boundary (5 and 15 values a member).
+fn prefill_expected(ns: &[usize]) -> (usize, &'static [&'static str]) {
+    match ns {
+        [576, 192, 192] => (2, &["layouts_differ"]),
+        [7, 3, 5] => (3, &["layouts_differ", "layouts_differ"]),
+        [1, 1] => (2, &["slices_would_copy", "slices_would_copy"]),
+        [9, 3, 3] => (
+            3,
+            &["layouts_differ", "slices_would_copy", "slices_would_copy"],
+        ),
+        _ => unreachable!("no expectation for {ns:?}"),
+    }
 }
 
 #[test]
@@ -84,8 +101,7 @@ fn siblings_merge_into_one_gemm_and_compute_the_same() {
                 let g = siblings(dtype, m, k, ns, None);
                 let (merged, reports) = optimize(&g).unwrap();
                 if m > 1 {
-                    // Prefill: the slices would be strided copies, so nothing merges.
-                    assert_prefill_refused(&g, &merged, &reports, ns.len(), &what);
+                    assert_prefill(&g, &merged, &reports, prefill_expected(ns), &what);
                     continue;
                 }
                 assert_eq!(gemm_count(&merged), 1, "{what}");
@@ -129,7 +145,7 @@ fn quantized_siblings_merge_and_fold_into_one_weight_of_their_blocks() {
                 let g = siblings(DType::F16, m, 64, ns, Some(scheme));
                 let (merged, reports) = optimize(&g).unwrap();
                 if m > 1 {
-                    assert_prefill_refused(&g, &merged, &reports, ns.len(), &what);
+                    assert_prefill(&g, &merged, &reports, prefill_expected(ns), &what);
                     continue;
                 }
                 assert_eq!(gemm_count(&merged), 1, "{what}");
@@ -481,4 +497,109 @@ fn slices_of_the_merged_result_are_read_in_place() {
     // Interpreted (unfolded: the folded weight's data is bound by the compile layer), the
     // graph still computes what it did before the merge.
     assert_same_values(&g, &optimize(&g).unwrap().0, 8, "consumers");
+}
+
+/// A layer's Q, K and V projections of `m` rows as a model lowers them for the attention: each
+/// `x·Wᵀ` split into heads of `d` and permuted to `[1, H, m, d]`, read by a softmax (a consumer
+/// the GEMM pass does not fold).
+fn projections(dtype: DType, m: usize, k: usize, heads: &[usize], d: usize) -> Graph {
+    let mut g = Graph::new("projections");
+    let x = g.input("x", dtype, &[1, m, k]).unwrap();
+    let mut outs = Vec::new();
+    for (i, &h) in heads.iter().enumerate() {
+        let w = g.weight(&format!("w{i}"), dtype, &[h * d, k]).unwrap();
+        let wt = g.transpose_last(w).unwrap();
+        let y = g.matmul(x, wt).unwrap();
+        let y = g.reshape(y, &[1, m as i64, h as i64, d as i64]).unwrap();
+        let y = g.permute(y, &[0, 2, 1, 3]).unwrap();
+        g.rename(y, &format!("y{i}")).unwrap();
+        outs.push(g.softmax(y, -1).unwrap());
+    }
+    g.set_outputs(&outs).unwrap();
+    g
+}
+
+/// Projections written heads-major (`[1, H, M, D]`, the attention's layout) merge at any M:
+/// the merged result holds every member's heads one after another, so each member is a
+/// contiguous range of it, read in place (no copy kernel) — a batched decode step's and a
+/// prefill's Q/K/V in one GEMM. Single heads (MQA's K and V) line up with the rest.
+#[test]
+fn heads_major_projections_merge_at_any_rows() {
+    use rocmforge::arch::Target;
+    use rocmforge::codegen::{generate, BufferRole};
+    let target = Target::parse("sm_90").unwrap();
+    let cases: &[(&[usize], usize, usize)] = &[(&[9, 3, 3], 16, 64), (&[4, 1, 1], 8, 32)];
+    for &(heads, d, k) in cases {
+        for dtype in [DType::F32, DType::F16] {
+            for m in [1, 5, 33] {
+                let what = format!("{dtype} m {m} heads {heads:?} d {d}");
+                let g = projections(dtype, m, k, heads, d);
+                let (merged, reports) = optimize(&g).unwrap();
+                assert_eq!(gemm_count(&merged), 1, "{what}");
+                let r = merge_report(&reports);
+                assert_eq!(r.rewrites.len(), 1, "{what}: {r}");
+                assert!(r.skipped.is_empty(), "{what}: {r}");
+                let gemm = merged
+                    .node_ids()
+                    .find(|&id| matches!(merged.op(id), Op::Gemm(_)))
+                    .unwrap();
+                let total: usize = heads.iter().sum();
+                if m > 1 {
+                    assert_eq!(merged.ty(gemm).shape.dims(), [1, total, m, d], "{what}");
+                }
+                assert_same_values(&g, &merged, 5, &what);
+                // Each member's heads are read where the merged GEMM wrote them.
+                let plan = generate(&optimise(&g, true).unwrap(), &target).unwrap();
+                let mut offsets: Vec<usize> = plan
+                    .buffers
+                    .iter()
+                    .filter_map(|b| match b.role {
+                        BufferRole::Alias { offset, .. } => Some(offset),
+                        _ => None,
+                    })
+                    .collect();
+                offsets.sort();
+                let mut want = vec![0];
+                for &h in &heads[..heads.len() - 1] {
+                    want.push(want.last().unwrap() + h * m * d);
+                }
+                assert_eq!(offsets, want, "{what}\n{}", plan.listing());
+                assert!(
+                    plan.kernels.iter().all(|k| k.family != "copy"),
+                    "{what}\n{}",
+                    plan.listing()
+                );
+            }
+        }
+    }
+}
+
+/// Heads-major members whose slices would start off the 16-byte boundary are left alone as
+/// `slices_would_copy` (each slice would be a copy kernel); members written in different
+/// layouts as `layouts_differ`.
+#[test]
+fn heads_major_refusals_are_named() {
+    // f32 heads of 3 values over 5 rows: the second member starts at byte 2·15·4 = 120.
+    let g = projections(DType::F32, 5, 16, &[2, 1], 3);
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 2);
+    let codes: Vec<&str> = skipped(&reports).iter().map(|c| c.1).collect();
+    assert_eq!(codes, ["slices_would_copy"; 2], "{reports:?}");
+    assert_same_values(&g, &merged, 6, "misaligned");
+
+    // Two heads-major projections and one row-major result of the same x: the pair merges.
+    let mut g = projections(DType::F32, 5, 16, &[2, 2], 8);
+    let x = g.find("x").unwrap();
+    let w = g.weight("w_plain", DType::F32, &[8, 16]).unwrap();
+    let wt = g.transpose_last(w).unwrap();
+    let y = g.matmul(x, wt).unwrap();
+    let s = g.softmax(y, -1).unwrap();
+    let mut outs = g.outputs().to_vec();
+    outs.push(s);
+    g.set_outputs(&outs).unwrap();
+    let (merged, reports) = optimize(&g).unwrap();
+    assert_eq!(gemm_count(&merged), 2);
+    let codes: Vec<&str> = skipped(&reports).iter().map(|c| c.1).collect();
+    assert_eq!(codes, ["layouts_differ"], "{reports:?}");
+    assert_same_values(&g, &merged, 7, "layouts");
 }
