@@ -34,7 +34,28 @@ RF_INLINE void rf_unpack(const rf_v16 v, float* f) {
 {% if c.vec == 8 %}    for (int i = 0; i < 8; ++i) f[i] = {{ p.b_pre }}({{ p.b_t }})((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu){{ p.b_post }};
 {% else %}    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(v.w[i]);
 {% endif %}}
-// RF_VEC elements of A's row `m` from `k0` (k0 < K; past K reads as 0).
+{% if c.mma and p.prologue %}// The tensor-core form's row statistics: each wave takes whole rows (wave w rows w, w + waves, ...), its lanes
+// striding K; `stats` as rf_norm_stats leaves them (mean, 1/√(var + eps) per row), then a barrier.
+RF_INLINE void rf_norm_stats_rows(const {{ p.a_t }}* __restrict__ A, long long bz, float* stats) {
+    const int lane = threadIdx.x % RF_WAVE, wave = threadIdx.x / RF_WAVE;
+    for (int m = wave; m < RF_M; m += RF_THREADS / RF_WAVE) {
+        float mean = 0.0f;
+{% if p.prologue.layer %}        for (long long k = lane; k < RF_K; k += RF_WAVE) mean += {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }};
+        mean = rf_wave_sum(mean) / (float)RF_K;
+{% endif %}        float q = 0.0f;
+        for (long long k = lane; k < RF_K; k += RF_WAVE) {
+            const float c = {{ p.a_pre }}A[rf_a_at(bz, m, k)]{{ p.a_post }} - mean;
+            q += c * c;
+        }
+        q = rf_wave_sum(q);
+        if (lane == 0) {
+            stats[2 * m] = mean;
+            stats[2 * m + 1] = 1.0f / sqrtf(q / (float)RF_K + {{ p.prologue.eps_f }});  // correctly rounded, as the interpreter
+        }
+    }
+    __syncthreads();
+}
+{% endif %}// RF_VEC elements of A's row `m` from `k0` (k0 < K; past K reads as 0).
 RF_INLINE void rf_load_a(const {{ p.a_t }}* __restrict__ A, long long bz, long long m, long long k0, float* f) {
 {% if c.a_vec %}    rf_unpack(*(const rf_v16*)(A + rf_a_at(bz, m, k0)), f);
 {% else %}    for (int i = 0; i < RF_VEC; ++i) f[i] = k0 + i < RF_K ? {{ p.a_pre }}A[rf_a_at(bz, m, k0 + i)]{{ p.a_post }} : 0.0f;
@@ -62,7 +83,62 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ entry }}(const {{
     const long long m0 = g0 + RF_M <= RF_M_ALL ? g0 : RF_M_ALL - RF_M;
     const long long n0 = (long long)(blockIdx.x / RF_ROW_GROUPS) * RF_COLS;
 {% else %}    const long long n0 = (long long)blockIdx.x * RF_COLS;
-{% endif %}{{ parts.norm_stats(p, "    ", c.row_groups > 1) }}{% if c.along_n %}    const int g = lane % RF_GROUPS;
+{% endif %}{% if c.mma %}{% if p.prologue %}    __shared__ float rf_norm[2 * RF_M];
+    rf_norm_stats_rows(A, bz, rf_norm);
+{% endif %}    // Tensor cores ({{ c.mma }}): the block's RF_COLS columns are one column tile of the atom, its RF_M rows
+    // RF_MT row tiles (rows past M read as 0, never stored). Each wave takes steps of 32 of K in turn; a lane
+    // loads 16 bytes (8 consecutive K) of its column of B (lane / 4) and of each of its rows of A (lane / 4 and
+    // lane / 4 + 8 of each row tile) and gives words 0-1 to one k16 step and 2-3 to the next: every lane holds
+    // the same K slots in A as in B, so this is the product over K in another order (small_m::mma_k_slots_agree
+    // checks the atom's layouts). The waves' sums meet in shared memory as the CUDA-core form's do.
+    constexpr int RF_MT = (RF_M + 15) / 16;
+    constexpr long long RF_KSTEPS = (RF_K + 31) / 32;
+    {{ c.mma }}_c acc[RF_MT];
+#pragma unroll
+    for (int i = 0; i < RF_MT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+    const int g = lane >> 2, q = lane & 3;
+    const long long bn = n0 + g;
+    for (long long s = wave; s < RF_KSTEPS; s += RF_THREADS / RF_WAVE) {
+        const long long k0 = s * 32 + 8 * q;
+        // K is a multiple of 8 (both operands load 16 bytes along it): a lane's 8 are inside or past K.
+        const bool kin = k0 < RF_K;
+        rf_v16 b = {};
+        if (kin && bn < RF_N) b = *(const rf_v16*)(B + rf_b_at(bz, k0, bn));
+#pragma unroll
+        for (int i = 0; i < RF_MT; ++i) {
+            rf_v16 a[2] = {};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = 16 * i + g + 8 * h;
+                if (!kin || m >= RF_M) continue;
+                a[h] = *(const rf_v16*)(A + rf_a_at(bz, m, k0));
+{% if p.prologue %}                // Normalised as loaded, rounded to A's dtype as the unfused norm stores it.
+                float f[8];
+                rf_unpack(a[h], f);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) f[j] = {{ parts.norm_a(p, "f[j]", "m", "k0 + j") }};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[h].w[j] = {{ mma_pack }}(f[2 * j], f[2 * j + 1]);
+{% endif %}            }
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const {{ c.mma }}_a fa = {a[0].w[2 * t], a[1].w[2 * t], a[0].w[2 * t + 1], a[1].w[2 * t + 1]};
+                const {{ c.mma }}_b fb = {b.w[2 * t], b.w[2 * t + 1]};
+                {{ c.mma }}_mma(acc[i], fa, fb);
+            }
+        }
+    }
+    // C element e of row tile i: row 16i + g + 8(e / 2), column 2q + e % 2.
+#pragma unroll
+    for (int i = 0; i < RF_MT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int m = 16 * i + g + 8 * (e / 2);
+            if (m < RF_M) partial[wave][m * RF_COLS + 2 * q + e % 2] = acc[i][e];
+        }
+{% else %}{{ parts.norm_stats(p, "    ", c.row_groups > 1) }}{% endif %}{% if c.mma %}{% elif c.along_n %}    const int g = lane % RF_GROUPS;
     const long long n = n0 + g * RF_VEC;
     float acc[RF_M][RF_VEC];
 #pragma unroll

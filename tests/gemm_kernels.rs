@@ -603,6 +603,17 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
+    // The tensor-core GEMV (`CodegenOptions::mma_gemv`; NVIDIA's m16n8k16 atom, the CUDA-core
+    // kernels elsewhere): GLU pairs with the norm at 17, 32 and 64 rows, two normalised GEMVs
+    // with a residual at 33 and 64, f16 and bf16.
+    for c in mma_gemv_graphs() {
+        let plan = generate_with(&c.1, &target, &mma_gemv_options())
+            .map_err(|e| format!("{}: {e}", c.0))?;
+        for k in &plan.kernels {
+            out.entry(k.entry.clone())
+                .or_insert((plan.source(k), k.body.clone(), c.0.clone()));
+        }
+    }
     // The int8 GEMV with each epilogue and M, in one kernel and in two.
     for c in int8_gemv::host_cases() {
         for options in [int8_options(), split_options()] {
@@ -615,6 +626,103 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
         }
     }
     Ok(out)
+}
+
+/// The options that allow the tensor-core GEMV (off by default: `CodegenOptions::mma_gemv`).
+fn mma_gemv_options() -> CodegenOptions {
+    CodegenOptions {
+        mma_gemv: true,
+        ..CodegenOptions::default()
+    }
+}
+
+/// Fused (folded) graphs the tensor-core GEMV takes, by name: GLU pairs with the norm
+/// (K 576 → 2 × 1536) at 17, 32 and 64 rows, two normalised GEMVs with a residual (K 1536 →
+/// 576) at 33 and 64 (RMSNorm) and 17 (LayerNorm), f16 and bf16.
+fn mma_gemv_graphs() -> Vec<(String, rocmforge::ir::Graph)> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for m in [17, 32, 64] {
+            let c = GluCase {
+                dtype,
+                scheme: None,
+                m,
+                n: 1536,
+                k: 576,
+                norm: true,
+            };
+            let (fused, _) = rocmforge::compile::optimise_folded(&c.graph(), true).unwrap();
+            v.push((c.name(), fused));
+        }
+        for (layer, m) in [(false, 33), (false, 64), (true, 17)] {
+            let c = norm_cases::NormCase {
+                layer,
+                dtype,
+                scheme: None,
+                m,
+                n: 576,
+                k: 1536,
+                two: true,
+                residual: true,
+            };
+            v.push((c.name(), c.fused()));
+        }
+    }
+    v
+}
+
+/// The tensor-core GEMV is what sm_90 and sm_90a plans of those graphs run where it is asked
+/// for, with the same kernel count as the CUDA-core plan; AMD targets, fewer rows (16) and the
+/// default options keep the CUDA-core GEMV.
+fn mma_gemv_chosen() -> Result<(), Failed> {
+    let tensor = |p: &rocmforge::codegen::KernelPlan| {
+        p.kernels
+            .iter()
+            .filter(|k| {
+                k.family == "gemm_small_m" && k.body.contains("// Tensor cores (rf_m16n8k16_")
+            })
+            .count()
+    };
+    for (name, g) in mma_gemv_graphs() {
+        for arch in ["sm_90", "sm_90a", "gfx90a", "gfx1100"] {
+            let target = Target::parse(arch).map_err(|e| e.to_string())?;
+            let on = generate_with(&g, &target, &mma_gemv_options()).map_err(|e| e.to_string())?;
+            let off = generate_with(&g, &target, &CodegenOptions::default())
+                .map_err(|e| e.to_string())?;
+            let gemvs = off
+                .kernels
+                .iter()
+                .filter(|k| k.family == "gemm_small_m")
+                .count();
+            let want = if arch.starts_with("sm_") { gemvs } else { 0 };
+            if gemvs == 0 || tensor(&on) != want || tensor(&off) != 0 {
+                return Err(format!(
+                    "{name} on {arch}: {} tensor-core GEMVs of {gemvs} asked for, {} by default",
+                    tensor(&on),
+                    tensor(&off)
+                )
+                .into());
+            }
+            if on.kernels.len() != off.kernels.len() {
+                return Err(format!("{name} on {arch}: kernel counts differ").into());
+            }
+        }
+    }
+    let small = GluCase {
+        dtype: DType::F16,
+        scheme: None,
+        m: 16,
+        n: 1536,
+        k: 576,
+        norm: true,
+    };
+    let (fused, _) = rocmforge::compile::optimise_folded(&small.graph(), true).unwrap();
+    let target = Target::parse("sm_90").unwrap();
+    let plan = generate_with(&fused, &target, &mma_gemv_options()).map_err(|e| e.to_string())?;
+    if tensor(&plan) != 0 {
+        return Err("16 rows took the tensor-core GEMV".into());
+    }
+    Ok(())
 }
 
 /// The f32 GEMM cases (odd sizes, both B layouts, K 36, views, epilogues, a batch, the large
@@ -1062,6 +1170,7 @@ fn main() {
         "plan::split_in_persistent",
         split_in_persistent,
     ));
+    trials.push(Trial::test("plan::mma_gemv_chosen", mma_gemv_chosen));
     for (scheme, name) in [
         (QuantScheme::Q8_0, "kernels__dequantize__q8_0_f16__sm_90"),
         (QuantScheme::Q4_0, "kernels__dequantize__q4_0_f16__sm_90"),

@@ -127,6 +127,14 @@ pub struct CodegenOptions {
     /// launch, into a workspace) or in every block of the GEMV
     /// (`kernels/gemm/quant_dot.rs`, `SPLIT_MIN_WEIGHT_BYTES`).
     pub quant_split: QuantSplit,
+    /// f16/bf16 GEMVs of more than `ir::gemm::GEMV_GROUP_ROWS` rows (a batched decode step of
+    /// 17 to 64 sequences) on the target's `mma.sync` m16n8k16 atom instead of CUDA cores
+    /// (`kernels/gemm/small_m.rs`, "tensor cores"): the norm prologue, paired columns and
+    /// epilogues as the CUDA-core GEMV applies them. Off by default until it is timed on a
+    /// GPU: on an H100 the CUDA-core GEMV computed 32 rows of gate/up (3,072 × 576, f16) in
+    /// 42 µs, 2.7 TFLOP/s, where the weights take ~2 µs to read (twentieth session,
+    /// docs/performance.md).
+    pub mma_gemv: bool,
 }
 
 impl Default for CodegenOptions {
@@ -142,6 +150,7 @@ impl Default for CodegenOptions {
             persistent: Persistent::Off,
             f32_matmul: F32Matmul::Exact,
             quant_split: QuantSplit::Auto,
+            mma_gemv: false,
         }
     }
 }
@@ -243,6 +252,7 @@ pub fn generate_with(
         persistent,
         f32_matmul,
         quant_split,
+        mma_gemv,
     } = options;
     let plan = lower::generate(
         graph,
@@ -259,6 +269,7 @@ pub fn generate_with(
             persistent: *persistent,
             f32_matmul: *f32_matmul,
             quant_split: *quant_split,
+            mma_gemv: *mma_gemv,
         },
     )?;
     persistent::fold(plan, *persistent)

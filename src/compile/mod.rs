@@ -168,6 +168,9 @@ pub struct CompileOptions {
     /// ([`CodegenOptions::f32_matmul`]): opt-in, about 1e-3 relative error; exact f32 by
     /// default, and wherever the device has no TF32 atom.
     pub f32_matmul: crate::codegen::F32Matmul,
+    /// GEMVs of 17 to 64 rows on the device's mma.sync atom ([`CodegenOptions::mma_gemv`];
+    /// off by default).
+    pub mma_gemv: bool,
 }
 
 impl Default for CompileOptions {
@@ -189,6 +192,7 @@ impl Default for CompileOptions {
             persistent: crate::codegen::Persistent::Off,
             f32_matmul: crate::codegen::F32Matmul::Exact,
             quant_split: crate::codegen::QuantSplit::Auto,
+            mma_gemv: false,
         }
     }
 }
@@ -577,6 +581,7 @@ fn compile(
         persistent: options.persistent,
         f32_matmul: options.f32_matmul,
         quant_split: options.quant_split,
+        mma_gemv: options.mma_gemv,
         ..codegen_options
     };
     let codegen_start = Instant::now();

@@ -27,7 +27,9 @@ pub fn check_quant(device: &Device, case: quant_cases::QuantCase) -> Result<(), 
             return Err(format!("{}: w is {:?}", case.name(), w.role).into());
         }
         let families: Vec<&str> = plan.kernels.iter().map(|k| k.family).collect();
-        let fused = families == ["gemm_quant"];
+        // The int8 K-quant GEMV on a large weight quantizes A in a kernel of its own first
+        // (`quant_dot::splits`): two launches, one node.
+        let fused = families == ["gemm_quant"] || families == ["gemm_quant_act", "gemm_quant"];
         let dequantized = families.first() == Some(&"dequantize") && families.len() == 2;
         let gemv = rocmforge::ir::gemm::runs_as_gemv(1, case.m, case.n);
         if (gemv && !fused) || (!gemv && !dequantized) {
@@ -319,5 +321,102 @@ pub fn row_groups_fused(device: &Device, ignored: &Option<String>, trials: &mut 
                 Box::new(move || check_graph(&d, &glu.graph(), true, 9)),
             );
         }
+    }
+}
+
+/// The tensor-core GEMV (`CompileOptions::mma_gemv`, off by default until timed) against the
+/// unfused interpreter, compiled as users would get it with the option on: on a device whose
+/// target has the m16n8k16 atom every GEMV of the plan must be that form (so a CUDA-core
+/// kernel cannot pass in its place). A norm shared by two GEMVs with a residual (K 1536 → 576)
+/// and a GLU with the norm (K 576 → 2 × 1536) at 17, 33 and 64 rows (rows past M in the last
+/// row tile), RMSNorm and LayerNorm, f16 and bf16; and odd sizes: N 577 (a partial column
+/// tile), K 520 (a partial last step of 32), 45 rows.
+pub fn mma_gemv(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>) {
+    use rocmforge::compile::CompileOptions;
+    let check = |d: &Device, g: &rocmforge::ir::Graph| -> Result<(), Failed> {
+        let options = CompileOptions {
+            mma_gemv: true,
+            ..options()
+        };
+        let has_atom = d
+            .target()
+            .is_some_and(|t| t.caps.mma.iter().any(|a| a.name.starts_with("m16n8k16")));
+        if has_atom {
+            let c = Graph::compile_with(g, d, &options).map_err(|e| e.to_string())?;
+            let plan = c.plan().ok_or("no kernel plan on a GPU")?;
+            let cuda_core = plan
+                .kernels
+                .iter()
+                .filter(|k| k.family == "gemm_small_m" && !k.body.contains("// Tensor cores ("))
+                .count();
+            if cuda_core > 0 {
+                return Err(format!("{}: {cuda_core} CUDA-core GEMV(s) left", g.name).into());
+            }
+        }
+        check_graph_options(d, g, 9, &options)
+    };
+    let mut graphs = Vec::new();
+    for m in [17, 33, 64] {
+        for dtype in [DType::F16, DType::BF16] {
+            for layer in [false, true] {
+                graphs.push(
+                    norm_cases::NormCase {
+                        layer,
+                        dtype,
+                        scheme: None,
+                        m,
+                        n: 576,
+                        k: 1536,
+                        two: true,
+                        residual: true,
+                    }
+                    .graph(),
+                );
+            }
+            graphs.push(
+                glu_cases::GluCase {
+                    dtype,
+                    scheme: None,
+                    m,
+                    n: 1536,
+                    k: 576,
+                    norm: true,
+                }
+                .graph(),
+            );
+        }
+    }
+    graphs.push(
+        norm_cases::NormCase {
+            layer: false,
+            dtype: DType::F16,
+            scheme: None,
+            m: 45,
+            n: 577,
+            k: 520,
+            two: false,
+            residual: false,
+        }
+        .graph(),
+    );
+    graphs.push(
+        glu_cases::GluCase {
+            dtype: DType::BF16,
+            scheme: None,
+            m: 45,
+            n: 578,
+            k: 520,
+            norm: true,
+        }
+        .graph(),
+    );
+    for g in graphs {
+        let d = device.clone();
+        push(
+            trials,
+            ignored,
+            format!("gemm::mma_gemv::{}", g.name),
+            Box::new(move || check(&d, &g)),
+        );
     }
 }

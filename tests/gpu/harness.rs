@@ -123,14 +123,25 @@ pub fn check_graph_with(
     seed: u64,
     wgmma: Option<rocmforge::codegen::TmaWidth>,
 ) -> Result<(), Failed> {
-    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
     let options = CompileOptions {
         fuse,
         wgmma_gemm: wgmma.is_some(),
         wgmma_tma: wgmma.unwrap_or_default(),
         ..options()
     };
-    let c = Graph::compile_with(g, device, &options).map_err(|e| e.to_string())?;
+    check_graph_options(device, g, seed, &options)
+}
+
+/// `g` compiled with `options` against the interpreter.
+pub fn check_graph_options(
+    device: &Device,
+    g: &Graph,
+    seed: u64,
+    options: &CompileOptions,
+) -> Result<(), Failed> {
+    let _shared = MEMORY.read().unwrap_or_else(|p| p.into_inner());
+    let fuse = options.fuse;
+    let c = Graph::compile_with(g, device, options).map_err(|e| e.to_string())?;
     let b = Bindings::random(g, seed);
     let got = c.run(&b).map_err(|e| e.to_string())?;
     let want = run(g, &with_weights(g, &b)).map_err(|e| e.to_string())?;

@@ -118,6 +118,7 @@ fn main() {
     device::trials(&device, &ignored, &mut trials);
     gemm::small_and_cuda_core(&device, &ignored, &mut trials);
     gemm::row_groups_fused(&device, &ignored, &mut trials);
+    gemm::mma_gemv(&device, &ignored, &mut trials);
     decode::trials(&device, &ignored, &mut trials);
     window::trials(&device, &ignored, &mut trials);
     let (shim, hip) = hipshim::device(&device);

@@ -224,7 +224,8 @@ pub fn tune_cli(device: &Device, exe: &Path) -> Result<(), Failed> {
         }
         let (ls, _) = cmd(&["cache", "ls"])?;
         let listed = ls.lines().filter(|l| l.contains(" tuning ")).count();
-        if listed != first[0] || !ls.contains("attention_mma") && !ls.contains("attention_simt") {
+        let attention = ["attention_wgmma", "attention_mma", "attention_simt"];
+        if listed != first[0] || !attention.iter().any(|family| ls.contains(family)) {
             return Err(format!("cache ls lists {listed} tuning entries:\n{ls}").into());
         }
         cmd(&["cache", "clear"])?;

@@ -107,6 +107,9 @@ pub(crate) struct Problem {
     pub max_cols: usize,
     /// Whether the kernel runs as tasks of a persistent plan (`codegen::persistent`).
     pub persistent: bool,
+    /// Whether the GEMV may take 17-64 rows on the target's mma.sync atom
+    /// (`CodegenOptions::mma_gemv`).
+    pub mma_gemv: bool,
 }
 
 /// `Σ digit_j(var) · stride_j` over the sub-axes (outer first), as C: the digits of a
@@ -290,6 +293,7 @@ impl Problem {
             what,
             fill_blocks: small_m::FILL_BLOCKS,
             persistent: false,
+            mma_gemv: false,
             max_cols: small_m::MAX_COLS,
             epilogue: gemm.epilogue.is_some(),
             pair: gemm.paired,
@@ -318,6 +322,8 @@ pub(crate) fn lower(
         p.fill_blocks = small_m::PERSISTENT_FILL_BLOCKS;
         p.max_cols = small_m::PERSISTENT_MAX_COLS;
         p.persistent = true;
+    } else {
+        p.mma_gemv = options.mma_gemv;
     }
     let mut args: Vec<BufferId> = g.operands(id).iter().map(|o| buf[o]).collect();
     args.push(buf[&id]);
@@ -462,6 +468,7 @@ impl Problem {
             prologue: None,
             fill_blocks: small_m::FILL_BLOCKS,
             persistent: false,
+            mma_gemv: false,
             max_cols: small_m::MAX_COLS,
         }
     }

@@ -74,6 +74,76 @@ pub(crate) struct Config {
     /// Groups of `rows` rows: ceil(M / rows), the last one partial where `rows` does not
     /// divide M.
     pub row_groups: usize,
+    /// The tensor-core form ([`mma_atom`]): the prefix of the target's m16n8k16 atom whose
+    /// helpers the kernel calls; `None`: CUDA cores.
+    pub mma: Option<String>,
+}
+
+/// Waves per block at most in the tensor-core form: paired columns take one pair per thread
+/// in the combine, 64 rows × 4 pairs.
+const MMA_MAX_WAVES: usize = 8;
+/// Elements of K a lane loads per step in the tensor-core form: 16 bytes of f16/bf16, two
+/// k16 steps of the atom.
+const MMA_LANE_K: usize = 8;
+
+/// The target's atom for the tensor-core form of this problem, where it applies: asked for
+/// (`CodegenOptions::mma_gemv`), more rows than one CUDA-core group
+/// ([`GROUP_ROWS`]: fewer leave the atom's 16 rows mostly empty), f16/bf16 A and B both read
+/// 16 bytes along K, no persistent plan, and an `mma.sync` m16n8k16 atom of that dtype in the
+/// target's table. The kernel loads fragments straight from global memory: a lane's 8
+/// consecutive K elements of a row of A and of a column of B are its A and B registers of
+/// two k16 steps. The atom pairs A's and B's slots by K index within a lane, and every lane
+/// holds the same four K indices in A (for each of its rows) as in B, so any fixed
+/// assignment of a lane's K slots to memory is the same product, summed in another order
+/// ([`mma_k_slots_agree`] checks the layouts the kernel assumes on the atom's).
+pub(crate) fn mma_atom(
+    p: &Problem,
+    dtype: DType,
+    a_vec: bool,
+    b_vec: bool,
+    target: &Target,
+) -> Option<&'static crate::arch::mma::MmaAtom> {
+    use crate::arch::mma::{MmaKind, Precision};
+    if !p.mma_gemv || p.persistent || p.m <= GROUP_ROWS || !a_vec || !b_vec {
+        return None;
+    }
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return None;
+    }
+    target.caps.mma.iter().copied().find(|a| {
+        a.kind == MmaKind::MmaSync
+            && a.precision == Precision::Exact
+            && a.input == dtype
+            && (a.m, a.n, a.k, a.lanes) == (16, 8, 16, 32)
+            && mma_k_slots_agree(a)
+    })
+}
+
+/// Whether the atom's layouts are the ones the tensor-core form's loads and stores assume
+/// (`gemm_small_m.hip`, "tensor cores"), for lane `l` with g = l / 4, q = l % 4:
+/// - A element e at row g + 8·((e / 2) % 2) and B element e at column g;
+/// - A element e and B element 2·(e / 4) + e % 2 at the same K (the kernel fills A's register
+///   r and B's register r / 2 from the same word of the lane's 16-byte loads), that K a
+///   function of q and e only (the lanes of one q load the same K offsets);
+/// - C element e at row g + 8·(e / 2), column 2q + e % 2.
+pub(crate) fn mma_k_slots_agree(atom: &crate::arch::mma::MmaAtom) -> bool {
+    if (atom.a.elems(), atom.b.elems(), atom.c.elems()) != (8, 4, 4) {
+        return false;
+    }
+    (0..atom.lanes).all(|l| {
+        let (g, q) = (l / 4, l % 4);
+        let a_ok = (0..8).all(|e| {
+            let (r, k) = atom.a.coord(l, e);
+            let (kb, n) = atom.b.coord(l, 2 * (e / 4) + e % 2);
+            r == g + 8 * ((e / 2) % 2)
+                && n == g
+                && k == kb
+                && k == atom.a.coord(q, e).1
+                && kb == atom.b.coord(q, 2 * (e / 4) + e % 2).0
+        });
+        let c_ok = (0..4).all(|e| atom.c.coord(l, e) == (g + 8 * (e / 2), 2 * q + e % 2));
+        a_ok && c_ok
+    })
 }
 
 /// Whether this kernel takes the problem: 1 to [`GROUP_ROWS`] rows always, up to [`MAX_M`]
@@ -108,6 +178,31 @@ pub(crate) fn split_rows(m: usize, most: usize) -> (usize, usize) {
 pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) -> Config {
     let vec = VECTOR_BYTES / dtype.size_bytes();
     let wave = target.wave_size as usize;
+    let a_vec = vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec);
+    let b_vec = vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec);
+    if let Some(atom) = mma_atom(p, dtype, a_vec, b_vec, target) {
+        // One block per atom column tile (8 columns) and all M rows (≤ 64: four row tiles);
+        // its waves split K in steps of 32 (a lane's 16-byte load, two k16 steps).
+        let steps = p.k.div_ceil(MMA_LANE_K * 4);
+        let pairs = if p.pair { p.m * atom.n as usize / 2 } else { 0 };
+        let waves = steps
+            .div_ceil(CHUNKS_PER_THREAD)
+            .clamp(1, MAX_WAVES)
+            .max(pairs.div_ceil(wave))
+            .min(MMA_MAX_WAVES);
+        return Config {
+            cols: atom.n as usize,
+            waves,
+            vec,
+            a_vec,
+            b_vec,
+            along_n: false,
+            groups: 1,
+            rows: p.m,
+            row_groups: 1,
+            mma: Some(atom.prefix()),
+        };
+    }
     let (rows, row_groups) = row_groups(p);
     let blocks = |cols: usize| {
         p.batch
@@ -119,8 +214,6 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
         p.k.div_ceil(per_wave * CHUNKS_PER_THREAD)
             .clamp(1, MAX_WAVES)
     };
-    let a_vec = vectorizes(&gemm.dims, &gemm.a, Operand::A, Along::Cols, vec);
-    let b_vec = vectorizes(&gemm.dims, &gemm.b, Operand::B, Along::Rows, vec);
     // Paired columns are read K-contiguous (the interleaved weight is `[2N, K]`): the pair
     // combine takes one pair per thread, which along-N's wider blocks would exceed.
     let along_n = !p.pair
@@ -140,6 +233,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
             groups,
             rows,
             row_groups,
+            mma: None,
         };
     }
     // Paired columns: a quarter of the sums per thread at most, the pair's combine and its
@@ -171,6 +265,7 @@ pub(crate) fn config(p: &Problem, gemm: &Gemm, dtype: DType, target: &Target) ->
         groups: 1,
         rows,
         row_groups,
+        mma: None,
     }
 }
 
@@ -197,6 +292,8 @@ struct Context<'a> {
     threads: usize,
     /// The fused argmax of the one result row (`kernel_with_argmax`); `None` for a plain GEMM.
     argmax: Option<ArgmaxTail>,
+    /// The tensor-core form's packing of two normalised floats into A's 16-bit pair.
+    mma_pack: &'static str,
 }
 
 /// What the argmax tail reads: C's elements as floats, and how many blocks leave a partial.
@@ -267,6 +364,11 @@ fn build(
         chunks: p.k.div_ceil(c.vec),
         threads: launch.block[0] as usize,
         argmax,
+        mma_pack: if dtype == DType::BF16 {
+            "rf_pack_bf16x2"
+        } else {
+            "rf_pack_f16x2"
+        },
     };
     finish("gemm_small_m", "gemm_small_m.hip", ctx, launch, args, node)
 }
