@@ -182,6 +182,7 @@ fn small_m_reads_weights_in_16_byte_chunks_when_k_allows() {
                 groups: 1,
                 rows: 1,
                 row_groups: 1,
+                mma: None,
             },
             "{arch}"
         );
@@ -384,4 +385,29 @@ fn quantized_activations_split_off_in_persistent_plans_unless_forced() {
     assert!(!splits(&p, QuantScheme::Q4K, QuantSplit::Auto));
     assert!(splits(&p, QuantScheme::Q4K, QuantSplit::On));
     assert!(!splits(&p, QuantScheme::Q4K, QuantSplit::Off));
+}
+
+/// The tensor-core GEMV's loads assume NVIDIA's m16n8k16 layouts; every other atom in the
+/// tables is refused by the check, so a target whose atom differs keeps the CUDA-core form.
+#[test]
+fn mma_gemv_layouts_are_the_atoms() {
+    use crate::arch::mma::atoms::{M16N8K16_BF16, M16N8K16_F16, M16N8K8_TF32};
+    assert!(small_m::mma_k_slots_agree(&M16N8K16_F16));
+    assert!(small_m::mma_k_slots_agree(&M16N8K16_BF16));
+    assert!(!small_m::mma_k_slots_agree(&M16N8K8_TF32));
+    for arch in ["gfx90a", "gfx942", "gfx1100", "gfx1201"] {
+        for atom in target(arch).caps.mma {
+            assert!(!small_m::mma_k_slots_agree(atom), "{arch} {}", atom.name);
+        }
+    }
+    // Taken on sm_90 where asked for, at more than 16 rows, f16/bf16 only.
+    let (mut p, _) = problem(DType::F16, 1, 32, 1536, 576, true);
+    assert!(small_m::mma_atom(&p, DType::F16, true, true, &target("sm_90")).is_none());
+    p.mma_gemv = true;
+    assert!(small_m::mma_atom(&p, DType::F16, true, true, &target("sm_90")).is_some());
+    assert!(small_m::mma_atom(&p, DType::F32, true, true, &target("sm_90")).is_none());
+    assert!(small_m::mma_atom(&p, DType::F16, true, false, &target("sm_90")).is_none());
+    assert!(small_m::mma_atom(&p, DType::F16, true, true, &target("gfx90a")).is_none());
+    p.m = 16;
+    assert!(small_m::mma_atom(&p, DType::F16, true, true, &target("sm_90")).is_none());
 }
