@@ -54,6 +54,9 @@ pub struct BatchOptions {
     /// The most prompt tokens one prefill call runs: a longer prompt runs in chunks of this
     /// many (the last one shorter), each its own call. 0: every prompt whole, in one call.
     pub prefill_chunk: usize,
+    /// GEMVs of 17-64 rows (decode steps of that many sequences) on the device's tensor
+    /// cores (`CompileOptions::mma_gemv`; off by default until timed).
+    pub tensor_core_gemv: bool,
 }
 
 #[derive(Debug, Error)]
@@ -194,7 +197,10 @@ impl BatchedGenerator {
         let graph = model
             .paged_graph(1, 1, pool_shape, options.precision, options.logits)
             .map_err(GenerateError::from)?;
-        let compile = step_compile_options(&model, &graph, cpu_precision)?;
+        let compile = CompileOptions {
+            mma_gemv: options.tensor_core_gemv,
+            ..step_compile_options(&model, &graph, cpu_precision)?
+        };
         let exe =
             Arc::new(Graph::compile_with(graph, device, &compile).map_err(GenerateError::from)?);
         let owner = Session::new_with(
@@ -365,7 +371,7 @@ impl BatchedGenerator {
         prompt_session(
             &mut self.prefills,
             bucket,
-            (&self.device, &self.compile, &self.owner),
+            (&self.device, &self.compile, &self.owner, o.replay),
             || model.paged_prefill_graph(bucket, pool, o.precision, o.logits),
         )
     }
@@ -375,7 +381,7 @@ impl BatchedGenerator {
         prompt_session(
             &mut self.chunks,
             bucket,
-            (&self.device, &self.compile, &self.owner),
+            (&self.device, &self.compile, &self.owner, o.replay),
             || model.paged_chunk_graph(bucket, pool, o.precision, o.logits),
         )
     }
@@ -685,19 +691,21 @@ impl BatchedGenerator {
 }
 
 /// The session of `bucket` in `sessions` (a prompt's or a chunk's plans), compiled from `graph`
-/// on first use and sharing the pools of `owner`. Never captured for replay: a prompt or chunk
-/// runs once, and its launches are few next to its work.
+/// on first use and sharing the pools of `owner`; captured for replay where the decode plans
+/// are (`replay`): a bucket's plan runs again for every prompt or chunk of its size, and at
+/// SmolLM2's size a 256-row prefill is ~330 launches whose host cost rivals the GPU's work
+/// (a new prompt every ~4 steps at 32 streams; twentieth session, docs/performance.md).
 fn prompt_session<'m>(
     sessions: &'m mut BTreeMap<usize, Session<'static>>,
     bucket: usize,
-    (device, compile, owner): (&Device, &CompileOptions, &Session<'static>),
+    (device, compile, owner, replay): (&Device, &CompileOptions, &Session<'static>, bool),
     graph: impl FnOnce() -> Result<Graph, crate::ir::GraphError>,
 ) -> Result<&'m mut Session<'static>, BatchError> {
     if let std::collections::btree_map::Entry::Vacant(slot) = sessions.entry(bucket) {
         let graph = graph().map_err(GenerateError::from)?;
         let exe =
             Arc::new(Graph::compile_with(graph, device, compile).map_err(GenerateError::from)?);
-        let session = Session::new_sharing(exe, &SessionOptions { replay: false }, owner)
+        let session = Session::new_sharing(exe, &SessionOptions { replay }, owner)
             .map_err(GenerateError::from)?;
         slot.insert(session);
     }

@@ -28,6 +28,7 @@ pub(crate) struct ServeArgs<'a> {
     pub(crate) api_key: Option<&'a str>,
     pub(crate) greedy: bool,
     pub(crate) replay: bool,
+    pub(crate) tensor_core_gemv: bool,
     pub(crate) shutdown_grace: Duration,
 }
 
@@ -104,6 +105,7 @@ pub(crate) fn cmd_serve(a: &ServeArgs<'_>) -> Result<(), String> {
             replay: a.replay,
             logits,
             prefill_chunk,
+            tensor_core_gemv: a.tensor_core_gemv,
         };
         Scheduler::start_batched(a.max_queue, move || {
             let info = info_of(&model);
