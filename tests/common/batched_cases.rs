@@ -229,7 +229,21 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 /// after each prompt and its logits agree within `tol`, so do three decode steps of all of
 /// them together (which read the K/V rows the chunks wrote), the block accounting is the same
 /// after each prompt, and every block comes back.
+#[allow(dead_code)] // the GPU trials call the replayed form
 pub fn chunked_matches_whole(name: &str, device: &Device, chunk: usize, tol: f64) {
+    chunked_matches_whole_replayed(name, device, chunk, tol, false)
+}
+
+/// [`chunked_matches_whole`] with the chunked generator's plans replayed where `replay` (on a
+/// GPU: every chunk plan after its first run replays its captured launches, the whole prompts
+/// run launch by launch).
+pub fn chunked_matches_whole_replayed(
+    name: &str,
+    device: &Device,
+    chunk: usize,
+    tol: f64,
+    replay: bool,
+) {
     let file = model_file(name);
     let vocab = LlamaModel::load(&file).unwrap().config.vocab_size;
     let bytes = block_bytes(&file, 4) * 128;
@@ -238,6 +252,7 @@ pub fn chunked_matches_whole(name: &str, device: &Device, chunk: usize, tol: f64
     let mut whole = BatchedGenerator::new(load(), device, options(bytes, 8), x).unwrap();
     let mut o = options(bytes, 8);
     o.prefill_chunk = chunk;
+    o.replay = replay;
     let mut chunked = BatchedGenerator::new(load(), device, o, x).unwrap();
     let total = chunked.num_blocks();
     let prompts = chunk_prompts(vocab);

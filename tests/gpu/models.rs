@@ -119,7 +119,8 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
         );
     }
     // Prompts prefilled in chunks (the chunk plans: gathered pool rows through the prompt's
-    // flash attention) against the same prompts whole, on this device.
+    // flash attention) against the same prompts whole, on this device; the chunked plans
+    // replayed (captured on their first run, as `serve` runs them).
     for name in ["llama3-tiny", "qwen3-tiny"] {
         let d = device.clone();
         push(
@@ -128,7 +129,9 @@ pub fn llama(device: &Device, ignored: &Option<String>, trials: &mut Vec<Trial>)
             format!("serve::chunked_matches_whole_{}", name.replace('-', "_")),
             Box::new(move || {
                 for chunk in [5, 20] {
-                    crate::common::batched_cases::chunked_matches_whole(name, &d, chunk, 1e-3);
+                    crate::common::batched_cases::chunked_matches_whole_replayed(
+                        name, &d, chunk, 1e-3, true,
+                    );
                 }
                 Ok(())
             }),
