@@ -31,6 +31,11 @@ pub(crate) const GROUP_ROWS: usize = crate::ir::gemm::GEMV_GROUP_ROWS;
 /// and bf16 with the norm prologue spilled on gfx1100/gfx1201 at 16 rows (2 columns, 32
 /// sums); 8 rows was the most pairs ever took before row groups.
 pub(crate) const PAIRED_GROUP_ROWS: usize = 8;
+/// The most rows a block of a normalised GEMV (a norm prologue) takes once M is split in groups:
+/// 16-row groups spilled 32-57 VGPRs on gfx1100 and gfx1201 (RMSNorm, f16/bf16, K 1536 → N 576
+/// at 64 rows; the 11-row groups of 33 rows did not), the group's row offsets and statistics
+/// living beside its sums. One group of up to 16 rows (M ≤ 16) is unchanged.
+pub(crate) const NORM_GROUP_ROWS: usize = 12;
 /// Accumulators per thread (M × cols) at most: beyond, registers spill on wave64 targets.
 const MAX_ACC: usize = 64;
 /// Columns per block at most: each column is one 16-byte load in flight per chunk.
@@ -154,16 +159,17 @@ pub(crate) fn takes(p: &Problem) -> bool {
 }
 
 /// Rows per block and groups of rows for `p`: at most [`GROUP_ROWS`] a block
-/// ([`PAIRED_GROUP_ROWS`] with paired columns), split by [`split_rows`].
+/// ([`PAIRED_GROUP_ROWS`] with paired columns, [`NORM_GROUP_ROWS`] in groups with a norm
+/// prologue), split by [`split_rows`].
 pub(crate) fn row_groups(p: &Problem) -> (usize, usize) {
-    split_rows(
-        p.m,
-        if p.pair {
-            PAIRED_GROUP_ROWS
-        } else {
-            GROUP_ROWS
-        },
-    )
+    let most = if p.pair {
+        PAIRED_GROUP_ROWS
+    } else if p.prologue.is_some() && p.m > GROUP_ROWS {
+        NORM_GROUP_ROWS
+    } else {
+        GROUP_ROWS
+    };
+    split_rows(p.m, most)
 }
 
 /// `m` rows as the fewest groups of at most `most`, the rows shared out evenly (17 by 16:
