@@ -603,10 +603,16 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
             }
         }
     }
-    // The tensor-core GEMV (`CodegenOptions::mma_gemv`; NVIDIA's m16n8k16 atom, the CUDA-core
-    // kernels elsewhere): GLU pairs with the norm at 17, 32 and 64 rows, two normalised GEMVs
-    // with a residual at 33 and 64, f16 and bf16.
-    for c in mma_gemv_graphs() {
+    // The tensor-core GEMV (`CodegenOptions::mma_gemv`; NVIDIA's m16n8k16 atom): GLU pairs
+    // with the norm at 17, 32 and 64 rows, two normalised GEMVs with a residual at 33 and 64,
+    // f16 and bf16. Elsewhere the same graphs are CUDA-core GEMVs, mostly of the row-group
+    // sizes above: only the 64-row f16 ones (whose 16-row norm groups spilled on RDNA) are
+    // compiled there, for CI's time.
+    let nvidia = target.platform == rocmforge::arch::Platform::Nvidia;
+    for c in mma_gemv_graphs()
+        .into_iter()
+        .filter(|(name, _)| nvidia || (name.contains("_m64_") && name.contains("_f16_")))
+    {
         let plan = generate_with(&c.1, &target, &mma_gemv_options())
             .map_err(|e| format!("{}: {e}", c.0))?;
         for k in &plan.kernels {
