@@ -349,7 +349,7 @@ fn batched(
         replay: true,
         logits: false,
         prefill_chunk: 0,
-        // ROCMFORGE_BENCH_MMA_GEMV=on (benches/common/timing.rs).
+        // ROCMFORGE_BENCH_MMA_GEMV=off for the CUDA-core GEMV (benches/common/timing.rs).
         tensor_core_gemv: timing::bench_options().mma_gemv,
     };
     let t0 = Instant::now();

@@ -634,10 +634,18 @@ fn compile_set(arch: &str) -> Result<kernel_compile::KernelSet, Failed> {
     Ok(out)
 }
 
-/// The options that allow the tensor-core GEMV (off by default: `CodegenOptions::mma_gemv`).
+/// The options that allow the tensor-core GEMV (`CodegenOptions::mma_gemv`, the default), and
+/// the ones that keep the CUDA-core GEMV.
 fn mma_gemv_options() -> CodegenOptions {
     CodegenOptions {
         mma_gemv: true,
+        ..CodegenOptions::default()
+    }
+}
+
+fn cuda_core_gemv_options() -> CodegenOptions {
+    CodegenOptions {
+        mma_gemv: false,
         ..CodegenOptions::default()
     }
 }
@@ -677,9 +685,9 @@ fn mma_gemv_graphs() -> Vec<(String, rocmforge::ir::Graph)> {
     v
 }
 
-/// The tensor-core GEMV is what sm_90 and sm_90a plans of those graphs run where it is asked
-/// for, with the same kernel count as the CUDA-core plan; AMD targets, fewer rows (16) and the
-/// default options keep the CUDA-core GEMV.
+/// The tensor-core GEMV is what sm_90 and sm_90a plans of those graphs run by default, with the
+/// same kernel count as the CUDA-core plan; AMD targets, fewer rows (16) and `mma_gemv` off keep
+/// the CUDA-core GEMV.
 fn mma_gemv_chosen() -> Result<(), Failed> {
     let tensor = |p: &rocmforge::codegen::KernelPlan| {
         p.kernels
@@ -693,8 +701,15 @@ fn mma_gemv_chosen() -> Result<(), Failed> {
         for arch in ["sm_90", "sm_90a", "gfx90a", "gfx1100"] {
             let target = Target::parse(arch).map_err(|e| e.to_string())?;
             let on = generate_with(&g, &target, &mma_gemv_options()).map_err(|e| e.to_string())?;
-            let off = generate_with(&g, &target, &CodegenOptions::default())
+            let off =
+                generate_with(&g, &target, &cuda_core_gemv_options()).map_err(|e| e.to_string())?;
+            let default = generate_with(&g, &target, &CodegenOptions::default())
                 .map_err(|e| e.to_string())?;
+            if tensor(&default) != tensor(&on) {
+                return Err(
+                    format!("{name} on {arch}: the default is not the tensor-core GEMV").into(),
+                );
+            }
             let gemvs = off
                 .kernels
                 .iter()
@@ -703,7 +718,7 @@ fn mma_gemv_chosen() -> Result<(), Failed> {
             let want = if arch.starts_with("sm_") { gemvs } else { 0 };
             if gemvs == 0 || tensor(&on) != want || tensor(&off) != 0 {
                 return Err(format!(
-                    "{name} on {arch}: {} tensor-core GEMVs of {gemvs} asked for, {} by default",
+                    "{name} on {arch}: {} tensor-core GEMVs of {gemvs} asked for, {} with it off",
                     tensor(&on),
                     tensor(&off)
                 )

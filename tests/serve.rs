@@ -226,7 +226,7 @@ fn start_batched(max_queue: usize, blocks: usize) -> Server {
             // Chunks of 5 tokens: every batched test's longer prompts (and preempted requests'
             // restarts) run in chunks between decode steps.
             prefill_chunk: 5,
-            tensor_core_gemv: false,
+            tensor_core_gemv: true,
         };
         let info = ModelInfo {
             id: MODEL_ID.into(),

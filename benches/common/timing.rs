@@ -94,17 +94,18 @@ pub fn bench_options() -> CompileOptions {
     if quant_split != QuantSplit::Auto {
         println!("int8 GEMV activations: {quant_split:?}");
     }
-    // GEMVs of 17-64 rows on tensor cores (codegen::CodegenOptions::mma_gemv).
+    // GEMVs of 17-64 rows on tensor cores (codegen::CodegenOptions::mma_gemv, on by default)
+    // or, with `off`, on CUDA cores.
     let mma_gemv = match std::env::var("ROCMFORGE_BENCH_MMA_GEMV").as_deref() {
-        Err(_) | Ok("off") => false,
-        Ok("on") => true,
+        Ok("off") => false,
+        Err(_) | Ok("on") => true,
         Ok(x) => {
             eprintln!("error: ROCMFORGE_BENCH_MMA_GEMV={x}: expected on or off");
             std::process::exit(2)
         }
     };
-    if mma_gemv {
-        println!("GEMVs of 17-64 rows: tensor cores (mma.sync)");
+    if !mma_gemv {
+        println!("GEMVs of 17-64 rows: CUDA cores");
     }
     CompileOptions {
         poison: Poison::Off,

@@ -169,7 +169,7 @@ pub struct CompileOptions {
     /// default, and wherever the device has no TF32 atom.
     pub f32_matmul: crate::codegen::F32Matmul,
     /// GEMVs of 17 to 64 rows on the device's mma.sync atom ([`CodegenOptions::mma_gemv`];
-    /// off by default).
+    /// on by default).
     pub mma_gemv: bool,
 }
 
@@ -192,7 +192,7 @@ impl Default for CompileOptions {
             persistent: crate::codegen::Persistent::Off,
             f32_matmul: crate::codegen::F32Matmul::Exact,
             quant_split: crate::codegen::QuantSplit::Auto,
-            mma_gemv: false,
+            mma_gemv: true,
         }
     }
 }

@@ -55,7 +55,8 @@ pub struct BatchOptions {
     /// many (the last one shorter), each its own call. 0: every prompt whole, in one call.
     pub prefill_chunk: usize,
     /// GEMVs of 17-64 rows (decode steps of that many sequences) on the device's tensor
-    /// cores (`CompileOptions::mma_gemv`; off by default until timed).
+    /// cores where it has them (`CompileOptions::mma_gemv`; `serve` turns it on unless
+    /// `--no-tensor-core-gemv`).
     pub tensor_core_gemv: bool,
 }
 

@@ -80,7 +80,7 @@ pub fn options(kv_memory: usize, max_batch: usize) -> BatchOptions {
         replay: false,
         logits: true,
         prefill_chunk: 0,
-        tensor_core_gemv: false,
+        tensor_core_gemv: true,
     }
 }
 

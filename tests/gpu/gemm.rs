@@ -324,8 +324,8 @@ pub fn row_groups_fused(device: &Device, ignored: &Option<String>, trials: &mut 
     }
 }
 
-/// The tensor-core GEMV (`CompileOptions::mma_gemv`, off by default until timed) against the
-/// unfused interpreter, compiled as users would get it with the option on: on a device whose
+/// The tensor-core GEMV (`CompileOptions::mma_gemv`, on by default) against the unfused
+/// interpreter, compiled as users get it: on a device whose
 /// target has the m16n8k16 atom every GEMV of the plan must be that form (so a CUDA-core
 /// kernel cannot pass in its place). A norm shared by two GEMVs with a residual (K 1536 → 576)
 /// and a GLU with the norm (K 576 → 2 × 1536) at 17, 33 and 64 rows (rows past M in the last

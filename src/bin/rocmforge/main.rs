@@ -253,11 +253,11 @@ enum Command {
         /// Launch the decode plan's kernels one by one instead of replaying a captured graph.
         #[arg(long)]
         no_replay: bool,
-        /// Run the GEMVs of decode steps of 17 to 64 requests on the GPU's tensor cores
-        /// (NVIDIA's mma.sync m16n8k16, f16/bf16 weights) instead of CUDA cores. Experimental:
-        /// off until measured faster (docs/performance.md); other devices ignore it.
+        /// Run the GEMVs of decode steps of 17 to 64 requests on CUDA cores instead of the
+        /// GPU's tensor cores (NVIDIA's mma.sync m16n8k16 with f16/bf16 weights, the default
+        /// there: 1.4-1.5× faster steps at 32-64 requests on an H100, docs/performance.md).
         #[arg(long)]
-        tensor_core_gemv: bool,
+        no_tensor_core_gemv: bool,
         /// Seconds in-flight requests get to finish after Ctrl-C/SIGTERM before they are
         /// cancelled.
         #[arg(long, value_name = "SECONDS", default_value_t = 30)]
@@ -522,7 +522,7 @@ fn main() -> ExitCode {
             api_key,
             greedy,
             no_replay,
-            tensor_core_gemv,
+            no_tensor_core_gemv,
             shutdown_grace,
         } => serve::cmd_serve(&ServeArgs {
             model,
@@ -538,7 +538,7 @@ fn main() -> ExitCode {
             api_key: api_key.as_deref(),
             greedy: *greedy,
             replay: !*no_replay,
-            tensor_core_gemv: *tensor_core_gemv,
+            tensor_core_gemv: !*no_tensor_core_gemv,
             shutdown_grace: std::time::Duration::from_secs(*shutdown_grace),
         }),
         Command::Compile {
