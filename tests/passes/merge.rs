@@ -57,6 +57,18 @@ fn assert_same_values(source: &Graph, merged: &Graph, seed: u64, what: &str) {
     }
 }
 
+/// The optimised graph has one Gemm, the merge rewrote once and left nothing: that Gemm.
+fn merged_into_one(merged: &Graph, reports: &[PassReport], what: &str) -> rocmforge::ir::NodeId {
+    assert_eq!(gemm_count(merged), 1, "{what}");
+    let r = merge_report(reports);
+    assert_eq!(r.rewrites.len(), 1, "{what}: {r}");
+    assert!(r.skipped.is_empty(), "{what}: {r}");
+    merged
+        .node_ids()
+        .find(|&id| matches!(merged.op(id), Op::Gemm(_)))
+        .unwrap()
+}
+
 /// At M > 1 a row-major result's slices would be strided: only members of one N merge, stacked
 /// (`[members, M, N]`, each member a contiguous range) where their starts are aligned. The
 /// optimised graph has `gemms` Gemms, the merge left members alone with `codes` (sorted), and
@@ -104,15 +116,8 @@ fn siblings_merge_into_one_gemm_and_compute_the_same() {
                     assert_prefill(&g, &merged, &reports, prefill_expected(ns), &what);
                     continue;
                 }
-                assert_eq!(gemm_count(&merged), 1, "{what}");
-                let r = merge_report(&reports);
-                assert_eq!(r.rewrites.len(), 1, "{what}: {r}");
-                assert!(r.skipped.is_empty(), "{what}: {r}");
+                let gemm = merged_into_one(&merged, &reports, &what);
                 // The merged B is the weights concatenated along N, in the members' order.
-                let gemm = merged
-                    .node_ids()
-                    .find(|&id| matches!(merged.op(id), Op::Gemm(_)))
-                    .unwrap();
                 let b = merged.operands(gemm)[1];
                 assert!(matches!(merged.op(b), Op::Concat { axis: 0 }), "{what}");
                 let parts: Vec<&str> = merged
@@ -535,14 +540,7 @@ fn heads_major_projections_merge_at_any_rows() {
                 let what = format!("{dtype} m {m} heads {heads:?} d {d}");
                 let g = projections(dtype, m, k, heads, d);
                 let (merged, reports) = optimize(&g).unwrap();
-                assert_eq!(gemm_count(&merged), 1, "{what}");
-                let r = merge_report(&reports);
-                assert_eq!(r.rewrites.len(), 1, "{what}: {r}");
-                assert!(r.skipped.is_empty(), "{what}: {r}");
-                let gemm = merged
-                    .node_ids()
-                    .find(|&id| matches!(merged.op(id), Op::Gemm(_)))
-                    .unwrap();
+                let gemm = merged_into_one(&merged, &reports, &what);
                 let total: usize = heads.iter().sum();
                 if m > 1 {
                     assert_eq!(merged.ty(gemm).shape.dims(), [1, total, m, d], "{what}");
